@@ -1,0 +1,34 @@
+# The one entry point: make run (demo), make test (suite), make bench (figures).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PROTOS := $(wildcard proto/*.proto)
+GENERATED := $(PROTOS:.proto=_pb2.py)
+
+.PHONY: install proto run test lint bench clean
+
+install: $(STAMP) proto
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+proto: $(GENERATED)
+
+$(GENERATED): $(PROTOS) $(STAMP)
+	@$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+
+run: install
+	@$(VENV)/bin/weir run examples/wordcount.py
+
+test: install
+	@$(PY) -m pytest -q
+
+lint: install
+	@$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) proto/*_pb2*.py proto/*_pb2*.pyi

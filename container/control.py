@@ -1,0 +1,120 @@
+"""Stream messages: data batches and in-band control markers, and their wire form.
+
+A stream is a sequence of messages: for each window ``BEGIN_WINDOW(w)``, the window's
+data batches, ``END_WINDOW(w)``; ``END_STREAM`` after the last window. On the wire (the
+buffer server's Flight streams, spill files) messages travel as rows of an envelope
+record batch: ``kind``, ``window_id`` and ``payload`` (the batch as Arrow IPC bytes), so
+one Flight stream can carry batches of any schema and the markers between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import pyarrow as pa
+
+__all__ = [
+    "ENVELOPE_SCHEMA",
+    "Kind",
+    "Message",
+    "decode_batch",
+    "encode_batch",
+    "from_envelope",
+    "to_envelope",
+]
+
+
+class Kind(enum.IntEnum):
+    DATA = 0
+    BEGIN_WINDOW = 1
+    END_WINDOW = 2
+    RESET_WINDOW = 3
+    END_STREAM = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a stream.
+
+    ``window_id`` is the window the message belongs to (for DATA, the window it was
+    emitted in); ``payload`` is the batch as Arrow IPC stream bytes (DATA only), kept
+    encoded so the buffer server stores and sends it without copying; ``rows`` its row
+    count.
+    """
+
+    kind: Kind
+    window_id: int
+    payload: pa.Buffer | bytes | None = None
+    rows: int = 0
+
+    @classmethod
+    def data(cls, window_id: int, batch: pa.RecordBatch) -> Message:
+        return cls(Kind.DATA, window_id, encode_batch(batch), batch.num_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.payload is None else len(self.payload)
+
+    def batch(self) -> pa.RecordBatch:
+        """The DATA payload as a record batch (zero-copy over the payload buffer)."""
+        if self.kind != Kind.DATA or self.payload is None:
+            raise ValueError(f"a {self.kind.name} message carries no batch")
+        return decode_batch(self.payload)
+
+
+ENVELOPE_SCHEMA = pa.schema(
+    [("kind", pa.int8()), ("window_id", pa.int64()), ("rows", pa.int64()),
+     ("payload", pa.large_binary())]
+)
+
+
+def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:
+    """The batch as one Arrow IPC stream (schema + batch)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def decode_batch(payload: pa.Buffer | bytes) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(payload) if isinstance(payload, bytes) else payload)
+    return reader.read_next_batch()
+
+
+def to_envelope(messages: list[Message]) -> pa.RecordBatch:
+    """Packs messages into one envelope batch for the wire."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.kind for m in messages], pa.int8()),
+            pa.array([m.window_id for m in messages], pa.int64()),
+            pa.array([m.rows for m in messages], pa.int64()),
+            _payload_array(messages),
+        ],
+        schema=ENVELOPE_SCHEMA,
+    )
+
+
+def _payload_array(messages: list[Message]) -> pa.Array:
+    # pa.array() wants bytes objects; build the column from one joined buffer instead.
+    offsets = [0]
+    for m in messages:
+        offsets.append(offsets[-1] + m.nbytes)
+    data = b"".join(m.payload for m in messages if m.payload is not None)
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(messages),
+        [None, pa.array(offsets, pa.int64()).buffers()[1], pa.py_buffer(data)],
+    )
+
+
+def from_envelope(envelope: pa.RecordBatch) -> list[Message]:
+    """Unpacks an envelope batch; payloads stay zero-copy slices of its buffers."""
+    kinds = envelope.column(0).to_pylist()
+    windows = envelope.column(1).to_pylist()
+    rows = envelope.column(2).to_pylist()
+    payloads = envelope.column(3)
+    messages = []
+    for i, kind in enumerate(kinds):
+        payload = payloads[i].as_buffer() if kind == Kind.DATA else None
+        messages.append(Message(Kind(kind), windows[i], payload, rows[i]))
+    return messages

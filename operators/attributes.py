@@ -1,0 +1,129 @@
+"""Attribute names, types, defaults and where they apply; unknown names are errors.
+
+Attributes can be set in the DAG code, in a config file or with ``-D NAME=VALUE``; every
+value travels as text and is parsed here, so all three paths share one check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "ATTRIBUTES",
+    "Attribute",
+    "InvalidAttribute",
+    "Scope",
+    "parse_attributes",
+    "resolve",
+]
+
+
+class Scope(enum.Flag):
+    DAG = enum.auto()
+    OPERATOR = enum.auto()
+    BOTH = DAG | OPERATOR
+
+
+class InvalidAttribute(ValueError):
+    """An unknown attribute name or a value of the wrong type."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Attribute:
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    scope: Scope
+    doc: str
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"{value} is not a positive integer")
+    return value
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def _str(text: str) -> str:
+    return str(text)
+
+
+def _mode(text: str) -> str:
+    value = str(text).upper()
+    if value not in ("AT_LEAST_ONCE", "AT_MOST_ONCE", "EXACTLY_ONCE"):
+        raise ValueError(f"{text!r} is not AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE")
+    return value
+
+
+_ALL = [
+    Attribute("STREAMING_WINDOW_SIZE_MILLIS", _positive_int, 500, Scope.DAG,
+              "Length of one streaming window."),
+    Attribute("HEARTBEAT_INTERVAL_MILLIS", _positive_int, 500, Scope.DAG,
+              "Time between two heartbeats of a container."),
+    Attribute("HEARTBEAT_TIMEOUT_MILLIS", _positive_int, 10_000, Scope.DAG,
+              "A container silent this long is lost."),
+    Attribute("CHECKPOINT_WINDOW_COUNT", _positive_int, 20, Scope.BOTH,
+              "Streaming windows between two checkpoints (20 x 500 ms = 10 s of replay at most)."),
+    Attribute("APPLICATION_WINDOW_COUNT", _positive_int, 1, Scope.OPERATOR,
+              "Streaming windows per application window: window logic (one Spark job) runs "
+              "once per application window."),
+    Attribute("CONTAINERS", _positive_int, 2, Scope.DAG,
+              "Number of containers the operators are spread over."),
+    Attribute("CONTAINER", _int, -1, Scope.OPERATOR,
+              "Pin the operator to container number N (0-based); -1 = placed by the master."),
+    Attribute("SPARK_MASTER", _str, "local[2]", Scope.DAG,
+              "Spark master URL of each container's SparkSession."),
+    Attribute("SPARK_SHUFFLE_PARTITIONS", _positive_int, 2, Scope.DAG,
+              "spark.sql.shuffle.partitions: small, for small frequent jobs."),
+    Attribute("SPARK_DRIVER_MEMORY", _str, "1g", Scope.DAG, "spark.driver.memory."),
+    Attribute("STATE_DIR", _str, "", Scope.DAG,
+              "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
+    Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,
+              "AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE."),
+    Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
+              "Messages buffered at one input port before its subscriber waits."),
+]
+
+ATTRIBUTES: dict[str, Attribute] = {a.name: a for a in _ALL}
+
+
+def _lookup(name: str, scope: Scope) -> Attribute:
+    attribute = ATTRIBUTES.get(name)
+    if attribute is None:
+        known = ", ".join(sorted(ATTRIBUTES))
+        raise InvalidAttribute(f"unknown attribute {name!r}; known attributes: {known}")
+    if not attribute.scope & scope:
+        where = "a DAG" if scope == Scope.DAG else "an operator"
+        raise InvalidAttribute(f"attribute {name} cannot be set on {where}")
+    return attribute
+
+
+def parse_attributes(values: Mapping[str, Any], scope: Scope) -> dict[str, Any]:
+    """Checks names and parses values (text or already typed); raises on the first bad one."""
+    parsed: dict[str, Any] = {}
+    for name, value in values.items():
+        attribute = _lookup(name, scope)
+        try:
+            parsed[name] = attribute.parse(str(value))
+        except (TypeError, ValueError) as exc:
+            raise InvalidAttribute(f"attribute {name}={value!r} is invalid: {exc}") from None
+    return parsed
+
+
+def resolve(name: str, *layers: Mapping[str, str]) -> Any:
+    """The typed value of ``name`` from the first layer that sets it, else the default.
+
+    Layers go from the strongest (command line) to the weakest (code).
+    """
+    attribute = ATTRIBUTES[name]
+    for layer in layers:
+        if name in layer:
+            return attribute.parse(str(layer[name]))
+    return attribute.default

@@ -1,0 +1,275 @@
+"""The logical plan: operators, streams between their ports, and attributes.
+
+>>> from operators.testing import ListSource, CollectSink
+>>> dag = Dag("example")
+>>> src = dag.add_operator("src", ListSource([[{"x": 1}]]))
+>>> sink = dag.add_operator("sink", CollectSink())
+>>> _ = dag.add_stream("numbers", src.output, sink.input)
+>>> dag.validate()
+>>> [o.name for o in dag.to_descriptor().operators]
+['src', 'sink']
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import cloudpickle
+import pyarrow as pa
+
+from operators.attributes import Scope, parse_attributes
+from operators.operator import InputOperator, Operator
+from operators.ports import BoundPort
+from proto import plan_pb2
+
+__all__ = ["Dag", "DagError", "topological_order", "validate_descriptor"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class DagError(ValueError):
+    """The DAG is malformed; the message names what is wrong and how to fix it."""
+
+
+class Dag:
+    """A DAG of operators under construction; submit it with ``weir submit`` or ``weir run``."""
+
+    def __init__(self, name: str, **attributes: Any) -> None:
+        if not name:
+            raise DagError("a DAG needs a non-empty name")
+        self.name = name
+        self._operators: dict[str, Operator] = {}
+        self._operator_attributes: dict[str, dict[str, str]] = {}
+        self._streams: dict[str, tuple[BoundPort, list[BoundPort]]] = {}
+        self.attributes: dict[str, str] = {}
+        self.set_attributes(**attributes)
+
+    # -- building ---------------------------------------------------------------
+    def add_operator(self, name: str, operator: Operator, **attributes: Any) -> Any:
+        """Adds ``operator`` under ``name`` and returns it (to reach its ports)."""
+        if not isinstance(operator, Operator):
+            raise DagError(
+                f"operator {name!r} is a {type(operator).__name__}, not a weir Operator; "
+                "subclass operators.Operator"
+            )
+        if name in self._operators:
+            raise DagError(f"two operators are named {name!r}; operator names must be unique")
+        if any(o is operator for o in self._operators.values()):
+            raise DagError(f"operator {name!r} was already added under another name")
+        self._operators[name] = operator
+        self._operator_attributes[name] = {}
+        self.set_operator_attributes(name, **attributes)
+        return operator
+
+    def add_stream(self, name: str, source: BoundPort, *sinks: BoundPort) -> str:
+        """Connects output port ``source`` to the input ports ``sinks``; returns the name."""
+        if name in self._streams:
+            raise DagError(f"two streams are named {name!r}; stream names must be unique")
+        for port, kind in [(source, "output"), *[(s, "input") for s in sinks]]:
+            if not isinstance(port, BoundPort):
+                raise DagError(f"stream {name!r}: {port!r} is not a port; pass op.<port>")
+            if port.spec.kind != kind:
+                raise DagError(
+                    f"stream {name!r}: {self._port_name(port)} is an {port.spec.kind} port "
+                    f"but is used as an {kind}; streams go from an output to inputs"
+                )
+        if not sinks:
+            raise DagError(f"stream {name!r} has no input port to deliver to")
+        self._streams[name] = (source, list(sinks))
+        return name
+
+    def connect(self, source: BoundPort, *sinks: BoundPort) -> str:
+        """``add_stream`` with a generated name ``<operator>.<port>``."""
+        return self.add_stream(self._port_name(source), source, *sinks)
+
+    def set_attributes(self, **attributes: Any) -> None:
+        """Sets DAG attributes, e.g. ``STREAMING_WINDOW_SIZE_MILLIS=250``."""
+        parse_attributes(attributes, Scope.DAG)
+        self.attributes.update({k: str(v) for k, v in attributes.items()})
+
+    def set_operator_attributes(self, operator_name: str, **attributes: Any) -> None:
+        """Sets attributes of one operator, e.g. ``APPLICATION_WINDOW_COUNT=4``."""
+        if operator_name not in self._operators:
+            raise DagError(f"unknown operator {operator_name!r}")
+        parse_attributes(attributes, Scope.OPERATOR)
+        self._operator_attributes[operator_name].update({k: str(v) for k, v in attributes.items()})
+
+    # -- checking and serialising ------------------------------------------------
+    def validate(self) -> None:
+        """Raises ``DagError`` naming the first problem found."""
+        validate_descriptor(self.to_descriptor(with_payload=False))
+
+    def to_descriptor(self, *, with_payload: bool = True) -> plan_pb2.DagDescriptor:
+        """The DAG as a protocol message; ``with_payload`` pickles the operator instances."""
+        descriptor = plan_pb2.DagDescriptor(name=self.name, attributes=self.attributes)
+        for name, operator in self._operators.items():
+            cls = type(operator)
+            op = descriptor.operators.add(
+                name=name,
+                class_name=f"{cls.__module__}.{cls.__qualname__}",
+                kind=(
+                    plan_pb2.OPERATOR_KIND_INPUT
+                    if isinstance(operator, InputOperator)
+                    else plan_pb2.OPERATOR_KIND_GENERIC
+                ),
+                attributes=self._operator_attributes[name],
+            )
+            for port_name, port in cls.input_ports().items():
+                op.inputs.add(name=port_name, optional=port.optional,
+                              schema=_schema_bytes(port.schema))
+            for port_name, port in cls.output_ports().items():
+                op.outputs.add(name=port_name, optional=port.optional,
+                               schema=_schema_bytes(port.schema))
+            if with_payload:
+                try:
+                    op.payload = cloudpickle.dumps(operator)
+                except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+                    raise DagError(
+                        f"operator {name!r} ({cls.__name__}) cannot be serialized: {exc}; "
+                        "keep open files, sockets and sessions out of __init__ and create them "
+                        "in setup()"
+                    ) from None
+        for stream_name, (source, sinks) in self._streams.items():
+            descriptor.streams.add(
+                name=stream_name,
+                source_operator=self._operator_name(source),
+                source_port=source.name,
+                sinks=[
+                    plan_pb2.StreamSink(operator=self._operator_name(s), port=s.name)
+                    for s in sinks
+                ],
+            )
+        return descriptor
+
+    # -- helpers -----------------------------------------------------------------
+    def _operator_name(self, port: BoundPort) -> str:
+        for name, operator in self._operators.items():
+            if operator is port.operator:
+                return name
+        raise DagError(
+            f"{port!r} belongs to an operator that is not in DAG {self.name!r}; "
+            "add it with dag.add_operator first"
+        )
+
+    def _port_name(self, port: BoundPort) -> str:
+        try:
+            return f"{self._operator_name(port)}.{port.name}"
+        except DagError:
+            return repr(port)
+
+
+def _schema_bytes(schema: pa.Schema | None) -> bytes:
+    return b"" if schema is None else schema.serialize().to_pybytes()
+
+
+def _schema(data: bytes) -> pa.Schema | None:
+    return pa.ipc.read_schema(pa.py_buffer(data)) if data else None
+
+
+def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
+    """Checks a DAG descriptor's structure; raises ``DagError`` naming the problem.
+
+    Checked: names, attributes, streams naming existing operators and ports, each input
+    port fed by at most one stream, every required input connected, matching declared
+    schemas on both ends of a stream, and no cycle.
+    """
+    if not dag.name:
+        raise DagError("the DAG has no name")
+    if not dag.operators:
+        raise DagError(f"DAG {dag.name!r} has no operators; add at least a source")
+    _check_attributes(dag.attributes, Scope.DAG, f"DAG {dag.name!r}")
+    operators: dict[str, plan_pb2.OperatorDescriptor] = {}
+    for op in dag.operators:
+        if op.name in operators:
+            raise DagError(f"two operators are named {op.name!r}")
+        operators[op.name] = op
+        _check_attributes(op.attributes, Scope.OPERATOR, f"operator {op.name!r}")
+    fed: dict[tuple[str, str], str] = {}
+    for stream in dag.streams:
+        source = operators.get(stream.source_operator)
+        if source is None:
+            raise DagError(f"stream {stream.name!r} starts at unknown operator "
+                           f"{stream.source_operator!r}")
+        out_port = _port(source.outputs, stream.source_port)
+        if out_port is None:
+            raise DagError(f"stream {stream.name!r}: operator {source.name!r} has no output port "
+                           f"{stream.source_port!r}; its outputs are "
+                           f"{[p.name for p in source.outputs]}")
+        if not stream.sinks:
+            raise DagError(f"stream {stream.name!r} delivers to no input port")
+        for sink in stream.sinks:
+            target = operators.get(sink.operator)
+            if target is None:
+                raise DagError(f"stream {stream.name!r} delivers to unknown operator "
+                               f"{sink.operator!r}")
+            in_port = _port(target.inputs, sink.port)
+            if in_port is None:
+                raise DagError(f"stream {stream.name!r}: operator {target.name!r} has no input "
+                               f"port {sink.port!r}; its inputs are "
+                               f"{[p.name for p in target.inputs]}")
+            key = (sink.operator, sink.port)
+            if key in fed:
+                raise DagError(f"input port {sink.operator}.{sink.port} is fed by two streams, "
+                               f"{fed[key]!r} and {stream.name!r}; an input port takes one "
+                               "stream (merge them in an operator with two inputs)")
+            fed[key] = stream.name
+            _check_schemas(stream.name, source.name, out_port, target.name, in_port)
+    for op in dag.operators:
+        for port in op.inputs:
+            if not port.optional and (op.name, port.name) not in fed:
+                raise DagError(f"input port {op.name}.{port.name} is not connected; connect a "
+                               "stream to it or declare it InputPort(optional=True)")
+    topological_order(dag)
+
+
+def topological_order(dag: plan_pb2.DagDescriptor) -> list[str]:
+    """Operator names, every operator after all its upstream ones; raises on a cycle."""
+    downstream: dict[str, set[str]] = {op.name: set() for op in dag.operators}
+    indegree = dict.fromkeys(downstream, 0)
+    for stream in dag.streams:
+        for sink in stream.sinks:
+            if sink.operator not in downstream[stream.source_operator]:
+                downstream[stream.source_operator].add(sink.operator)
+                indegree[sink.operator] += 1
+    order = [name for name in downstream if indegree[name] == 0]
+    for name in order:  # the list grows while we walk it
+        for nxt in sorted(downstream[name]):
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                order.append(nxt)
+    if len(order) < len(downstream):
+        cyclic = sorted(n for n, d in indegree.items() if d > 0)
+        raise DagError(f"DAG {dag.name!r} has a cycle through operators {cyclic}; "
+                       "streams must not lead back to an upstream operator")
+    return order
+
+
+def _port(ports: Iterable[plan_pb2.PortDescriptor], name: str) -> plan_pb2.PortDescriptor | None:
+    return next((p for p in ports if p.name == name), None)
+
+
+def _check_attributes(attributes: Mapping[str, str], scope: Scope, where: str) -> None:
+    try:
+        parse_attributes(attributes, scope)
+    except ValueError as exc:
+        raise DagError(f"{where}: {exc}") from None
+
+
+def _check_schemas(stream: str, src: str, out_port: plan_pb2.PortDescriptor, dst: str,
+                   in_port: plan_pb2.PortDescriptor) -> None:
+    out_schema, in_schema = _schema(out_port.schema), _schema(in_port.schema)
+    if out_schema is None or in_schema is None:
+        return
+    missing = [f for f in in_schema if out_schema.get_field_index(f.name) < 0
+               or out_schema.field(f.name).type != f.type]
+    if missing:
+        raise DagError(
+            f"stream {stream!r}: port type mismatch: {src}.{out_port.name} emits "
+            f"{_fmt(out_schema)} but {dst}.{in_port.name} expects {_fmt(in_schema)}"
+        )
+
+
+def _fmt(schema: pa.Schema) -> str:
+    return "(" + ", ".join(f"{f.name}: {f.type}" for f in schema) + ")"

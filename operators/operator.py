@@ -1,0 +1,142 @@
+"""The operator contract: window lifecycle hooks, called by a container's runtime.
+
+Call order, per operator instance (one thread per operator):
+
+1. ``setup(context)`` once, after deploy (and after the state is restored on recovery).
+2. Per application window (``APPLICATION_WINDOW_COUNT`` streaming windows):
+   ``begin_window(window_id)``, then ``process(port, batch)`` for every batch of every
+   input port of those windows, then ``end_window()``. Batches emitted from any of these
+   hooks belong to the streaming window being processed.
+3. ``checkpointed(window_id)`` after the state was saved; ``committed(window_id)`` when
+   the master says every operator has checkpointed past that window: the only place to
+   act on the outside world for good (acknowledge, commit offsets, publish).
+4. ``teardown()`` once, when the stream ended or the operator is undeployed.
+
+An ``InputOperator`` has no inputs: instead of ``process`` the runtime calls
+``emit_tuples()`` repeatedly within each streaming window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import pyarrow as pa
+
+from operators.ports import InputPort, OutputPort
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SparkBridge(Protocol):
+    """What a container offers operators to run window logic in Spark."""
+
+    @property
+    def session(self) -> SparkSession: ...
+
+    def to_dataframe(self, batches: list[pa.RecordBatch], schema: pa.Schema) -> DataFrame:
+        """A DataFrame over the batches (the fastest correct path for this Spark)."""
+        ...
+
+    def to_arrow(self, df: DataFrame) -> pa.Table:
+        """Runs the job and brings the result back as Arrow."""
+        ...
+
+
+@dataclasses.dataclass
+class OperatorContext:
+    """What the runtime tells an operator in ``setup``.
+
+    Attributes:
+        name: logical operator name.
+        operator_id: physical id, unique in the application.
+        container_id: the container running it.
+        attributes: resolved attributes (operator over DAG over defaults), typed.
+        spark: the container's Spark bridge, created on first use; None where Spark is off.
+    """
+
+    name: str
+    operator_id: int
+    container_id: str
+    attributes: Mapping[str, Any]
+    spark: SparkBridge | None = None
+
+    @property
+    def window_size_millis(self) -> int:
+        return int(self.attributes.get("STREAMING_WINDOW_SIZE_MILLIS", 500))
+
+    @property
+    def application_window_count(self) -> int:
+        return int(self.attributes.get("APPLICATION_WINDOW_COUNT", 1))
+
+
+class Operator:
+    """Base class of every operator; override the hooks you need (see the module docs).
+
+    Ports are class attributes (``InputPort`` / ``OutputPort``). Every attribute of the
+    instance is state and is checkpointed, except those named in ``NON_STATE``.
+    """
+
+    #: instance attributes that are not state (connections, caches): not checkpointed.
+    NON_STATE: ClassVar[tuple[str, ...]] = ()
+
+    def setup(self, context: OperatorContext) -> None:
+        """Called once before the first window."""
+
+    def begin_window(self, window_id: int) -> None:
+        """Called at the start of each application window."""
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        """Called for each batch arriving on input ``port``."""
+
+    def end_window(self) -> None:
+        """Called at the end of each application window."""
+
+    def checkpointed(self, window_id: int) -> None:
+        """Called after the state as of ``window_id`` was saved."""
+
+    def committed(self, window_id: int) -> None:
+        """Called when ``window_id`` is committed: it will never be replayed."""
+
+    def teardown(self) -> None:
+        """Called once when the operator stops."""
+
+    @classmethod
+    def input_ports(cls) -> dict[str, InputPort]:
+        return {n: p for n, p in _class_ports(cls).items() if isinstance(p, InputPort)}
+
+    @classmethod
+    def output_ports(cls) -> dict[str, OutputPort]:
+        return {n: p for n, p in _class_ports(cls).items() if isinstance(p, OutputPort)}
+
+
+class InputOperator(Operator):
+    """A source: it drives windows and has no input ports."""
+
+    def emit_tuples(self) -> bool:
+        """Emits what is available now, within the current streaming window.
+
+        Called repeatedly until the window's time is up. Emit nothing when nothing is
+        ready (the runtime then waits a moment before calling again).
+
+        Returns:
+            False once the source is exhausted (a bounded source): the runtime ends the
+            window and sends END_STREAM downstream. True otherwise.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement emit_tuples()")
+
+
+def _class_ports(cls: type) -> dict[str, InputPort | OutputPort]:
+    ports: dict[str, InputPort | OutputPort] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            if isinstance(value, InputPort | OutputPort):
+                ports[name] = value
+    return ports

@@ -1,0 +1,53 @@
+"""Window ids: 64 bits, base seconds in the high half and a counter in the low half.
+
+Input operators number their streaming windows; every stream carries these ids in its
+control markers, so a window id names the same slice of time in every operator.
+
+>>> w = make_window_id(1_700_000_000, 5)
+>>> window_base_seconds(w), window_counter(w)
+(1700000000, 5)
+>>> format_window_id(w)
+'1700000000:5'
+>>> format_window_id(NO_WINDOW)
+'-'
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "NO_WINDOW",
+    "format_window_id",
+    "make_window_id",
+    "window_base_seconds",
+    "window_counter",
+]
+
+NO_WINDOW = -1
+"""The window id before any window, for example the checkpoint of a fresh operator."""
+
+_COUNTER_BITS = 32
+_COUNTER_MASK = (1 << _COUNTER_BITS) - 1
+
+
+def make_window_id(base_seconds: int, counter: int) -> int:
+    """Packs ``base_seconds`` (high 32 bits) and ``counter`` (low 32 bits) into one id."""
+    if not 0 <= counter <= _COUNTER_MASK:
+        raise ValueError(f"window counter {counter} is outside 0..{_COUNTER_MASK}")
+    return (base_seconds << _COUNTER_BITS) | counter
+
+
+def window_base_seconds(window_id: int) -> int:
+    """The epoch seconds the window's numbering started from."""
+    return window_id >> _COUNTER_BITS
+
+
+def window_counter(window_id: int) -> int:
+    """The window's position since its base."""
+    return window_id & _COUNTER_MASK
+
+
+def format_window_id(window_id: int) -> str:
+    """A readable form, ``base:counter``; ``-`` for no window."""
+    if window_id < 0:
+        return "-"
+    return f"{window_base_seconds(window_id)}:{window_counter(window_id)}"
