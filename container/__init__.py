@@ -1,0 +1,1 @@
+"""The worker process: umbilical client, operator runtime, buffer server, Spark bridge."""

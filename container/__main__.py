@@ -1,0 +1,7 @@
+"""``python -m container``: the container process."""
+
+import sys
+
+from container.main import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""Deploying and undeploying operators from the master's deploy requests."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+import cloudpickle
+
+from container.buffer_client import Subscription
+from container.buffer_server import BufferServer
+from container.port_input import PortInput
+from container.window_loop import OperatorRunner, RunnerState
+from operators.attributes import ATTRIBUTES
+from operators.operator import Operator, OperatorContext, SparkBridge
+from proto import plan_pb2, umbilical_pb2
+
+__all__ = ["DeployError", "Deployment"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class DeployError(RuntimeError):
+    """A deploy request could not be carried out (bad payload, unknown port)."""
+
+
+def stream_id(operator_id: int, port_name: str) -> str:
+    """The buffer-server identifier of an output port: ``<operator id>.<port>``."""
+    return f"{operator_id}.{port_name}"
+
+
+def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
+    typed: dict[str, object] = {}
+    for name, value in text.items():
+        attribute = ATTRIBUTES.get(name)
+        typed[name] = attribute.parse(value) if attribute else value
+    return typed
+
+
+class Deployment:
+    """The operators running in this container, keyed by physical id.
+
+    Args:
+        container_id: this container.
+        buffer_server: where output ports publish.
+        spark: the container's Spark bridge (its session starts on first use).
+        start_window_millis: the application's first window time.
+        base_attributes: the application's resolved attributes (from the init context).
+        on_change: called when any operator changes state.
+    """
+
+    def __init__(self, container_id: str, buffer_server: BufferServer,
+                 spark: SparkBridge | None, start_window_millis: int,
+                 base_attributes: dict[str, str], on_change: Callable[[], None]) -> None:
+        self.container_id = container_id
+        self.buffer_server = buffer_server
+        self.spark = spark
+        self.start_window_millis = start_window_millis
+        self.base_attributes = base_attributes
+        self.on_change = on_change
+        self.runners: dict[int, OperatorRunner] = {}
+        self._lock = threading.Lock()
+
+    def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
+        """Builds the operator, connects its ports and starts its thread."""
+        with self._lock:
+            if info.id in self.runners:
+                return  # a repeated deploy request: already running
+            operator = self._build(info)
+            attributes = _typed_attributes({**self.base_attributes,
+                                            **dict(info.context_attributes)})
+            context = OperatorContext(name=info.name, operator_id=info.id,
+                                      container_id=self.container_id,
+                                      attributes=attributes, spark=self.spark)
+            stopped = threading.Event()
+            capacity = int(attributes.get("QUEUE_CAPACITY", 64))
+            inputs = {
+                i.port_name: PortInput(i.port_name, self._subscriber(i), capacity, stopped)
+                for i in info.inputs
+            }
+            publishers = {
+                o.port_name: self.buffer_server.publisher(stream_id(info.id, o.port_name))
+                for o in info.outputs
+            }
+            runner = OperatorRunner(info.id, operator, context, publishers, inputs,
+                                    self.start_window_millis, self.on_change)
+            runner.stopped = stopped
+            self.runners[info.id] = runner
+        _LOGGER.info("container %s deploys operator %s (%d, %s)", self.container_id, info.name,
+                     info.id, info.class_name)
+        runner.start()
+
+    def _build(self, info: plan_pb2.OperatorDeployInfo) -> Operator:
+        try:
+            operator = cloudpickle.loads(info.payload)
+        except Exception as exc:  # noqa: BLE001 - any unpickling error is a deploy error
+            raise DeployError(f"operator {info.name} ({info.class_name}) cannot be rebuilt in "
+                              f"container {self.container_id}: {type(exc).__name__}: {exc}; "
+                              "its class must be importable here or defined in the app file"
+                              ) from None
+        if not isinstance(operator, Operator):
+            raise DeployError(f"operator {info.name}: payload is a {type(operator).__name__}")
+        return operator
+
+    @staticmethod
+    def _subscriber(info: plan_pb2.InputDeployInfo):
+        def subscribe():
+            subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
+                                        stream_id(info.source_node_id, info.source_port_name),
+                                        from_window=-1)
+            return subscription, subscription.close
+        return subscribe
+
+    def undeploy(self, operator_ids: Iterable[int]) -> None:
+        for operator_id in operator_ids:
+            with self._lock:
+                runner = self.runners.pop(operator_id, None)
+            if runner is not None:
+                _LOGGER.info("container %s undeploys operator %d", self.container_id,
+                             operator_id)
+                runner.stop()
+
+    def end_inputs(self) -> None:
+        """Asks every input operator to end its stream after the current window."""
+        for runner in list(self.runners.values()):
+            runner.end_requested.set()
+
+    def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
+        return [r.heartbeat(interval_ms) for r in list(self.runners.values())]
+
+    def failed(self) -> list[OperatorRunner]:
+        return [r for r in self.runners.values() if r.state == RunnerState.FAILED]
+
+    def stop_all(self) -> None:
+        with self._lock:
+            runners = list(self.runners.values())
+            self.runners.clear()
+        for runner in runners:
+            runner.stop(timeout_s=2.0)

@@ -1,0 +1,103 @@
+"""The heartbeat loop: collect stats, send the heartbeat, carry out the master's answer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from container.deploy import DeployError, Deployment
+from container.stats import ProcessStats
+from container.umbilical_client import MasterUnreachable, UmbilicalClient
+from operators.windows import format_window_id
+from proto import umbilical_pb2
+
+__all__ = ["HeartbeatLoop"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class HeartbeatLoop:
+    """Heartbeats every interval, and at once when ``wake()`` is called (a state change).
+
+    Runs in the container's main thread until the master answers ABORT, the master
+    cannot be reached for the client's retry window, or ``stop()`` is called.
+    """
+
+    def __init__(self, container_id: str, client: UmbilicalClient, deployment: Deployment,
+                 process_stats: ProcessStats, buffer_server_address: tuple[str, int],
+                 interval_ms: int) -> None:
+        self.container_id = container_id
+        self.client = client
+        self.deployment = deployment
+        self.process_stats = process_stats
+        self.host, self.port = buffer_server_address
+        self.interval_ms = interval_ms
+        self.committed_window_id = -1
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.heartbeats_sent = 0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def build(self) -> umbilical_pb2.ContainerHeartbeat:
+        sample = self.process_stats.sample()
+        return umbilical_pb2.ContainerHeartbeat(
+            container_id=self.container_id,
+            buffer_server_host=self.host,
+            buffer_server_port=self.port,
+            jvm_name=self.process_stats.process_name,
+            memory_mb_free=sample.memory_mb_free,
+            memory_rss_mb=sample.memory_rss_mb,
+            cpu_percent=sample.cpu_percent,
+            gc_collection_count=sample.gc_collection_count,
+            gc_collection_time_ms=sample.gc_collection_time_ms,
+            stats=umbilical_pb2.ContainerStats(
+                id=self.container_id, operators=self.deployment.heartbeats(self.interval_ms)),
+            sent_tms=time.time_ns() // 1_000_000,
+        )
+
+    def run(self) -> str:
+        """Heartbeats until told to stop; returns why it stopped."""
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                response = self.client.heartbeat(self.build())
+            except MasterUnreachable as exc:
+                _LOGGER.error("container %s: %s; exiting", self.container_id, exc)
+                return "master unreachable"
+            self.heartbeats_sent += 1
+            outcome = self.apply(response)
+            if outcome:
+                return outcome
+            delay_s = 0.05 if response.has_pending_requests else self.interval_ms / 1000
+            self._wake.wait(delay_s)
+        return "stopped"
+
+    def apply(self, response: umbilical_pb2.ContainerHeartbeatResponse) -> str | None:
+        """Carries out one answer; returns a reason to exit, or None to go on."""
+        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
+            _LOGGER.info("container %s: master says ABORT", self.container_id)
+            return "aborted by the master"
+        if response.undeploy_request:
+            self.deployment.undeploy(response.undeploy_request)
+        for info in response.deploy_request:
+            try:
+                self.deployment.deploy(info)
+            except DeployError as exc:
+                _LOGGER.error("container %s: %s", self.container_id, exc)
+                self.client.report_error(self.container_id, [info.id], str(exc))
+        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
+            self.deployment.end_inputs()
+        if response.committed_window_id > self.committed_window_id:
+            self.committed_window_id = response.committed_window_id
+            _LOGGER.debug("container %s: committed window %s", self.container_id,
+                          format_window_id(self.committed_window_id))
+        if response.deploy_request:
+            self.wake()  # report the new operators at once
+        return None

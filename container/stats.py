@@ -1,0 +1,106 @@
+"""Process figures for heartbeats: CPU and memory from psutil, GC from Python's collector."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import socket
+import threading
+import time
+
+import psutil
+
+__all__ = ["GcMonitor", "ProcessSample", "ProcessStats"]
+
+_LOGGER = logging.getLogger(__name__)
+_MB = 1024 * 1024
+
+
+class GcMonitor:
+    """Counts collections and the time spent in them through ``gc.callbacks``.
+
+    ``gc.get_stats`` gives counts but no time, so the callback measures each collection.
+    Install one per process; ``close()`` removes the callback.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started_ns = 0
+        self.collections = sum(s["collections"] for s in gc.get_stats())
+        self.time_ns = 0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started_ns = time.perf_counter_ns()
+        elif phase == "stop" and self._started_ns:
+            with self._lock:
+                self.collections += 1
+                self.time_ns += time.perf_counter_ns() - self._started_ns
+            self._started_ns = 0
+
+    def close(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessSample:
+    cpu_percent: float
+    memory_rss_mb: int
+    memory_mb_free: int
+    gc_collection_count: int
+    gc_collection_time_ms: int
+
+
+class ProcessStats:
+    """Samples this process and its children (Spark's JVM) once per heartbeat."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._gc = GcMonitor()
+        self._last_cpu_s = self._cpu_seconds()
+        self._last_wall_s = time.monotonic()
+        self.process_name = f"{os.getpid()}@{socket.gethostname()}"
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return [self._process, *self._process.children(recursive=True)]
+        except psutil.Error:
+            return [self._process]
+
+    def _cpu_seconds(self) -> float:
+        total = 0.0
+        for proc in self._tree():
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+        return total
+
+    def sample(self) -> ProcessSample:
+        """CPU since the previous sample (100 = one core busy), memory now, GC totals."""
+        cpu_s, wall_s = self._cpu_seconds(), time.monotonic()
+        elapsed = max(wall_s - self._last_wall_s, 1e-6)
+        # A child that exited takes its CPU with it; never report a negative figure.
+        cpu_percent = max(0.0, 100.0 * (cpu_s - self._last_cpu_s) / elapsed)
+        self._last_cpu_s, self._last_wall_s = cpu_s, wall_s
+        rss = 0
+        for proc in self._tree():
+            try:
+                rss += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        return ProcessSample(
+            cpu_percent=round(cpu_percent, 1),
+            memory_rss_mb=rss // _MB,
+            memory_mb_free=psutil.virtual_memory().available // _MB,
+            gc_collection_count=self._gc.collections,
+            gc_collection_time_ms=self._gc.time_ns // 1_000_000,
+        )
+
+    def close(self) -> None:
+        self._gc.close()

@@ -1,0 +1,80 @@
+"""The container's side of the umbilical: gRPC calls with deadlines and retry with backoff."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from proto import umbilical_pb2, umbilical_pb2_grpc
+
+__all__ = ["MasterUnreachable", "UmbilicalClient"]
+
+_LOGGER = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class MasterUnreachable(ConnectionError):
+    """The master did not answer within the retry window."""
+
+
+class UmbilicalClient:
+    """Calls the master; each call has a deadline and is retried while the master is away.
+
+    Args:
+        address: the master's ``host:port``.
+        call_timeout_s: deadline of one call.
+        retry_window_s: how long a call keeps retrying an unreachable master before giving up.
+    """
+
+    def __init__(self, address: str, *, call_timeout_s: float = 5.0,
+                 retry_window_s: float = 30.0) -> None:
+        self.address = address
+        self.call_timeout_s = call_timeout_s
+        self.retry_window_s = retry_window_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(self._channel)
+
+    def _call(self, what: str, fn: Callable[..., _T], request: object) -> _T:
+        deadline = time.monotonic() + self.retry_window_s
+        delay_s = 0.1
+        while True:
+            try:
+                return fn(request, timeout=self.call_timeout_s)
+            except grpc.RpcError as exc:
+                code = exc.code() if hasattr(exc, "code") else None
+                if code not in _RETRYABLE or time.monotonic() + delay_s > deadline:
+                    if code in _RETRYABLE:
+                        raise MasterUnreachable(
+                            f"master {self.address} did not answer {what} for "
+                            f"{self.retry_window_s:.0f} s"
+                        ) from None
+                    raise
+                _LOGGER.debug("%s to %s failed (%s); retrying in %.1f s", what, self.address,
+                              code, delay_s)
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+
+    def get_init_context(self, container_id: str) -> umbilical_pb2.StreamingContainerContext:
+        request = umbilical_pb2.GetInitContextRequest(container_id=container_id)
+        return self._call("GetInitContext", self._stub.GetInitContext, request)
+
+    def heartbeat(self, heartbeat: umbilical_pb2.ContainerHeartbeat
+                  ) -> umbilical_pb2.ContainerHeartbeatResponse:
+        return self._call("ProcessHeartbeat", self._stub.ProcessHeartbeat, heartbeat)
+
+    def log(self, container_id: str, msg: str) -> None:
+        self._call("Log", self._stub.Log,
+                   umbilical_pb2.LogRequest(container_id=container_id, msg=msg))
+
+    def report_error(self, container_id: str, operators: list[int], msg: str) -> None:
+        request = umbilical_pb2.ReportErrorRequest(container_id=container_id,
+                                                   operators=operators, msg=msg)
+        self._call("ReportError", self._stub.ReportError, request)
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,301 @@
+"""The window loop of one operator: input alignment, application windows, window stats.
+
+One thread per operator. An input operator numbers windows and calls ``emit_tuples``
+until each window's time is up; any other operator reads its input ports, processes
+window ``w`` once every open port has begun it (alignment), and forwards the markers.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import pyarrow as pa
+
+from container.control import Kind
+from container.port_input import InputClosed, PortInput
+from operators.operator import InputOperator, Operator, OperatorContext
+from operators.windows import format_window_id, make_window_id
+from proto import umbilical_pb2
+
+__all__ = ["OperatorRunner", "Publisher", "RunnerState"]
+
+_LOGGER = logging.getLogger(__name__)
+_STATS_RING = 1024
+_IDLE_S = 0.002
+
+
+class Publisher(Protocol):
+    """The output side of a port: the buffer server's in-process publisher."""
+
+    bytes_published: int
+
+    def begin_window(self, window_id: int) -> None: ...
+    def data(self, window_id: int, batch: pa.RecordBatch) -> None: ...
+    def end_window(self, window_id: int) -> None: ...
+    def end_stream(self) -> None: ...
+
+
+class RunnerState(enum.Enum):
+    ACTIVE = umbilical_pb2.OPERATOR_STATE_ACTIVE
+    SHUTDOWN = umbilical_pb2.OPERATOR_STATE_SHUTDOWN
+    FAILED = umbilical_pb2.OPERATOR_STATE_FAILED
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class OperatorRunner:
+    """Runs one deployed operator in its own thread, window by window.
+
+    Created by the deployment on a deploy request and dropped after it stopped. Its state
+    and window stats are read by the heartbeat loop.
+
+    Args:
+        operator_id: physical id.
+        operator: the operator instance.
+        context: what ``setup`` receives.
+        publishers: output port name → publisher on this container's buffer server.
+        inputs: input port name → subscription feeding it.
+        start_window_millis: the application's first window time; window ids count from it.
+        on_change: called when the state changes (so a heartbeat goes out at once).
+    """
+
+    def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
+                 publishers: Mapping[str, Publisher], inputs: Mapping[str, PortInput],
+                 start_window_millis: int, on_change: Callable[[], None]) -> None:
+        self.operator_id = operator_id
+        self.operator = operator
+        self.context = context
+        self.publishers = dict(publishers)
+        self.inputs = dict(inputs)
+        self.start_window_millis = start_window_millis
+        self.window_ms = context.window_size_millis
+        self.app_window_count = context.application_window_count
+        self.state = RunnerState.ACTIVE
+        self.error = ""
+        self._on_change = on_change
+        self.stopped = threading.Event()
+        self.end_requested = threading.Event()
+        self._stats: collections.deque[umbilical_pb2.OperatorStats] = collections.deque(
+            maxlen=_STATS_RING)
+        self._stats_lock = threading.Lock()
+        self._window = -1
+        self._app_position = 0  # streaming windows into the current application window
+        self._in_counts: dict[str, int] = dict.fromkeys(self.inputs, 0)
+        self._out_counts: dict[str, int] = dict.fromkeys(self.publishers, 0)
+        self._out_bytes = {p: pub.bytes_published for p, pub in self.publishers.items()}
+        self._cpu_ns = 0
+        self._thread = threading.Thread(target=self._run, name=f"operator-{context.name}",
+                                        daemon=True)
+        operator._weir_emit = self._emit  # type: ignore[attr-defined]
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        for port in self.inputs.values():
+            port.start()
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stops the thread (undeploy / abort) without END_STREAM."""
+        self.stopped.set()
+        for port in self.inputs.values():
+            port.close()
+        self._thread.join(timeout=timeout_s)
+
+    def join(self, timeout_s: float) -> bool:
+        self._thread.join(timeout=timeout_s)
+        return not self._thread.is_alive()
+
+    def drain_stats(self) -> list[umbilical_pb2.OperatorStats]:
+        """Window stats completed since the previous call."""
+        with self._stats_lock:
+            stats = list(self._stats)
+            self._stats.clear()
+        return stats
+
+    def _run(self) -> None:
+        name = self.context.name
+        try:
+            self.operator.setup(self.context)
+            if isinstance(self.operator, InputOperator):
+                self._run_input()
+            else:
+                self._run_generic()
+            if self.stopped.is_set():
+                return
+            self.operator.teardown()
+            self.state = RunnerState.SHUTDOWN
+            _LOGGER.info("operator %s (%d) finished after window %s", name, self.operator_id,
+                         format_window_id(self._window))
+        except InputClosed as exc:
+            if not self.stopped.is_set():
+                self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - any operator error fails the operator
+            self._fail(exc)
+        finally:
+            self._on_change()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.state = RunnerState.FAILED
+        _LOGGER.error("operator %s (%d) failed in window %s: %s\n%s", self.context.name,
+                      self.operator_id, format_window_id(self._window), self.error,
+                      "".join(traceback.format_exception(exc)))
+
+    # -- emitting ----------------------------------------------------------------
+    def _emit(self, port: str, batch: pa.RecordBatch) -> None:
+        publisher = self.publishers.get(port)
+        if publisher is None:
+            if port in self.operator.output_ports():
+                return  # an unconnected output: nothing subscribes, nothing to keep
+            raise KeyError(f"{self.context.name} has no output port {port!r}")
+        if self._window < 0:
+            raise RuntimeError(f"{self.context.name} emitted on {port!r} outside a window")
+        if batch.num_rows:
+            publisher.data(self._window, batch)
+            self._out_counts[port] += batch.num_rows
+
+    # -- windows -----------------------------------------------------------------
+    def _begin(self, window_id: int) -> None:
+        self._window = window_id
+        cpu_start = time.thread_time_ns()
+        for publisher in self.publishers.values():
+            publisher.begin_window(window_id)
+        if self._app_position == 0:
+            self.operator.begin_window(window_id)
+        self._cpu_ns = time.thread_time_ns() - cpu_start
+
+    def _end(self, window_id: int, *, last: bool = False) -> None:
+        cpu_start = time.thread_time_ns()
+        self._app_position += 1
+        if self._app_position >= self.app_window_count or last:
+            self.operator.end_window()
+            self._app_position = 0
+        for publisher in self.publishers.values():
+            publisher.end_window(window_id)
+        self._cpu_ns += time.thread_time_ns() - cpu_start
+        self._record_stats(window_id)
+
+    def _record_stats(self, window_id: int) -> None:
+        now = _now_ms()
+        stats = umbilical_pb2.OperatorStats(window_id=window_id, cpu_time_used_ns=self._cpu_ns)
+        for port, count in self._in_counts.items():
+            stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
+                                  queue_size=self.inputs[port].queue_size)
+        for port, count in self._out_counts.items():
+            published = self.publishers[port].bytes_published
+            stats.output_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
+                                   buffer_server_bytes=published - self._out_bytes[port])
+            self._out_bytes[port] = published
+        self._in_counts = dict.fromkeys(self._in_counts, 0)
+        self._out_counts = dict.fromkeys(self._out_counts, 0)
+        with self._stats_lock:
+            self._stats.append(stats)
+
+    def _end_stream(self) -> None:
+        for publisher in self.publishers.values():
+            publisher.end_stream()
+
+    def _run_input(self) -> None:
+        """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
+        assert isinstance(self.operator, InputOperator)
+        base_seconds = self.start_window_millis // 1000
+        elapsed_ms = max(0, _now_ms() - self.start_window_millis)
+        counter = elapsed_ms // self.window_ms
+        while not self.stopped.is_set():
+            window_id = make_window_id(base_seconds, counter)
+            self._begin(window_id)
+            deadline = time.monotonic() + self.window_ms / 1000
+            exhausted = False
+            while not self.stopped.is_set():
+                cpu_start = time.thread_time_ns()
+                before = sum(self._out_counts.values())
+                more = self.operator.emit_tuples()
+                self._cpu_ns += time.thread_time_ns() - cpu_start
+                if not more:
+                    exhausted = True
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                if sum(self._out_counts.values()) == before:
+                    time.sleep(min(_IDLE_S, remaining))
+            if self.stopped.is_set():
+                return
+            ending = exhausted or self.end_requested.is_set()
+            self._end(window_id, last=ending)
+            if ending:
+                self._end_stream()
+                return
+            counter += 1
+
+    def _run_generic(self) -> None:
+        """Processes aligned windows until every input port has ended its stream."""
+        open_ports = dict(self.inputs)
+        last_window = -1
+        while open_ports:
+            heads = {}
+            for name, port in list(open_ports.items()):
+                head = port.peek()
+                while head.kind == Kind.RESET_WINDOW:
+                    port.get()
+                    head = port.peek()
+                if head.kind == Kind.END_STREAM:
+                    port.get()
+                    del open_ports[name]
+                    continue
+                if head.kind != Kind.BEGIN_WINDOW:
+                    raise RuntimeError(
+                        f"input port {name!r}: expected BEGIN_WINDOW, got {head.kind.name} "
+                        f"of window {format_window_id(head.window_id)}")
+                heads[name] = head.window_id
+            if not heads:
+                break
+            window_id = min(heads.values())
+            if window_id <= last_window:
+                raise RuntimeError(f"window {format_window_id(window_id)} arrived after window "
+                                   f"{format_window_id(last_window)}: windows must increase")
+            self._begin(window_id)
+            for name in [n for n, w in heads.items() if w == window_id]:
+                self._process_window(name, open_ports[name], window_id)
+            self._end(window_id)
+            last_window = window_id
+        if self._app_position:
+            # The stream ended inside an application window: flush it in one more window.
+            window_id = last_window + 1
+            self._begin(window_id)
+            self._end(window_id, last=True)
+        self._end_stream()
+
+    def _process_window(self, name: str, port: PortInput, window_id: int) -> None:
+        port.get()  # BEGIN_WINDOW
+        while True:
+            message = port.get()
+            if message.kind == Kind.DATA:
+                cpu_start = time.thread_time_ns()
+                self.operator.process(name, message.batch())
+                self._cpu_ns += time.thread_time_ns() - cpu_start
+                self._in_counts[name] += message.rows
+            elif message.kind == Kind.END_WINDOW:
+                if message.window_id != window_id:
+                    raise RuntimeError(
+                        f"input port {name!r}: END_WINDOW {format_window_id(message.window_id)} "
+                        f"inside window {format_window_id(window_id)}")
+                return
+            else:
+                raise RuntimeError(f"input port {name!r}: unexpected {message.kind.name} inside "
+                                   f"window {format_window_id(window_id)}")
+
+    def heartbeat(self, interval_ms: int) -> umbilical_pb2.OperatorHeartbeat:
+        """This operator's part of the next heartbeat."""
+        return umbilical_pb2.OperatorHeartbeat(
+            node_id=self.operator_id, generated_tms=_now_ms(), interval_ms=interval_ms,
+            state=self.state.value, window_stats=self.drain_stats(), error=self.error)
