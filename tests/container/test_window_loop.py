@@ -1,0 +1,195 @@
+"""The window loop with in-memory inputs and publishers: alignment, app windows, END_STREAM."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from container.control import Kind, Message
+from container.port_input import PortInput
+from container.window_loop import OperatorRunner, RunnerState
+from operators.operator import InputOperator, Operator, OperatorContext
+from operators.ports import InputPort, OutputPort
+
+
+class RecordingPublisher:
+    def __init__(self) -> None:
+        self.messages: list[Message] = []
+        self.bytes_published = 0
+
+    def begin_window(self, window_id: int) -> None:
+        self.messages.append(Message(Kind.BEGIN_WINDOW, window_id))
+
+    def data(self, window_id: int, batch: pa.RecordBatch) -> None:
+        message = Message.data(window_id, batch)
+        self.bytes_published += message.nbytes
+        self.messages.append(message)
+
+    def end_window(self, window_id: int) -> None:
+        self.messages.append(Message(Kind.END_WINDOW, window_id))
+
+    def end_stream(self) -> None:
+        self.messages.append(Message(Kind.END_STREAM, -1))
+
+    def windows(self) -> list[tuple[int, list[int]]]:
+        """(window id, values of column x emitted in it) per window."""
+        out: list[tuple[int, list[int]]] = []
+        for m in self.messages:
+            if m.kind == Kind.BEGIN_WINDOW:
+                out.append((m.window_id, []))
+            elif m.kind == Kind.DATA:
+                out[-1][1].extend(m.batch().column("x").to_pylist())
+        return out
+
+
+def stream(windows: dict[int, list[list[int]]]) -> list[Message]:
+    messages = []
+    for w, batches in windows.items():
+        messages.append(Message(Kind.BEGIN_WINDOW, w))
+        messages += [Message.data(w, pa.record_batch({"x": b})) for b in batches]
+        messages.append(Message(Kind.END_WINDOW, w))
+    return [*messages, Message(Kind.END_STREAM, -1)]
+
+
+class SumPerAppWindow(Operator):
+    """Emits the sum of x over each application window, and the window ids it began."""
+
+    a = InputPort()
+    b = InputPort(optional=True)
+    output = OutputPort()
+
+    def __init__(self) -> None:
+        self.began: list[int] = []
+        self.total = 0
+
+    def begin_window(self, window_id: int) -> None:
+        self.began.append(window_id)
+        self.total = 0
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        self.total += sum(batch.column("x").to_pylist())
+
+    def end_window(self) -> None:
+        self.output.emit(pa.record_batch({"x": [self.total]}))
+
+
+def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int = 1
+        ) -> tuple[OperatorRunner, RecordingPublisher]:
+    stopped = threading.Event()
+    ports = {
+        name: PortInput(name, lambda msgs=msgs: (iter(msgs), lambda: None), 4, stopped)
+        for name, msgs in inputs.items()
+    }
+    publisher = RecordingPublisher()
+    context = OperatorContext("op", 1, "c1", {"APPLICATION_WINDOW_COUNT": app_windows,
+                                              "STREAMING_WINDOW_SIZE_MILLIS": 20})
+    runner = OperatorRunner(1, operator, context, {"output": publisher}, ports,
+                            start_window_millis=time.time_ns() // 1_000_000,
+                            on_change=lambda: None)
+    runner.stopped = stopped
+    runner.start()
+    assert runner.join(10), "operator thread did not finish within 10 s"
+    return runner, publisher
+
+
+def test_two_inputs_are_aligned_by_window():
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({1: [[1, 2]], 2: [[3]], 4: [[5]]}),
+                           "b": stream({2: [[10]], 3: [[20]], 4: [[30]]})})
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert out.windows() == [(1, [3]), (2, [13]), (3, [20]), (4, [35])]
+    assert out.messages[-1].kind == Kind.END_STREAM
+
+
+def test_application_window_spans_streaming_windows_and_flushes_at_end():
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({1: [[1]], 2: [[2]], 3: [[4]]})}, app_windows=2)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert op.began == [1, 3]
+    # sums land in the last streaming window of each application window; the partial
+    # application window (window 3) is flushed in one extra window at END_STREAM.
+    assert out.windows() == [(1, []), (2, [3]), (3, []), (4, [4])]
+
+
+def test_window_stats_count_rows_per_port():
+    runner, _ = run(SumPerAppWindow(), {"a": stream({1: [[1, 2, 3]], 2: [[4]]})})
+    stats = runner.drain_stats()
+    assert [s.window_id for s in stats] == [1, 2]
+    assert [s.input_ports[0].tuple_count for s in stats] == [3, 1]
+    assert [s.output_ports[0].tuple_count for s in stats] == [1, 1]
+    assert runner.drain_stats() == []
+
+
+def test_out_of_order_window_fails_the_operator():
+    messages = stream({2: [[1]]})[:-1] + stream({1: [[1]]})
+    runner, _ = run(SumPerAppWindow(), {"a": messages})
+    assert runner.state is RunnerState.FAILED
+    assert "windows must increase" in runner.error
+
+
+def test_operator_exception_fails_with_its_message():
+    class Broken(SumPerAppWindow):
+        def process(self, port, batch):
+            raise ValueError("bad tuple")
+
+    runner, _ = run(Broken(), {"a": stream({1: [[1]]})})
+    assert runner.state is RunnerState.FAILED
+    assert runner.error == "ValueError: bad tuple"
+
+
+class Counter(InputOperator):
+    output = OutputPort()
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.i = 0
+
+    def emit_tuples(self) -> bool:
+        if self.i >= self.n:
+            return False
+        self.output.emit(pa.record_batch({"x": [self.i]}))
+        self.i += 1
+        return True
+
+
+def test_input_operator_emits_until_exhausted_then_ends_stream():
+    runner, out = run(Counter(5), {})
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    values = [x for _, xs in out.windows() for x in xs]
+    assert values == [0, 1, 2, 3, 4]
+    ids = [w for w, _ in out.windows()]
+    assert ids == sorted(set(ids)), "window ids must increase"
+    assert out.messages[-1].kind == Kind.END_STREAM
+
+
+def test_stop_ends_a_blocked_operator_without_end_stream():
+    stopped = threading.Event()
+    never = threading.Event()
+
+    def subscribe():
+        def messages():
+            yield Message(Kind.BEGIN_WINDOW, 1)
+            never.wait(5)
+        return messages(), never.set
+
+    publisher = RecordingPublisher()
+    runner = OperatorRunner(1, SumPerAppWindow(), OperatorContext("op", 1, "c1", {}),
+                            {"output": publisher}, {"a": PortInput("a", subscribe, 4, stopped)},
+                            0, lambda: None)
+    runner.stopped = stopped
+    runner.start()
+    runner.stop(timeout_s=3)
+    assert runner.join(0.1)
+    assert all(m.kind != Kind.END_STREAM for m in publisher.messages)
+
+
+@pytest.mark.parametrize("kind", [Kind.DATA, Kind.END_WINDOW])
+def test_stream_not_starting_with_begin_window_fails(kind):
+    bad = [Message.data(1, pa.record_batch({"x": [1]})) if kind == Kind.DATA
+           else Message(Kind.END_WINDOW, 1), Message(Kind.END_STREAM, -1)]
+    runner, _ = run(SumPerAppWindow(), {"a": bad})
+    assert runner.state is RunnerState.FAILED
+    assert "expected BEGIN_WINDOW" in runner.error
