@@ -75,6 +75,7 @@ class Dag:
                     f"stream {name!r}: {self._port_name(port)} is an {port.spec.kind} port "
                     f"but is used as an {kind}; streams go from an output to inputs"
                 )
+            self._operator_name(port)  # raises if the port's operator is not in this DAG
         if not sinks:
             raise DagError(f"stream {name!r} has no input port to deliver to")
         self._streams[name] = (source, list(sinks))

@@ -1,0 +1,130 @@
+"""DAG building and validation: every malformed DAG gets an error naming the problem."""
+
+import pyarrow as pa
+import pytest
+
+from operators import Dag, DagError, InputOperator, InputPort, Operator, OutputPort
+from operators.attributes import InvalidAttribute
+from operators.dag import topological_order, validate_descriptor
+
+
+class Source(InputOperator):
+    output = OutputPort(pa.schema([("word", pa.string())]))
+
+
+class Pass(Operator):
+    input = InputPort()
+    output = OutputPort()
+
+
+class Ints(Operator):
+    input = InputPort(pa.schema([("word", pa.int64())]))
+
+
+class TwoInputs(Operator):
+    left = InputPort()
+    right = InputPort()
+    output = OutputPort()
+
+
+def linear() -> tuple[Dag, Source, Pass, Pass]:
+    dag = Dag("linear")
+    src = dag.add_operator("src", Source())
+    a = dag.add_operator("a", Pass())
+    b = dag.add_operator("b", Pass())
+    dag.add_stream("s1", src.output, a.input)
+    dag.add_stream("s2", a.output, b.input)
+    return dag, src, a, b
+
+
+def test_valid_dag_round_trips_to_descriptor_in_topological_order():
+    dag, *_ = linear()
+    dag.validate()
+    descriptor = dag.to_descriptor()
+    assert topological_order(descriptor) == ["src", "a", "b"]
+    assert all(op.payload for op in descriptor.operators)
+    assert descriptor.operators[0].kind == 1  # INPUT
+
+
+def test_cycle_is_rejected_naming_the_operators():
+    dag = Dag("cyclic")
+    src = dag.add_operator("src", Source())
+    join = dag.add_operator("join", TwoInputs())
+    loop = dag.add_operator("loop", Pass())
+    dag.add_stream("in", src.output, join.left)
+    dag.add_stream("fwd", join.output, loop.input)
+    dag.add_stream("back", loop.output, join.right)
+    with pytest.raises(DagError, match=r"cycle through operators \['join', 'loop'\]"):
+        dag.validate()
+
+
+def test_unconnected_required_input_is_rejected():
+    dag = Dag("open")
+    dag.add_operator("src", Source())
+    dag.add_operator("a", Pass())
+    with pytest.raises(DagError, match=r"input port a.input is not connected"):
+        dag.validate()
+
+
+def test_two_streams_into_one_input_port_are_rejected():
+    dag, src, a, b = linear()
+    dag.add_stream("s3", src.output, b.input)
+    with pytest.raises(DagError, match=r"b.input is fed by two streams, 's2' and 's3'"):
+        dag.validate()
+
+
+def test_port_type_mismatch_names_both_ports():
+    dag = Dag("types")
+    src = dag.add_operator("src", Source())
+    ints = dag.add_operator("ints", Ints())
+    dag.add_stream("s", src.output, ints.input)
+    with pytest.raises(DagError, match=r"port type mismatch: src.output emits \(word: string\)"):
+        dag.validate()
+
+
+def test_stream_from_an_input_port_is_rejected():
+    dag, src, a, b = linear()
+    with pytest.raises(DagError, match="is an input port but is used as an output"):
+        dag.add_stream("wrong", a.input, b.input)
+
+
+def test_unknown_attribute_is_an_error():
+    with pytest.raises(InvalidAttribute, match="unknown attribute 'WINDOW_SIZE'"):
+        Dag("x", WINDOW_SIZE=5)
+    dag, *_ = linear()
+    with pytest.raises(InvalidAttribute, match="cannot be set on a DAG"):
+        dag.set_attributes(APPLICATION_WINDOW_COUNT=2)
+    with pytest.raises(InvalidAttribute, match="is invalid"):
+        dag.set_operator_attributes("a", APPLICATION_WINDOW_COUNT=0)
+
+
+def test_duplicate_and_foreign_operators_are_rejected():
+    dag, src, a, b = linear()
+    with pytest.raises(DagError, match="two operators are named 'a'"):
+        dag.add_operator("a", Pass())
+    with pytest.raises(DagError, match="not a weir Operator"):
+        dag.add_operator("x", object())  # type: ignore[arg-type]
+    stranger = Pass()
+    with pytest.raises(DagError, match="not in DAG 'linear'"):
+        dag.add_stream("s9", stranger.output, b.input)
+
+
+def test_descriptor_with_unknown_port_is_rejected():
+    dag, *_ = linear()
+    descriptor = dag.to_descriptor(with_payload=False)
+    descriptor.streams[0].sinks[0].port = "nope"
+    with pytest.raises(DagError, match=r"operator 'a' has no input port 'nope'"):
+        validate_descriptor(descriptor)
+
+
+def test_operator_that_cannot_be_pickled_is_named():
+    class Holder(Pass):
+        def __init__(self):
+            self.lock = __import__("threading").Lock()
+
+    dag = Dag("pickle")
+    src = dag.add_operator("src", Source())
+    held = dag.add_operator("held", Holder())
+    dag.add_stream("s", src.output, held.input)
+    with pytest.raises(DagError, match=r"operator 'held' \(Holder\) cannot be serialized"):
+        dag.to_descriptor()
