@@ -1,0 +1,18 @@
+"""Shared fixtures: Spark kept small, every process started by a test stopped by it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# Spark's Python workers must run this interpreter (it has pyarrow); tests keep Spark small.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    path = tmp_path / "state"
+    path.mkdir()
+    return path

@@ -1,0 +1,93 @@
+"""Test harness: bounded waits, CLI subprocesses, and checks that no process leaked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+__all__ = ["TAG_ENV", "WeirProcess", "poll_for", "tagged_env", "tagged_processes"]
+
+_T = TypeVar("_T")
+TAG_ENV = "WEIR_TEST_TAG"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def poll_for(condition: Callable[[], _T], timeout_s: float, what: str,
+             interval_s: float = 0.1) -> _T:
+    """Waits until ``condition()`` is truthy; fails naming ``what`` was expected."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def tagged_env(**extra: str) -> tuple[dict[str, str], str]:
+    """An environment whose processes (and their children, JVMs included) carry a tag."""
+    tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_ENV: tag, "PYSPARK_PYTHON": sys.executable, **extra}
+    return env, tag
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Live processes started under ``tag`` (by environment), other than this one."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(TAG_ENV) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+class WeirProcess:
+    """A ``weir`` CLI subprocess in its own session, always stopped and reaped.
+
+    Its output is collected in a file so a long run never blocks on a full pipe, and
+    is printed when a test fails.
+    """
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.log = log
+        self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "master", *args], env=env,
+                                     cwd=cwd, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        self._log_file.flush()
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"weir did not exit within {timeout_s} s; output:\n"
+                                 f"{self.output()}") from None
+
+    def interrupt(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+        self._log_file.close()
