@@ -1,0 +1,10 @@
+"""``python -m master ...`` is the ``weir`` command."""
+
+import sys
+
+from master.cli import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    sys.exit(main())

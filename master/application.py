@@ -1,0 +1,122 @@
+"""One submitted application as the master sees it: its plan, state, stats and diagnostics.
+
+Created by ``MasterCore.submit``; kept (terminal ones too) until the master stops, so
+users can still ask about an application after it ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+from typing import Any
+
+from master.errors import InvalidTransition
+from master.physical_plan import ContainerState, PhysicalPlan
+from master.stats import ContainerStatsTracker, OperatorStatsTracker
+from proto import plan_pb2
+
+__all__ = ["Application", "ApplicationState"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_REPORTED_ERRORS_KEPT = 50
+
+
+class ApplicationState(enum.Enum):
+    """ACCEPTED -> RUNNING -> FINISHED | FAILED | KILLED."""
+
+    ACCEPTED = "ACCEPTED"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({ApplicationState.FINISHED, ApplicationState.FAILED,
+                       ApplicationState.KILLED})
+
+_APP_NEXT: dict[ApplicationState, frozenset[ApplicationState]] = {
+    ApplicationState.ACCEPTED: frozenset({ApplicationState.RUNNING, *_TERMINAL}),
+    ApplicationState.RUNNING: _TERMINAL,
+    ApplicationState.FINISHED: frozenset(),
+    ApplicationState.FAILED: frozenset(),
+    ApplicationState.KILLED: frozenset(),
+}
+
+
+class Application:
+    """An application's plan, state and statistics.
+
+    Args:
+        app_id: e.g. ``app-0001``.
+        dag: the submitted (validated) DAG.
+        plan: its physical plan.
+        submitted_ms: when it was accepted (epoch ms).
+    """
+
+    def __init__(self, app_id: str, dag: plan_pb2.DagDescriptor, plan: PhysicalPlan,
+                 submitted_ms: int) -> None:
+        self.id = app_id
+        self.dag = dag
+        self.plan = plan
+        self.state = ApplicationState.ACCEPTED
+        self.diagnostics = ""
+        self.submitted_ms = submitted_ms
+        self.running_ms = 0
+        self.finished_ms = 0
+        # Window ids count from whole seconds: base seconds = start_window_millis // 1000.
+        self.start_window_millis = submitted_ms - submitted_ms % 1000
+        self.committed_window_id = -1  # checkpoints and the committed window come later
+        self.shutdown_requested = False
+        self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
+        self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}
+        self.reported_errors: collections.deque[str] = collections.deque(
+            maxlen=_REPORTED_ERRORS_KEPT)
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    def attribute(self, name: str) -> Any:
+        """A resolved DAG attribute, typed."""
+        return self.plan.attributes[name]
+
+    @property
+    def heartbeat_timeout_ms(self) -> int:
+        return int(self.attribute("HEARTBEAT_TIMEOUT_MILLIS"))
+
+    def all_containers_active(self) -> bool:
+        return all(c.state == ContainerState.ACTIVE for c in self.plan.containers.values())
+
+    def transition(self, to: ApplicationState, now_ms: int, diagnostics: str = "") -> bool:
+        """Moves to ``to``; False if already there; raises InvalidTransition if not allowed."""
+        if to == self.state:
+            return False
+        if to not in _APP_NEXT[self.state]:
+            raise InvalidTransition(f"application {self.id}", self.state, to)
+        self.state = to
+        if diagnostics:
+            self.diagnostics = diagnostics
+        if to == ApplicationState.RUNNING:
+            self.running_ms = now_ms
+        if to.terminal:
+            self.finished_ms = now_ms
+        level = logging.WARNING if to == ApplicationState.FAILED else logging.INFO
+        _LOGGER.log(level, "app=%s %s%s", self.id, to.value,
+                    f": {diagnostics}" if diagnostics else "")
+        return True
+
+    def fail(self, diagnostics: str, now_ms: int) -> bool:
+        """FAILED with ``diagnostics`` unless already terminal; True if it changed."""
+        if self.terminal:
+            return False
+        return self.transition(ApplicationState.FAILED, now_ms, diagnostics)

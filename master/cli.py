@@ -1,0 +1,482 @@
+"""The ``weir`` command: run a master or a container, submit and inspect applications.
+
+Bad input ends with one line on stderr (``weir: error: ...``) and a non-zero exit, never
+a traceback. Attribute overrides: ``-D NAME=VALUE`` wins over ``--config FILE``, which
+wins over the DAG's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from master import tables
+from master.client import WeirClient, WeirClientError, default_master, parse_address
+from master.errors import MasterError
+from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
+from master.physical_plan import PlanError, build_physical_plan
+from master.server import MasterServer, MasterStartError
+from operators.app import AppLoadError, load_app
+from operators.attributes import InvalidAttribute
+from operators.dag import DagError
+from operators.windows import format_window_id
+from proto import client_pb2, plan_pb2
+
+__all__ = ["ConfigError", "main", "parse_defines", "read_config"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_USER_ERRORS = (WeirClientError, AppLoadError, DagError, PlanError, InvalidAttribute,
+                MasterError, MasterStartError, OSError, ValueError, TimeoutError)
+_VALUE_OPTIONS = {"--master", "--config", "-D", "--timeout"}
+
+
+class ConfigError(ValueError):
+    """A malformed ``-D`` value or config file."""
+
+
+class _UsageError(Exception):
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, raised instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# -- configuration ----------------------------------------------------------------------
+def read_config(path: str | Path) -> dict[str, str]:
+    """``NAME=VALUE`` lines; blank lines and ``#`` comments are skipped."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"{path}:{number}: expected NAME=VALUE, got {raw.strip()!r}")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def parse_defines(defines: Sequence[str]) -> dict[str, str]:
+    """``-D NAME=VALUE`` options as a dict."""
+    values: dict[str, str] = {}
+    for define in defines:
+        name, sep, value = define.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"bad -D {define!r}: expected NAME=VALUE")
+        values[name.strip()] = value.strip()
+    return values
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    values = read_config(args.config) if args.config else {}
+    values.update(parse_defines(args.define or []))
+    return values
+
+
+def _load(args: argparse.Namespace) -> tuple[plan_pb2.DagDescriptor, dict[str, str]]:
+    """The app's DAG descriptor and overrides, planned once here to fail early."""
+    overrides = _overrides(args)
+    descriptor = load_app(args.app).to_descriptor()
+    build_physical_plan(descriptor, overrides, "check")
+    return descriptor, overrides
+
+
+# -- output -----------------------------------------------------------------------------
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def _print_json(value: Message | dict[str, Any]) -> None:
+    data = _to_dict(value) if isinstance(value, Message) else value
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _client(args: argparse.Namespace) -> WeirClient:
+    return WeirClient(args.master, timeout_s=args.timeout)
+
+
+# -- commands ---------------------------------------------------------------------------
+def _cmd_master(args: argparse.Namespace) -> int:
+    factory = launcher_factory(args.launcher, **({"log_dir": args.log_dir}
+                                                 if args.launcher == "local" else {}))
+    server = MasterServer(args.host, args.port, factory)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
+                                                                      signal.SIGTERM)}
+    try:
+        address = server.start()
+        if args.json:
+            _print_json({"address": address})
+        else:
+            print(address)
+        sys.stdout.flush()
+        while not stop.wait(0.5):
+            pass
+        _LOGGER.info("master at %s stopping", address)
+    finally:
+        server.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    parse_address(args.master)
+    descriptor, overrides = _load(args)
+    with _client(args) as client:
+        app_id = client.submit(descriptor, overrides)
+    if args.json:
+        _print_json(client_pb2.SubmitApplicationResponse(application_id=app_id))
+    else:
+        print(app_id)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    descriptor, overrides = _load(args)
+    log_dir = args.log_dir
+
+    def factory(address: str) -> LocalProcessLauncher:
+        return LocalProcessLauncher(address, log_dir=log_dir)
+
+    server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000)
+    app_id = ""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        server.start()
+        app_id = server.core.submit(descriptor, overrides)
+        _LOGGER.info("running %s as %s on the embedded master %s", args.app, app_id,
+                     server.address)
+        info = _follow(server, app_id, args.run_timeout)
+        operators = server.core.list_operators(app_id)
+        _print_run_result(args, info, operators)
+        return 0 if info.state == "FINISHED" else 1
+    except KeyboardInterrupt:
+        print("weir: interrupted; stopping the application and its containers",
+              file=sys.stderr)
+        if app_id:
+            try:
+                server.core.kill_application(app_id, "interrupted (Ctrl-C)")
+            except MasterError:
+                pass
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.stop()
+
+
+def _raise_interrupt(*_: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _follow(server: MasterServer, app_id: str, timeout_s: float | None
+            ) -> client_pb2.ApplicationInfo:
+    """Waits for the app to end, with a quiet progress line on stderr."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    tty = sys.stderr.isatty()
+    shown = ""
+    while True:
+        try:
+            return _finish_progress(server.wait_for_application(app_id, 0.5), tty, shown)
+        except TimeoutError:
+            pass
+        if deadline is not None and time.monotonic() > deadline:
+            _finish_progress(None, tty, shown)
+            raise TimeoutError(f"application {app_id} did not end within {timeout_s:g} s "
+                               "(--timeout); it was stopped")
+        info = server.core.application_info(app_id)
+        line = (f"{info.id} {info.state}: containers {info.containers_active}/"
+                f"{info.containers_planned}, window {format_window_id(info.current_window_id)}, "
+                f"{tables.format_count(info.total_tuples_processed)} tuples processed")
+        if tty:
+            sys.stderr.write("\r" + line.ljust(len(shown)))
+            sys.stderr.flush()
+            shown = line
+        elif info.state != shown:
+            print(f"{info.id} {info.state}", file=sys.stderr)
+            shown = info.state
+
+
+def _finish_progress(info: client_pb2.ApplicationInfo | None, tty: bool, shown: str
+                     ) -> client_pb2.ApplicationInfo | None:
+    if tty and shown:
+        sys.stderr.write("\r" + " " * len(shown) + "\r")
+        sys.stderr.flush()
+    return info
+
+
+def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo,
+                      operators: list[client_pb2.OperatorInfo]) -> None:
+    if args.json:
+        _print_json({"application": _to_dict(info),
+                     "operators": [_to_dict(op) for op in operators]})
+        return
+    print(tables.render_table(tables.OPERATOR_HEADERS, tables.operator_rows(operators),
+                              tables.OPERATOR_RIGHT))
+    took = tables.format_duration_ms((info.finished_ms or _now_ms()) - info.submitted_ms)
+    line = f"{info.id} {info.name}: {info.state} after {took}"
+    print(line + (f": {info.diagnostics}" if info.diagnostics else ""))
+
+
+def _cmd_apps(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        apps = client.applications()
+    if args.json:
+        _print_json(client_pb2.ListApplicationsResponse(applications=apps))
+    elif not apps:
+        print("no applications; submit one with `weir submit APP.py`")
+    else:
+        print(tables.render_table(tables.APPLICATION_HEADERS,
+                                  tables.application_rows(apps, _now_ms()),
+                                  tables.APPLICATION_RIGHT))
+    return 0
+
+
+def _cmd_containers(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        containers = client.containers(args.app or "")
+    if args.json:
+        _print_json(client_pb2.ListContainersResponse(containers=containers))
+    elif not containers:
+        print("no containers")
+    else:
+        print(tables.render_table(tables.CONTAINER_HEADERS,
+                                  tables.container_rows(containers, _now_ms()),
+                                  tables.CONTAINER_RIGHT))
+    return 0
+
+
+def _cmd_operators(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        operators = client.operators(args.app_id)
+    if args.json:
+        _print_json(client_pb2.ListOperatorsResponse(operators=operators))
+    else:
+        print(tables.render_table(tables.OPERATOR_HEADERS, tables.operator_rows(operators),
+                                  tables.OPERATOR_RIGHT))
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.operator_stats(args.app_id, args.operator)
+    if args.json:
+        _print_json(info)
+    else:
+        print(tables.operator_details(info, _now_ms(), args.windows))
+    return 0
+
+
+def _cmd_kill_container(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.kill_container(args.container_id)
+    if args.json:
+        _print_json(client_pb2.KillContainerResponse())
+    else:
+        print(f"container {args.container_id} killed")
+    return 0
+
+
+def _cmd_shutdown(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.shutdown(args.app_id)
+    if args.json:
+        _print_json(client_pb2.ShutdownApplicationResponse())
+    else:
+        print(f"{args.app_id}: shutdown requested; its inputs end after the current window")
+    return 0
+
+
+def _cmd_kill(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        client.kill(args.app_id, args.reason)
+    if args.json:
+        _print_json(client_pb2.KillApplicationResponse())
+    else:
+        print(f"{args.app_id} killed")
+    return 0
+
+
+# -- parsing ----------------------------------------------------------------------------
+def _common() -> argparse.ArgumentParser:
+    """Options accepted before or after the subcommand (defaults filled in later)."""
+    common = _Parser(add_help=False)
+    common.add_argument("--master", default=argparse.SUPPRESS, metavar="HOST:PORT",
+                        help="the master to talk to (default: $WEIR_MASTER or "
+                             f"{default_master()})")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output (the API's messages as JSON)")
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                        help="log at INFO (-vv: DEBUG)")
+    common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S",
+                        help="deadline of each call to the master, seconds (default 10)")
+    return common
+
+
+def _attribute_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE",
+                        help="set an attribute (NAME or OPERATOR.NAME); wins over --config")
+    parser.add_argument("--config", metavar="FILE",
+                        help="a file of NAME=VALUE lines; wins over the DAG's code")
+    parser.add_argument("app", metavar="APP.py", help="the application file (defines `dag`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = _Parser(prog="weir", parents=[common],
+                     description="Weir: a stream-processing runtime (master, containers, CLI).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name: str, func: Callable[[argparse.Namespace], int], text: str
+                ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("master", _cmd_master, "run a master until Ctrl-C or SIGTERM")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--port", type=int, default=5151, help="port (0 = any free port)")
+    p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
+    p.add_argument("--launcher", default="local", choices=launcher_names(),
+                   help="how containers start (recording: start none; run them by hand)")
+    sub.add_parser("container", help="run a container (python -m container ...)",
+                   add_help=False)
+    p = command("submit", _cmd_submit, "submit an application to a running master")
+    _attribute_options(p)
+    p = command("run", _cmd_run, "run an application here, with its own master and "
+                "containers, until it ends")
+    _attribute_options(p)
+    p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
+    p.add_argument("--run-timeout", type=float, metavar="S",
+                   help="stop the application if it has not ended after S seconds")
+    command("apps", _cmd_apps, "list the applications")
+    p = command("containers", _cmd_containers, "list the containers")
+    p.add_argument("--app", metavar="APP_ID", help="only this application's")
+    p = command("operators", _cmd_operators, "list an application's operators and stats")
+    p.add_argument("app_id", metavar="APP_ID")
+    p = command("stats", _cmd_stats, "one operator's stats and recent windows")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("operator", metavar="OPERATOR", help="operator name or physical id")
+    p.add_argument("--windows", type=int, default=10, metavar="N",
+                   help="recent windows to show (default 10)")
+    p = command("kill-container", _cmd_kill_container, "kill a container's process")
+    p.add_argument("container_id", metavar="CONTAINER_ID")
+    p = command("shutdown", _cmd_shutdown,
+                "end an application gracefully: inputs stop after the current window")
+    p.add_argument("app_id", metavar="APP_ID")
+    p = command("kill", _cmd_kill, "kill an application now")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("--reason", default="", help="recorded as the application's diagnostics")
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], str, list[str]]:
+    """(global options, subcommand, the rest)."""
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in _VALUE_OPTIONS:
+            i += 2
+            continue
+        if not token.startswith("-"):
+            return argv[:i], token, argv[i + 1:]
+        i += 1
+    return argv, "", []
+
+
+def _exec_container(head: list[str], tail: list[str]) -> int:
+    """``weir container ...`` is ``python -m container ...`` (the master never imports it)."""
+    master = next((head[i + 1] for i, t in enumerate(head[:-1]) if t == "--master"), None)
+    master = master or next((t.split("=", 1)[1] for t in head if t.startswith("--master=")),
+                            None)
+    if not any(t == "--master" or t.startswith("--master=") for t in tail):
+        tail = ["--master", master or default_master(), *tail]
+    if any(t in ("-v", "--verbose") or t.startswith("-vv") for t in head):
+        tail = [*tail, "-v"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "container", *tail])
+    return 1  # not reached
+
+
+def configure_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 \
+        else logging.DEBUG
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_weir", False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._weir = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def _fail(message: str, status: int = 1) -> int:
+    first = (message.strip().splitlines() or ["unknown error"])[0]
+    print(f"weir: error: {first}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``weir`` entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, command, tail = _split_command(argv)
+    if command == "container":
+        return _exec_container(head, tail)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as exc:
+        return _fail(str(exc), exc.status)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    args.master = getattr(args, "master", None) or default_master()
+    args.json = getattr(args, "json", False)
+    args.verbose = getattr(args, "verbose", 0)
+    args.timeout = getattr(args, "timeout", 10.0)
+    configure_logging(args.verbose)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except _USER_ERRORS as exc:
+        _LOGGER.debug("command failed", exc_info=True)
+        return _fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - the user gets a line, -v gets the traceback
+        _LOGGER.info("internal error", exc_info=True)
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (run with -v for details)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

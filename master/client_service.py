@@ -1,0 +1,74 @@
+"""The client gRPC service: users' requests in, the master core's answers out."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from master.core import MasterCore
+from master.rpc import rpc_errors
+from proto import client_pb2, client_pb2_grpc
+
+__all__ = ["ClientService"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class ClientService(client_pb2_grpc.WeirClientServicer):
+    """Thin: proto in, ``MasterCore`` call, proto out."""
+
+    def __init__(self, core: MasterCore) -> None:
+        self.core = core
+
+    @rpc_errors
+    def SubmitApplication(self, request: client_pb2.SubmitApplicationRequest,
+                          context: grpc.ServicerContext) -> client_pb2.SubmitApplicationResponse:
+        app_id = self.core.submit(request.dag, dict(request.attribute_overrides))
+        return client_pb2.SubmitApplicationResponse(application_id=app_id)
+
+    @rpc_errors
+    def ListApplications(self, request: client_pb2.ListApplicationsRequest,
+                         context: grpc.ServicerContext) -> client_pb2.ListApplicationsResponse:
+        return client_pb2.ListApplicationsResponse(applications=self.core.list_applications())
+
+    @rpc_errors
+    def GetApplicationInfo(self, request: client_pb2.GetApplicationInfoRequest,
+                           context: grpc.ServicerContext) -> client_pb2.ApplicationInfo:
+        return self.core.application_info(request.application_id)
+
+    @rpc_errors
+    def ListContainers(self, request: client_pb2.ListContainersRequest,
+                       context: grpc.ServicerContext) -> client_pb2.ListContainersResponse:
+        return client_pb2.ListContainersResponse(
+            containers=self.core.list_containers(request.application_id))
+
+    @rpc_errors
+    def ListOperators(self, request: client_pb2.ListOperatorsRequest,
+                      context: grpc.ServicerContext) -> client_pb2.ListOperatorsResponse:
+        return client_pb2.ListOperatorsResponse(
+            operators=self.core.list_operators(request.application_id))
+
+    @rpc_errors
+    def GetOperatorStats(self, request: client_pb2.GetOperatorStatsRequest,
+                         context: grpc.ServicerContext) -> client_pb2.OperatorInfo:
+        return self.core.operator_info(request.application_id, request.operator)
+
+    @rpc_errors
+    def KillContainer(self, request: client_pb2.KillContainerRequest,
+                      context: grpc.ServicerContext) -> client_pb2.KillContainerResponse:
+        self.core.kill_container(request.container_id)
+        return client_pb2.KillContainerResponse()
+
+    @rpc_errors
+    def ShutdownApplication(self, request: client_pb2.ShutdownApplicationRequest,
+                            context: grpc.ServicerContext
+                            ) -> client_pb2.ShutdownApplicationResponse:
+        self.core.shutdown_application(request.application_id)
+        return client_pb2.ShutdownApplicationResponse()
+
+    @rpc_errors
+    def KillApplication(self, request: client_pb2.KillApplicationRequest,
+                        context: grpc.ServicerContext) -> client_pb2.KillApplicationResponse:
+        self.core.kill_application(request.application_id, request.reason)
+        return client_pb2.KillApplicationResponse()

@@ -1,0 +1,296 @@
+"""The master's state behind one lock: applications, their containers, and the master loop.
+
+The gRPC services call into ``MasterCore``; the rules themselves live in
+``physical_plan`` and ``heartbeat``. The master loop (a thread, every ~200 ms) runs the
+liveness check, so lost containers are noticed without any request arriving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from master import heartbeat as rules
+from master import views
+from master.application import Application, ApplicationState
+from master.errors import FailedPrecondition, InvalidArgument, NotFound
+from master.launcher import Launcher
+from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
+from operators.dag import DagError, validate_descriptor
+from proto import client_pb2, plan_pb2, umbilical_pb2
+
+__all__ = ["Clock", "MasterCore", "system_clock"]
+
+_LOGGER = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+"""Returns the time in epoch milliseconds; injected so tests can step it."""
+
+
+def system_clock() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MasterCore:
+    """Every application the master knows, with thread-safe operations on them.
+
+    Args:
+        launcher: starts and stops the container processes.
+        clock: epoch milliseconds.
+        stop_grace_ms: how long containers of an ended application may take to exit
+            before the master kills them.
+        loop_interval_s: period of the master loop.
+    """
+
+    def __init__(self, launcher: Launcher, *, clock: Clock = system_clock,
+                 stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2) -> None:
+        self.launcher = launcher
+        self.clock = clock
+        self.stop_grace_ms = stop_grace_ms
+        self.loop_interval_s = loop_interval_s
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._apps: dict[str, Application] = {}
+        self._container_apps: dict[str, str] = {}
+        self._next_app_number = 1
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+
+    # -- lookups (call with the lock held) ----------------------------------------------
+    def _app(self, app_id: str) -> Application:
+        app = self._apps.get(app_id)
+        if app is None:
+            raise NotFound(f"unknown application {app_id!r}; `weir apps` lists the applications")
+        return app
+
+    def _container(self, container_id: str) -> tuple[Application, PTContainer]:
+        app_id = self._container_apps.get(container_id)
+        if app_id is None:
+            raise NotFound(f"unknown container {container_id!r}; `weir containers` lists the "
+                           "containers")
+        app = self._apps[app_id]
+        return app, app.plan.containers[container_id]
+
+    def application(self, app_id: str) -> Application:
+        """The live application object; hold ``lock`` while reading it."""
+        with self._lock:
+            return self._app(app_id)
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    # -- client API -----------------------------------------------------------------------
+    def submit(self, dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]) -> str:
+        """Validates and plans ``dag``, launches its containers; returns the application id.
+
+        Raises:
+            InvalidArgument: the DAG or the overrides are malformed.
+        """
+        try:
+            validate_descriptor(dag)
+        except DagError as exc:
+            raise InvalidArgument(str(exc)) from None
+        with self._lock:
+            app_id = f"app-{self._next_app_number:04d}"
+            try:
+                plan = build_physical_plan(dag, dict(overrides), app_id)
+            except (PlanError, DagError) as exc:
+                raise InvalidArgument(str(exc)) from None
+            self._next_app_number += 1
+            app = Application(app_id, dag, plan, self.clock())
+            self._apps[app_id] = app
+            for cid in plan.containers:
+                self._container_apps[cid] = app_id
+            _LOGGER.info("app=%s submitted: %r, %d operators in %d containers", app_id,
+                         app.name, len(plan.operators), len(plan.containers))
+        self._launch(app)
+        return app_id
+
+    def _launch(self, app: Application) -> None:
+        """Launches the containers outside the lock (a container may call in at once)."""
+        for cid in list(app.plan.containers):
+            with self._lock:
+                if app.terminal:
+                    break
+            try:
+                self.launcher.launch(cid)
+            except Exception as exc:  # noqa: BLE001 - any launch failure fails the app
+                with self._lock:
+                    app.fail(f"could not launch container {cid}: {type(exc).__name__}: {exc}",
+                             self.clock())
+                    self._changed.notify_all()
+                break
+            with self._lock:
+                container = app.plan.containers[cid]
+                if container.state == ContainerState.NEW:
+                    container.transition(ContainerState.ALLOCATED)
+                    container.allocated_ms = self.clock()
+                    _LOGGER.info("app=%s container=%s launched", app.id, cid)
+                self._changed.notify_all()
+
+    def list_applications(self) -> list[client_pb2.ApplicationInfo]:
+        with self._lock:
+            return [views.application_info(app) for app in self._apps.values()]
+
+    def application_info(self, app_id: str) -> client_pb2.ApplicationInfo:
+        with self._lock:
+            return views.application_info(self._app(app_id))
+
+    def list_containers(self, app_id: str = "") -> list[client_pb2.ContainerInfo]:
+        with self._lock:
+            apps = [self._app(app_id)] if app_id else list(self._apps.values())
+            return [views.container_info(app, c) for app in apps
+                    for c in app.plan.containers.values()]
+
+    def list_operators(self, app_id: str) -> list[client_pb2.OperatorInfo]:
+        with self._lock:
+            app = self._app(app_id)
+            return [views.operator_info(app, op) for op in app.plan.operators.values()]
+
+    def operator_info(self, app_id: str, operator: str) -> client_pb2.OperatorInfo:
+        """One operator by name or physical id, with its recent windows."""
+        with self._lock:
+            app = self._app(app_id)
+            op = app.plan.operator_by_name(operator)
+            if op is None and operator.strip().isdigit():
+                op = app.plan.operators.get(int(operator))
+            if op is None:
+                raise NotFound(f"application {app_id} has no operator {operator!r}; "
+                               f"`weir operators {app_id}` lists them")
+            return views.operator_info(app, op, with_windows=True)
+
+    def kill_container(self, container_id: str) -> None:
+        """Kills the container's process; until recovery exists its application fails."""
+        with self._lock:
+            app, container = self._container(container_id)
+            if container.state == ContainerState.KILLED:
+                raise FailedPrecondition(f"container {container_id} is already KILLED "
+                                         f"({container.diagnostics})")
+            rules.lose_container(app, container, "killed by the user", self.clock())
+            self._changed.notify_all()
+        self.launcher.kill(container_id)
+
+    def shutdown_application(self, app_id: str) -> None:
+        """Asks the containers to end their input streams; the app then finishes."""
+        with self._lock:
+            app = self._app(app_id)
+            if app.terminal:
+                raise FailedPrecondition(f"application {app_id} is already {app.state.value}")
+            if not app.shutdown_requested:
+                app.shutdown_requested = True
+                _LOGGER.info("app=%s shutdown requested: inputs end after their current "
+                             "window", app_id)
+            self._changed.notify_all()
+
+    def kill_application(self, app_id: str, reason: str = "") -> None:
+        """KILLED now; containers get ABORT and are stopped if they linger."""
+        with self._lock:
+            app = self._app(app_id)
+            if app.terminal:
+                raise FailedPrecondition(f"application {app_id} is already {app.state.value}")
+            app.transition(ApplicationState.KILLED, self.clock(),
+                           reason or "killed by the user")
+            self._changed.notify_all()
+
+    def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:
+        """Blocks until the application is FINISHED, FAILED or KILLED.
+
+        Raises:
+            NotFound: unknown application.
+            TimeoutError: still running after ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            app = self._app(app_id)
+            while not app.terminal:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"application {app_id} is still {app.state.value} "
+                                       f"after {timeout_s:.1f} s")
+                self._changed.wait(min(left, 1.0))
+            return views.application_info(app)
+
+    # -- umbilical ------------------------------------------------------------------------
+    def init_context(self, container_id: str) -> umbilical_pb2.StreamingContainerContext:
+        """The global configuration a container asks for first."""
+        with self._lock:
+            app, container = self._container(container_id)
+            if container.state == ContainerState.KILLED:
+                raise FailedPrecondition(f"container {container_id} was killed: "
+                                         f"{container.diagnostics}")
+            return umbilical_pb2.StreamingContainerContext(
+                container_id=container_id, application_id=app.id,
+                start_window_millis=app.start_window_millis,
+                heartbeat_interval_millis=app.attribute("HEARTBEAT_INTERVAL_MILLIS"),
+                streaming_window_size_millis=app.attribute("STREAMING_WINDOW_SIZE_MILLIS"),
+                checkpoint_window_count=app.attribute("CHECKPOINT_WINDOW_COUNT"),
+                deploy_buffer_server=True, attributes=app.plan.attribute_text())
+
+    def heartbeat(self, heartbeat: umbilical_pb2.ContainerHeartbeat
+                  ) -> umbilical_pb2.ContainerHeartbeatResponse:
+        with self._lock:
+            app_id = self._container_apps.get(heartbeat.container_id)
+            app = self._apps.get(app_id) if app_id else None
+            response = rules.process_heartbeat(app, heartbeat, self.clock())
+            self._changed.notify_all()
+            return response
+
+    def log(self, container_id: str, msg: str) -> None:
+        with self._lock:
+            app, _ = self._container(container_id)
+        _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, msg)
+
+    def report_error(self, container_id: str, operator_ids: list[int], msg: str) -> None:
+        """Records an error event; recovery is driven by heartbeats, not by this."""
+        with self._lock:
+            app, _ = self._container(container_id)
+            names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
+                     for i in operator_ids]
+            app.reported_errors.append(f"{container_id} {names}: {msg}")
+        _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id, container_id,
+                        names, msg)
+
+    # -- liveness -------------------------------------------------------------------------
+    def check_liveness(self) -> list[str]:
+        """One pass of the master loop; returns the containers given up on."""
+        losses: list[rules.ContainerLoss] = []
+        with self._lock:
+            now_ms = self.clock()
+            for app in self._apps.values():
+                live = [c for c in app.plan.containers.values()
+                        if c.state != ContainerState.KILLED]
+                if not live:
+                    continue
+                exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
+                losses += rules.check_liveness(app, now_ms, exit_codes, self.stop_grace_ms)
+            if losses:
+                self._changed.notify_all()
+        for loss in losses:
+            self.launcher.kill(loss.container_id)
+        return [loss.container_id for loss in losses]
+
+    def start(self) -> None:
+        """Starts the master loop thread."""
+        if self._loop is not None:
+            return
+        self._stop.clear()
+        self._loop = threading.Thread(target=self._run_loop, name="weir-master-loop",
+                                      daemon=True)
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Stops the master loop thread (containers are the server's to stop)."""
+        self._stop.set()
+        if self._loop is not None:
+            self._loop.join(timeout=5.0)
+            self._loop = None
+
+    def _run_loop(self) -> None:
+        while not self._stop.wait(self.loop_interval_s):
+            try:
+                self.check_liveness()
+            except Exception:  # noqa: BLE001 - the loop must survive a bug in one pass
+                _LOGGER.exception("master loop pass failed")

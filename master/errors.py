@@ -1,0 +1,42 @@
+"""Errors of the master core, one class per gRPC status code the services answer with."""
+
+from __future__ import annotations
+
+import logging
+
+__all__ = ["FailedPrecondition", "InvalidArgument", "InvalidTransition", "MasterError", "NotFound"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class MasterError(Exception):
+    """A request the master refuses; the message is one line naming the cause and the fix."""
+
+
+class NotFound(MasterError):
+    """An unknown application, container or operator (gRPC NOT_FOUND)."""
+
+
+class InvalidArgument(MasterError):
+    """A malformed request, e.g. a DAG that does not validate (gRPC INVALID_ARGUMENT)."""
+
+
+class FailedPrecondition(MasterError):
+    """A request that does not fit the current state (gRPC FAILED_PRECONDITION)."""
+
+
+class InvalidTransition(RuntimeError):
+    """An entity was asked to move between two states that are not connected.
+
+    A programming error in the master, not a user error.
+    """
+
+    def __init__(self, entity: str, from_state: object, to_state: object) -> None:
+        super().__init__(f"{entity}: illegal transition {_name(from_state)} -> {_name(to_state)}")
+        self.entity = entity
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+def _name(state: object) -> str:
+    return getattr(state, "name", str(state))

@@ -1,0 +1,315 @@
+"""Container launchers: how the master starts, watches and stops container processes.
+
+A small registry maps names to launcher factories (``local`` processes by default;
+``recording`` starts nothing, for tests and for containers started by hand). The master
+never imports ``container``: the local launcher runs ``python -m container`` and an
+in-thread launcher takes the container's entry point from its caller.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "CONTAINER_ID_ENV",
+    "Launcher",
+    "LauncherFactory",
+    "LocalProcessLauncher",
+    "RecordingLauncher",
+    "ThreadLauncher",
+    "launcher_factory",
+    "launcher_names",
+    "register_launcher",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+CONTAINER_ID_ENV = "WEIR_CONTAINER_ID"
+"""Set in every launched container's environment: its container id (for leak checks)."""
+
+
+class Launcher(abc.ABC):
+    """Starts container processes for one master and tracks them until ``stop_all``.
+
+    ``launch`` must not wait for the container to call the master: the master may hold
+    its lock while launching.
+    """
+
+    @abc.abstractmethod
+    def launch(self, container_id: str) -> None:
+        """Starts the container; raises OSError (or RuntimeError) if it cannot."""
+
+    @abc.abstractmethod
+    def exit_code(self, container_id: str) -> int | None:
+        """The container's exit code once it ended; None while it runs or if unknown."""
+
+    @abc.abstractmethod
+    def kill(self, container_id: str) -> None:
+        """Kills the container (and everything it started) now; no-op if unknown or gone."""
+
+    @abc.abstractmethod
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        """Asks every container to stop, waits up to ``grace_s``, then kills what is left."""
+
+
+LauncherFactory = Callable[[str], Launcher]
+"""Builds a launcher for the master listening at the given ``host:port``."""
+
+_REGISTRY: dict[str, Callable[..., Launcher]] = {}
+
+
+def register_launcher(name: str, factory: Callable[..., Launcher]) -> None:
+    """Makes ``factory(master_address, **options)`` available as launcher ``name``."""
+    _REGISTRY[name] = factory
+
+
+def launcher_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def launcher_factory(name: str, **options: Any) -> LauncherFactory:
+    """A factory for the registered launcher ``name`` with ``options``.
+
+    Raises:
+        ValueError: no launcher has that name.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(f"unknown launcher {name!r}; known launchers: {launcher_names()}")
+    return lambda address: factory(address, **options)
+
+
+@dataclasses.dataclass
+class _Child:
+    popen: subprocess.Popen[bytes]
+    log_file: IO[bytes] | None
+    swept: bool = False
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class LocalProcessLauncher(Launcher):
+    """Runs each container as ``python -m container --master ADDR --id ID`` on this machine.
+
+    Each container gets its own process group (``start_new_session``), so killing the
+    group also kills what it started (Spark's JVM). The working directory and the
+    environment are inherited; ``WEIR_CONTAINER_ID`` is added.
+
+    Args:
+        master_address: the master's ``host:port`` the containers call.
+        log_dir: if set, each container's stdout and stderr go to ``<log_dir>/<id>.log``;
+            otherwise they are inherited.
+        command: the program before ``--master``; ``python -m container`` by default.
+        env: extra environment variables for the containers.
+    """
+
+    def __init__(self, master_address: str, log_dir: str | Path | None = None, *,
+                 command: Sequence[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.master_address = master_address
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.command = list(command) if command else [sys.executable, "-m", "container"]
+        self.env = dict(env or {})
+        self._children: dict[str, _Child] = {}
+        self._lock = threading.Lock()
+
+    def argv(self, container_id: str) -> list[str]:
+        """The command line of container ``container_id``."""
+        return [*self.command, "--master", self.master_address, "--id", container_id]
+
+    def launch(self, container_id: str) -> None:
+        env = {**os.environ, **self.env, CONTAINER_ID_ENV: container_id}
+        log_file: IO[bytes] | None = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_file = open(self.log_dir / f"{container_id}.log", "ab")
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        try:
+            popen = subprocess.Popen(self.argv(container_id), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=log_file, stderr=log_file, start_new_session=True)
+        except OSError:
+            if log_file is not None:
+                log_file.close()
+            raise
+        with self._lock:
+            self._children[container_id] = _Child(popen, log_file)
+        _LOGGER.info("container=%s launched: pid %d%s", container_id, popen.pid,
+                     f", log {self.log_dir / (container_id + '.log')}" if self.log_dir else "")
+
+    def pid(self, container_id: str) -> int | None:
+        child = self._children.get(container_id)
+        return child.popen.pid if child else None
+
+    def exit_code(self, container_id: str) -> int | None:
+        with self._lock:
+            child = self._children.get(container_id)
+            if child is None:
+                return None
+            code = child.popen.poll()
+            if code is not None and not child.swept:
+                # The container is gone; make sure nothing it started outlives it.
+                child.swept = True
+                _signal_group(child.popen.pid, signal.SIGKILL)
+                self._close(child)
+            return code
+
+    def kill(self, container_id: str) -> None:
+        with self._lock:
+            child = self._children.get(container_id)
+        if child is None:
+            return
+        _LOGGER.info("container=%s killing process group %d", container_id, child.popen.pid)
+        _signal_group(child.popen.pid, signal.SIGKILL)
+        child.swept = True
+        try:
+            child.popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            _LOGGER.error("container=%s pid %d survived SIGKILL for 5 s", container_id,
+                          child.popen.pid)
+        self._close(child)
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            children = dict(self._children)
+        for child in children.values():
+            if child.popen.poll() is None:
+                _signal_group(child.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(c.popen.poll() is None
+                                                  for c in children.values()):
+            time.sleep(0.05)
+        for cid, child in children.items():
+            if child.popen.poll() is None:
+                _LOGGER.warning("container=%s did not stop within %.1f s; killing it", cid,
+                                grace_s)
+            _signal_group(child.popen.pid, signal.SIGKILL)  # also what it started
+            child.swept = True
+            try:
+                child.popen.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                _LOGGER.error("container=%s pid %d survived SIGKILL for 5 s", cid,
+                              child.popen.pid)
+            self._close(child)
+
+    @staticmethod
+    def _close(child: _Child) -> None:
+        if child.log_file is not None and not child.log_file.closed:
+            child.log_file.close()
+
+
+class RecordingLauncher(Launcher):
+    """Starts nothing and records what it was asked: for tests, or containers run by hand.
+
+    ``set_exit_code`` plays a container process that exited.
+    """
+
+    def __init__(self, master_address: str = "") -> None:
+        self.master_address = master_address
+        self.launched: list[str] = []
+        self.killed: list[str] = []
+        self.stopped = False
+        self.fail_launch: set[str] = set()
+        self._exit_codes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, container_id: str) -> None:
+        if container_id in self.fail_launch:
+            raise OSError(f"cannot launch {container_id} (as asked by the test)")
+        with self._lock:
+            self.launched.append(container_id)
+
+    def set_exit_code(self, container_id: str, code: int) -> None:
+        with self._lock:
+            self._exit_codes[container_id] = code
+
+    def exit_code(self, container_id: str) -> int | None:
+        with self._lock:
+            return self._exit_codes.get(container_id)
+
+    def kill(self, container_id: str) -> None:
+        with self._lock:
+            self.killed.append(container_id)
+            self._exit_codes.setdefault(container_id, -signal.SIGKILL)
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        self.stopped = True
+
+
+ContainerTarget = Callable[[str, str, threading.Event], int]
+"""A container's entry point for ``ThreadLauncher``: (master address, id, stop) -> exit code."""
+
+
+class ThreadLauncher(Launcher):
+    """Runs each container as a thread of this process, calling ``target``.
+
+    The caller supplies the entry point (for example a test that imports ``container``);
+    ``kill`` and ``stop_all`` set the container's stop event and wait for its thread.
+    """
+
+    def __init__(self, master_address: str, target: ContainerTarget) -> None:
+        self.master_address = master_address
+        self.target = target
+        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
+        self._exit_codes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, container_id: str) -> None:
+        stop = threading.Event()
+
+        def run() -> None:
+            code = 1
+            try:
+                code = self.target(self.master_address, container_id, stop)
+            except Exception:  # noqa: BLE001 - a crashing container is an exit code
+                _LOGGER.exception("container=%s thread crashed", container_id)
+            with self._lock:
+                self._exit_codes[container_id] = code
+
+        thread = threading.Thread(target=run, name=f"weir-{container_id}", daemon=True)
+        with self._lock:
+            self._threads[container_id] = (thread, stop)
+        thread.start()
+
+    def exit_code(self, container_id: str) -> int | None:
+        with self._lock:
+            return self._exit_codes.get(container_id)
+
+    def kill(self, container_id: str) -> None:
+        self._stop([container_id], grace_s=5.0)
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        with self._lock:
+            ids = list(self._threads)
+        self._stop(ids, grace_s)
+
+    def _stop(self, ids: list[str], grace_s: float) -> None:
+        with self._lock:
+            entries = [self._threads[i] for i in ids if i in self._threads]
+        for _, stop in entries:
+            stop.set()
+        deadline = time.monotonic() + grace_s
+        for thread, _ in entries:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                _LOGGER.error("container thread %s did not stop within %.1f s", thread.name,
+                              grace_s)
+
+
+register_launcher("local", LocalProcessLauncher)
+register_launcher("recording", RecordingLauncher)

@@ -1,0 +1,155 @@
+"""The master process's server: one gRPC port for the umbilical and client services.
+
+Used by ``weir master`` (until a signal) and ``weir run`` (embedded, port 0, for one app).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+
+import grpc
+
+from master.client_service import ClientService
+from master.core import Clock, MasterCore, system_clock
+from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
+from master.rpc import GRPC_OPTIONS
+from master.umbilical_service import UmbilicalService
+from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
+
+__all__ = ["MasterServer", "MasterStartError"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+
+
+class MasterStartError(RuntimeError):
+    """The master could not listen on the requested address."""
+
+
+class MasterServer:
+    """A master: gRPC services, the master loop and a launcher, started and stopped together.
+
+    Example::
+
+        with MasterServer(launcher_factory=RecordingLauncher) as server:
+            address = server.address          # "127.0.0.1:40123"
+
+    Args:
+        host: the interface to listen on (loopback by default).
+        port: 0 picks a free port.
+        launcher_factory: builds the launcher from the bound address; local processes
+            by default.
+        clock: epoch milliseconds, injectable for tests.
+        stop_grace_s: how long ``stop`` lets containers exit before killing them.
+        container_stop_grace_ms: how long containers of an ended application may linger.
+        loop_interval_s: period of the liveness loop.
+        max_workers: gRPC handler threads.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 launcher_factory: LauncherFactory | None = None, *,
+                 clock: Clock = system_clock, stop_grace_s: float = 5.0,
+                 container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
+                 max_workers: int = 16) -> None:
+        self.host = host
+        self.port = port
+        self.launcher_factory: LauncherFactory = launcher_factory or LocalProcessLauncher
+        self.clock = clock
+        self.stop_grace_s = stop_grace_s
+        self.container_stop_grace_ms = container_stop_grace_ms
+        self.loop_interval_s = loop_interval_s
+        self.max_workers = max_workers
+        self._server: grpc.Server | None = None
+        self._core: MasterCore | None = None
+        self._address = ""
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """The bound ``host:port`` containers and clients use (empty before ``start``)."""
+        return self._address
+
+    @property
+    def core(self) -> MasterCore:
+        if self._core is None:
+            raise RuntimeError("the master is not started; call start() first")
+        return self._core
+
+    @property
+    def launcher(self) -> Launcher:
+        return self.core.launcher
+
+    def start(self) -> str:
+        """Binds, starts serving and the master loop; returns the bound ``host:port``.
+
+        Raises:
+            MasterStartError: the address cannot be bound.
+        """
+        with self._lock:
+            if self._server is not None:
+                return self._address
+            server = grpc.server(
+                concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
+                                                      thread_name_prefix="weir-master-rpc"),
+                options=GRPC_OPTIONS)
+            try:
+                bound = server.add_insecure_port(f"{self.host}:{self.port}")
+            except RuntimeError as exc:
+                raise MasterStartError(self._bind_error(exc)) from None
+            if not bound:
+                raise MasterStartError(self._bind_error(None))
+            advertised = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+            self._address = f"{advertised}:{bound}"
+            launcher = self.launcher_factory(self._address)
+            core = MasterCore(launcher, clock=self.clock,
+                              stop_grace_ms=self.container_stop_grace_ms,
+                              loop_interval_s=self.loop_interval_s)
+            umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
+                UmbilicalService(core), server)
+            client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
+            server.start()
+            core.start()
+            self._server, self._core = server, core
+            _LOGGER.info("master listening on %s (launcher %s)", self._address,
+                         type(launcher).__name__)
+            return self._address
+
+    def _bind_error(self, exc: Exception | None) -> str:
+        detail = f" ({exc})" if exc else ""
+        return (f"cannot listen on {self.host}:{self.port}{detail}; is another master "
+                "running there? pass another --port, or 0 for any free port")
+
+    def stop(self) -> None:
+        """Stops the loop, every container, then the server. Safe to call twice."""
+        with self._lock:
+            if self._stopped or self._server is None or self._core is None:
+                self._stopped = True
+                return
+            self._stopped = True
+            server, core = self._server, self._core
+        core.stop()
+        try:
+            core.launcher.stop_all(self.stop_grace_s)
+        finally:
+            server.stop(grace=0.5).wait(5.0)
+            _LOGGER.info("master at %s stopped", self._address)
+
+    def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:
+        """Blocks until the application is terminal; returns its final info.
+
+        Raises:
+            NotFound: unknown application.
+            TimeoutError: still running after ``timeout_s``.
+        """
+        return self.core.wait_for_application(app_id, timeout_s)
+
+    def __enter__(self) -> MasterServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

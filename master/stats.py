@@ -1,0 +1,192 @@
+"""Statistics the master accumulates from heartbeats, to answer ``weir operators`` and ``stats``.
+
+Pure bookkeeping: trackers take the heartbeat messages and the time they arrived; rates
+are computed over the recent windows' END_WINDOW timestamps, so they follow the
+operator's own pace rather than the heartbeat's.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import Iterable, Sequence
+
+from proto import umbilical_pb2
+
+__all__ = [
+    "RECENT_WINDOWS",
+    "ContainerStatsTracker",
+    "OperatorStatsTracker",
+    "PortTotals",
+    "WindowRecord",
+    "latency_ms",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+RECENT_WINDOWS = 100
+"""How many recent windows each operator keeps (the ``weir stats`` ring)."""
+
+_END_WINDOW_HISTORY = 1_000  # END_WINDOW times kept for downstream latency lookups
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowRecord:
+    """One streaming window of one operator, as reported in a heartbeat."""
+
+    window_id: int
+    tuples_processed: int
+    tuples_emitted: int
+    end_window_ms: int
+    cpu_time_ns: int
+
+
+def _rate_per_second(points: Sequence[tuple[int, float]]) -> float:
+    """Sum of values after the first point over the time the points span, per second."""
+    if len(points) < 2:
+        return 0.0
+    span_ms = points[-1][0] - points[0][0]
+    if span_ms <= 0:
+        return 0.0
+    return sum(value for _, value in list(points)[1:]) * 1000.0 / span_ms
+
+
+@dataclasses.dataclass
+class PortTotals:
+    """Totals of one port over the application's life, and its recent pace."""
+
+    name: str
+    type: str  # "input" or "output"
+    total_tuples: int = 0
+    buffer_server_bytes: int = 0
+    queue_size: int = 0
+    recent: collections.deque[tuple[int, float]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
+
+    def record(self, stats: umbilical_pb2.PortStats) -> None:
+        self.total_tuples += stats.tuple_count
+        self.buffer_server_bytes += stats.buffer_server_bytes
+        self.queue_size = stats.queue_size
+        self.recent.append((stats.end_window_timestamp, float(stats.tuple_count)))
+
+    @property
+    def tuples_per_second(self) -> float:
+        return _rate_per_second(self.recent)
+
+
+class OperatorStatsTracker:
+    """Per-operator totals, recent windows and rates; one per physical operator.
+
+    Windows at or before the current window are ignored, so a heartbeat sent twice
+    does not count twice.
+    """
+
+    def __init__(self) -> None:
+        self.total_tuples_processed = 0
+        self.total_tuples_emitted = 0
+        self.current_window_id = -1
+        self.windows_processed = 0
+        self.last_heartbeat_ms = 0
+        self.ports: dict[tuple[str, str], PortTotals] = {}
+        self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
+        self._end_window_ms: collections.OrderedDict[int, int] = collections.OrderedDict()
+
+    def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
+        """Adds the heartbeat's window stats; returns how many windows were new."""
+        self.last_heartbeat_ms = now_ms
+        added = 0
+        for window in heartbeat.window_stats:
+            if window.window_id <= self.current_window_id:
+                continue
+            self._record_window(window)
+            added += 1
+        return added
+
+    def _record_window(self, window: umbilical_pb2.OperatorStats) -> None:
+        processed = emitted = 0
+        end_ms = 0
+        for kind, ports in (("input", window.input_ports), ("output", window.output_ports)):
+            for port in ports:
+                totals = self.ports.get((kind, port.id))
+                if totals is None:
+                    totals = self.ports[(kind, port.id)] = PortTotals(port.id, kind)
+                totals.record(port)
+                if kind == "input":
+                    processed += port.tuple_count
+                else:
+                    emitted += port.tuple_count
+                end_ms = max(end_ms, port.end_window_timestamp)
+        self.total_tuples_processed += processed
+        self.total_tuples_emitted += emitted
+        self.current_window_id = window.window_id
+        self.windows_processed += 1
+        self.recent.append(WindowRecord(window.window_id, processed, emitted, end_ms,
+                                        window.cpu_time_used_ns))
+        if end_ms:
+            self._end_window_ms[window.window_id] = end_ms
+            while len(self._end_window_ms) > _END_WINDOW_HISTORY:
+                self._end_window_ms.popitem(last=False)
+
+    def end_window_ms(self, window_id: int) -> int | None:
+        """When END_WINDOW of ``window_id`` passed this operator (epoch ms), if known."""
+        return self._end_window_ms.get(window_id)
+
+    @property
+    def tuples_processed_per_second(self) -> float:
+        return _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in self.recent])
+
+    @property
+    def tuples_emitted_per_second(self) -> float:
+        return _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in self.recent])
+
+    @property
+    def cpu_percent(self) -> float:
+        """CPU of the operator's thread over the recent windows; 100 = one core."""
+        per_second_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in self.recent])
+        return per_second_ns / 1e9 * 100.0
+
+
+def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTracker]) -> float:
+    """Mean of END_WINDOW here minus the latest upstream END_WINDOW, over recent windows.
+
+    Zero for an input operator, or while no window is known on both sides.
+    """
+    upstream = list(upstream)
+    if not upstream:
+        return 0.0
+    gaps: list[int] = []
+    for window in tracker.recent:
+        if not window.end_window_ms:
+            continue
+        times = [u.end_window_ms(window.window_id) for u in upstream]
+        known = [t for t in times if t is not None]
+        if known:
+            gaps.append(max(0, window.end_window_ms - max(known)))
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+@dataclasses.dataclass
+class ContainerStatsTracker:
+    """The figures of a container's last heartbeat, and how many heartbeats it sent."""
+
+    process_name: str = ""
+    cpu_percent: float = 0.0
+    memory_rss_mb: int = 0
+    memory_mb_free: int = 0
+    gc_collection_count: int = 0
+    gc_collection_time_ms: int = 0
+    heartbeats: int = 0
+    last_heartbeat_ms: int = 0
+    last_sent_tms: int = 0
+
+    def record(self, heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int) -> None:
+        self.process_name = heartbeat.jvm_name or self.process_name
+        self.cpu_percent = heartbeat.cpu_percent
+        self.memory_rss_mb = heartbeat.memory_rss_mb
+        self.memory_mb_free = heartbeat.memory_mb_free
+        self.gc_collection_count = heartbeat.gc_collection_count
+        self.gc_collection_time_ms = heartbeat.gc_collection_time_ms
+        self.heartbeats += 1
+        self.last_heartbeat_ms = now_ms
+        self.last_sent_tms = heartbeat.sent_tms

@@ -1,0 +1,198 @@
+"""Plain-text tables and readable figures for the ``weir`` commands (people, not scripts).
+
+>>> print(render_table(["ID", "TUPLES"], [["1", "12,345"], ["20", "7"]], right={"TUPLES"}))
+ID  TUPLES
+1   12,345
+20       7
+>>> format_mb(1536), format_count(1234567), format_duration_ms(75_000)
+('1.5 GB', '1,234,567', '1 min 15 s')
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Iterable, Sequence
+
+from operators.windows import format_window_id
+from proto import client_pb2
+
+__all__ = [
+    "application_rows",
+    "container_rows",
+    "format_ago",
+    "format_count",
+    "format_duration_ms",
+    "format_mb",
+    "format_rate",
+    "format_time",
+    "operator_details",
+    "operator_rows",
+    "render_table",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+_MAX_CELL = 60
+
+
+def render_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+                 right: Iterable[str] = ()) -> str:
+    """Aligned columns separated by two spaces; columns named in ``right`` align right."""
+    rows = [[_clip(str(cell)) for cell in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    right = set(right)
+    lines = []
+    for row in [list(headers), *rows]:
+        cells = [cell.rjust(w) if h in right else cell.ljust(w)
+                 for cell, w, h in zip(row, widths, headers, strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MAX_CELL else text[:_MAX_CELL - 1] + "…"
+
+
+def format_count(n: int) -> str:
+    return f"{n:,}"
+
+
+def format_rate(per_second: float) -> str:
+    return f"{per_second:,.1f}"
+
+
+def format_mb(mb: float) -> str:
+    if mb <= 0:
+        return "-"
+    if mb >= 1024:
+        return f"{mb / 1024:.1f} GB"
+    return f"{mb:.0f} MB"
+
+
+def format_duration_ms(ms: float) -> str:
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def format_ago(then_ms: int, now_ms: int) -> str:
+    if then_ms <= 0:
+        return "-"
+    return f"{format_duration_ms(max(0, now_ms - then_ms))} ago"
+
+
+def format_time(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+APPLICATION_HEADERS = ["ID", "NAME", "STATE", "CONTAINERS", "OPERATORS", "WINDOW",
+                       "PROCESSED", "EMITTED", "SUBMITTED", "DURATION", "DIAGNOSTICS"]
+APPLICATION_RIGHT = {"CONTAINERS", "OPERATORS", "PROCESSED", "EMITTED", "DURATION"}
+
+
+def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
+                     ) -> list[list[str]]:
+    rows = []
+    for app in apps:
+        end_ms = app.finished_ms or now_ms
+        rows.append([
+            app.id, app.name, app.state, f"{app.containers_active}/{app.containers_planned}",
+            str(app.operators), format_window_id(app.current_window_id),
+            format_count(app.total_tuples_processed), format_count(app.total_tuples_emitted),
+            format_time(app.submitted_ms), format_duration_ms(end_ms - app.submitted_ms),
+            app.diagnostics or "-",
+        ])
+    return rows
+
+
+CONTAINER_HEADERS = ["ID", "APP", "STATE", "PROCESS", "BUFFER SERVER", "OPERATORS", "CPU %",
+                     "RSS", "FREE", "GC", "HEARTBEATS", "LAST HEARTBEAT", "DIAGNOSTICS"]
+CONTAINER_RIGHT = {"CPU %", "RSS", "FREE", "GC", "HEARTBEATS"}
+
+
+def container_rows(containers: Iterable[client_pb2.ContainerInfo], now_ms: int
+                   ) -> list[list[str]]:
+    rows = []
+    for c in containers:
+        gc = (f"{c.gc_collection_count} / {c.gc_collection_time_ms} ms"
+              if c.heartbeats else "-")
+        rows.append([
+            c.id, c.application_id, c.state, c.process_name or "-",
+            c.buffer_server_address or "-", ",".join(str(i) for i in c.operator_ids) or "-",
+            f"{c.cpu_percent:.1f}" if c.heartbeats else "-", format_mb(c.memory_rss_mb),
+            format_mb(c.memory_mb_free), gc, str(c.heartbeats),
+            format_ago(c.last_heartbeat_ms, now_ms), c.diagnostics or "-",
+        ])
+    return rows
+
+
+OPERATOR_HEADERS = ["ID", "NAME", "CONTAINER", "STATE", "WINDOW", "WINDOWS", "PROCESSED",
+                    "EMITTED", "IN/S", "OUT/S", "CPU %", "LATENCY", "ERROR"]
+OPERATOR_RIGHT = {"ID", "WINDOWS", "PROCESSED", "EMITTED", "IN/S", "OUT/S", "CPU %", "LATENCY"}
+
+
+def operator_rows(operators: Iterable[client_pb2.OperatorInfo]) -> list[list[str]]:
+    return [[
+        str(op.id), op.name, op.container_id, op.state, format_window_id(op.current_window_id),
+        format_count(op.windows_processed), format_count(op.total_tuples_processed),
+        format_count(op.total_tuples_emitted), format_rate(op.tuples_processed_per_second),
+        format_rate(op.tuples_emitted_per_second), f"{op.cpu_percent:.1f}",
+        f"{op.latency_ms:.0f} ms", op.error or "-",
+    ] for op in operators]
+
+
+def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10) -> str:
+    """``weir stats``: the operator's figures, its ports and its last ``windows`` windows."""
+    fields = [
+        ("operator", f"{op.name} (id {op.id})"),
+        ("class", op.class_name),
+        ("application", op.application_id),
+        ("container", op.container_id),
+        ("state", op.state),
+        ("current window", format_window_id(op.current_window_id)),
+        ("windows processed", format_count(op.windows_processed)),
+        ("tuples processed", f"{format_count(op.total_tuples_processed)} "
+                             f"({format_rate(op.tuples_processed_per_second)}/s)"),
+        ("tuples emitted", f"{format_count(op.total_tuples_emitted)} "
+                           f"({format_rate(op.tuples_emitted_per_second)}/s)"),
+        ("cpu", f"{op.cpu_percent:.1f} %"),
+        ("latency", f"{op.latency_ms:.0f} ms"),
+        ("failures", str(op.failure_count)),
+        ("recovery window", format_window_id(op.recovery_window_id)),
+        ("last heartbeat", format_ago(op.last_heartbeat_ms, now_ms)),
+    ]
+    if op.error:
+        fields.append(("error", op.error))
+    width = max(len(name) for name, _ in fields)
+    parts = ["\n".join(f"{name + ':':<{width + 1}} {value}" for name, value in fields)]
+    if op.ports:
+        parts.append(render_table(
+            ["PORT", "TYPE", "TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "QUEUE"],
+            [[p.name, p.type, format_count(p.total_tuples), format_rate(p.tuples_per_second),
+              format_count(p.buffer_server_bytes), str(p.queue_size)] for p in op.ports],
+            right={"TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "QUEUE"}))
+    recent = list(op.recent_windows)[-windows:] if windows > 0 else []
+    if recent:
+        parts.append(f"last {len(recent)} windows:\n" + render_table(
+            ["WINDOW", "PROCESSED", "EMITTED", "END WINDOW", "CPU"],
+            [[format_window_id(w.window_id), format_count(w.tuples_processed),
+              format_count(w.tuples_emitted), _clock_ms(w.end_window_ms),
+              f"{w.cpu_time_ns / 1e6:.1f} ms"] for w in recent],
+            right={"PROCESSED", "EMITTED", "CPU"}))
+    return "\n\n".join(parts)
+
+
+def _clock_ms(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(ms / 1000)
+    return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
