@@ -1,0 +1,23 @@
+"""Ready-made operators: sources, Spark window logic and sinks to build DAGs from.
+
+>>> from operators.library import TextFileSource, Tokenize, WindowedCount, ConsoleSink
+"""
+
+import logging
+
+from operators.library.sinks import ConsoleSink, FileSink
+from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
+from operators.library.transforms import Tokenize, WindowedCount
+
+__all__ = [
+    "EVENT_SCHEMA",
+    "LINE_SCHEMA",
+    "ConsoleSink",
+    "EventGenerator",
+    "FileSink",
+    "TextFileSource",
+    "Tokenize",
+    "WindowedCount",
+]
+
+_LOGGER = logging.getLogger(__name__)

@@ -1,0 +1,217 @@
+"""Ready-made sinks: print each window's rows to the console, or write them to files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from operators.operator import Operator, OperatorContext
+from operators.ports import InputPort
+from operators.windows import format_window_id, window_base_seconds, window_counter
+
+__all__ = ["ConsoleSink", "FileSink"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class _WindowBuffer(Operator):
+    """Collects an application window's batches; ``window_table()`` hands them over."""
+
+    input = InputPort()
+
+    def begin_window(self, window_id: int) -> None:
+        self._window_id = window_id
+        self._batches: list[pa.RecordBatch] = []
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        self.__dict__.setdefault("_batches", []).append(batch)
+
+    def window_table(self) -> pa.Table | None:
+        """The window's rows (None if there were none); empties the buffer."""
+        batches = [b for b in self.__dict__.get("_batches", []) if b.num_rows]
+        self._batches = []
+        if not batches:
+            return None
+        schema = batches[0].schema
+        if all(b.schema.equals(schema) for b in batches):
+            return pa.Table.from_batches(batches, schema=schema)
+        return pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
+                                promote_options="permissive")
+
+    @property
+    def window_id(self) -> int:
+        return int(self.__dict__.get("_window_id", -1))
+
+
+class ConsoleSink(_WindowBuffer):
+    """Prints each window's rows as a small table on stdout.
+
+    Use it to watch a DAG run. Prints the first ``limit`` rows of every window with rows
+    (after sorting by ``sort_by``, if given). With ``summarize=(key, value)`` it also sums
+    ``value`` per ``key`` over all windows (memory: one row per key) and prints the top
+    ``limit`` totals at teardown.
+
+    Args:
+        limit: rows printed per window (and totals at the end).
+        sort_by: column to sort each window's rows by before taking ``limit``.
+        descending: sort order for ``sort_by`` and for the totals.
+        title: printed in each window's header, e.g. the operator's role.
+        summarize: ``(key column, value column)`` to total over the run.
+
+    Example:
+        >>> sink = ConsoleSink(limit=5, sort_by="count", summarize=("word", "count"))
+    """
+
+    def __init__(self, limit: int = 10, sort_by: str | None = None, descending: bool = True,
+                 title: str | None = None, summarize: tuple[str, str] | None = None) -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, not {limit}")
+        if summarize is not None and len(summarize) != 2:
+            raise ValueError("summarize is a (key column, value column) pair")
+        self.limit = limit
+        self.sort_by = sort_by
+        self.descending = descending
+        self.title = title
+        self.summarize = tuple(summarize) if summarize is not None else None
+        self.totals: pa.Table | None = None
+        self.rows_seen = 0
+
+    def setup(self, context: OperatorContext) -> None:
+        if self.title is None:
+            self.title = context.name
+
+    def end_window(self) -> None:
+        table = self.window_table()
+        if table is None:
+            return
+        self.rows_seen += table.num_rows
+        if self.summarize is not None:
+            self._add_totals(table)
+        shown = table
+        if self.sort_by is not None:
+            shown = shown.sort_by([(self.sort_by, self._order)])
+        shown = shown.slice(0, self.limit)
+        header = f"window {format_window_id(self.window_id)}"
+        if self.title:
+            header = f"{self.title} | {header}"
+        more = f", first {shown.num_rows}" if shown.num_rows < table.num_rows else ""
+        print(f"-- {header} -- {table.num_rows} rows{more}\n{_format(shown)}", flush=True)
+
+    def teardown(self) -> None:
+        if self.summarize is None or self.totals is None:
+            return
+        key, value = self.summarize
+        top = self.totals.sort_by([(value, self._order)]).slice(0, self.limit)
+        title = f"{self.title} | " if self.title else ""
+        print(f"== {title}total {value} per {key} over {self.rows_seen} rows, top "
+              f"{top.num_rows} of {self.totals.num_rows} ==\n{_format(top)}", flush=True)
+
+    @property
+    def _order(self) -> str:
+        return "descending" if self.descending else "ascending"
+
+    def _add_totals(self, table: pa.Table) -> None:
+        key, value = self.summarize  # type: ignore[misc]
+        for column in (key, value):
+            if column not in table.column_names:
+                raise KeyError(f"ConsoleSink summarize: the rows have no column {column!r}; "
+                               f"their columns are {table.column_names}")
+        part = table.select([key, value])
+        if self.totals is not None:
+            part = pa.concat_tables([self.totals, part.cast(self.totals.schema)])
+        summed = part.group_by(key).aggregate([(value, "sum")])
+        self.totals = summed.rename_columns([value if n == f"{value}_sum" else n
+                                             for n in summed.column_names])
+
+
+def _format(table: pa.Table) -> str:
+    """A plain text table: a header, a rule and one line per row, numbers right-aligned."""
+    names = table.column_names
+    columns = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
+    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+               for t in table.schema.types]
+    widths = [max([len(n), *map(len, col)]) for n, col in zip(names, columns, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric, strict=True)).rstrip()
+
+    out = [line(names), line(["-" * w for w in widths])]
+    out += [line([col[i] for col in columns]) for i in range(table.num_rows)]
+    return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class FileSink(_WindowBuffer):
+    """Writes each window's rows to one file in a folder: JSON lines or Parquet.
+
+    Use it to keep results. The file of window ``w`` is
+    ``window-<base seconds>-<counter>.<jsonl|parquet>`` (see ``operators.windows``),
+    written under a temporary name and renamed, so readers never see a partial file and
+    a replayed window replaces its file with the same rows. Windows without rows write
+    nothing.
+
+    Args:
+        path: the folder (created if missing; made absolute when the operator is built).
+        format: ``"jsonl"`` (one JSON object per row) or ``"parquet"``.
+
+    Example:
+        >>> FileSink("/tmp/counts", format="parquet").format
+        'parquet'
+    """
+
+    FORMATS: ClassVar[tuple[str, ...]] = ("jsonl", "parquet")
+
+    def __init__(self, path: str | os.PathLike[str], format: str = "jsonl") -> None:  # noqa: A002
+        if format not in self.FORMATS:
+            raise ValueError(f"FileSink format {format!r} is not one of {self.FORMATS}")
+        self.path = os.path.abspath(os.fspath(path))
+        self.format = format
+        self.files_written = 0
+
+    def setup(self, context: OperatorContext) -> None:
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"operator {context.name!r}: FileSink cannot create folder "
+                          f"{self.path!r}: {exc}") from None
+
+    def file_name(self, window_id: int) -> str:
+        """The file name of a window's rows."""
+        return (f"window-{window_base_seconds(window_id)}-{window_counter(window_id):010d}"
+                f".{self.format}")
+
+    def end_window(self) -> None:
+        table = self.window_table()
+        if table is None:
+            return
+        final = os.path.join(self.path, self.file_name(self.window_id))
+        temp = os.path.join(self.path, f".{os.path.basename(final)}.{os.getpid()}.tmp")
+        try:
+            if self.format == "parquet":
+                pq.write_table(table, temp)
+            else:
+                with open(temp, "w", encoding="utf-8") as out:
+                    for batch in table.to_batches():
+                        out.writelines(json.dumps(row, ensure_ascii=False, default=str) + "\n"
+                                       for row in batch.to_pylist())
+            os.replace(temp, final)
+        except BaseException:
+            if os.path.exists(temp):
+                os.remove(temp)
+            raise
+        self.files_written += 1
+        _LOGGER.debug("wrote %d rows to %s", table.num_rows, final)

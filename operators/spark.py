@@ -1,0 +1,287 @@
+"""Window logic in Spark: a window's input arrives as DataFrames, its results leave as Arrow.
+
+Nothing here imports pyspark until a window actually runs a job, so building a DAG needs
+neither Java nor a SparkSession.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+
+from operators.operator import Operator, OperatorContext, SparkBridge
+from operators.ports import InputPort, OutputPort
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["SparkOperator", "SparkOperatorError", "SparkSql"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SparkOperatorError(RuntimeError):
+    """A Spark operator is misused; the message names the operator and the fix."""
+
+
+class SparkOperator(Operator):
+    """An operator whose window logic is a Spark job, run once per application window.
+
+    Use it for anything that computes over a window's data (aggregations, joins, SQL):
+    override ``transform``. The operator buffers the window's batches per input port; at
+    the end of the application window it builds one DataFrame per input port, calls
+    ``transform(inputs, window_id)`` and emits the resulting DataFrames' rows. A window
+    without input rows runs no Spark job and emits nothing.
+
+    Ports: ``input`` and ``output`` by default. Declaring any input port in a subclass
+    replaces the default ``input``; declaring any output port replaces ``output``. An
+    input port without data in a window still gets an (empty) DataFrame, with its
+    declared schema or the schema it had last. Results are cast to the output port's
+    declared schema, if any (see ``output_schema``).
+
+    Subclasses that override ``setup``, ``begin_window``, ``process`` or ``end_window``
+    must call ``super()``. ``transform`` must not keep its DataFrames beyond the window:
+    keep state as Arrow (an attribute, so it is checkpointed) and hand it to Spark each
+    window with ``self.spark.to_dataframe``.
+
+    Example:
+        >>> class Distinct(SparkOperator):
+        ...     def transform(self, inputs, window_id):
+        ...         return inputs["input"].distinct()
+        >>> sorted(Distinct.input_ports()), sorted(Distinct.output_ports())
+        (['input'], ['output'])
+    """
+
+    input = InputPort()
+    output = OutputPort()
+
+    #: not checkpointed: the bridge and Spark sessions are recreated in ``setup``.
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session")
+    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session")
+
+    # -- what subclasses implement ---------------------------------------------------
+    def transform(
+        self, inputs: dict[str, DataFrame], window_id: int
+    ) -> DataFrame | dict[str, DataFrame | None] | None:
+        """The window logic.
+
+        Args:
+            inputs: one DataFrame per input port, named like the port.
+            window_id: the application window's first streaming window id.
+
+        Returns:
+            A DataFrame (for the only output port), a dict ``{output port: DataFrame}``,
+            or None to emit nothing.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement transform()")
+
+    def output_schema(self, port: str) -> pa.Schema | None:
+        """The schema results on ``port`` are cast to; default the port's declared one."""
+        spec = type(self).output_ports().get(port)
+        return spec.schema if spec is not None else None
+
+    def dataframe_session(self) -> SparkSession | None:
+        """The session to build input DataFrames in; None = the bridge's session."""
+        return None
+
+    # -- ports -------------------------------------------------------------------------
+    @classmethod
+    def input_ports(cls) -> dict[str, InputPort]:
+        return _without_default(super().input_ports(), "input", SparkOperator.__dict__["input"])
+
+    @classmethod
+    def output_ports(cls) -> dict[str, OutputPort]:
+        return _without_default(super().output_ports(), "output",
+                                SparkOperator.__dict__["output"])
+
+    # -- hooks -------------------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        self._operator_name = context.name
+        self._spark = context.spark
+        if context.spark is None:
+            raise SparkOperatorError(self._no_spark_message())
+
+    def begin_window(self, window_id: int) -> None:
+        self._window_id = window_id
+        self._buffers: dict[str, list[pa.RecordBatch]] = {}
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        buffers = self.__dict__.setdefault("_buffers", {})
+        buffers.setdefault(port, []).append(batch)
+
+    def end_window(self) -> None:
+        buffers: dict[str, list[pa.RecordBatch]] = self.__dict__.get("_buffers") or {}
+        self._buffers = {}
+        schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
+        for port, batches in buffers.items():
+            if batches:
+                schemas[port] = batches[0].schema
+        if not any(b.num_rows for batches in buffers.values() for b in batches):
+            return
+        spark = self.spark
+        window_id = int(self.__dict__.get("_window_id", -1))
+        with _job_scope(spark):
+            session = self.dataframe_session()
+            extra = {} if session is None else {"session": session}
+            inputs: dict[str, DataFrame] = {}
+            for port, spec in type(self).input_ports().items():
+                batches = buffers.get(port, [])
+                schema = spec.schema or schemas.get(port)
+                if schema is None:
+                    raise SparkOperatorError(
+                        f"operator {self._name!r}: input port {port!r} has had no data yet "
+                        "and declares no schema, so Spark cannot know its columns; declare "
+                        f"it as InputPort(pa.schema([...])) in {type(self).__name__}"
+                    )
+                inputs[port] = spark.to_dataframe(batches, schema, **extra)
+            outputs = self._outputs(self.transform(inputs, window_id))
+            for port, df in outputs.items():
+                table = spark.to_arrow(df)
+                schema = self.output_schema(port)
+                if schema is not None:
+                    table = _conform(table, schema, f"operator {self._name!r}, port {port!r}")
+                if table.num_rows:
+                    getattr(self, port).emit(table)
+
+    def teardown(self) -> None:
+        self._sql_session = None
+
+    # -- helpers -----------------------------------------------------------------------
+    @property
+    def spark(self) -> SparkBridge:
+        """The container's Spark bridge (available from ``setup`` on)."""
+        spark = self.__dict__.get("_spark")
+        if spark is None:
+            if "_operator_name" not in self.__dict__:
+                raise SparkOperatorError(
+                    f"{type(self).__name__}: setup(context) was not called; subclasses that "
+                    "override setup must call super().setup(context)"
+                )
+            raise SparkOperatorError(self._no_spark_message())
+        return spark
+
+    @property
+    def _name(self) -> str:
+        return str(self.__dict__.get("_operator_name") or type(self).__name__)
+
+    def _no_spark_message(self) -> str:
+        return (
+            f"operator {self._name!r} ({type(self).__name__}) runs its window logic in Spark, "
+            "but its context has no Spark bridge (context.spark is None); run it in a "
+            "container with Spark, or in tests pass OperatorContext(spark="
+            "SparkSessionBridge(...))"
+        )
+
+    def _outputs(self, result: Any) -> dict[str, DataFrame]:
+        from pyspark.sql import DataFrame
+
+        ports = list(type(self).output_ports())
+        if result is None:
+            return {}
+        if isinstance(result, DataFrame):
+            if len(ports) != 1:
+                raise SparkOperatorError(
+                    f"operator {self._name!r}: transform returned one DataFrame but the "
+                    f"operator has output ports {ports}; return a dict {{port: DataFrame}}"
+                )
+            return {ports[0]: result}
+        if isinstance(result, dict):
+            outputs: dict[str, DataFrame] = {}
+            for port, df in result.items():
+                if port not in ports:
+                    raise SparkOperatorError(
+                        f"operator {self._name!r}: transform returned a result for {port!r}, "
+                        f"which is not one of its output ports {ports}"
+                    )
+                if df is None:
+                    continue
+                if not isinstance(df, DataFrame):
+                    raise SparkOperatorError(
+                        f"operator {self._name!r}: transform returned a {type(df).__name__} "
+                        f"for port {port!r}; return a Spark DataFrame (or None)"
+                    )
+                outputs[port] = df
+            return outputs
+        raise SparkOperatorError(
+            f"operator {self._name!r}: transform returned a {type(result).__name__}; return "
+            "a Spark DataFrame, a dict {output port: DataFrame}, or None"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._TRANSIENT:
+            state.pop(name, None)
+        return state
+
+
+class SparkSql(SparkOperator):
+    """A Spark operator given as one SQL query over its input ports.
+
+    Each input port is a temporary view named like the port (``input`` by default); the
+    named parameter ``:window_id`` is the application window's id. Each ``SparkSql`` gets
+    its own Spark session, so views of two operators never meet.
+
+    Args:
+        query: a Spark SQL query.
+        output_schema: cast the results to this schema (stable column types).
+
+    Example:
+        >>> op = SparkSql("SELECT word, count(*) AS n FROM input GROUP BY word")
+        >>> op.query.split()[0]
+        'SELECT'
+    """
+
+    def __init__(self, query: str, output_schema: pa.Schema | None = None) -> None:
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError("SparkSql needs a non-empty SQL query, e.g. 'SELECT * FROM input'")
+        self.query = query
+        self._output_schema = output_schema
+        self._sql_session: SparkSession | None = None
+
+    def output_schema(self, port: str) -> pa.Schema | None:
+        if self._output_schema is not None:
+            return self._output_schema
+        return super().output_schema(port)
+
+    def dataframe_session(self) -> SparkSession:
+        session = self.__dict__.get("_sql_session")
+        if session is None:
+            session = self._sql_session = self.spark.session.newSession()
+        return session
+
+    def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
+        session = self.dataframe_session()
+        for port, df in inputs.items():
+            df.createOrReplaceTempView(port)
+        args = {"window_id": window_id} if ":window_id" in self.query else None
+        return session.sql(self.query, args=args)
+
+
+def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str, Any]:
+    """Drops the inherited default port once a subclass declares a port of its own."""
+    if ports.get(name) is default and len(ports) > 1:
+        return {n: p for n, p in ports.items() if n != name}
+    return ports
+
+
+def _job_scope(spark: SparkBridge) -> contextlib.AbstractContextManager[Any]:
+    job = getattr(spark, "job", None)
+    return job() if callable(job) else contextlib.nullcontext()
+
+
+def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    missing = [name for name in schema.names if name not in table.column_names]
+    if missing:
+        raise SparkOperatorError(
+            f"{where}: the result has no column(s) {missing} of the output schema; its "
+            f"columns are {table.column_names}: fix the query or the output schema"
+        )
+    try:
+        return table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SparkOperatorError(
+            f"{where}: the result cannot be cast to the output schema: {exc}"
+        ) from None

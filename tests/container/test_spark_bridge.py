@@ -1,0 +1,109 @@
+"""The Spark bridge: Arrow in, a job, Arrow out; scratch files live exactly as long as needed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from container.spark_bridge import SparkBridgeStopped, SparkSessionBridge
+
+
+@pytest.fixture(scope="module")
+def bridge():
+    spark = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
+    yield spark
+    scratch = spark.scratch_dir
+    spark.stop()
+    assert scratch is None or not scratch.exists()
+
+
+def scratch_files(bridge: SparkSessionBridge) -> list[str]:
+    assert bridge.scratch_dir is not None
+    return sorted(os.listdir(bridge.scratch_dir))
+
+
+def test_nothing_starts_before_first_use(tmp_path: Path) -> None:
+    spark = SparkSessionBridge(scratch_dir=tmp_path)
+    assert not spark.started and spark.scratch_dir is None
+    spark.stop()
+    with pytest.raises(SparkBridgeStopped):
+        _ = spark.session
+
+
+def test_round_trip_settings_and_file_lifetime(bridge: SparkSessionBridge) -> None:
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64()), ("nothing", pa.null())])
+    batches = [pa.record_batch([pa.array(["a", "b", "a"]), pa.array([1, 2, 3]),
+                                pa.nulls(3)], schema=schema),
+               pa.record_batch([pa.array(["b"]), pa.array([10]), pa.nulls(1)], schema=schema)]
+    df = bridge.to_dataframe(batches, schema)
+    assert str(bridge.scratch_dir).startswith(("/dev/shm/", "/tmp"))
+    assert f"weir-spark-{os.getpid()}-" in str(bridge.scratch_dir)
+    assert len(scratch_files(bridge)) == 1  # the file lives until the job ran
+    result = bridge.to_arrow(df.groupBy("word").sum("n").orderBy("word"))
+    assert result.to_pylist() == [{"word": "a", "sum(n)": 4}, {"word": "b", "sum(n)": 12}]
+    assert scratch_files(bridge) == []  # ... and not longer
+
+    conf = bridge.session.conf
+    assert conf.get("spark.sql.shuffle.partitions") == "1"
+    assert conf.get("spark.sql.adaptive.enabled") == "false"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+
+
+def test_job_scope_keeps_files_for_several_jobs(bridge: SparkSessionBridge) -> None:
+    batch = pa.record_batch({"x": [1, 2, 3, 4]})
+    with bridge.job():
+        df = bridge.to_dataframe([batch], batch.schema)
+        assert bridge.to_arrow(df.where("x % 2 = 0")).column("x").to_pylist() == [2, 4]
+        assert len(scratch_files(bridge)) == 1
+        assert bridge.to_arrow(df.selectExpr("sum(x) AS s")).to_pylist() == [{"s": 10}]
+    assert scratch_files(bridge) == []
+    empty = bridge.to_dataframe([], batch.schema)  # no batches: an empty DataFrame
+    assert bridge.to_arrow(empty).num_rows == 0
+    assert scratch_files(bridge) == []
+
+
+def test_threads_share_the_bridge(bridge: SparkSessionBridge) -> None:
+    results: dict[int, list[dict]] = {}
+    errors: list[BaseException] = []
+
+    def job(i: int) -> None:
+        try:
+            batch = pa.record_batch({"x": list(range(i * 100))})
+            df = bridge.to_dataframe([batch], batch.schema)
+            results[i] = bridge.to_arrow(df.selectExpr("count(*) AS n")).to_pylist()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+    assert results == {i: [{"n": i * 100}] for i in (1, 2, 3)}
+    assert scratch_files(bridge) == []
+
+
+def test_orphaned_scratch_folders_are_removed(tmp_path: Path) -> None:
+    dead = tmp_path / "weir-spark-999999999-abc"  # no such pid
+    alive = tmp_path / f"weir-spark-{os.getppid()}-abc"
+    other = tmp_path / "unrelated"
+    for folder in (dead, alive, other):
+        folder.mkdir()
+    spark = SparkSessionBridge(scratch_dir=tmp_path)
+    scratch = spark._scratch_folder()  # noqa: SLF001 - what to_dataframe does first
+    assert scratch.parent == tmp_path and scratch.is_dir()
+    assert not dead.exists() and alive.exists() and other.exists()
+    spark.stop()
+    assert not scratch.exists()
+
+
+def test_from_attributes() -> None:
+    spark = SparkSessionBridge.from_attributes(
+        {"SPARK_MASTER": "local[1]", "SPARK_SHUFFLE_PARTITIONS": 3, "SPARK_DRIVER_MEMORY": "2g"})
+    assert (spark.master, spark.shuffle_partitions, spark.driver_memory) == ("local[1]", 3, "2g")
