@@ -1,0 +1,38 @@
+"""End-to-end fixtures: a real master in this process, real container subprocesses."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.launcher import LocalProcessLauncher
+from master.server import MasterServer
+from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+
+
+@pytest.fixture
+def master(tmp_path, monkeypatch):
+    """A started master whose containers log to ``tmp_path/containers``.
+
+    Containers carry a tag in their environment; after the master stopped, none of them
+    (nor Spark's JVMs) may be left.
+    """
+    env, tag = tagged_env()
+    monkeypatch.setenv(TAG_ENV, tag)
+    monkeypatch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
+    log_dir = tmp_path / "containers"
+    server = MasterServer("127.0.0.1", 0,
+                          lambda address: LocalProcessLauncher(address, log_dir=log_dir),
+                          container_stop_grace_ms=5_000)
+    server.start()
+    server.log_dir = log_dir
+    try:
+        yield server
+    finally:
+        server.stop()
+        poll_for(lambda: not tagged_processes(tag), 15, "every container and JVM to exit")
+
+
+def container_logs(server: MasterServer) -> str:
+    """Every container's log, for failure messages."""
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
+                     for p in sorted(server.log_dir.glob("*.log")))
