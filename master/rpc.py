@@ -11,7 +11,7 @@ import grpc
 
 from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound
 
-__all__ = ["GRPC_OPTIONS", "MAX_MESSAGE_BYTES", "rpc_errors"]
+__all__ = ["GRPC_OPTIONS", "MAX_MESSAGE_BYTES", "SERVER_OPTIONS", "rpc_errors"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -22,6 +22,11 @@ GRPC_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_http_proxy", 0),  # the master is reached directly, never through a proxy
+]
+
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    *GRPC_OPTIONS,
+    ("grpc.so_reuseport", 0),  # a second master on a busy port must fail, not share it
 ]
 
 _CODES: list[tuple[type[MasterError], grpc.StatusCode]] = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import socket
 import threading
 
 import grpc
@@ -14,7 +15,7 @@ import grpc
 from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
-from master.rpc import GRPC_OPTIONS
+from master.rpc import SERVER_OPTIONS
 from master.umbilical_service import UmbilicalService
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
 
@@ -95,13 +96,14 @@ class MasterServer:
             server = grpc.server(
                 concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
                                                       thread_name_prefix="weir-master-rpc"),
-                options=GRPC_OPTIONS)
+                options=SERVER_OPTIONS)
+            self._probe_port()
             try:
                 bound = server.add_insecure_port(f"{self.host}:{self.port}")
-            except RuntimeError as exc:
-                raise MasterStartError(self._bind_error(exc)) from None
+            except RuntimeError:
+                bound = 0
             if not bound:
-                raise MasterStartError(self._bind_error(None))
+                raise MasterStartError(self._bind_error("cannot bind it"))
             advertised = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
             self._address = f"{advertised}:{bound}"
             launcher = self.launcher_factory(self._address)
@@ -118,9 +120,27 @@ class MasterServer:
                          type(launcher).__name__)
             return self._address
 
-    def _bind_error(self, exc: Exception | None) -> str:
-        detail = f" ({exc})" if exc else ""
-        return (f"cannot listen on {self.host}:{self.port}{detail}; is another master "
+    def _probe_port(self) -> None:
+        """Fails early, in one line, where gRPC would log a bind error to stderr."""
+        if not self.port:
+            return
+        try:
+            infos = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        except socket.gaierror as exc:
+            raise MasterStartError(f"cannot listen on {self.host}:{self.port}: unknown host "
+                                   f"({exc.strerror}); pass --host with a local address"
+                                   ) from None
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise MasterStartError(self._bind_error(exc.strerror or str(exc))) from None
+
+    def _bind_error(self, detail: str) -> str:
+        return (f"cannot listen on {self.host}:{self.port} ({detail}); is another master "
                 "running there? pass another --port, or 0 for any free port")
 
     def stop(self) -> None:

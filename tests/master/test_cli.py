@@ -1,0 +1,288 @@
+"""The ``weir`` CLI: one-line errors for bad input, tables for people, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from master import cli
+from master.launcher import RecordingLauncher
+from master.server import MasterServer
+from tests.harness import poll_for
+from tests.master.fakes import container_heartbeat, operator_report, window
+
+APP_HEADER = """
+from operators import Dag, InputOperator, InputPort, Operator, OutputPort
+
+class Source(InputOperator):
+    output = OutputPort()
+    def emit_tuples(self):
+        return False
+
+class Sink(Operator):
+    input = InputPort()
+
+class Merge(Operator):
+    left = InputPort()
+    right = InputPort()
+    output = OutputPort()
+"""
+
+APPS = {
+    "good": """
+dag = Dag("good")
+src = dag.add_operator("source", Source())
+sink = dag.add_operator("sink", Sink())
+dag.add_stream("s", src.output, sink.input)
+""",
+    "nodag": "x = 1\n",
+    "cycle": """
+dag = Dag("cycle")
+src = dag.add_operator("source", Source())
+a = dag.add_operator("a", Merge())
+b = dag.add_operator("b", Merge())
+dag.add_stream("s1", src.output, a.left)
+dag.add_stream("s2", a.output, b.left, b.right)
+dag.add_stream("s3", b.output, a.right)
+""",
+    "unconnected": """
+dag = Dag("unconnected")
+src = dag.add_operator("source", Source())
+m = dag.add_operator("merge", Merge())
+dag.add_stream("s1", src.output, m.left)
+""",
+    "two_streams": """
+dag = Dag("two")
+a = dag.add_operator("a", Source())
+b = dag.add_operator("b", Source())
+sink = dag.add_operator("sink", Sink())
+dag.add_stream("s1", a.output, sink.input)
+dag.add_stream("s2", b.output, sink.input)
+""",
+    "bad_attribute": """
+dag = Dag("bad", NO_SUCH_ATTRIBUTE=1)
+""",
+}
+
+
+@pytest.fixture
+def apps(tmp_path):
+    paths = {}
+    for name, body in APPS.items():
+        path = tmp_path / f"{name}.py"
+        path.write_text(APP_HEADER + textwrap.dedent(body))
+        paths[name] = str(path)
+    return paths
+
+
+@pytest.fixture
+def master():
+    server = MasterServer(launcher_factory=RecordingLauncher, loop_interval_s=0.05)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code != 0
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("weir: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("app", "fragment"), [
+    ("nodag", "defines no DAG"),
+    ("cycle", "has a cycle"),
+    ("unconnected", "input port merge.right is not connected"),
+    ("two_streams", "is fed by two streams"),
+    ("bad_attribute", "unknown attribute 'NO_SUCH_ATTRIBUTE'"),
+])
+def test_bad_application_files(capsys, apps, app, fragment):
+    code, _, err = run(capsys, "--master", "127.0.0.1:1", "submit", apps[app])
+    assert_one_line_error(code, err, fragment)
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["-D", "NO_SUCH=1"], "unknown attribute 'NO_SUCH'"),
+    (["-D", "sink.NO_SUCH=1"], "unknown attribute 'NO_SUCH'"),
+    (["-D", "ghost.CONTAINER=1"], "unknown operator 'ghost'"),
+    (["-D", "CONTAINERS=lots"], "CONTAINERS='lots' is invalid"),
+    (["-D", "oops"], "bad -D 'oops': expected NAME=VALUE"),
+    (["--config", "/no/such/file.conf"], "cannot read config file"),
+])
+def test_bad_attributes(capsys, apps, argv, fragment):
+    code, _, err = run(capsys, "--master", "127.0.0.1:1", "submit", *argv, apps["good"])
+    assert_one_line_error(code, err, fragment)
+
+
+def test_missing_app_file_and_usage_errors(capsys, tmp_path):
+    code, _, err = run(capsys, "submit", str(tmp_path / "missing.py"))
+    assert_one_line_error(code, err, "does not exist")
+    code, _, err = run(capsys, "stats", "app-0001")
+    assert_one_line_error(code, err, "required: OPERATOR")
+    code, _, err = run(capsys, "frobnicate")
+    assert_one_line_error(code, err, "invalid choice")
+
+
+def test_master_not_answering_and_malformed_address(capsys, apps):
+    code, _, err = run(capsys, "--master", "127.0.0.1:1", "submit", apps["good"])
+    assert_one_line_error(code, err, "no master answers at 127.0.0.1:1; start one with "
+                                     "`weir master` or pass --master")
+    code, _, err = run(capsys, "apps", "--master", "127.0.0.1:1")
+    assert_one_line_error(code, err, "no master answers at 127.0.0.1:1")
+    code, _, err = run(capsys, "--master", "x", "apps")
+    assert_one_line_error(code, err, "bad master address 'x': expected HOST:PORT")
+    code, _, err = run(capsys, "--master", "x", "submit", apps["good"])
+    assert_one_line_error(code, err, "bad master address 'x'")
+
+
+def test_master_address_from_environment(capsys, monkeypatch):
+    monkeypatch.setenv("WEIR_MASTER", "127.0.0.1:1")
+    code, _, err = run(capsys, "apps")
+    assert_one_line_error(code, err, "no master answers at 127.0.0.1:1")
+
+
+def test_unknown_application_and_container(capsys, master):
+    address = master.address
+    code, _, err = run(capsys, "--master", address, "operators", "app-0042")
+    assert_one_line_error(code, err, "unknown application 'app-0042'; `weir apps` lists the "
+                                     "applications")
+    for argv in (["shutdown", "app-0042"], ["kill", "app-0042"], ["stats", "app-0042", "x"]):
+        code, _, err = run(capsys, "--master", address, *argv)
+        assert_one_line_error(code, err, "unknown application 'app-0042'")
+    code, _, err = run(capsys, "--master", address, "kill-container", "app-0042-c0")
+    assert_one_line_error(code, err, "unknown container 'app-0042-c0'")
+
+
+def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
+    config = tmp_path / "weir.conf"
+    config.write_text("# test config\nCONTAINERS=1\nHEARTBEAT_INTERVAL_MILLIS = 250  # fast\n")
+    code, out, err = run(capsys, "--master", master.address, "submit", "--config", str(config),
+                         "-D", "HEARTBEAT_INTERVAL_MILLIS=300", apps["good"])
+    assert (code, out.strip(), err) == (0, "app-0001", "")
+    info = master.core.application_info("app-0001")
+    assert info.attributes["CONTAINERS"] == "1"  # from the file
+    assert info.attributes["HEARTBEAT_INTERVAL_MILLIS"] == "300"  # -D wins over the file
+    core = master.core
+    core.heartbeat(container_heartbeat("app-0001-c0", port=7000))
+    core.heartbeat(container_heartbeat("app-0001-c0", port=7000, operators=[
+        operator_report(1, windows=[window((1 << 32) | 5, 0, 9, 1_000, in_port=None)]),
+        operator_report(2)]))
+
+    code, out, _ = run(capsys, "--master", master.address, "apps")
+    assert code == 0
+    header, row = out.strip().splitlines()
+    assert header.split()[:3] == ["ID", "NAME", "STATE"]
+    assert row.split()[:3] == ["app-0001", "good", "RUNNING"]
+
+    code, out, _ = run(capsys, "--master", master.address, "containers")
+    assert code == 0 and "app-0001-c0" in out and "127.0.0.1:7000" in out and "ACTIVE" in out
+
+    code, out, _ = run(capsys, "--master", master.address, "operators", "app-0001")
+    lines = out.strip().splitlines()
+    assert code == 0 and len(lines) == 3 and "source" in lines[1] and "1:5" in lines[1]
+
+    code, out, _ = run(capsys, "--master", master.address, "stats", "app-0001", "source")
+    assert code == 0 and "source (id 1)" in out and "last 1 windows" in out and "1:5" in out
+
+    code, out, _ = run(capsys, "--master", master.address, "--json", "operators", "app-0001")
+    data = json.loads(out)
+    assert [op["name"] for op in data["operators"]] == ["source", "sink"]
+    assert data["operators"][0]["total_tuples_emitted"] == "9"  # int64 as JSON text
+
+    for argv in (["apps"], ["containers", "--app", "app-0001"], ["stats", "app-0001", "2"]):
+        code, out, _ = run(capsys, "--master", master.address, "--json", *argv)
+        assert code == 0 and json.loads(out)
+
+    code, out, _ = run(capsys, "--master", master.address, "submit", "--json", apps["good"])
+    assert json.loads(out) == {"application_id": "app-0002"}
+
+
+def test_shutdown_kill_and_kill_container(capsys, apps, master):
+    address = master.address
+    for _ in range(2):
+        assert run(capsys, "--master", address, "submit", apps["good"])[0] == 0
+    code, out, _ = run(capsys, "--master", address, "shutdown", "app-0001")
+    assert code == 0 and "shutdown requested" in out
+    code, out, _ = run(capsys, "--master", address, "kill", "app-0001", "--reason", "test")
+    assert code == 0 and master.core.application_info("app-0001").diagnostics == "test"
+    code, _, err = run(capsys, "--master", address, "kill", "app-0001")
+    assert_one_line_error(code, err, "already KILLED")
+    code, out, _ = run(capsys, "--master", address, "kill-container", "app-0002-c0")
+    assert code == 0 and master.launcher.killed == ["app-0002-c0"]
+    assert master.core.application_info("app-0002").state == "FAILED"
+
+
+def test_container_command_execs_the_container_module(monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append((path, argv)))
+    monkeypatch.delenv("WEIR_MASTER", raising=False)
+    cli.main(["container", "--id", "app-0001-c0"])
+    cli.main(["--master", "10.0.0.1:5000", "container", "--id", "c1"])
+    cli.main(["container", "--master", "h:1", "--id", "c2"])
+    assert calls == [
+        (sys.executable, [sys.executable, "-m", "container", "--master", "127.0.0.1:5151",
+                          "--id", "app-0001-c0"]),
+        (sys.executable, [sys.executable, "-m", "container", "--master", "10.0.0.1:5000",
+                          "--id", "c1"]),
+        (sys.executable, [sys.executable, "-m", "container", "--master", "h:1", "--id", "c2"]),
+    ]
+
+
+def _weir(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "master", *argv], capture_output=True,
+                          text=True, timeout=60, **kwargs)
+
+
+def test_subprocess_errors_have_no_traceback(apps):
+    result = _weir("--master", "127.0.0.1:1", "submit", apps["cycle"])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith("weir: error: ") and "has a cycle" in result.stderr
+    result = _weir("--master", "nonsense", "apps")
+    assert result.returncode == 1 and result.stderr == (
+        "weir: error: bad master address 'nonsense': expected HOST:PORT\n")
+
+
+def test_weir_master_serves_until_sigint_and_reports_busy_port(master):
+    busy_port = master.address.rsplit(":", 1)[1]
+    result = _weir("master", "--port", busy_port)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("weir: error: cannot listen on 127.0.0.1:" + busy_port)
+    assert len(result.stderr.strip().splitlines()) == 1
+
+    proc = subprocess.Popen([sys.executable, "-m", "master", "master", "--port", "0",
+                             "--launcher", "recording"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        address = proc.stdout.readline().strip()
+        assert address.startswith("127.0.0.1:")
+        assert _weir("--master", address, "apps").stdout.startswith("no applications")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
+    poll_for(lambda: proc.poll() is not None, 5, "weir master to exit")
+

@@ -1,0 +1,141 @@
+"""The local process launcher (with a stand-in container program), the registry and fakes."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from master.launcher import (
+    CONTAINER_ID_ENV,
+    LocalProcessLauncher,
+    RecordingLauncher,
+    ThreadLauncher,
+    launcher_factory,
+)
+from tests.harness import poll_for
+
+# Stands in for `python -m container`: shows its arguments, starts a grandchild, waits.
+FAKE_CONTAINER = """
+import os, signal, subprocess, sys, time
+mode = os.environ.get("FAKE_MODE", "sleep")
+print("ARGV", " ".join(sys.argv[1:]), flush=True)
+print("CID", os.environ.get("WEIR_CONTAINER_ID"), flush=True)
+if mode == "exit3":
+    sys.exit(3)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+print("GRANDCHILD", child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def make_launcher(tmp_path):
+    launchers: list[LocalProcessLauncher] = []
+
+    def make(mode: str = "sleep") -> LocalProcessLauncher:
+        launcher = LocalProcessLauncher("127.0.0.1:1234", log_dir=tmp_path / "logs",
+                                        command=[sys.executable, "-c", FAKE_CONTAINER],
+                                        env={"FAKE_MODE": mode})
+        launchers.append(launcher)
+        return launcher
+
+    yield make
+    for launcher in launchers:
+        launcher.stop_all(grace_s=1.0)
+
+
+def _log(launcher: LocalProcessLauncher, cid: str) -> str:
+    path = Path(launcher.log_dir) / f"{cid}.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _grandchild(launcher: LocalProcessLauncher, cid: str) -> int:
+    found = poll_for(lambda: re.search(r"GRANDCHILD (\d+)", _log(launcher, cid)), 10,
+                     f"{cid} to start its grandchild")
+    return int(found.group(1))
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_launch_passes_master_id_and_environment(make_launcher):
+    launcher = make_launcher()
+    launcher.launch("app-0001-c0")
+    _grandchild(launcher, "app-0001-c0")
+    log = _log(launcher, "app-0001-c0")
+    assert "ARGV --master 127.0.0.1:1234 --id app-0001-c0" in log
+    assert "CID app-0001-c0" in log
+    assert launcher.exit_code("app-0001-c0") is None
+    assert launcher.argv("x")[-4:] == ["--master", "127.0.0.1:1234", "--id", "x"]
+    assert CONTAINER_ID_ENV == "WEIR_CONTAINER_ID"
+
+
+def test_kill_takes_the_whole_process_group(make_launcher):
+    launcher = make_launcher()
+    launcher.launch("c0")
+    grandchild = _grandchild(launcher, "c0")
+    launcher.kill("c0")
+    assert launcher.exit_code("c0") == -signal.SIGKILL
+    poll_for(lambda: _gone(grandchild), 5, "the grandchild to die with its container")
+    launcher.kill("c0")  # again: nothing left, no error
+    launcher.kill("unknown")
+
+
+def test_exit_code_of_a_container_that_ended(make_launcher):
+    launcher = make_launcher("exit3")
+    launcher.launch("c0")
+    assert poll_for(lambda: launcher.exit_code("c0") is not None, 10, "c0 to exit")
+    assert launcher.exit_code("c0") == 3
+    assert launcher.exit_code("never-launched") is None
+
+
+def test_stop_all_terminates_then_kills_and_leaves_nothing(make_launcher):
+    polite, stubborn = make_launcher(), make_launcher("stubborn")
+    polite.launch("p0")
+    stubborn.launch("s0")
+    pids = [_grandchild(polite, "p0"), _grandchild(stubborn, "s0")]
+    polite.stop_all(grace_s=2.0)
+    assert polite.exit_code("p0") == -signal.SIGTERM
+    stubborn.stop_all(grace_s=0.5)
+    assert stubborn.exit_code("s0") == -signal.SIGKILL
+    for pid in pids:
+        poll_for(lambda pid=pid: _gone(pid), 5, f"process {pid} to be gone")
+
+
+def test_registry_and_recording_launcher():
+    with pytest.raises(ValueError, match="unknown launcher 'nope'"):
+        launcher_factory("nope")
+    launcher = launcher_factory("recording")("127.0.0.1:9")
+    assert isinstance(launcher, RecordingLauncher)
+    launcher.launch("c0")
+    assert launcher.launched == ["c0"] and launcher.exit_code("c0") is None
+    launcher.kill("c0")
+    assert launcher.killed == ["c0"] and launcher.exit_code("c0") == -signal.SIGKILL
+
+
+def test_thread_launcher_runs_the_given_entry_point():
+    seen = []
+
+    def container(address: str, cid: str, stop: threading.Event) -> int:
+        seen.append((address, cid))
+        stop.wait(10)
+        return 0
+
+    launcher = ThreadLauncher("127.0.0.1:9", container)
+    launcher.launch("c0")
+    poll_for(lambda: seen, 5, "the container thread to start")
+    assert launcher.exit_code("c0") is None
+    launcher.stop_all(grace_s=5)
+    assert seen == [("127.0.0.1:9", "c0")] and launcher.exit_code("c0") == 0

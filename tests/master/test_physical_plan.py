@@ -1,0 +1,128 @@
+"""Physical plan: ids, types, placement over containers, attribute resolution and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.errors import InvalidTransition
+from master.physical_plan import (
+    ContainerState,
+    OperatorState,
+    PlanError,
+    build_physical_plan,
+    place_operators,
+    resolve_attributes,
+)
+from operators import Dag
+from proto import plan_pb2
+from tests.master.fakes import Relay, Sink, Source, chain_dag, chain_descriptor
+
+
+def test_ids_follow_topological_order_and_types():
+    plan = build_physical_plan(chain_descriptor(4), {}, "app-0001")
+    assert [(op.id, op.name) for op in plan.operators.values()] == [
+        (1, "source"), (2, "relay1"), (3, "relay2"), (4, "sink")]
+    assert plan.operators[1].type == plan_pb2.OPERATOR_TYPE_INPUT
+    assert {plan.operators[i].type for i in (2, 3, 4)} == {plan_pb2.OPERATOR_TYPE_GENERIC}
+    assert all(op.state == OperatorState.PENDING_DEPLOY for op in plan.operators.values())
+    assert plan.operators[1].payload  # the pickled instance travels to the container
+
+
+def test_streams_become_input_and_output_links():
+    plan = build_physical_plan(chain_descriptor(3), {}, "app-0001")
+    relay = plan.operator_by_name("relay1")
+    [link] = relay.inputs
+    assert (link.port_name, link.source_operator_id, link.source_port_name) == (
+        "input", 1, "output")
+    assert [o.port_name for o in plan.operators[1].outputs] == ["output"]
+    assert plan.operator_by_name("sink").outputs == []
+    assert plan.upstream_ids(3) == [2]
+
+
+def test_default_two_containers_contiguous_and_even():
+    plan = build_physical_plan(chain_descriptor(3), {}, "app-0007")
+    assert list(plan.containers) == ["app-0007-c0", "app-0007-c1"]
+    assert plan.containers["app-0007-c0"].operator_ids == [1, 2]
+    assert plan.containers["app-0007-c1"].operator_ids == [3]
+    assert all(c.state == ContainerState.NEW for c in plan.containers.values())
+
+
+@pytest.mark.parametrize(("ops", "containers", "sizes"), [
+    (5, 2, [3, 2]), (5, 3, [2, 2, 1]), (2, 4, [1, 1]), (6, 3, [2, 2, 2]), (2, 1, [2]),
+])
+def test_containers_are_as_even_as_possible(ops, containers, sizes):
+    plan = build_physical_plan(chain_descriptor(ops), {"CONTAINERS": str(containers)}, "a")
+    assert [len(c.operator_ids) for c in plan.containers.values()] == sizes
+    placed = [i for c in plan.containers.values() for i in c.operator_ids]
+    assert placed == sorted(placed)  # contiguous chunks in topological order
+
+
+def test_one_operator_needs_one_container():
+    dag = Dag("single")
+    dag.add_operator("source", Source())
+    plan = build_physical_plan(dag.to_descriptor(), {}, "app")
+    assert list(plan.containers) == ["app-c0"]
+
+
+def test_pinned_operator_goes_to_its_container_and_others_fill_around():
+    placement = place_operators(["a", "b", "c", "d"], {"a": 1}, 2)
+    assert placement == {"a": 1, "b": 0, "c": 0, "d": 1}
+    dag = chain_dag(4)
+    dag.set_operator_attributes("sink", CONTAINER=0)
+    plan = build_physical_plan(dag.to_descriptor(), {}, "app")
+    assert plan.operator_by_name("sink").container_id == "app-c0"
+    assert [len(c.operator_ids) for c in plan.containers.values()] == [2, 2]
+
+
+def test_pin_beyond_containers_is_an_error():
+    with pytest.raises(PlanError, match="CONTAINER=2 but the application has CONTAINERS=2"):
+        build_physical_plan(chain_descriptor(3), {"sink.CONTAINER": "2"}, "app")
+
+
+def test_attribute_layers_defaults_dag_plain_operator_qualified():
+    dag = Dag("layers", STREAMING_WINDOW_SIZE_MILLIS=250, CHECKPOINT_WINDOW_COUNT=5)
+    src = dag.add_operator("source", Source(), APPLICATION_WINDOW_COUNT=4)
+    relay = dag.add_operator("relay", Relay())
+    sink = dag.add_operator("sink", Sink(), CHECKPOINT_WINDOW_COUNT=7)
+    dag.add_stream("a", src.output, relay.input)
+    dag.add_stream("b", relay.output, sink.input)
+    overrides = {"CHECKPOINT_WINDOW_COUNT": "9", "APPLICATION_WINDOW_COUNT": "2",
+                 "relay.APPLICATION_WINDOW_COUNT": "3", "sink.CHECKPOINT_WINDOW_COUNT": "11"}
+    dag_attrs, op_attrs = resolve_attributes(dag.to_descriptor(), overrides)
+    assert dag_attrs["STREAMING_WINDOW_SIZE_MILLIS"] == 250  # DAG over default
+    assert dag_attrs["CHECKPOINT_WINDOW_COUNT"] == 9  # override over DAG
+    assert dag_attrs["HEARTBEAT_TIMEOUT_MILLIS"] == 10_000  # default
+    assert "APPLICATION_WINDOW_COUNT" not in dag_attrs  # operator-only attribute
+    assert op_attrs["source"]["APPLICATION_WINDOW_COUNT"] == 4  # own over plain override
+    assert op_attrs["relay"]["APPLICATION_WINDOW_COUNT"] == 3  # qualified override wins
+    assert op_attrs["sink"]["APPLICATION_WINDOW_COUNT"] == 2  # plain override over default
+    assert op_attrs["sink"]["CHECKPOINT_WINDOW_COUNT"] == 11
+    assert op_attrs["relay"]["CHECKPOINT_WINDOW_COUNT"] == 9
+    assert op_attrs["relay"]["STREAMING_WINDOW_SIZE_MILLIS"] == 250  # DAG reaches operators
+    plan = build_physical_plan(dag.to_descriptor(), overrides, "app")
+    assert plan.operator_by_name("relay").attribute_text()["APPLICATION_WINDOW_COUNT"] == "3"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"NO_SUCH_THING": "1"}, "unknown attribute 'NO_SUCH_THING'"),
+    ({"sink.NO_SUCH_THING": "1"}, "unknown attribute 'NO_SUCH_THING'"),
+    ({"ghost.APPLICATION_WINDOW_COUNT": "2"}, "unknown operator 'ghost'"),
+    ({"CONTAINERS": "many"}, "CONTAINERS='many' is invalid"),
+    ({"sink.CONTAINERS": "2"}, "cannot be set on an operator"),
+])
+def test_bad_overrides_raise_clear_errors(overrides, message):
+    with pytest.raises(PlanError, match=message):
+        build_physical_plan(chain_descriptor(3), overrides, "app")
+
+
+def test_illegal_transitions_name_both_states():
+    plan = build_physical_plan(chain_descriptor(3), {}, "app")
+    container = plan.containers["app-c0"]
+    with pytest.raises(InvalidTransition, match="container app-c0: illegal transition "
+                                                "NEW -> ACTIVE"):
+        container.transition(ContainerState.ACTIVE)
+    op = plan.operators[1]
+    op.transition(OperatorState.SHUTDOWN)
+    with pytest.raises(InvalidTransition, match="SHUTDOWN -> ACTIVE"):
+        op.transition(OperatorState.ACTIVE)
+    assert op.transition(OperatorState.SHUTDOWN) is False  # same state: no transition

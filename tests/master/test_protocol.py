@@ -1,0 +1,235 @@
+"""The real MasterServer over gRPC, with containers played by hand through the generated stubs.
+
+The launcher starts nothing (RecordingLauncher): each test is the containers.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from master.client import WeirClient, WeirClientError
+from master.launcher import RecordingLauncher
+from master.server import MasterServer
+from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
+from tests.harness import poll_for
+from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report, window
+
+ACTIVE = umbilical_pb2.OPERATOR_STATE_ACTIVE
+SHUTDOWN = umbilical_pb2.OPERATOR_STATE_SHUTDOWN
+FAILED = umbilical_pb2.OPERATOR_STATE_FAILED
+ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
+C0, C1, C2 = "app-0001-c0", "app-0001-c1", "app-0001-c2"
+
+
+@pytest.fixture
+def server():
+    master = MasterServer(launcher_factory=RecordingLauncher, loop_interval_s=0.05,
+                          container_stop_grace_ms=300)
+    master.start()
+    try:
+        yield master
+    finally:
+        master.stop()
+
+
+@pytest.fixture
+def client(server):
+    with WeirClient(server.address, timeout_s=5) as weir:
+        yield weir
+
+
+@pytest.fixture
+def umbilical(server):
+    channel = grpc.insecure_channel(server.address)
+    try:
+        yield umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+    finally:
+        channel.close()
+
+
+def beat(umbilical, cid: str, port: int, *reports: umbilical_pb2.OperatorHeartbeat
+         ) -> umbilical_pb2.ContainerHeartbeatResponse:
+    return umbilical.ProcessHeartbeat(container_heartbeat(cid, port=port, operators=reports),
+                                      timeout=5)
+
+
+def deploy_all(client, umbilical) -> str:
+    """Submits a 3-operator chain over 3 containers and plays them up to all ACTIVE."""
+    app_id = client.submit(chain_descriptor(3), {"CONTAINERS": "3"})
+    for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
+        beat(umbilical, cid, port)
+    for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
+        assert [d.id for d in beat(umbilical, cid, port).deploy_request] == [op_id]
+        beat(umbilical, cid, port, operator_report(op_id))
+    return app_id
+
+
+def states(client, app_id: str) -> dict[str, str]:
+    return {op.name: op.state for op in client.operators(app_id)}
+
+
+def test_submit_launches_and_init_context_has_the_configuration(server, client, umbilical):
+    app_id = client.submit(chain_descriptor(3), {"CONTAINERS": "3",
+                                                 "STREAMING_WINDOW_SIZE_MILLIS": "250"})
+    assert app_id == "app-0001"
+    assert server.launcher.launched == [C0, C1, C2]
+    context = umbilical.GetInitContext(umbilical_pb2.GetInitContextRequest(container_id=C1),
+                                       timeout=5)
+    assert (context.container_id, context.application_id) == (C1, app_id)
+    assert context.streaming_window_size_millis == 250
+    assert context.heartbeat_interval_millis == 500
+    assert context.checkpoint_window_count == 20
+    assert context.deploy_buffer_server
+    assert context.start_window_millis > 0 and context.start_window_millis % 1000 == 0
+    assert context.attributes["CONTAINERS"] == "3"
+    info = client.application(app_id)
+    assert (info.state, info.containers_planned, info.operators) == ("ACCEPTED", 3, 3)
+    assert [c.state for c in client.containers(app_id)] == ["ALLOCATED"] * 3
+
+
+def test_deploy_requests_name_upstream_buffer_servers(client, umbilical):
+    client.submit(chain_descriptor(3), {"CONTAINERS": "3"})
+    assert not beat(umbilical, C0, 7000).deploy_request
+    assert not beat(umbilical, C1, 7001).deploy_request
+    [sink] = beat(umbilical, C2, 7002).deploy_request
+    [relay] = beat(umbilical, C1, 7001).deploy_request
+    [source] = beat(umbilical, C0, 7000).deploy_request
+    assert (source.name, source.inputs, source.outputs[0].buffer_server_port) == (
+        "source", [], 7000)
+    assert (relay.inputs[0].buffer_server_host, relay.inputs[0].buffer_server_port) == (
+        "127.0.0.1", 7000)
+    assert (relay.inputs[0].source_node_id, relay.inputs[0].source_port_name) == (1, "output")
+    assert (sink.inputs[0].buffer_server_port, sink.inputs[0].source_node_id) == (7001, 2)
+    containers = {c.id: c for c in client.containers()}
+    assert containers[C1].buffer_server_address == "127.0.0.1:7001"
+    assert containers[C1].state == "ACTIVE" and containers[C1].process_name == "7001@testhost"
+
+
+def test_reported_states_and_stats_show_in_the_client_api(client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    assert states(client, app_id) == {"source": "ACTIVE", "relay1": "ACTIVE", "sink": "ACTIVE"}
+    info = client.application(app_id)
+    assert (info.state, info.containers_active) == ("RUNNING", 3)
+    windows = [window(100 + i, tuples_in=10, tuples_out=7, end_ms=1_000 + 500 * i)
+               for i in range(3)]
+    beat(umbilical, C1, 7001, operator_report(2, windows=windows))
+    relay = client.operator_stats(app_id, "relay1")
+    assert (relay.total_tuples_processed, relay.total_tuples_emitted) == (30, 21)
+    assert relay.current_window_id == 102 and relay.windows_processed == 3
+    assert [w.window_id for w in relay.recent_windows] == [100, 101, 102]
+    assert relay.tuples_processed_per_second == 20.0
+    assert {p.name: p.total_tuples for p in relay.ports} == {"input": 30, "output": 21}
+    assert client.operator_stats(app_id, 2).name == "relay1"
+    beat(umbilical, C0, 7000, operator_report(1, SHUTDOWN))
+    assert states(client, app_id)["source"] == "SHUTDOWN"
+    assert client.application(app_id).state == "RUNNING"
+
+
+def test_operator_failure_fails_the_application(client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    response = beat(umbilical, C2, 7002, operator_report(3, FAILED, error="KeyError: 'word'"))
+    assert response.shutdown == ABORT
+    ops = {op.name: op for op in client.operators(app_id)}
+    assert ops["sink"].state == "FAILED" and ops["sink"].error == "KeyError: 'word'"
+    info = client.application(app_id)
+    assert info.state == "FAILED" and info.operators_failed == 1
+    assert "KeyError: 'word'" in info.diagnostics and "sink" in info.diagnostics
+    assert beat(umbilical, C0, 7000).shutdown == ABORT
+
+
+def test_shutdown_then_all_shutdown_finishes(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    client.shutdown(app_id)
+    assert beat(umbilical, C0, 7000).shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
+    for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
+        beat(umbilical, cid, port, operator_report(op_id, SHUTDOWN))
+    final = server.wait_for_application(app_id, timeout_s=5)
+    assert final.state == "FINISHED" and final.finished_ms >= final.submitted_ms
+    assert beat(umbilical, C1, 7001).shutdown == ABORT
+    with pytest.raises(WeirClientError, match="already FINISHED"):
+        client.shutdown(app_id)
+    # the containers never exit (nothing runs them): the master loop stops them
+    poll_for(lambda: sorted(server.launcher.killed) == [C0, C1, C2], 5,
+             "the lingering containers to be stopped")
+
+
+def test_kill_application_aborts_containers(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    client.kill(app_id, "enough")
+    info = client.application(app_id)
+    assert (info.state, info.diagnostics) == ("KILLED", "enough")
+    assert beat(umbilical, C0, 7000).shutdown == ABORT
+    poll_for(lambda: all(c.state == "KILLED" for c in client.containers(app_id)), 5,
+             "the containers to be stopped")
+
+
+def test_kill_container_fails_the_application(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    client.kill_container(C1)
+    assert server.launcher.killed[0] == C1
+    info = client.application(app_id)
+    assert info.state == "FAILED" and C1 in info.diagnostics
+    containers = {c.id: c for c in client.containers(app_id)}
+    assert containers[C1].state == "KILLED" and "killed by the user" in containers[C1].diagnostics
+    assert beat(umbilical, C1, 7001).shutdown == ABORT
+    with pytest.raises(WeirClientError, match="already KILLED"):
+        client.kill_container(C1)
+
+
+def test_exited_container_is_lost_by_the_master_loop(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    server.launcher.set_exit_code(C2, 137)
+    final = server.wait_for_application(app_id, timeout_s=5)
+    assert final.state == "FAILED"
+    assert final.diagnostics == f"container {C2} lost: its process exited with code 137"
+
+
+def test_errors_are_status_codes_with_one_line(server, client, umbilical):
+    channel = grpc.insecure_channel(server.address)
+    stub = client_pb2_grpc.WeirClientStub(channel)
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.GetApplicationInfo(client_pb2.GetApplicationInfoRequest(application_id="app-0042"),
+                                timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == ("unknown application 'app-0042'; `weir apps` lists the "
+                                      "applications")
+    with pytest.raises(grpc.RpcError) as caught:
+        umbilical.GetInitContext(umbilical_pb2.GetInitContextRequest(container_id="x"),
+                                 timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    dag = chain_descriptor(3)
+    del dag.streams[0]  # relay1.input left unconnected
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SubmitApplication(client_pb2.SubmitApplicationRequest(dag=dag), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input port relay1.input is not connected" in caught.value.details()
+    with pytest.raises(WeirClientError, match="unknown attribute 'BOGUS'") as caught_client:
+        client.submit(chain_descriptor(3), {"BOGUS": "1"})
+    assert caught_client.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    app_id = client.submit(chain_descriptor(3))
+    with pytest.raises(WeirClientError, match="has no operator 'ghost'"):
+        client.operator_stats(app_id, "ghost")
+    # an unknown container heartbeating is told to stop, not answered with an error
+    assert beat(umbilical, "stranger", 1).shutdown == ABORT
+    assert client.applications()[0].id == app_id
+    channel.close()
+
+
+def test_unreachable_master_is_one_clear_line():
+    with WeirClient("127.0.0.1:1", timeout_s=5) as weir, pytest.raises(
+            WeirClientError, match=r"^no master answers at 127\.0\.0\.1:1; start one with "
+                                   r"`weir master` or pass --master$"):
+        weir.applications()
+    with pytest.raises(WeirClientError, match="bad master address 'x': expected HOST:PORT"):
+        WeirClient("x")
+
+
+def test_stop_is_idempotent_and_stops_the_launcher():
+    master = MasterServer(launcher_factory=RecordingLauncher)
+    address = master.start()
+    assert address.startswith("127.0.0.1:") and int(address.rsplit(":", 1)[1]) > 0
+    launcher = master.launcher
+    master.stop()
+    master.stop()
+    assert launcher.stopped

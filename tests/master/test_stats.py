@@ -1,0 +1,51 @@
+"""Stats accumulation: totals, per-port figures, the recent-window ring, rates and latency."""
+
+from __future__ import annotations
+
+from master.stats import RECENT_WINDOWS, ContainerStatsTracker, OperatorStatsTracker, latency_ms
+from tests.master.fakes import container_heartbeat, operator_report, window
+
+T = 1_700_000_000_000
+
+
+def test_totals_ports_and_ring():
+    tracker = OperatorStatsTracker()
+    windows = [window(i, tuples_in=2, tuples_out=1, end_ms=T + 100 * i) for i in range(150)]
+    assert tracker.record(operator_report(1, windows=windows), now_ms=T + 20_000) == 150
+    assert tracker.total_tuples_processed == 300 and tracker.total_tuples_emitted == 150
+    assert tracker.windows_processed == 150 and tracker.current_window_id == 149
+    assert len(tracker.recent) == RECENT_WINDOWS and tracker.recent[0].window_id == 50
+    assert tracker.last_heartbeat_ms == T + 20_000
+    port_in = tracker.ports[("input", "input")]
+    port_out = tracker.ports[("output", "output")]
+    assert (port_in.total_tuples, port_out.total_tuples) == (300, 150)
+    assert port_out.buffer_server_bytes == 150 * 8
+    assert round(port_in.tuples_per_second, 6) == 20.0  # 2 tuples per 100 ms
+    assert round(tracker.tuples_emitted_per_second, 6) == 10.0
+
+
+def test_rates_need_two_windows():
+    tracker = OperatorStatsTracker()
+    tracker.record(operator_report(1, windows=[window(1, 5, 5, T, 10**9)]), T)
+    assert tracker.tuples_processed_per_second == 0.0 and tracker.cpu_percent == 0.0
+
+
+def test_latency_is_end_window_here_minus_upstream():
+    source, sink = OperatorStatsTracker(), OperatorStatsTracker()
+    source.record(operator_report(1, windows=[
+        window(i, end_ms=T + 500 * i, in_port=None) for i in range(4)]), T)
+    sink.record(operator_report(2, windows=[
+        window(i, end_ms=T + 500 * i + 20 + 10 * i, out_port=None) for i in range(3)]), T)
+    assert latency_ms(sink, [source]) == 30.0  # (20 + 30 + 40) / 3
+    assert latency_ms(source, []) == 0.0
+
+
+def test_container_figures_are_the_last_heartbeat():
+    tracker = ContainerStatsTracker()
+    tracker.record(container_heartbeat("c", port=9), T)
+    tracker.record(container_heartbeat("c", port=9, sent_tms=T + 5), T + 500)
+    assert (tracker.heartbeats, tracker.last_heartbeat_ms, tracker.process_name) == (
+        2, T + 500, "9@testhost")
+    assert (tracker.memory_rss_mb, tracker.memory_mb_free, tracker.gc_collection_count) == (
+        123, 2048, 3)
+    assert tracker.cpu_percent == 12.5 and tracker.last_sent_tms == T + 5
