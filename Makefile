@@ -22,6 +22,7 @@ $(GENERATED): $(PROTOS) $(STAMP)
 	@$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
 
 run: install
+	@rm -rf out/wordcount
 	@$(VENV)/bin/weir run examples/wordcount.py
 
 test: install

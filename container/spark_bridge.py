@@ -239,7 +239,9 @@ class SparkSessionBridge:
             try:
                 session.stop()
             except Exception:  # noqa: BLE001 - stopping must not fail the container's shutdown
-                _LOGGER.warning("stopping the SparkSession failed", exc_info=True)
+                # Typically the JVM is already gone (its process group was signalled).
+                _LOGGER.info("stopping the SparkSession failed; its JVM had exited",
+                             exc_info=_LOGGER.isEnabledFor(logging.DEBUG))
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 

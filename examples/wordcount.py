@@ -2,24 +2,33 @@
 
     make run                       # or: weir run examples/wordcount.py
 
-source (reads the text, a few hundred lines per 500 ms window)
+source (reads the text, 1,000 lines per 500 ms window)
   -> tokenize (Spark: lower-case, split on non-letters)
   -> count    (Spark: words per window)
   -> console  (prints each window's top words and, at the end, the top words overall)
   -> files    (JSON lines per window under out/wordcount/)
 """
 
+from pathlib import Path
+
 import pydoc_data.topics
 
 from operators import Dag
 from operators.library import ConsoleSink, FileSink, TextFileSource, Tokenize, WindowedCount
 
-TEXT = pydoc_data.topics.__file__
+# pydoc_data/topics.py holds the help text as Python string literals; write the text
+# itself out, so the words counted are English, not escape sequences.
+TEXT = Path("out/pydoc-topics.txt")
+TEXT.parent.mkdir(parents=True, exist_ok=True)
+TEXT.write_text("\n".join(pydoc_data.topics.topics.values()), encoding="utf-8")
 
 dag = Dag("wordcount", STREAMING_WINDOW_SIZE_MILLIS=500, CONTAINERS=2)
-source = dag.add_operator("source", TextFileSource(TEXT, lines_per_window=2_000))
-tokenize = dag.add_operator("tokenize", Tokenize(column="line", output_column="word"))
-count = dag.add_operator("count", WindowedCount(key="word"), APPLICATION_WINDOW_COUNT=2)
+source = dag.add_operator("source", TextFileSource(str(TEXT.resolve()), lines_per_window=1_000),
+                          CONTAINER=0)
+tokenize = dag.add_operator("tokenize", Tokenize(column="line", output_column="word"),
+                            CONTAINER=0)
+count = dag.add_operator("count", WindowedCount(key="word"), CONTAINER=0,
+                         APPLICATION_WINDOW_COUNT=2)
 console = dag.add_operator(
     "console",
     ConsoleSink(limit=5, sort_by="count", title="top words", summarize=("word", "count")),

@@ -132,9 +132,11 @@ class ConsoleSink(_WindowBuffer):
 def _format(table: pa.Table) -> str:
     """A plain text table: a header, a rule and one line per row, numbers right-aligned."""
     names = table.column_names
-    columns = [[_cell(v) for v in table.column(n).to_pylist()] for n in names]
-    numeric = [pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
-               for t in table.schema.types]
+    columns = [[format_window_id(v) if n == "window_id" and isinstance(v, int) else _cell(v)
+                for v in table.column(n).to_pylist()] for n in names]
+    numeric = [n != "window_id" and (pa.types.is_integer(t) or pa.types.is_floating(t)
+                                     or pa.types.is_decimal(t))
+               for n, t in zip(names, table.schema.types, strict=True)]
     widths = [max([len(n), *map(len, col)]) for n, col in zip(names, columns, strict=True)]
 
     def line(cells: list[str]) -> str:
