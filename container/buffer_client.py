@@ -1,0 +1,160 @@
+"""The subscriber side of the buffer server: a blocking iterator over one stream's messages.
+
+An input port pulls its upstream stream with ``Subscription`` (or ``subscribe``): the
+messages of every window after ``from_window``, in order, then new ones as the publisher
+emits them, ending after ``END_STREAM``. ``Subscription.close()`` cancels the Flight call
+from any thread, so a runtime can stop a subscriber thread that is blocked waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import pyarrow.flight as flight
+
+from container.control import Kind, Message, from_envelope
+
+__all__ = ["BufferServerUnavailable", "Subscription", "subscribe"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class BufferServerUnavailable(ConnectionError):
+    """The buffer server cannot be reached, or went away before the stream's END_STREAM."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The gist of a Flight error, without gRPC's debug context."""
+    return str(exc).split(". gRPC client debug context", 1)[0]
+
+
+class Subscription:
+    """One subscription to ``stream_id`` on the buffer server at ``host:port``.
+
+    Iterate it once (from one thread); the call opens on the first ``next()``, which is
+    also where connection errors surface. ``timeout_s`` bounds the whole subscription
+    (a gRPC deadline): past it, iteration raises ``TimeoutError``; None waits forever.
+
+    Raises (while iterating):
+        BufferServerUnavailable: the server is unreachable, or closed the stream
+            without END_STREAM (it shut down).
+        TimeoutError: ``timeout_s`` elapsed before END_STREAM.
+    """
+
+    def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
+                 timeout_s: float | None = None) -> None:
+        self.host = host
+        self.port = port
+        self.stream_id = stream_id
+        self.from_window = from_window
+        self.timeout_s = timeout_s
+        self.messages_received = 0
+        self.bytes_received = 0
+        self.envelopes_received = 0
+        self._lock = threading.Lock()
+        self._reader: flight.FlightStreamReader | None = None
+        self._started = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (f"Subscription({self.host}:{self.port}, {self.stream_id!r}, "
+                f"from_window={self.from_window})")
+
+    def __iter__(self) -> Iterator[Message]:
+        with self._lock:
+            if self._started:
+                raise RuntimeError(f"{self!r} can be iterated only once")
+            self._started = True
+        return self._messages()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Cancels the subscription; an iteration blocked in another thread ends quietly."""
+        with self._lock:
+            self._closed = True
+            reader = self._reader
+        if reader is not None:
+            reader.cancel()
+            _LOGGER.debug("%r cancelled", self)
+
+    def _error(self, exc: flight.FlightError) -> Exception:
+        where = f"buffer server {self.host}:{self.port}"
+        if isinstance(exc, flight.FlightTimedOutError):
+            return TimeoutError(f"{where}: stream {self.stream_id!r} did not end within "
+                                f"{self.timeout_s} s")
+        if isinstance(exc, (flight.FlightUnavailableError, flight.FlightCancelledError)):
+            return BufferServerUnavailable(f"{where} unavailable (stream {self.stream_id!r}): "
+                                           f"{_reason(exc)}")
+        return exc
+
+    def _open(self) -> tuple[flight.FlightClient, flight.FlightStreamReader] | None:
+        ticket = flight.Ticket(json.dumps(
+            {"stream": self.stream_id, "from_window": self.from_window}).encode())
+        options = flight.FlightCallOptions(timeout=self.timeout_s)
+        client = flight.FlightClient(f"grpc+tcp://{self.host}:{self.port}")
+        try:
+            reader = client.do_get(ticket, options)
+        except flight.FlightError as exc:
+            client.close()
+            raise self._error(exc) from exc
+        with self._lock:
+            if self._closed:
+                reader.cancel()
+                client.close()
+                return None
+            self._reader = reader
+        _LOGGER.debug("%r opened", self)
+        return client, reader
+
+    def _messages(self) -> Iterator[Message]:
+        opened = None if self._closed else self._open()
+        if opened is None:
+            return
+        client, reader = opened
+        finished = False
+        try:
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    if self._closed:
+                        return
+                    raise BufferServerUnavailable(
+                        f"buffer server {self.host}:{self.port} ended stream "
+                        f"{self.stream_id!r} without END_STREAM (server closed)") from None
+                except flight.FlightError as exc:
+                    if self._closed:
+                        return
+                    raise self._error(exc) from exc
+                messages = from_envelope(chunk.data)
+                self.envelopes_received += 1
+                self.messages_received += len(messages)
+                self.bytes_received += sum(m.nbytes for m in messages)
+                for message in messages:
+                    if message.kind == Kind.END_STREAM:
+                        finished = True
+                        yield message
+                        return
+                    yield message
+        finally:
+            with self._lock:
+                self._reader = None
+            if not finished:
+                reader.cancel()
+            client.close()
+
+
+def subscribe(host: str, port: int, stream_id: str, from_window: int = -1,
+              timeout_s: float | None = None) -> Iterator[Message]:
+    """The messages of ``stream_id`` after window ``from_window``, ending after END_STREAM.
+
+    See ``Subscription`` for errors and ``timeout_s``; use a ``Subscription`` directly to
+    cancel from another thread.
+    """
+    return iter(Subscription(host, port, stream_id, from_window, timeout_s))

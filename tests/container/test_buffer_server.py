@@ -1,0 +1,417 @@
+"""Tests of the buffer server and its client over a real Flight server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
+from container.buffer_server import BufferServer, _Cursor, _Stream
+from container.control import Kind, Message
+
+pytestmark = pytest.mark.timeout(60)
+
+_WAIT_S = 10.0  # bound on every wait; generous, as the machine is shared
+_STREAM = "3.output"
+
+
+@pytest.fixture
+def server() -> Iterator[BufferServer]:
+    with BufferServer() as srv:
+        yield srv
+
+
+def _batch(window: int, n: int = 3) -> pa.RecordBatch:
+    return pa.record_batch({"key": [f"w{window}-{i}" for i in range(n)],
+                            "value": pa.array(range(window * 100, window * 100 + n), pa.int64())})
+
+
+def _publish_window(pub, window: int, batches: int = 2) -> None:
+    pub.begin_window(window)
+    for i in range(batches):
+        pub.data(window, _batch(window, i + 1))
+    pub.end_window(window)
+
+
+def _expected(windows: list[int], batches: int = 2) -> list[tuple[Kind, int]]:
+    out = []
+    for w in windows:
+        out += [(Kind.BEGIN_WINDOW, w)] + [(Kind.DATA, w)] * batches + [(Kind.END_WINDOW, w)]
+    return out
+
+
+def _shape(messages: list[Message]) -> list[tuple[Kind, int]]:
+    return [(m.kind, m.window_id) for m in messages]
+
+
+def _collect(srv: BufferServer, stream: str = _STREAM, from_window: int = -1) -> list[Message]:
+    host, port = srv.address
+    return list(subscribe(host, port, stream, from_window, timeout_s=_WAIT_S))
+
+
+class _Background:
+    """Iterates a subscription in a thread, handing each message (or the error) to a queue."""
+
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        self.items: queue.Queue[Message | BaseException | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for message in self.sub:
+                self.items.put(message)
+            self.items.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            self.items.put(exc)
+
+    def next(self) -> Message | BaseException | None:
+        return self.items.get(timeout=_WAIT_S)
+
+    def take(self, count: int) -> list[Message]:
+        out = []
+        for _ in range(count):
+            item = self.next()
+            assert isinstance(item, Message), item
+            out.append(item)
+        return out
+
+
+def _wait_for(predicate, what: str) -> None:
+    event = threading.Event()
+    for _ in range(int(_WAIT_S / 0.02)):
+        if predicate():
+            return
+        event.wait(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_late_subscriber_gets_everything_in_order(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2, 3):
+        _publish_window(pub, w)
+    pub.end_stream()
+    messages = _collect(server)
+    assert _shape(messages) == _expected([1, 2, 3]) + [(Kind.END_STREAM, 3)]
+    data = [m.batch() for m in messages if m.kind == Kind.DATA]
+    assert data == [_batch(w, i + 1) for w in (1, 2, 3) for i in range(2)]
+    assert pub.messages_published == len(messages)
+    assert pub.bytes_published == sum(m.nbytes for m in messages) > 0
+
+
+def test_early_subscriber_receives_messages_as_published(server):
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S * 2))
+    _wait_for(lambda: server.subscribers == 1, "the subscription")  # before the publisher
+    pub = server.publisher(_STREAM)
+    pub.begin_window(1)
+    assert _shape(bg.take(1)) == [(Kind.BEGIN_WINDOW, 1)]
+    pub.data(1, _batch(1))
+    (message,) = bg.take(1)
+    assert message.batch() == _batch(1)
+    pub.end_window(1)
+    _publish_window(pub, 2)
+    pub.end_stream()
+    assert _shape(bg.take(5)) == [(Kind.END_WINDOW, 1)] + _expected([2])
+    assert _shape(bg.take(1)) == [(Kind.END_STREAM, 2)]
+    assert bg.next() is None
+    bg.thread.join(_WAIT_S)
+    assert not bg.thread.is_alive()
+
+
+def test_from_window_replays_from_an_older_window(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2, 3, 4):
+        _publish_window(pub, w)
+    host, port = server.address
+    replay = _Background(Subscription(host, port, _STREAM, from_window=2, timeout_s=_WAIT_S))
+    assert _shape(replay.take(8)) == _expected([3, 4])
+    ahead = _Background(Subscription(host, port, _STREAM, from_window=5, timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 2, "both subscriptions")
+    for w in (5, 6):
+        _publish_window(pub, w)
+    pub.end_stream()
+    assert _shape(replay.take(9)) == _expected([5, 6]) + [(Kind.END_STREAM, 6)]
+    # windows <= from_window published after subscribing are skipped too
+    assert _shape(ahead.take(5)) == _expected([6]) + [(Kind.END_STREAM, 6)]
+    assert replay.next() is None and ahead.next() is None
+
+
+def test_from_window_past_the_end_still_gets_end_stream(server):
+    pub = server.publisher(_STREAM)
+    _publish_window(pub, 1)
+    pub.end_stream()
+    assert _shape(_collect(server, from_window=7)) == [(Kind.END_STREAM, 1)]
+
+
+def test_purge_some_then_all(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2, 3):
+        _publish_window(pub, w)
+    retained = server.stream_stats()[_STREAM]
+    assert retained == (12, pub.bytes_published)
+    server.purge(_STREAM, 2)
+    messages, nbytes = server.stream_stats()[_STREAM]
+    assert messages == 4 and 0 < nbytes < retained[1]
+    pub.end_stream()
+    assert _shape(_collect(server)) == _expected([3]) + [(Kind.END_STREAM, 3)]
+    server.purge(_STREAM, 3)
+    assert server.stream_stats()[_STREAM] == (1, 0)  # END_STREAM stays for late subscribers
+    assert _shape(_collect(server)) == [(Kind.END_STREAM, 3)]
+    server.purge("no.such", 3)  # unknown streams are ignored
+
+
+def test_purge_all_before_end_and_live_subscriber_continues(server):
+    pub = server.publisher(_STREAM)
+    _publish_window(pub, 1)
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S))
+    assert _shape(bg.take(4)) == _expected([1])
+    server.purge(_STREAM, 1)
+    assert server.stream_stats()[_STREAM] == (0, 0)
+    _publish_window(pub, 2)
+    pub.end_stream()
+    assert _shape(bg.take(5)) == _expected([2]) + [(Kind.END_STREAM, 2)]
+    assert bg.next() is None
+
+
+def test_storage_positions_survive_purge_and_rewind():
+    stream = _Stream("s")
+    for w in (1, 2, 3):
+        for kind in (Kind.BEGIN_WINDOW, Kind.END_WINDOW):
+            stream.append(Message(kind, w))
+    slow, fast = _Cursor(-1), _Cursor(-1)
+    assert _shape(stream.take(slow, 1 << 20)[:1]) == [(Kind.BEGIN_WINDOW, 1)]
+    slow.seq = 1  # as if it had read only BEGIN_WINDOW(1)
+    assert len(stream.take(fast, 1 << 20)) == 6
+    assert stream.purge(2) == 4
+    # the slow reader's next message was purged: it continues at the first retained one
+    assert _shape(stream.take(slow, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.END_WINDOW, 3)]
+    assert stream.rewind(2) == 2  # window 3 is dropped and republished
+    for w in (3, 4):
+        stream.append(Message(Kind.BEGIN_WINDOW, w))
+    assert _shape(stream.take(fast, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
+    assert _shape(stream.take(slow, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
+    assert stream.take(fast, 1 << 20) == []
+
+
+def test_two_subscribers_on_one_stream(server):
+    host, port = server.address
+    first = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S))
+    second = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 2, "both subscriptions")
+    pub = server.publisher(_STREAM)
+    for w in (1, 2):
+        _publish_window(pub, w)
+    pub.end_stream()
+    want = _expected([1, 2]) + [(Kind.END_STREAM, 2)]
+    got_first, got_second = first.take(len(want)), second.take(len(want))
+    assert _shape(got_first) == _shape(got_second) == want
+    assert [m.payload for m in got_first] == [m.payload for m in got_second]
+    assert first.next() is None and second.next() is None
+    _wait_for(lambda: server.subscribers == 0, "the subscriptions to end")
+
+
+def test_end_stream_ends_the_iterator_and_the_stream(server):
+    pub = server.publisher(_STREAM)
+    pub.begin_window(1)
+    pub.end_window(1)
+    pub.end_stream()
+    host, port = server.address
+    sub = Subscription(host, port, _STREAM, timeout_s=_WAIT_S)
+    assert _shape(list(sub)) == [(Kind.BEGIN_WINDOW, 1), (Kind.END_WINDOW, 1),
+                                 (Kind.END_STREAM, 1)]
+    assert sub.messages_received == 3
+    with pytest.raises(ValueError, match="after END_STREAM"):
+        pub.begin_window(2)
+    with pytest.raises(RuntimeError, match="only once"):
+        iter(sub)
+
+
+def test_windows_must_not_go_back(server):
+    pub = server.publisher(_STREAM)
+    _publish_window(pub, 5)
+    with pytest.raises(ValueError, match="must not go back"):
+        pub.begin_window(4)
+
+
+def test_restarted_publisher_rewinds_to_its_checkpoint(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2):
+        _publish_window(pub, w)
+    host, port = server.address
+    live = _Background(Subscription(host, port, _STREAM, from_window=1, timeout_s=_WAIT_S))
+    assert _shape(live.take(4)) == _expected([2])
+    restarted = server.publisher(_STREAM, from_window=1)
+    assert server.stream_stats()[_STREAM][0] == 4
+    for w in (2, 3):
+        _publish_window(restarted, w, batches=1)
+    restarted.end_stream()
+    # the live subscriber had read window 2 before the rewind; it gets the republished one
+    assert _shape(live.take(7)) == _expected([2, 3], batches=1) + [(Kind.END_STREAM, 3)]
+    assert live.next() is None
+    assert _shape(_collect(server)) == (_expected([1]) + _expected([2, 3], batches=1)
+                                        + [(Kind.END_STREAM, 3)])
+    again = server.publisher(_STREAM, from_window=3)  # rewinding past the end drops only
+    assert server.stream_stats()[_STREAM][0] == 10    # END_STREAM
+    again.end_stream()
+
+
+def test_close_while_a_subscriber_waits_ends_it(server):
+    host, port = server.address
+    sub = Subscription(host, port, _STREAM)  # no deadline: only close() can end it
+    bg = _Background(sub)
+    pub = server.publisher(_STREAM)
+    pub.begin_window(1)
+    assert _shape(bg.take(1)) == [(Kind.BEGIN_WINDOW, 1)]
+    closer = threading.Thread(target=server.close, daemon=True)
+    closer.start()
+    closer.join(_WAIT_S)
+    assert not closer.is_alive(), "close() hung with a subscriber waiting"
+    assert isinstance(bg.next(), BufferServerUnavailable)
+    bg.thread.join(_WAIT_S)
+    assert not bg.thread.is_alive()
+    server.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        server.start()
+
+
+def test_close_with_a_subscriber_that_stopped_reading():
+    srv = BufferServer().start()
+    pub = srv.publisher(_STREAM)
+    big = pa.record_batch({"value": pa.array(range(1 << 20), pa.int64())})  # 8 MB
+    for w in range(12):
+        pub.begin_window(w)
+        pub.data(w, big)
+        pub.end_window(w)
+    host, port = srv.address
+    messages = subscribe(host, port, _STREAM, timeout_s=_WAIT_S * 3)
+    assert next(messages).kind == Kind.BEGIN_WINDOW  # then never read again
+    closer = threading.Thread(target=srv.close, daemon=True)
+    closer.start()
+    closer.join(_WAIT_S)
+    assert not closer.is_alive(), "close() hung on a subscriber that stopped reading"
+    with pytest.raises(BufferServerUnavailable):  # no new calls are accepted
+        next(subscribe(host, port, _STREAM, timeout_s=_WAIT_S))
+    messages.close()  # cancels the call: the server drops it
+    _wait_for(lambda: srv.subscribers == 0, "the stalled subscription to end")
+
+
+def test_subscription_close_from_another_thread(server):
+    host, port = server.address
+    sub = Subscription(host, port, _STREAM)
+    bg = _Background(sub)
+    _wait_for(lambda: server.subscribers == 1, "the subscription")
+    sub.close()
+    assert bg.next() is None  # ends quietly, no error
+    _wait_for(lambda: server.subscribers == 0, "the server to drop the subscription")
+    assert sub.closed
+    closed_first = Subscription(host, port, _STREAM)
+    closed_first.close()
+    assert list(closed_first) == []
+
+
+def test_batch_round_trips_with_schema_and_values(server):
+    schema = pa.schema(
+        [("key", pa.string()), ("n", pa.int64()), ("x", pa.float64()),
+         ("ts", pa.timestamp("us", tz="UTC")), ("tags", pa.list_(pa.string())),
+         ("cat", pa.dictionary(pa.int32(), pa.string())), ("blob", pa.binary())],
+        metadata={b"origin": b"test"})
+    batch = pa.record_batch(
+        [pa.array(["a", None, "ü€"]), pa.array([1, -(2**63), 2**63 - 1], pa.int64()),
+         pa.array([0.5, None, float("inf")]), pa.array([0, 1, None], pa.timestamp("us", "UTC")),
+         pa.array([["x"], [], None], pa.list_(pa.string())),
+         pa.array(["p", "q", "p"]).dictionary_encode(), pa.array([b"\x00\xff", b"", None])],
+        schema=schema)
+    pub = server.publisher(_STREAM)
+    pub.data(1, batch)
+    pub.end_stream()
+    data, end = _collect(server)
+    assert end.kind == Kind.END_STREAM
+    assert data.kind == Kind.DATA and data.rows == 3
+    got = data.batch()
+    assert got.schema.equals(schema, check_metadata=True)
+    assert got.equals(batch)
+
+
+def test_envelopes_are_capped_but_a_big_message_goes_alone():
+    with BufferServer(max_envelope_bytes=4096) as srv:
+        pub = srv.publisher(_STREAM)
+        small = pa.record_batch({"v": pa.array(range(100), pa.int64())})  # ~1 kB encoded
+        big = pa.record_batch({"v": pa.array(range(2000), pa.int64())})  # ~16 kB encoded
+        for w in range(8):
+            pub.data(w, small)
+        pub.data(8, big)
+        pub.end_stream()
+        host, port = srv.address
+        sub = Subscription(host, port, _STREAM, timeout_s=_WAIT_S)
+        messages = list(sub)
+    assert [m.batch() for m in messages[:-1]] == [small] * 8 + [big]
+    assert 2 < sub.envelopes_received < len(messages)
+    assert sub.bytes_received == pub.bytes_published
+
+
+def test_unknown_server_gives_buffer_server_unavailable():
+    srv = BufferServer().start()
+    host, port = srv.address
+    srv.close()  # the port is now closed
+    with pytest.raises(BufferServerUnavailable, match=f"buffer server {host}:{port}"):
+        next(subscribe(host, port, _STREAM, timeout_s=_WAIT_S))
+
+
+def test_timeout_bounds_a_subscription(server):
+    host, port = server.address
+    with pytest.raises(TimeoutError, match=_STREAM):
+        list(subscribe(host, port, _STREAM, timeout_s=0.3))
+
+
+def test_bad_ticket_is_rejected(server):
+    import pyarrow.flight as flight
+
+    host, port = server.address
+    client = flight.FlightClient(f"grpc+tcp://{host}:{port}")
+    try:
+        with pytest.raises(flight.FlightError, match="bad buffer-server ticket"):
+            client.do_get(flight.Ticket(b'{"stream": 3}')).read_all()
+    finally:
+        client.close()
+
+
+def test_two_million_rows_go_through(server):
+    rows, batch_rows = 2_000_000, 64 * 1024
+    ids = pa.array(range(rows), pa.int64())
+    keys = pc.binary_join_element_wise("key-", pc.cast(pc.bit_wise_and(ids, 4095), pa.string()),
+                                       "")
+    table = pa.table({"key": keys, "value": ids})
+    host, port = server.address
+    sub = Subscription(host, port, _STREAM, timeout_s=120)
+    received: list[pa.RecordBatch] = []
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            received.extend(m.batch() for m in sub if m.kind == Kind.DATA)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    pub = server.publisher(_STREAM)
+    for w, batch in enumerate(table.to_batches(max_chunksize=batch_rows)):
+        if w % 4 == 0:
+            pub.begin_window(w // 4)
+        pub.data(w // 4, batch)
+        if w % 4 == 3:
+            pub.end_window(w // 4)
+    pub.end_stream()
+    consumer.join(120)
+    assert not consumer.is_alive() and not errors, errors
+    assert len(received) == -(-rows // batch_rows)
+    assert pa.Table.from_batches(received).equals(table)
+    assert sub.bytes_received == pub.bytes_published
