@@ -9,9 +9,8 @@ source (reads the text, 1,000 lines per 500 ms window)
   -> files    (JSON lines per window under out/wordcount/)
 """
 
-from pathlib import Path
-
 import pydoc_data.topics
+from pathlib import Path
 
 from operators import Dag
 from operators.library import ConsoleSink, FileSink, TextFileSource, Tokenize, WindowedCount

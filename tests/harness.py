@@ -70,7 +70,8 @@ class WeirProcess:
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
     def output(self) -> str:
-        self._log_file.flush()
+        if not self._log_file.closed:
+            self._log_file.flush()
         return self.log.read_text(errors="replace")
 
     def wait(self, timeout_s: float) -> int:

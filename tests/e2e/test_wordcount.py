@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import collections
 import json
+import pydoc_data.topics
 import re
 import textwrap
 import time
-
-import pydoc_data.topics
 
 from master.client import WeirClient
 from operators.app import load_app

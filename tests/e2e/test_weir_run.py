@@ -1,0 +1,112 @@
+"""`weir run` as a user runs it: a subprocess that must leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
+
+PLAIN_APP = """
+    import pyarrow as pa
+    from operators import Dag, Operator, InputPort, OutputPort
+    from operators.testing import ListSource
+    from operators.library import FileSink
+
+    class Double(Operator):
+        input = InputPort()
+        output = OutputPort()
+
+        def process(self, port, batch):
+            if {fail!r}:
+                raise ValueError("cannot double this")
+            self.output.emit(pa.record_batch({{"x": pa.compute.multiply(batch.column("x"), 2)}}))
+
+    dag = Dag("plain", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
+    src = dag.add_operator("src", ListSource([[{{"x": i}} for i in range(k, k + 5)]
+                                              for k in range(0, 50, 5)]))
+    double = dag.add_operator("double", Double())
+    out = dag.add_operator("out", FileSink({out!r}), CONTAINER=1)
+    dag.add_stream("a", src.output, double.input)
+    dag.add_stream("b", double.output, out.input)
+"""
+
+SPARK_FOREVER_APP = """
+    from operators import Dag
+    from operators.library import EventGenerator, WindowedCount, ConsoleSink
+
+    dag = Dag("forever", HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER="local[1]",
+              SPARK_SHUFFLE_PARTITIONS=1)
+    gen = dag.add_operator("gen", EventGenerator(rate_per_second=2_000, keys=10))
+    count = dag.add_operator("count", WindowedCount(key="key", value="value"))
+    sink = dag.add_operator("sink", ConsoleSink(limit=1), CONTAINER=1)
+    dag.add_stream("events", gen.output, count.input)
+    dag.add_stream("counts", count.output, sink.input)
+"""
+
+
+@pytest.fixture
+def weir(tmp_path):
+    """Starts `weir ARGS` tagged; on teardown kills it and checks nothing it started lives."""
+    started: list[WeirProcess] = []
+
+    def start(*args: str) -> WeirProcess:
+        env, tag = tagged_env()
+        proc = WeirProcess(list(args), env, tmp_path, tmp_path / f"weir-{len(started)}.log")
+        proc.tag = tag
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+        poll_for(lambda proc=proc: not tagged_processes(proc.tag), 15,
+                 f"every process of that weir run to exit; output:\n{proc.output()}")
+
+
+def write(tmp_path, source: str, **values: object) -> str:
+    app = tmp_path / "app.py"
+    app.write_text(textwrap.dedent(source.format(**values)))
+    return str(app)
+
+
+def test_run_succeeds_prints_stats_and_leaves_no_process(weir, tmp_path):
+    app = write(tmp_path, PLAIN_APP, fail=False, out=str(tmp_path / "out"))
+    proc = weir("run", app, "--json")
+    assert proc.wait(120) == 0, proc.output()
+    result = json.loads(proc.output()[proc.output().index("{"):])
+    assert result["application"]["state"] == "FINISHED"
+    emitted = {op["name"]: int(op.get("total_tuples_emitted", 0)) for op in result["operators"]}
+    assert emitted == {"src": 50, "double": 50, "out": 0}
+    values = sorted(json.loads(line)["x"] for f in (tmp_path / "out").glob("*.jsonl")
+                    for line in f.read_text().splitlines())
+    assert values == [2 * i for i in range(50)]
+    assert not tagged_processes(proc.tag), "containers outlived a finished weir run"
+
+
+def test_run_of_failing_operator_exits_non_zero_naming_the_error(weir, tmp_path):
+    app = write(tmp_path, PLAIN_APP, fail=True, out=str(tmp_path / "out"))
+    proc = weir("run", app)
+    assert proc.wait(120) == 1, proc.output()
+    output = proc.output()
+    assert "FAILED" in output
+    assert "ValueError: cannot double this" in output
+    assert "Traceback" not in output.split("FAILED", 1)[1]
+
+
+def test_ctrl_c_stops_containers_and_spark_jvms(weir, tmp_path):
+    proc = weir("run", write(tmp_path, SPARK_FOREVER_APP))
+
+    def java_running() -> bool:
+        return any("java" in p.name() for p in tagged_processes(proc.tag))
+
+    poll_for(java_running, 120, f"Spark's JVM to start in a container:\n{proc.output()}")
+    poll_for(lambda: "-- sink" in proc.output(), 120,
+             f"a first window result:\n{proc.output()}")
+    proc.interrupt()
+    assert proc.wait(60) == 130, proc.output()
+    assert "interrupted" in proc.output()
+    poll_for(lambda: not tagged_processes(proc.tag), 15,
+             f"every container and JVM to exit after Ctrl-C:\n{proc.output()}")
