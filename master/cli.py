@@ -93,7 +93,7 @@ def parse_defines(defines: Sequence[str]) -> dict[str, str]:
 
 def _overrides(args: argparse.Namespace) -> dict[str, str]:
     values = read_config(args.config) if args.config else {}
-    values.update(parse_defines(args.define or []))
+    values.update(parse_defines(args.define))
     return values
 
 
@@ -339,14 +339,16 @@ def _common() -> argparse.ArgumentParser:
                         help="log at INFO (-vv: DEBUG)")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S",
                         help="deadline of each call to the master, seconds (default 10)")
+    common.add_argument("-D", dest="define", action="append", default=argparse.SUPPRESS,
+                        metavar="NAME=VALUE",
+                        help="submit/run: set an attribute (NAME or OPERATOR.NAME); "
+                             "wins over --config")
+    common.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                        help="submit/run: a file of NAME=VALUE lines; wins over the DAG's code")
     return common
 
 
 def _attribute_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-D", dest="define", action="append", metavar="NAME=VALUE",
-                        help="set an attribute (NAME or OPERATOR.NAME); wins over --config")
-    parser.add_argument("--config", metavar="FILE",
-                        help="a file of NAME=VALUE lines; wins over the DAG's code")
     parser.add_argument("app", metavar="APP.py", help="the application file (defines `dag`)")
 
 
@@ -429,6 +431,21 @@ def _exec_container(head: list[str], tail: list[str]) -> int:
     return 1  # not reached
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (tests swap it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 \
         else logging.DEBUG
@@ -436,7 +453,7 @@ def configure_logging(verbosity: int) -> None:
     for handler in list(root.handlers):
         if getattr(handler, "_weir", False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler._weir = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
@@ -465,6 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.json = getattr(args, "json", False)
     args.verbose = getattr(args, "verbose", 0)
     args.timeout = getattr(args, "timeout", 10.0)
+    args.define = getattr(args, "define", None) or []
+    args.config = getattr(args, "config", None)
+    if (args.define or args.config) and args.command not in ("submit", "run"):
+        return _fail(f"-D and --config apply to submit and run, not to {args.command}", 2)
     configure_logging(args.verbose)
     try:
         return args.func(args)

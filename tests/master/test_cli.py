@@ -17,6 +17,8 @@ from master.server import MasterServer
 from tests.harness import poll_for
 from tests.master.fakes import container_heartbeat, operator_report, window
 
+pytestmark = pytest.mark.timeout(120)
+
 APP_HEADER = """
 from operators import Dag, InputOperator, InputPort, Operator, OutputPort
 
@@ -114,8 +116,9 @@ def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
     ("two_streams", "is fed by two streams"),
     ("bad_attribute", "unknown attribute 'NO_SUCH_ATTRIBUTE'"),
 ])
-def test_bad_application_files(capsys, apps, app, fragment):
-    code, _, err = run(capsys, "--master", "127.0.0.1:1", "submit", apps[app])
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_bad_application_files(capsys, apps, app, fragment, command):
+    code, _, err = run(capsys, "--master", "127.0.0.1:1", command, apps[app])
     assert_one_line_error(code, err, fragment)
 
 
@@ -130,6 +133,14 @@ def test_bad_application_files(capsys, apps, app, fragment):
 def test_bad_attributes(capsys, apps, argv, fragment):
     code, _, err = run(capsys, "--master", "127.0.0.1:1", "submit", *argv, apps["good"])
     assert_one_line_error(code, err, fragment)
+
+
+def test_attribute_options_before_the_command_and_only_for_submit_and_run(capsys, apps):
+    code, _, err = run(capsys, "--master", "127.0.0.1:1", "-D", "NOPE=1", "submit",
+                       apps["good"])
+    assert_one_line_error(code, err, "unknown attribute 'NOPE'")
+    code, _, err = run(capsys, "-D", "CONTAINERS=2", "apps")
+    assert_one_line_error(code, err, "-D and --config apply to submit and run")
 
 
 def test_missing_app_file_and_usage_errors(capsys, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from master.application import Application, ApplicationState
 from master.heartbeat import check_liveness, process_heartbeat
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
@@ -13,6 +15,8 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+
+pytestmark = pytest.mark.timeout(30)
 
 ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
 WAIT = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE

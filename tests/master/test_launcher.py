@@ -20,6 +20,8 @@ from master.launcher import (
 )
 from tests.harness import poll_for
 
+pytestmark = pytest.mark.timeout(60)
+
 # Stands in for `python -m container`: shows its arguments, starts a grandchild, waits.
 FAKE_CONTAINER = """
 import os, signal, subprocess, sys, time

@@ -17,6 +17,8 @@ from operators import Dag
 from proto import plan_pb2
 from tests.master.fakes import Relay, Sink, Source, chain_dag, chain_descriptor
 
+pytestmark = pytest.mark.timeout(30)
+
 
 def test_ids_follow_topological_order_and_types():
     plan = build_physical_plan(chain_descriptor(4), {}, "app-0001")

@@ -15,6 +15,8 @@ from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
 from tests.harness import poll_for
 from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report, window
 
+pytestmark = pytest.mark.timeout(60)
+
 ACTIVE = umbilical_pb2.OPERATOR_STATE_ACTIVE
 SHUTDOWN = umbilical_pb2.OPERATOR_STATE_SHUTDOWN
 FAILED = umbilical_pb2.OPERATOR_STATE_FAILED

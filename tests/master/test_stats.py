@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from master.stats import RECENT_WINDOWS, ContainerStatsTracker, OperatorStatsTracker, latency_ms
 from tests.master.fakes import container_heartbeat, operator_report, window
+
+pytestmark = pytest.mark.timeout(30)
 
 T = 1_700_000_000_000
 
