@@ -11,9 +11,11 @@ import cloudpickle
 from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
 from container.port_input import PortInput
+from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner, RunnerState
 from operators.attributes import ATTRIBUTES
-from operators.operator import Operator, OperatorContext, SparkBridge
+from operators.operator import Operator, OperatorContext
+from operators.spark import SparkOperator
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["DeployError", "Deployment"]
@@ -51,7 +53,7 @@ class Deployment:
     """
 
     def __init__(self, container_id: str, buffer_server: BufferServer,
-                 spark: SparkBridge | None, start_window_millis: int,
+                 spark: SparkSessionBridge, start_window_millis: int,
                  base_attributes: dict[str, str], on_change: Callable[[], None]) -> None:
         self.container_id = container_id
         self.buffer_server = buffer_server
@@ -61,6 +63,7 @@ class Deployment:
         self.on_change = on_change
         self.runners: dict[int, OperatorRunner] = {}
         self._lock = threading.Lock()
+        self._spark_warming = False
 
     def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
         """Builds the operator, connects its ports and starts its thread."""
@@ -89,6 +92,10 @@ class Deployment:
             self.runners[info.id] = runner
         _LOGGER.info("container %s deploys operator %s (%d, %s)", self.container_id, info.name,
                      info.id, info.class_name)
+        if isinstance(operator, SparkOperator) and not self._spark_warming:
+            self._spark_warming = True
+            threading.Thread(target=self.spark.warm_up, name="spark-warm-up",
+                             daemon=True).start()
         runner.start()
 
     def _build(self, info: plan_pb2.OperatorDeployInfo) -> Operator:

@@ -56,10 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     client.retry_window_s = max(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000, 5.0)
     buffer_server = BufferServer(host=args.host, port=0)
     buffer_server.start()
-    spark = SparkSessionBridge(
-        master=resolve("SPARK_MASTER", attributes),
-        shuffle_partitions=resolve("SPARK_SHUFFLE_PARTITIONS", attributes),
-        driver_memory=resolve("SPARK_DRIVER_MEMORY", attributes),
+    spark = SparkSessionBridge.from_attributes(
+        {name: resolve(name, attributes)
+         for name in ("SPARK_MASTER", "SPARK_SHUFFLE_PARTITIONS", "SPARK_DRIVER_MEMORY")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
     process_stats = ProcessStats()
     loop: HeartbeatLoop | None = None
