@@ -12,6 +12,8 @@ import os
 import signal
 import sys
 
+import grpc
+
 from container.buffer_server import BufferServer
 from container.deploy import Deployment
 from container.heartbeat_loop import HeartbeatLoop
@@ -51,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         context = client.get_init_context(args.container_id)
     except MasterUnreachable as exc:
         print(f"weir container: error: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as exc:
+        print(f"weir container: error: master {args.master} refused container "
+              f"{args.container_id!r}: {exc.details()}", file=sys.stderr)
         return 1
     attributes = dict(context.attributes)
     client.retry_window_s = max(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000, 5.0)

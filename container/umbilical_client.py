@@ -16,6 +16,12 @@ __all__ = ["MasterUnreachable", "UmbilicalClient"]
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# Deploy requests carry pickled operators: allow large messages; never go through a proxy.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.enable_http_proxy", 0),
+]
 
 
 class MasterUnreachable(ConnectionError):
@@ -36,7 +42,7 @@ class UmbilicalClient:
         self.address = address
         self.call_timeout_s = call_timeout_s
         self.retry_window_s = retry_window_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(self._channel)
 
     def _call(self, what: str, fn: Callable[..., _T], request: object) -> _T:

@@ -189,7 +189,9 @@ class LocalProcessLauncher(Launcher):
             children = dict(self._children)
         for child in children.values():
             if child.popen.poll() is None:
-                _signal_group(child.popen.pid, signal.SIGTERM)
+                # The container alone: it stops its Spark session cleanly, then exits;
+                # the group (its JVM included) is killed below if anything lingers.
+                child.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(c.popen.poll() is None
                                                   for c in children.values()):
