@@ -16,3 +16,13 @@ def state_dir(tmp_path):
     path = tmp_path / "state"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="session")
+def bridge():
+    """One small Spark session (``local[1]``, one shuffle partition) for all unit tests."""
+    from container.spark_bridge import SparkSessionBridge
+
+    bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
+    yield bridge
+    bridge.stop()

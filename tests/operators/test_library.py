@@ -35,13 +35,6 @@ def wid(counter: int) -> int:
     return make_window_id(BASE, counter)
 
 
-@pytest.fixture(scope="module")
-def bridge():
-    spark = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
-    yield spark
-    spark.stop()
-
-
 class Emitted:
     """Stands in for the runtime's emit function: batches per window, for one output port."""
 

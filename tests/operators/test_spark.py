@@ -18,13 +18,6 @@ from operators.windows import make_window_id
 W1 = make_window_id(1_700_000_000, 1)
 
 
-@pytest.fixture(scope="module")
-def bridge():
-    spark = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
-    yield spark
-    spark.stop()
-
-
 class Emitted:
     """Stands in for the runtime's emit function: keeps batches per output port."""
 
