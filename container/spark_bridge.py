@@ -48,6 +48,19 @@ _SCRATCH_PREFIX = "weir-spark-"
 _SHM = "/dev/shm"
 
 
+_LOG4J_TEMPLATE = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+"""
+
+
 class SparkBridgeStopped(RuntimeError):
     """The bridge was used after ``stop()``."""
 
@@ -161,6 +174,9 @@ class SparkSessionBridge:
         from pyspark.sql import SparkSession
 
         settings = {
+            # Spark's own log lines go through log4j: warnings and errors only, on stderr.
+            "spark.driver.extraJavaOptions":
+                f"-Dlog4j2.configurationFile=file:{self._log4j_config()}",
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.default.parallelism": str(self.shuffle_partitions),
             "spark.sql.adaptive.enabled": "false",
@@ -179,6 +195,13 @@ class SparkSessionBridge:
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self.log_level)
         return session
+
+    def _log4j_config(self) -> Path:
+        path = self._scratch_folder() / "log4j2.properties"
+        level = {"WARN": "warn", "ERROR": "error", "INFO": "info"}.get(self.log_level.upper(),
+                                                                      "warn")
+        path.write_text(_LOG4J_TEMPLATE.format(level=level))
+        return path
 
     # -- Arrow -> Spark --------------------------------------------------------------
     def to_dataframe(
