@@ -197,10 +197,14 @@ class SparkSessionBridge:
         return session
 
     def _log4j_config(self) -> Path:
-        path = self._scratch_folder() / "log4j2.properties"
+        """A static log4j2 file per level, shared by every container on the machine."""
         level = {"WARN": "warn", "ERROR": "error", "INFO": "info"}.get(self.log_level.upper(),
                                                                       "warn")
-        path.write_text(_LOG4J_TEMPLATE.format(level=level))
+        path = Path(tempfile.gettempdir()) / f"weir-log4j2-{level}.properties"
+        if not path.exists():
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(_LOG4J_TEMPLATE.format(level=level))
+            os.replace(partial, path)
         return path
 
     # -- Arrow -> Spark --------------------------------------------------------------
