@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
@@ -99,6 +100,22 @@ class TextFileSource(InputOperator):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+    def batches(self, n: int | None = None, event_time_ms: int = 0) -> Iterator[pa.RecordBatch]:
+        """The first ``n`` events (default ``total``) as record batches, without pacing.
+
+        The same events the operator emits, for feeding another system the same input
+        (benchmarks) or checking results; ``event_time_ms`` fills that column.
+        """
+        n = self.total if n is None else n
+        if n is None:
+            raise ValueError("EventGenerator is unbounded (total=None): pass n")
+        for start in range(0, n, self.batch_rows):
+            keys, values = self._rows(start, min(self.batch_rows, n - start))
+            yield pa.record_batch(
+                [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
+                 pa.array(np.full(len(keys), event_time_ms, dtype=np.int64))],
+                schema=EVENT_SCHEMA)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -259,6 +276,22 @@ class EventGenerator(InputOperator):
             sums += np.bincount(keys, weights=values, minlength=self.keys).astype(np.int64)
         names = self._key_names().to_pylist()
         return {names[i]: (int(counts[i]), int(sums[i])) for i in np.flatnonzero(counts)}
+
+    def batches(self, n: int | None = None, event_time_ms: int = 0) -> Iterator[pa.RecordBatch]:
+        """The first ``n`` events (default ``total``) as record batches, without pacing.
+
+        The same events the operator emits, for feeding another system the same input
+        (benchmarks) or checking results; ``event_time_ms`` fills that column.
+        """
+        n = self.total if n is None else n
+        if n is None:
+            raise ValueError("EventGenerator is unbounded (total=None): pass n")
+        for start in range(0, n, self.batch_rows):
+            keys, values = self._rows(start, min(self.batch_rows, n - start))
+            yield pa.record_batch(
+                [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
+                 pa.array(np.full(len(keys), event_time_ms, dtype=np.int64))],
+                schema=EVENT_SCHEMA)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

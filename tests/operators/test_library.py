@@ -262,3 +262,14 @@ def test_list_source_and_collect_sink() -> None:
     assert sink.rows() == [{"x": 1}, {"x": 2}, {"x": 3}]
     assert sink.rows(wid(3)) == [{"x": 3}]
     assert sorted(sink.tables()) == [wid(1), wid(3)] and sink.windows == [wid(1), wid(2), wid(3)]
+
+
+def test_event_generator_batches_are_the_emitted_events() -> None:
+    gen = EventGenerator(keys=50, total=1_000, batch_rows=300, seed=3)
+    table = pa.Table.from_batches(list(gen.batches()))
+    assert table.num_rows == 1_000
+    summed = table.group_by("key").aggregate([("value", "sum"), ("key", "count")])
+    got = {k: (c, s) for k, s, c in zip(summed["key"].to_pylist(),
+                                        summed["value_sum"].to_pylist(),
+                                        summed["key_count"].to_pylist(), strict=True)}
+    assert got == gen.expected_counts()
