@@ -1,0 +1,138 @@
+"""What every benchmarked system shares: the job, its known answer, the result record."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import psutil
+
+from operators.library import EventGenerator
+
+__all__ = ["JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """The job: N events (key out of ``keys``, value 0..99); per window and key, count and sum.
+
+    Every system reads the same events: ``EventGenerator(keys, total=events,
+    batch_rows, seed).batches()``.
+    """
+
+    events: int = 5_000_000
+    keys: int = 10_000
+    window_ms: int = 500
+    batch_rows: int = 65_536
+    seed: int = 0
+    rate_per_second: float | None = None  # None: as fast as the system takes them
+
+    def generator(self) -> EventGenerator:
+        return EventGenerator(rate_per_second=self.rate_per_second, keys=self.keys,
+                              total=self.events, batch_rows=self.batch_rows, seed=self.seed)
+
+    def expected(self) -> dict[str, tuple[int, int]]:
+        """``{key: (count, sum)}`` over all events: what the windows must add up to."""
+        return self.generator().expected_counts()
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls(**json.loads(text))
+
+
+@dataclasses.dataclass
+class JobResult:
+    """One system's run of the job.
+
+    ``latencies_ms``: per window, from the window's close to its result being out.
+    ``seconds``: from the first event in to the last result out.
+    """
+
+    system: str
+    events: int
+    seconds: float
+    latencies_ms: list[float]
+    correct: bool
+    detail: str = ""
+    peak_rss_mb: float = 0.0
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["events_per_second"] = self.events_per_second
+        data["latency_p50_ms"] = percentile(self.latencies_ms, 50)
+        data["latency_p99_ms"] = percentile(self.latencies_ms, 99)
+        return data
+
+
+def check_totals(per_window_rows: Mapping[str, tuple[int, int]],
+                 expected: Mapping[str, tuple[int, int]]) -> tuple[bool, str]:
+    """Compares per-key (count, sum) added up over all windows with the known answer."""
+    if dict(per_window_rows) == dict(expected):
+        return True, f"{len(expected)} keys, counts and sums exact"
+    missing = set(expected) - set(per_window_rows)
+    extra = set(per_window_rows) - set(expected)
+    wrong = [k for k in set(expected) & set(per_window_rows)
+             if per_window_rows[k] != expected[k]]
+    got_events = sum(c for c, _ in per_window_rows.values())
+    want_events = sum(c for c, _ in expected.values())
+    return False, (f"WRONG: {len(missing)} keys missing, {len(extra)} unexpected, "
+                   f"{len(wrong)} with wrong count/sum; {got_events} events counted of "
+                   f"{want_events}")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return float(ordered[rank])
+
+
+class PeakMemory:
+    """Samples the resident memory of a process and all its descendants, keeping the peak."""
+
+    def __init__(self, pid: int, interval_s: float = 0.1) -> None:
+        self._root = psutil.Process(pid)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.peak_mb = 0.0
+        self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def sample_mb(self) -> float:
+        total = 0
+        try:
+            procs = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            return 0.0
+        for proc in procs:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        return total / (1024 * 1024)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, self.sample_mb())
+            time.sleep(self._interval_s)
