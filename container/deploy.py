@@ -15,7 +15,6 @@ from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner, RunnerState
 from operators.attributes import ATTRIBUTES
 from operators.operator import Operator, OperatorContext
-from operators.spark import SparkOperator
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["DeployError", "Deployment"]
@@ -63,7 +62,6 @@ class Deployment:
         self.on_change = on_change
         self.runners: dict[int, OperatorRunner] = {}
         self._lock = threading.Lock()
-        self._spark_warming = False
 
     def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
         """Builds the operator, connects its ports and starts its thread."""
@@ -87,15 +85,12 @@ class Deployment:
                 for o in info.outputs
             }
             runner = OperatorRunner(info.id, operator, context, publishers, inputs,
-                                    self.start_window_millis, self.on_change)
+                                    self.start_window_millis, self.on_change,
+                                    wait_for_activation=True)
             runner.stopped = stopped
             self.runners[info.id] = runner
         _LOGGER.info("container %s deploys operator %s (%d, %s)", self.container_id, info.name,
                      info.id, info.class_name)
-        if isinstance(operator, SparkOperator) and not self._spark_warming:
-            self._spark_warming = True
-            threading.Thread(target=self.spark.warm_up, name="spark-warm-up",
-                             daemon=True).start()
         runner.start()
 
     def _build(self, info: plan_pb2.OperatorDeployInfo) -> Operator:
@@ -127,6 +122,13 @@ class Deployment:
                 _LOGGER.info("container %s undeploys operator %d", self.container_id,
                              operator_id)
                 runner.stop()
+
+    def activate(self, operator_ids: Iterable[int]) -> None:
+        """Lets these input operators start their windows."""
+        for operator_id in operator_ids:
+            runner = self.runners.get(operator_id)
+            if runner is not None:
+                runner.activate()
 
     def end_inputs(self) -> None:
         """Asks every input operator to end its stream after the current window."""

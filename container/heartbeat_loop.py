@@ -92,6 +92,8 @@ class HeartbeatLoop:
             except DeployError as exc:
                 _LOGGER.error("container %s: %s", self.container_id, exc)
                 self.client.report_error(self.container_id, [info.id], str(exc))
+        if response.activate_request:
+            self.deployment.activate(response.activate_request)
         if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
             self.deployment.end_inputs()
         if response.committed_window_id > self.committed_window_id:

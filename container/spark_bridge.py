@@ -115,6 +115,7 @@ class SparkSessionBridge:
         self._scratch: Path | None = None
         self._session: SparkSession | None = None
         self._lock = threading.RLock()
+        self._warm = False
         self._local = threading.local()
         self._stopped = False
 
@@ -157,6 +158,10 @@ class SparkSessionBridge:
         """
         import pyarrow as pa
 
+        with self._lock:
+            if self._warm:
+                return
+            self._warm = True
         try:
             batch = pa.record_batch({"k": ["a", "b", "a"], "v": [1, 2, 3]})
             with self.job():

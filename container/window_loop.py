@@ -66,11 +66,14 @@ class OperatorRunner:
         inputs: input port name → subscription feeding it.
         start_window_millis: the application's first window time; window ids count from it.
         on_change: called when the state changes (so a heartbeat goes out at once).
+        wait_for_activation: an input operator waits for ``activate()`` (the master's
+            word that every operator of the application is ready) before its first window.
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
                  publishers: Mapping[str, Publisher], inputs: Mapping[str, PortInput],
-                 start_window_millis: int, on_change: Callable[[], None]) -> None:
+                 start_window_millis: int, on_change: Callable[[], None], *,
+                 wait_for_activation: bool = False) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -84,6 +87,10 @@ class OperatorRunner:
         self._on_change = on_change
         self.stopped = threading.Event()
         self.end_requested = threading.Event()
+        self.ready = False  # setup() done
+        self.activated = threading.Event()
+        if not wait_for_activation:
+            self.activated.set()
         self._stats: collections.deque[umbilical_pb2.OperatorStats] = collections.deque(
             maxlen=_STATS_RING)
         self._stats_lock = threading.Lock()
@@ -102,6 +109,10 @@ class OperatorRunner:
         for port in self.inputs.values():
             port.start()
         self._thread.start()
+
+    def activate(self) -> None:
+        """Lets an input operator start its windows (idempotent)."""
+        self.activated.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (undeploy / abort) without END_STREAM."""
@@ -125,7 +136,12 @@ class OperatorRunner:
         name = self.context.name
         try:
             self.operator.setup(self.context)
+            self.ready = True
+            self._on_change()
             if isinstance(self.operator, InputOperator):
+                while not self.activated.wait(0.1):
+                    if self.stopped.is_set():
+                        return
                 self._run_input()
             else:
                 self._run_generic()
@@ -298,4 +314,5 @@ class OperatorRunner:
         """This operator's part of the next heartbeat."""
         return umbilical_pb2.OperatorHeartbeat(
             node_id=self.operator_id, generated_tms=_now_ms(), interval_ms=interval_ms,
-            state=self.state.value, window_stats=self.drain_stats(), error=self.error)
+            state=self.state.value, window_stats=self.drain_stats(), error=self.error,
+            ready=self.ready)

@@ -84,9 +84,18 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
             response.deploy_request.append(deploy_info(app, op))
         _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])
     response.has_pending_requests = bool(pending)
+    if _all_ready(app):
+        response.activate_request.extend(
+            op.id for op in app.plan.operators_in(container)
+            if op.is_input and op.state == OperatorState.ACTIVE)
     if app.shutdown_requested:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
     return response
+
+
+def _all_ready(app: Application) -> bool:
+    """Every operator has finished setup (or already ended): inputs may start."""
+    return all(op.ready or op.terminal for op in app.plan.operators.values())
 
 
 def _activate(app: Application, container: PTContainer,
@@ -120,6 +129,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             response.undeploy_request.append(report.node_id)
             continue
         reported.add(op.id)
+        op.ready = op.ready or report.ready
         tracker = app.operator_stats[op.id]
         if tracker.record(report, now_ms):
             _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,

@@ -112,6 +112,7 @@ class PTOperator:
     error: str = ""
     failure_count: int = 0
     recovery_window_id: int = -1
+    ready: bool = False  # its container reported setup() done
 
     @property
     def is_input(self) -> bool:

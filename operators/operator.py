@@ -49,6 +49,10 @@ class SparkBridge(Protocol):
         """Runs the job and brings the result back as Arrow."""
         ...
 
+    def warm_up(self) -> None:
+        """Starts Spark and runs a first tiny job, so no window pays the cold start."""
+        ...
+
 
 @dataclasses.dataclass
 class OperatorContext:

@@ -103,6 +103,7 @@ class SparkOperator(Operator):
         self._spark = context.spark
         if context.spark is None:
             raise SparkOperatorError(self._no_spark_message())
+        context.spark.warm_up()  # the operator reports ready only with Spark warm
 
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id

@@ -193,3 +193,25 @@ def test_stream_not_starting_with_begin_window_fails(kind):
     runner, _ = run(SumPerAppWindow(), {"a": bad})
     assert runner.state is RunnerState.FAILED
     assert "expected BEGIN_WINDOW" in runner.error
+
+
+def test_input_operator_waits_for_activation_after_setup():
+    publisher = RecordingPublisher()
+    changes: list[bool] = []
+    runner = OperatorRunner(1, Counter(2), OperatorContext("op", 1, "c1", {}),
+                            {"output": publisher}, {}, time.time_ns() // 1_000_000,
+                            on_change=lambda: changes.append(True), wait_for_activation=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not runner.ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runner.ready and changes, "setup done must be reported at once"
+        time.sleep(0.3)
+        assert publisher.messages == [], "an input operator must not start before activation"
+        assert runner.heartbeat(500).ready
+        runner.activate()
+        assert runner.join(5)
+        assert [x for _, xs in publisher.windows() for x in xs] == [0, 1]
+    finally:
+        runner.stop(timeout_s=2)

@@ -83,10 +83,11 @@ def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int 
 
 
 def operator_report(node_id: int, state: int = umbilical_pb2.OPERATOR_STATE_ACTIVE,
-                    windows: Iterable[umbilical_pb2.OperatorStats] = (), error: str = ""
-                    ) -> umbilical_pb2.OperatorHeartbeat:
+                    windows: Iterable[umbilical_pb2.OperatorStats] = (), error: str = "",
+                    ready: bool = True) -> umbilical_pb2.OperatorHeartbeat:
     return umbilical_pb2.OperatorHeartbeat(node_id=node_id, state=state,
-                                           window_stats=list(windows), error=error)
+                                           window_stats=list(windows), error=error,
+                                           ready=ready)
 
 
 def container_heartbeat(container_id: str, port: int = 7000,

@@ -271,3 +271,21 @@ def test_containers_of_an_ended_app_are_recorded_then_stopped():
     losses = check_liveness(app, clock(), {}, stop_grace_ms=2000)
     assert [x.container_id for x in losses] == ["app-0001-c1", "app-0001-c2"]
     assert all(c.state == ContainerState.KILLED for c in app.plan.containers.values())
+
+
+def test_inputs_are_activated_only_once_every_operator_is_ready():
+    clock = ManualClock()
+    app = make_app(clock)  # operators 1 (input), 2, 3 in containers c0, c1, c2
+    activate_all(app, clock)
+
+    def beat(cid: str, op: int, ready: bool) -> umbilical_pb2.ContainerHeartbeatResponse:
+        port = 7000 + int(cid[-1])
+        return process_heartbeat(app, container_heartbeat(
+            cid, port=port, operators=[operator_report(op, ready=ready)]), clock())
+
+    assert not beat("app-0001-c0", 1, True).activate_request
+    assert not beat("app-0001-c1", 2, True).activate_request
+    assert not beat("app-0001-c2", 3, False).activate_request  # Spark still warming
+    assert not beat("app-0001-c0", 1, True).activate_request
+    assert not beat("app-0001-c2", 3, True).activate_request  # no input operator there
+    assert list(beat("app-0001-c0", 1, True).activate_request) == [1]
