@@ -1,0 +1,199 @@
+"""``make bench``: every system on the same job in one run, then a table, JSON and a chart.
+
+Each system runs in its own subprocess (``python -m bench.one SYSTEM``) while this process
+samples the memory of that subprocess and everything it started; systems run one after
+another, never side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import JobSpec, PeakMemory
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(system: str, spec: JobSpec, timeout_s: float, *extra: str) -> dict[str, Any]:
+    """One system in a subprocess; its result dict with the peak memory of its tree."""
+    argv = [sys.executable, "-m", "bench.one", system, "--spec", spec.to_json(), *extra]
+    print(f"  running {system} ({spec.events:,} events"
+          f"{f', {spec.rate_per_second:,.0f}/s' if spec.rate_per_second else ''}) ...",
+          file=sys.stderr, flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    with PeakMemory(proc.pid) as memory:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            return {"system": system, "correct": False,
+                    "detail": f"timed out after {timeout_s:.0f} s", "peak_rss_mb": memory.peak_mb}
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(err.strip().splitlines()[-5:])
+        return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
+                "detail": f"exit {proc.returncode}: {tail}"}
+    result = json.loads(lines[-1])
+    result["peak_rss_mb"] = round(memory.peak_mb, 1)
+    result["run_seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def _machine() -> dict[str, Any]:
+    import psutil
+
+    def version(cmd: list[str]) -> str:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            return (out.stdout or out.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return "?"
+
+    import pyarrow
+    import pyspark
+
+    return {"cores": os.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
+            "python": platform.python_version(), "java": version(["java", "-version"]),
+            "pyspark": pyspark.__version__, "pyarrow": pyarrow.__version__,
+            "platform": platform.platform()}
+
+
+def _fmt(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def render(results: list[dict[str, Any]]) -> str:
+    """The comparison table; every peer's figures also as a ratio to Weir's."""
+    weir = next((r for r in results if r["system"] == "weir" and r.get("correct")), None)
+    headers = ["system", "events", "events/s", "p50 ms", "p99 ms", "peak MB", "correct",
+               "events/s ÷ Weir", "p99 ÷ Weir"]
+    rows = []
+    for r in results:
+        eps, p50, p99 = (r.get("events_per_second", 0), r.get("latency_p50_ms", 0),
+                         r.get("latency_p99_ms", 0))
+        ratio = (f"{eps / weir['events_per_second']:.2f}"
+                 if weir and weir.get("events_per_second") else "-")
+        p99_ratio = f"{p99 / weir['latency_p99_ms']:.2f}" if weir and weir.get(
+            "latency_p99_ms") else "-"
+        rows.append([r["system"], _fmt(r.get("events", 0)), _fmt(eps), _fmt(p50), _fmt(p99),
+                     _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
+                     ratio, p99_ratio])
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+              for row in rows]
+    wrong = [r for r in results if not r.get("correct")]
+    lines += [f"  {r['system']}: {r.get('detail', '')}" for r in wrong]
+    return "\n".join(lines)
+
+
+def chart(results: list[dict[str, Any]], path: Path) -> bool:
+    """A PNG of throughput and latency per system; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ok = [r for r in results if r.get("correct")]
+    names = [r["system"] for r in ok]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.bar(names, [r["events_per_second"] / 1e6 for r in ok], color="#3a7ca5")
+    left.set_ylabel("million events / s (higher is better)")
+    left.set_title("Throughput")
+    x = range(len(ok))
+    right.bar([i - 0.2 for i in x], [r["latency_p50_ms"] for r in ok], 0.4, label="p50")
+    right.bar([i + 0.2 for i in x], [r["latency_p99_ms"] for r in ok], 0.4, label="p99")
+    right.set_xticks(list(x), names)
+    right.set_ylabel("ms, window close to result out (lower is better)")
+    right.set_title("Window latency")
+    right.legend()
+    for axis in (left, right):
+        axis.tick_params(axis="x", labelrotation=15)
+    fig.suptitle("Keyed windowed count + sum, 10,000 keys, same machine, same run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make bench", description=__doc__)
+    parser.add_argument("--events", type=int, default=20_000_000,
+                        help="events for Weir and Spark Structured Streaming")
+    parser.add_argument("--rate", type=float, default=1_000_000,
+                        help="events/s of Weir's paced run (the latency target's setting)")
+    parser.add_argument("--bytewax-events", type=int, default=1_000_000)
+    parser.add_argument("--app-windows", type=int, default=2,
+                        help="Weir: streaming windows per Spark job")
+    parser.add_argument("--containers", type=int, default=1000, help="control-plane load")
+    parser.add_argument("--control-seconds", type=float, default=30.0)
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["weir", "weir-paced", "spark-streaming", "bytewax", "startup",
+                                 "control-plane"])
+    parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
+    parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
+    args = parser.parse_args(argv)
+
+    spec = JobSpec(events=args.events)
+    results: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"machine": _machine(), "spec": dataclasses.asdict(spec),
+                              "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    print(f"weir bench on {report['machine']['cores']} cores: {spec.events:,} events, "
+          f"{spec.keys:,} keys, {spec.window_ms} ms windows", file=sys.stderr)
+    app_windows = ["--app-windows", str(args.app_windows)]
+    if "weir" not in args.skip:
+        results.append(_run("weir", spec, args.timeout, *app_windows))
+    if "weir-paced" not in args.skip:
+        paced = dataclasses.replace(spec, rate_per_second=args.rate)
+        results.append(_run("weir", paced, args.timeout, *app_windows))
+    if "spark-streaming" not in args.skip:
+        results.append(_run("spark-streaming", spec, args.timeout))
+    if "bytewax" not in args.skip:
+        small = dataclasses.replace(spec, events=args.bytewax_events)
+        results.append(_run("bytewax", small, args.timeout))
+    report["results"] = results
+    if "startup" not in args.skip:
+        report["startup"] = _run("startup", spec, args.timeout)
+    if "control-plane" not in args.skip:
+        report["control_plane"] = _run("control-plane", spec, args.timeout, "--containers",
+                                       str(args.containers), "--duration",
+                                       str(args.control_seconds))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = render(results)
+    print(table)
+    if "startup" in report:
+        s = report["startup"]
+        print(f"\nstartup: first window result {s.get('first_result_seconds', '?')} s after the "
+              f"master started; idle (source-only) container {s.get('source_container_rss_mb')}"
+              f" MB, Spark container {s.get('spark_container_rss_mb')} MB")
+    if "control_plane" in report:
+        c = report["control_plane"]
+        print(f"control plane: {json.dumps({k: v for k, v in c.items() if not isinstance(v, (list, dict))})}")  # noqa: E501
+    (args.out / "latest.json").write_text(json.dumps(report, indent=2))
+    (args.out / "latest.txt").write_text(table + "\n")
+    if chart(results, args.out / "latest.png"):
+        print(f"\nwrote {args.out / 'latest.json'} and {args.out / 'latest.png'}")
+    else:
+        print(f"\nwrote {args.out / 'latest.json'} (no chart: matplotlib is not installed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

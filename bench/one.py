@@ -1,0 +1,67 @@
+"""Runs one system on the job in this process and prints its result as JSON (the last line).
+
+The orchestrator starts one of these per system, so each system's whole process tree
+(master, containers, JVMs) can be measured alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.common import JobSpec
+
+__all__ = ["SYSTEMS", "main"]
+
+SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "control-plane")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("system", choices=SYSTEMS)
+    parser.add_argument("--spec", default=JobSpec().to_json(), help="the JobSpec as JSON")
+    parser.add_argument("--app-windows", type=int, default=2,
+                        help="Weir: streaming windows per Spark job")
+    parser.add_argument("--events-per-trigger", type=int, default=0,
+                        help="Spark Structured Streaming: events per micro-batch (0 = default)")
+    parser.add_argument("--containers", type=int, default=1000, help="control plane")
+    parser.add_argument("--operators", type=int, default=10, help="control plane")
+    parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
+    args = parser.parse_args(argv)
+    spec = JobSpec.from_json(args.spec)
+    work = Path(tempfile.mkdtemp(prefix=f"weir-bench-{args.system}-"))
+    if args.system == "weir":
+        from bench import weir_job
+
+        result = weir_job.run(spec, args.app_windows, work_dir=work).to_dict()
+    elif args.system == "spark-streaming":
+        from bench import spark_streaming
+
+        files = None
+        if args.events_per_trigger:
+            files = max(1, args.events_per_trigger // spec.batch_rows)
+        result = spark_streaming.run(spec, work, files_per_trigger=files).to_dict()
+    elif args.system == "bytewax":
+        from bench import bytewax_job
+
+        result = bytewax_job.run(spec).to_dict()
+    elif args.system == "startup":
+        from bench import weir_job
+
+        result = weir_job.startup()
+    else:
+        from bench import control_plane
+
+        result = control_plane.run(containers=args.containers,
+                                   operators_per_container=args.operators,
+                                   duration_s=args.duration)
+    sys.stdout.flush()
+    print("\n" + json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The benchmark job on Weir: events in one container, the aggregation in Spark in another.
+
+Runs a real master in this process and real container processes (with their Spark JVM),
+so the memory of this process tree is Weir's whole footprint. Latency per window is read
+from the master's window stats: the sink's END_WINDOW time of the window carrying an
+application window's results, minus the source's END_WINDOW time of that window (window
+close to result out). Inputs start only once Spark is warm (activation), so the figures
+are of a warm system, as for the peers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bench.common import JobResult, JobSpec, check_totals
+from master.launcher import LocalProcessLauncher
+from master.server import MasterServer
+from operators import Dag
+from operators.library import EventGenerator, FileSink, WindowedCount
+
+__all__ = ["build_dag", "run", "startup"]
+
+_LOGGER = logging.getLogger(__name__)
+_POLL_S = 0.5
+
+
+def build_dag(spec: JobSpec, out_dir: Path, app_window_count: int,
+              spark_master: str = "local[2]") -> Dag:
+    """Source in container 0; the Spark aggregation and a Parquet sink in container 1."""
+    dag = Dag("bench", STREAMING_WINDOW_SIZE_MILLIS=spec.window_ms, CONTAINERS=2,
+              HEARTBEAT_INTERVAL_MILLIS=500, SPARK_MASTER=spark_master,
+              SPARK_SHUFFLE_PARTITIONS=2, SPARK_DRIVER_MEMORY="2g")
+    gen = dag.add_operator("events", spec.generator(), CONTAINER=0)
+    agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"), CONTAINER=1,
+                           APPLICATION_WINDOW_COUNT=app_window_count, QUEUE_CAPACITY=256)
+    sink = dag.add_operator("sink", FileSink(out_dir, format="parquet"), CONTAINER=1)
+    dag.add_stream("events", gen.output, agg.input)
+    dag.add_stream("counts", agg.output, sink.input)
+    return dag
+
+
+class _Windows:
+    """Per-operator END_WINDOW times and tuple counts, gathered from the master's stats."""
+
+    def __init__(self) -> None:
+        self.end_ms: dict[str, dict[int, int]] = defaultdict(dict)
+        self.processed: dict[str, dict[int, int]] = defaultdict(dict)
+
+    def poll(self, server: MasterServer, app_id: str) -> None:
+        for name in ("events", "aggregate", "sink"):
+            info = server.core.operator_info(app_id, name)
+            for w in info.recent_windows:
+                self.end_ms[name][w.window_id] = w.end_window_ms
+                self.processed[name][w.window_id] = w.tuples_processed
+
+
+def _run_app(dag: Dag, work: Path, timeout_s: float) -> tuple[_Windows, str, float]:
+    windows = _Windows()
+    server = MasterServer("127.0.0.1", 0,
+                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
+                          container_stop_grace_ms=5_000)
+    started = time.monotonic()
+    try:
+        server.start()
+        app_id = server.core.submit(dag.to_descriptor(), {})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            windows.poll(server, app_id)
+            info = server.core.application_info(app_id)
+            if info.state not in ("ACCEPTED", "RUNNING"):
+                break
+            if time.monotonic() > deadline:
+                server.core.kill_application(app_id, "benchmark timeout")
+                return windows, f"timed out after {timeout_s:.0f} s", 0.0
+            time.sleep(_POLL_S)
+        windows.poll(server, app_id)
+        return windows, "" if info.state == "FINISHED" else \
+            f"{info.state}: {info.diagnostics}", time.monotonic() - started
+    finally:
+        server.stop()
+
+
+def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
+        work_dir: Path | None = None) -> JobResult:
+    """Runs the job on a local master with two container processes; checks the output."""
+    work = Path(work_dir or tempfile.mkdtemp(prefix="weir-bench-"))
+    out_dir = work / "out"
+    dag = build_dag(spec, out_dir, app_window_count)
+    windows, error, wall_s = _run_app(dag, work, timeout_s)
+    name = "weir" if spec.rate_per_second is None else \
+        f"weir @ {spec.rate_per_second / 1e6:g} M/s"
+    if error:
+        return JobResult(name, spec.events, 0.0, [], False, error)
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for file in sorted(out_dir.glob("*.parquet")):
+        table = pq.read_table(file, columns=["key", "count", "sum"])
+        for key, count, total in zip(*(table.column(c).to_pylist()
+                                       for c in ("key", "count", "sum")), strict=True):
+            totals[key][0] += count
+            totals[key][1] += total
+    correct, detail = check_totals({k: (c, s) for k, (c, s) in totals.items()},
+                                   spec.expected())
+    src, sink = windows.end_ms["events"], windows.end_ms["sink"]
+    result_windows = [w for w, n in windows.processed["sink"].items() if n > 0]
+    latencies = [sink[w] - src[w] for w in sorted(result_windows) if w in src]
+    first_in = min(src.values()) - spec.window_ms if src else 0
+    last_out = max((sink[w] for w in result_windows), default=0)
+    seconds = max(last_out - first_in, 1) / 1000
+    return JobResult(name, spec.events, seconds, latencies, correct, detail, extra={
+        "application_windows": len(result_windows),
+        "streaming_windows": len(src),
+        "app_window_count": app_window_count,
+        "wall_seconds_with_startup": round(wall_s, 1),
+    })
+
+
+def startup(timeout_s: float = 180.0) -> dict[str, float]:
+    """Seconds from starting a master to the first window result, and an idle container's RSS.
+
+    The application: a paced source alone in container 0 (a container with no Spark:
+    its memory is the idle figure), a Spark count and a sink in container 1.
+    """
+    work = Path(tempfile.mkdtemp(prefix="weir-startup-"))
+    dag = Dag("startup", STREAMING_WINDOW_SIZE_MILLIS=500, CONTAINERS=2,
+              HEARTBEAT_INTERVAL_MILLIS=500, SPARK_SHUFFLE_PARTITIONS=2)
+    gen = dag.add_operator("events", EventGenerator(rate_per_second=10_000, keys=100),
+                           CONTAINER=0)
+    agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"), CONTAINER=1)
+    sink = dag.add_operator("sink", FileSink(work / "out", format="parquet"), CONTAINER=1)
+    dag.add_stream("events", gen.output, agg.input)
+    dag.add_stream("counts", agg.output, sink.input)
+    started = time.monotonic()
+    server = MasterServer("127.0.0.1", 0,
+                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
+                          container_stop_grace_ms=5_000)
+    try:
+        server.start()
+        app_id = server.core.submit(dag.to_descriptor(), {})
+        deadline = started + timeout_s
+        first_result_s = 0.0
+        while time.monotonic() < deadline and not first_result_s:
+            if server.core.operator_info(app_id, "sink").total_tuples_processed > 0:
+                first_result_s = time.monotonic() - started
+            time.sleep(0.05)
+        time.sleep(2)  # a few heartbeats with the source running
+        idle = next(c for c in server.core.list_containers(app_id) if c.id.endswith("-c0"))
+        busy = next(c for c in server.core.list_containers(app_id) if c.id.endswith("-c1"))
+        return {"first_result_seconds": round(first_result_s, 2),
+                "source_container_rss_mb": float(idle.memory_rss_mb),
+                "spark_container_rss_mb": float(busy.memory_rss_mb)}
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the benchmark job on Weir.")
+    parser.add_argument("--spec", default=JobSpec().to_json(), help="JobSpec as JSON")
+    parser.add_argument("--app-windows", type=int, default=2)
+    parser.add_argument("--startup", action="store_true", help="measure startup instead")
+    args = parser.parse_args()
+    if args.startup:
+        print(json.dumps(startup()))
+    else:
+        print(json.dumps(run(JobSpec.from_json(args.spec), args.app_windows).to_dict()))
+
+
+if __name__ == "__main__":
+    main()
