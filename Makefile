@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed-stamp
 PROTOS := $(wildcard proto/*.proto)
 GENERATED := $(PROTOS:.proto=_pb2.py)
 
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
+BENCH_ARGS ?=
+
 .PHONY: install proto run test lint bench clean
 
 install: $(STAMP) proto
@@ -28,8 +32,18 @@ run: install
 test: install
 	@$(PY) -m pytest -q
 
+# The peers (Bytewax) and the chart (matplotlib) go into the bench environment only.
+$(BENCH_STAMP): pyproject.toml
+	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	@$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax matplotlib
+	@touch $@
+
+bench: install $(BENCH_STAMP)
+	@$(BENCH_VENV)/bin/python -m bench $(BENCH_ARGS)
+
 lint: install
 	@$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) proto/*_pb2*.py proto/*_pb2*.pyi
+	rm -rf $(VENV) $(BENCH_VENV) proto/*_pb2*.py proto/*_pb2*.pyi
