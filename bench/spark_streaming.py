@@ -69,6 +69,7 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
     progress: from the trigger fixing the batch's input (the window's close) to the batch
     committed, its result on the driver. ``spec.rate_per_second`` only sizes the default
     micro-batch; the files are all there at the start, so Spark reads as fast as it can.
+    The run's files are removed from ``work_dir`` at the end.
     """
     files_per_trigger = files_per_trigger or default_files_per_trigger(spec)
     work_dir = Path(work_dir)
@@ -112,6 +113,8 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
         version = spark.version
     finally:
         spark.stop()
+        for folder in (events_dir, checkpoint_dir):
+            shutil.rmtree(folder, ignore_errors=True)
 
     totals = _totals(outputs)
     correct, detail = check_totals(totals, spec.expected())
