@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
     args = parser.parse_args(argv)
     spec = JobSpec.from_json(args.spec)
-    work = Path(tempfile.mkdtemp(prefix=f"weir-bench-{args.system}-"))
+    # Memory-backed like Weir's Spark scratch files, so both read their input from RAM.
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    work = Path(tempfile.mkdtemp(prefix=f"weir-bench-{args.system}-", dir=shm))
+    try:
+        result = _run(args, spec, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.stdout.flush()
+    print("\n" + json.dumps(result))
+    return 0
+
+
+def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
     if args.system == "weir":
         from bench import weir_job
 
@@ -58,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         result = control_plane.run(containers=args.containers,
                                    operators_per_container=args.operators,
                                    duration_s=args.duration)
-    sys.stdout.flush()
-    print("\n" + json.dumps(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

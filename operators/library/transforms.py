@@ -87,6 +87,10 @@ class WindowedCount(SparkOperator):
             index = batch.schema.get_field_index(self.key)
             if index >= 0:
                 self._key_type = batch.schema.field(index).type
+        # Only the columns the aggregation reads go to Spark (zero-copy; less to write).
+        needed = [c for c in (self.key, self.value) if c is not None]
+        if all(batch.schema.get_field_index(c) >= 0 for c in needed):
+            batch = batch.select(needed)
         super().process(port, batch)
 
     def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
