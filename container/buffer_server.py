@@ -7,42 +7,139 @@ receives every retained message of the windows after ``from_window``, in order, 
 stays open and receives new messages as they are published (long poll), until
 ``END_STREAM`` or the server closes.
 
-Storage is one append-only message list per stream, addressed by absolute sequence
-numbers, so purging the front (committed windows) or rewinding the back (a publisher
-restarted from its checkpoint) never invalidates a subscriber's position. Payloads are
-the publisher's Arrow IPC bytes, forwarded without re-encoding; nothing here touches rows.
+Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to the
+committed window. Each stream is addressed by absolute sequence numbers, so purging the
+front or rewinding the back (a publisher restarted from its checkpoint) never invalidates
+a subscriber's position. A stream is a run of spilled blocks (oldest first) followed by
+the messages still in memory: past the memory budget the publisher that needs room moves
+the oldest messages of the stream holding most memory to disk, a block at a time
+(``container.spill``), and subscribers that reach them read the block back. Past the disk
+budget too, publishing waits until a purge frees room: data is never dropped. Payloads
+are the publisher's Arrow IPC bytes, forwarded without re-encoding; nothing here touches
+rows.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 import json
 import logging
+import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
 from container.control import ENVELOPE_SCHEMA, Kind, Message, to_envelope
+from container.spill import Budget, SpillStore, read_block
 
-__all__ = ["MAX_ENVELOPE_BYTES", "BufferServer", "Publisher"]
+__all__ = [
+    "DISK_BUDGET_BYTES",
+    "MAX_BLOCK_BYTES",
+    "MAX_ENVELOPE_BYTES",
+    "MEMORY_BUDGET_BYTES",
+    "BufferServer",
+    "BufferStats",
+    "PublishAborted",
+    "Publisher",
+    "StreamStats",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
 MAX_ENVELOPE_BYTES = 8 << 20
 """Payload bytes per envelope batch sent to a subscriber (one bigger message goes alone)."""
 
+MEMORY_BUDGET_BYTES = 256 << 20
+"""Default payload bytes a buffer server keeps in memory before spilling to disk."""
+
+DISK_BUDGET_BYTES = 4 << 30
+"""Default payload bytes a buffer server spills before publishers have to wait."""
+
+MAX_BLOCK_BYTES = 32 << 20
+"""Largest default spill block (the default is an eighth of the memory budget, up to this)."""
+
 _POLL_S = 0.2
-"""How often a waiting subscription checks for cancellation and shutdown."""
+"""How often a waiting subscription or publisher checks for cancellation and shutdown."""
 
 _SHUTDOWN_WAIT_S = 2.0
 """How long ``close()`` waits for gRPC to finish open calls before leaving it to a thread."""
 
 
+class PublishAborted(RuntimeError):
+    """A publisher waiting for room gave up: the server closed or its stop event was set.
+
+    The message was not stored.
+    """
+
+
+class StreamStats(NamedTuple):
+    """One stream's retained messages and their payload bytes in memory and on disk."""
+
+    messages: int
+    memory_bytes: int
+    disk_bytes: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BufferStats:
+    """A buffer server's totals over all streams, its budgets and its publishers' waits.
+
+    Bytes are payload bytes. ``blocks_spilled`` and ``blocks_read`` count since start;
+    ``publisher_wait_s`` is the total time publishers spent blocked for room.
+    """
+
+    streams: int
+    messages: int
+    memory_bytes: int
+    disk_bytes: int
+    memory_budget_bytes: int
+    disk_budget_bytes: int
+    blocks_on_disk: int
+    blocks_spilled: int
+    blocks_read: int
+    publisher_waits: int
+    publisher_wait_s: float
+    publishers_waiting: int
+
+
 def _window_of(message: Message) -> int:
     return message.window_id
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Block:
+    """Messages moved to a spill file: the file's rows have sequence numbers ``seq0 …``,
+    of which ``[start, end)`` are still retained (purge and rewind move the bounds)."""
+
+    path: Path
+    seq0: int
+    windows: list[int]
+    nbytes: int
+    start: int
+    end: int
+
+    def after(self, window_id: int) -> int:
+        """The first retained sequence number of a window > ``window_id`` (``end`` if none)."""
+        return self.seq0 + bisect.bisect_right(self.windows, window_id, self.start - self.seq0,
+                                               self.end - self.seq0)
+
+
+def _block_end(block: _Block) -> int:
+    return block.end
+
+
+class _SpillResult(enum.Enum):
+    SPILLED = "spilled"
+    BUSY = "busy"  # a spill of this stream is under way
+    NOTHING = "nothing"  # no payload bytes to move
+    NO_DISK = "no disk"  # the disk budget (or the disk) has no room for the oldest message
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,39 +152,62 @@ class _Cursor:
 
 
 class _Stream:
-    """One stream's retained messages. Every field is guarded by ``cond``.
+    """One stream's retained messages: spilled ``blocks`` then in-memory ``messages``.
 
-    Messages are kept in publishing order with non-decreasing window ids; ``first_seq``
-    is the sequence number of ``messages[0]``. END_STREAM, once published, is the last
-    message and survives purges so late subscribers still see the end.
+    Every field is guarded by ``cond``. Messages are kept in publishing order with
+    non-decreasing window ids; the blocks' retained ranges and the memory part are
+    contiguous, ``first_seq`` being the sequence number of ``messages[0]``. END_STREAM,
+    once published, is the last message, stays in memory and survives purges so late
+    subscribers still see the end. ``budget`` is the server's; memory for an appended
+    message is reserved by its publisher, and freed here.
     """
 
-    def __init__(self, stream_id: str) -> None:
+    def __init__(self, stream_id: str, index: int = 0, budget: Budget | None = None,
+                 store: SpillStore | None = None, block_bytes: int = MAX_BLOCK_BYTES) -> None:
         self.stream_id = stream_id
+        self.index = index
+        self.budget = budget if budget is not None else Budget(1 << 62, 0)
+        self.store = store
+        self.block_bytes = block_bytes
         self.cond = threading.Condition()
+        self.blocks: list[_Block] = []
         self.messages: list[Message] = []
         self.first_seq = 0
-        self.nbytes = 0
+        self.memory_bytes = 0
+        self.disk_bytes = 0
         self.last_window: int | None = None
         self.ended = False
+        self.spilling = False
         self.rewinds: list[int] = []  # the end sequence number after each rewind
 
     @property
     def end_seq(self) -> int:
         return self.first_seq + len(self.messages)
 
+    @property
+    def start_seq(self) -> int:
+        return self.blocks[0].start if self.blocks else self.first_seq
+
+    def stats(self) -> StreamStats:
+        with self.cond:
+            return StreamStats(self.end_seq - self.start_seq, self.memory_bytes, self.disk_bytes)
+
+    def check(self, message: Message) -> None:
+        """Raises ValueError if ``message`` cannot follow the stream's last one."""
+        if self.ended:
+            raise ValueError(f"stream {self.stream_id!r}: {message.kind.name} published "
+                             "after END_STREAM")
+        if self.last_window is not None and message.window_id < self.last_window:
+            raise ValueError(
+                f"stream {self.stream_id!r}: {message.kind.name} of window "
+                f"{message.window_id} after window {self.last_window}: windows must not "
+                "go back (restart the publisher with from_window to republish)")
+
     def append(self, message: Message) -> None:
         with self.cond:
-            if self.ended:
-                raise ValueError(f"stream {self.stream_id!r}: {message.kind.name} published "
-                                 "after END_STREAM")
-            if self.last_window is not None and message.window_id < self.last_window:
-                raise ValueError(
-                    f"stream {self.stream_id!r}: {message.kind.name} of window "
-                    f"{message.window_id} after window {self.last_window}: windows must not "
-                    "go back (restart the publisher with from_window to republish)")
+            self.check(message)
             self.messages.append(message)
-            self.nbytes += message.nbytes
+            self.memory_bytes += message.nbytes
             self.last_window = message.window_id
             if message.kind == Kind.END_STREAM:
                 self.ended = True
@@ -99,49 +219,184 @@ class _Stream:
             window = -1 if self.last_window is None else self.last_window
             self.append(Message(Kind.END_STREAM, window))
 
+    def _wait_for_spill(self) -> None:
+        while self.spilling:
+            self.cond.wait()
+
     def purge(self, window_id: int) -> int:
-        """Drops the messages of windows <= ``window_id`` (END_STREAM stays); returns count."""
+        """Drops the messages of windows <= ``window_id`` (END_STREAM stays) and the spill
+        files wholly at or before it; returns the count of messages dropped."""
+        files: list[Path] = []
         with self.cond:
-            count = bisect.bisect_right(self.messages, window_id, key=_window_of)
-            if self.ended:
-                count = min(count, len(self.messages) - 1)
-            if count <= 0:
-                return 0
-            self.nbytes -= sum(m.nbytes for m in self.messages[:count])
-            del self.messages[:count]
-            self.first_seq += count
-            return count
+            self._wait_for_spill()
+            dropped = freed_memory = freed_disk = 0
+            while self.blocks:
+                block = self.blocks[0]
+                cut = block.after(window_id)
+                dropped += cut - block.start
+                if cut < block.end:  # later messages, in memory too, are of later windows
+                    block.start = cut
+                    break
+                self.blocks.pop(0)
+                files.append(block.path)
+                freed_disk += block.nbytes
+            else:
+                count = bisect.bisect_right(self.messages, window_id, key=_window_of)
+                if self.ended:
+                    count = min(count, len(self.messages) - 1)
+                if count > 0:
+                    freed_memory = sum(m.nbytes for m in self.messages[:count])
+                    del self.messages[:count]
+                    self.first_seq += count
+                    dropped += count
+            self.memory_bytes -= freed_memory
+            self.disk_bytes -= freed_disk
+        self._free(files, freed_memory, freed_disk)
+        return dropped
 
     def rewind(self, window_id: int) -> int:
         """Drops the messages of windows > ``window_id`` and END_STREAM; returns count."""
+        files: list[Path] = []
         with self.cond:
+            self._wait_for_spill()
             keep = bisect.bisect_right(self.messages, window_id, key=_window_of)
             if self.ended and keep == len(self.messages):
                 keep -= 1
-            count = len(self.messages) - keep
-            self.nbytes -= sum(m.nbytes for m in self.messages[keep:])
+            dropped = len(self.messages) - keep
+            freed_memory = sum(m.nbytes for m in self.messages[keep:])
+            freed_disk = 0
             del self.messages[keep:]
+            tail = self.first_seq
+            while not self.messages and self.blocks:
+                block = self.blocks[-1]
+                cut = block.after(window_id)
+                if cut == block.end:
+                    break
+                dropped += block.end - cut
+                tail = cut
+                if cut > block.start:
+                    block.end = cut  # the file keeps its rows; they are no longer retained
+                    break
+                self.blocks.pop()
+                files.append(block.path)
+                freed_disk += block.nbytes
+            self.first_seq = tail
+            self.memory_bytes -= freed_memory
+            self.disk_bytes -= freed_disk
             self.ended = False
-            self.last_window = self.messages[-1].window_id if self.messages else None
+            if self.messages:
+                self.last_window = self.messages[-1].window_id
+            elif self.blocks:
+                block = self.blocks[-1]
+                self.last_window = block.windows[block.end - block.seq0 - 1]
+            else:
+                self.last_window = None
             self.rewinds.append(self.end_seq)
             self.cond.notify_all()
-            return count
+        self._free(files, freed_memory, freed_disk)
+        return dropped
 
-    def take(self, cursor: _Cursor, max_bytes: int) -> list[Message]:
+    def _free(self, files: list[Path], memory: int, disk: int) -> None:
+        for path in files:
+            SpillStore.delete(path)
+        self.budget.release(memory, disk)
+
+    def spill(self) -> _SpillResult:
+        """Moves the oldest in-memory messages (about ``block_bytes`` of payload) to a spill
+        file, without holding ``cond`` while writing."""
+        with self.cond:
+            if self.spilling:
+                return _SpillResult.BUSY
+            if self.store is None:
+                return _SpillResult.NOTHING
+            limit = len(self.messages) - (1 if self.ended else 0)  # END_STREAM stays
+            room = self.budget.disk_room()
+            count = size = 0
+            no_room = False
+            while count < limit and size < self.block_bytes:
+                nbytes = self.messages[count].nbytes
+                if size + nbytes > room:
+                    no_room = True
+                    break
+                count += 1
+                size += nbytes
+            if size == 0:
+                return _SpillResult.NO_DISK if no_room else _SpillResult.NOTHING
+            if not self.budget.reserve_disk(size):
+                return _SpillResult.NO_DISK
+            self.spilling = True
+            batch = self.messages[:count]
+            seq0 = self.first_seq
+        try:
+            path = self.store.write(f"s{self.index}", batch)
+        except BaseException as exc:
+            self.budget.release(disk=size)
+            with self.cond:
+                self.spilling = False
+                self.cond.notify_all()
+            if not isinstance(exc, (OSError, pa.ArrowException)):
+                raise
+            _LOGGER.warning("stream %s: cannot spill %d bytes: %s", self.stream_id, size, exc)
+            return _SpillResult.NO_DISK
+        with self.cond:
+            # purge and rewind wait for the spill: the memory part still starts at seq0
+            self.blocks.append(_Block(path, seq0, [m.window_id for m in batch], size, seq0,
+                                      seq0 + count))
+            del self.messages[:count]
+            self.first_seq += count
+            self.memory_bytes -= size
+            self.disk_bytes += size
+            self.spilling = False
+            self.cond.notify_all()
+        self.budget.spilled(size)
+        _LOGGER.debug("stream %s: spilled %d messages (%d bytes) to %s", self.stream_id, count,
+                      size, path)
+        return _SpillResult.SPILLED
+
+    def _locate(self, from_window: int) -> int:
+        """The sequence number of the first message of a window > ``from_window``."""
+        for block in self.blocks:
+            seq = block.after(from_window)
+            if seq < block.end:
+                return seq
+        seq = self.first_seq + bisect.bisect_right(self.messages, from_window, key=_window_of)
+        if self.ended:
+            seq = min(seq, self.end_seq - 1)
+        return seq
+
+    def take(self, cursor: _Cursor, max_bytes: int,
+             loaded: Mapping[_Block, list[Message]] | None = None,
+             ) -> tuple[list[Message], _Block | None]:
         """The next messages for ``cursor`` (at most ``max_bytes`` of payload unless one
-        message is bigger), advancing it. Call with ``cond`` held."""
+        message is bigger), advancing it. Spilled messages come from ``loaded`` (a block's
+        rows as read back); when the next one is in a block not loaded and nothing was
+        taken, that block is returned to be loaded. Call with ``cond`` held."""
         if cursor.seq is None:
-            start = bisect.bisect_right(self.messages, cursor.from_window, key=_window_of)
-            if self.ended:
-                start = min(start, len(self.messages) - 1)
-            cursor.seq = self.first_seq + start
+            cursor.seq = self._locate(cursor.from_window)
             cursor.rewinds_seen = len(self.rewinds)
         elif cursor.rewinds_seen < len(self.rewinds):
             cursor.seq = min(cursor.seq, *self.rewinds[cursor.rewinds_seen:])
             cursor.rewinds_seen = len(self.rewinds)
-        index = max(cursor.seq - self.first_seq, 0)  # purged messages are skipped
+        seq = max(cursor.seq, self.start_seq)  # purged messages are skipped
         out: list[Message] = []
         size = 0
+        if seq < self.first_seq:
+            index = bisect.bisect_right(self.blocks, seq, key=_block_end)
+            for block in self.blocks[index:]:
+                rows = None if loaded is None else loaded.get(block)
+                if rows is None:
+                    cursor.seq = seq
+                    return out, None if out else block
+                while seq < block.end:
+                    message = rows[seq - block.seq0]
+                    if out and size + message.nbytes > max_bytes:
+                        cursor.seq = seq
+                        return out, None
+                    seq += 1
+                    if message.window_id > cursor.from_window:
+                        out.append(message)
+                        size += message.nbytes
+        index = seq - self.first_seq
         while index < len(self.messages):
             message = self.messages[index]
             if out and size + message.nbytes > max_bytes:
@@ -152,29 +407,49 @@ class _Stream:
             out.append(message)
             size += message.nbytes
         cursor.seq = self.first_seq + index
-        return out
+        return out, None
 
 
 class Publisher:
     """Appends one output port's messages to its stream on the local buffer server.
 
-    Used by one thread (the operator's). Window ids must not decrease.
+    Used by one thread (the operator's). Window ids must not decrease. When the server's
+    memory and disk budgets are both full, ``publish`` (and ``data``) block until a purge
+    frees room; they raise ``PublishAborted`` if the server closes or ``stop`` is set
+    meanwhile. ``wait_s`` and ``waits`` count that blocking.
     """
 
-    def __init__(self, stream: _Stream) -> None:
+    def __init__(self, server: BufferServer, stream: _Stream,
+                 stop: threading.Event | None = None) -> None:
+        self._server = server
         self._stream = stream
+        self._stop = stop
         self.bytes_published = 0
         self.messages_published = 0
+        self.wait_s = 0.0
+        self.waits = 0
 
     @property
     def stream_id(self) -> str:
         return self._stream.stream_id
 
     def publish(self, message: Message) -> None:
-        """Appends one message; subscribers waiting on the stream wake up."""
-        self._stream.append(message)
+        """Appends one message, once there is room; subscribers waiting on it wake up."""
+        nbytes = message.nbytes
+        if nbytes:
+            with self._stream.cond:
+                self._stream.check(message)  # fail before waiting for room
+            waited = self._server._admit(self._stream, nbytes, self._stop)
+            if waited is not None:
+                self.wait_s += waited
+                self.waits += 1
+        try:
+            self._stream.append(message)
+        except BaseException:
+            self._server._budget.release(memory=nbytes)
+            raise
         self.messages_published += 1
-        self.bytes_published += message.nbytes
+        self.bytes_published += nbytes
 
     def begin_window(self, window_id: int) -> None:
         self.publish(Message(Kind.BEGIN_WINDOW, window_id))
@@ -227,15 +502,40 @@ class BufferServer:
     """An Arrow Flight server holding this container's output streams.
 
     ``start()`` binds and serves on gRPC's own worker threads; ``close()`` ends every
-    open subscription and stops serving (idempotent, returns promptly). Publishing and
-    purging are in-process calls, safe from any thread.
+    open subscription, wakes blocked publishers, stops serving and removes the spill
+    folder (idempotent, returns promptly). Publishing and purging are in-process calls,
+    safe from any thread.
+
+    Args:
+        host, port: where to listen (port 0: any free port).
+        max_envelope_bytes: payload bytes per envelope sent to a subscriber.
+        memory_budget_bytes: payload bytes kept in memory, over all streams, before the
+            oldest messages spill to disk.
+        disk_budget_bytes: payload bytes spilled, over all streams, before publishers
+            wait for purges (0: never spill; publishers wait at the memory budget).
+        spill_dir: the folder under which this server makes its own spill folder (the
+            system's temporary folder if None); the spill folder is removed at close.
+        block_bytes: payload bytes per spill file (default: an eighth of the memory
+            budget, at most ``MAX_BLOCK_BYTES``).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
-                 max_envelope_bytes: int = MAX_ENVELOPE_BYTES) -> None:
+                 max_envelope_bytes: int = MAX_ENVELOPE_BYTES, *,
+                 memory_budget_bytes: int = MEMORY_BUDGET_BYTES,
+                 disk_budget_bytes: int = DISK_BUDGET_BYTES,
+                 spill_dir: str | os.PathLike[str] | None = None,
+                 block_bytes: int | None = None) -> None:
+        if memory_budget_bytes < 0 or disk_budget_bytes < 0:
+            raise ValueError("buffer-server budgets must not be negative")
+        if block_bytes is not None and block_bytes <= 0:
+            raise ValueError("block_bytes must be positive")
         self._host = host
         self._port = port
         self._max_envelope_bytes = max_envelope_bytes
+        self._budget = Budget(memory_budget_bytes, disk_budget_bytes)
+        self._store = SpillStore(spill_dir)
+        self._block_bytes = block_bytes or max(1, min(memory_budget_bytes // 8,
+                                                      MAX_BLOCK_BYTES))
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -268,13 +568,27 @@ class BufferServer:
         with self._lock:
             return self._subscribers
 
+    @property
+    def spill_path(self) -> Path | None:
+        """This server's spill folder, once something was spilled (None before and after
+        close)."""
+        return self._store.path
+
+    @property
+    def publisher_wait_s(self) -> float:
+        """Total seconds publishers spent blocked for room (back-pressure)."""
+        with self._budget.cond:
+            return self._budget.wait_s
+
     def close(self) -> None:
         """Ends every subscription (without END_STREAM) and stops the Flight server.
 
-        Stops accepting calls at once. A subscriber that stopped reading while the
-        server was blocked sending to it keeps its call open until it reads, cancels or
+        Stops accepting calls at once; publishers blocked for room raise
+        ``PublishAborted``. A subscriber that stopped reading while the server was
+        blocked sending to it keeps its call open until it reads, cancels or
         disconnects; ``close()`` does not wait for it past a short grace period, and
-        the gRPC server finishes shutting down in a background thread.
+        the gRPC server finishes shutting down in a background thread. The spill folder
+        is removed.
         """
         with self._lock:
             if self._closed.is_set():
@@ -285,6 +599,13 @@ class BufferServer:
         for stream in streams:
             with stream.cond:
                 stream.cond.notify_all()
+        self._budget.wake()
+        try:
+            self._shutdown(service)
+        finally:
+            self._store.close()
+
+    def _shutdown(self, service: _FlightService | None) -> None:
         if service is None:
             return
         # shutdown() blocks until every call ends, and a call blocked writing to a
@@ -309,23 +630,27 @@ class BufferServer:
         with self._lock:
             stream = self._streams.get(stream_id)
             if stream is None:
-                stream = self._streams[stream_id] = _Stream(stream_id)
+                stream = self._streams[stream_id] = _Stream(
+                    stream_id, len(self._streams), self._budget, self._store,
+                    self._block_bytes)
             return stream
 
-    def publisher(self, stream_id: str, from_window: int | None = None) -> Publisher:
+    def publisher(self, stream_id: str, from_window: int | None = None,
+                  stop: threading.Event | None = None) -> Publisher:
         """A publisher for ``stream_id`` (``"<operator id>.<port>"``), creating the stream.
 
         A publisher restarted from a checkpoint passes the checkpoint's window as
-        ``from_window``: the retained messages of later windows (and END_STREAM) are
-        dropped so it can publish them again, and open subscriptions that had read past
-        that point continue from the republished messages.
+        ``from_window``: the retained messages of later windows (and END_STREAM),
+        spilled or not, are dropped so it can publish them again, and open subscriptions
+        that had read past that point continue from the republished messages. ``stop``
+        (the operator's stop event) ends a wait for room with ``PublishAborted``.
         """
         stream = self._stream(stream_id)
         if from_window is not None:
             dropped = stream.rewind(from_window)
             _LOGGER.debug("stream %s rewound to window %d: %d messages dropped", stream_id,
                           from_window, dropped)
-        return Publisher(stream)
+        return Publisher(self, stream, stop)
 
     def purge(self, stream_id: str, window_id: int) -> None:
         """Drops the stream's messages of windows <= ``window_id`` (committed windows)."""
@@ -336,21 +661,114 @@ class BufferServer:
             _LOGGER.debug("stream %s purged to window %d: %d messages dropped", stream_id,
                           window_id, dropped)
 
-    def stream_stats(self) -> dict[str, tuple[int, int]]:
-        """Stream id -> (messages retained, payload bytes retained)."""
+    def purge_all(self, window_id: int) -> None:
+        """Drops every stream's messages of windows <= ``window_id`` (the committed window)."""
+        with self._lock:
+            streams = list(self._streams)
+        for stream_id in streams:
+            self.purge(stream_id, window_id)
+
+    def stream_stats(self) -> dict[str, StreamStats]:
+        """Stream id -> (messages retained, payload bytes in memory, payload bytes on disk)."""
         with self._lock:
             streams = list(self._streams.values())
-        stats = {}
+        return {stream.stream_id: stream.stats() for stream in streams}
+
+    def stats(self) -> BufferStats:
+        """Totals over every stream, the budgets, spill and publisher-wait counters."""
+        with self._lock:
+            streams = list(self._streams.values())
+        per_stream = [stream.stats() for stream in streams]
+        blocks = 0
         for stream in streams:
             with stream.cond:
-                stats[stream.stream_id] = (len(stream.messages), stream.nbytes)
-        return stats
+                blocks += len(stream.blocks)
+        budget = self._budget
+        with budget.cond:
+            return BufferStats(
+                streams=len(streams), messages=sum(s.messages for s in per_stream),
+                memory_bytes=sum(s.memory_bytes for s in per_stream),
+                disk_bytes=sum(s.disk_bytes for s in per_stream),
+                memory_budget_bytes=budget.memory_limit, disk_budget_bytes=budget.disk_limit,
+                blocks_on_disk=blocks, blocks_spilled=budget.blocks_spilled,
+                blocks_read=budget.blocks_read, publisher_waits=budget.waits,
+                publisher_wait_s=budget.wait_s, publishers_waiting=budget.waiting)
+
+    # -- room for publishers -------------------------------------------------------
+    def _admit(self, stream: _Stream, nbytes: int, stop: threading.Event | None,
+               ) -> float | None:
+        """Reserves memory for a message of ``nbytes``, spilling to make room, or waiting
+        for a purge when nothing more can spill.
+
+        Returns None if the publisher did not have to wait, else the seconds it waited.
+        """
+        budget = self._budget
+        started: float | None = None
+        try:
+            while not budget.reserve_memory(nbytes):
+                if not self._closed.is_set() and self._make_room():
+                    continue
+                with budget.cond:
+                    if budget.fits_locked(nbytes):
+                        continue  # freed meanwhile: reserve at the top
+                    if self._closed.is_set():
+                        raise PublishAborted(f"stream {stream.stream_id!r}: buffer server "
+                                             "closed while the publisher waited for room")
+                    if stop is not None and stop.is_set():
+                        raise PublishAborted(f"stream {stream.stream_id!r}: publisher "
+                                             "stopped while waiting for room")
+                    if started is None:
+                        started = time.monotonic()
+                        budget.waiting += 1
+                        _LOGGER.info(
+                            "stream %s: publisher waits for room (memory %d of %d bytes, "
+                            "disk %d of %d bytes)", stream.stream_id, budget.memory,
+                            budget.memory_limit, budget.disk, budget.disk_limit)
+                    budget.cond.wait(_POLL_S)
+        finally:
+            if started is not None:
+                elapsed = time.monotonic() - started
+                with budget.cond:
+                    budget.waiting -= 1
+                    budget.waits += 1
+                    budget.wait_s += elapsed
+                _LOGGER.info("stream %s: publisher waited %.3f s for room", stream.stream_id,
+                             elapsed)
+        return None if started is None else elapsed
+
+    def _make_room(self) -> bool:
+        """Spills one block of the stream holding the most memory that can; returns
+        whether anything moved to disk."""
+        with self._lock:
+            streams = sorted(self._streams.values(), key=lambda s: s.memory_bytes,
+                             reverse=True)
+        for stream in streams:
+            if stream.memory_bytes <= 0:
+                break
+            if stream.spill() is _SpillResult.SPILLED:
+                return True
+        return False
+
+    # -- subscriptions -------------------------------------------------------------
+    def _load(self, stream: _Stream, block: _Block) -> list[Message] | None:
+        """A spilled block's messages, or None if it was purged or rewound meanwhile."""
+        try:
+            rows = read_block(block.path)
+        except FileNotFoundError:
+            with stream.cond:
+                if self._closed.is_set() or not any(b is block for b in stream.blocks):
+                    return None
+            raise
+        with self._budget.cond:
+            self._budget.blocks_read += 1
+        return rows
 
     def _serve(self, context: flight.ServerCallContext, stream_id: str,
                from_window: int) -> Iterator[pa.RecordBatch]:
         """One subscription: envelope batches until END_STREAM, cancellation or close."""
         stream = self._stream(stream_id)  # a subscriber may come before its publisher
         cursor = _Cursor(from_window)
+        loaded: dict[_Block, list[Message]] = {}  # the spilled block being read, if any
         with self._lock:
             self._subscribers += 1
         try:
@@ -359,13 +777,20 @@ class BufferServer:
                     while True:
                         if self._closed.is_set():
                             return
-                        messages = stream.take(cursor, self._max_envelope_bytes)
-                        if messages:
+                        messages, needed = stream.take(cursor, self._max_envelope_bytes,
+                                                       loaded)
+                        if loaded and cursor.seq is not None and cursor.seq >= stream.first_seq:
+                            loaded = {}  # past the spilled part: let the block go
+                        if messages or needed is not None:
                             break
                         if context.is_cancelled():
                             _LOGGER.debug("subscriber of %s cancelled", stream_id)
                             return
                         stream.cond.wait(_POLL_S)
+                if needed is not None:  # read outside the lock: publishing goes on
+                    rows = self._load(stream, needed)
+                    loaded = {} if rows is None else {needed: rows}
+                    continue
                 yield to_envelope(messages)
                 if messages[-1].kind == Kind.END_STREAM:
                     _LOGGER.debug("subscriber of %s reached END_STREAM", stream_id)

@@ -11,8 +11,16 @@ import pyarrow.compute as pc
 import pytest
 
 from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
-from container.buffer_server import BufferServer, _Cursor, _Stream
-from container.control import Kind, Message
+from container.buffer_server import (
+    BufferServer,
+    PublishAborted,
+    StreamStats,
+    _Cursor,
+    _SpillResult,
+    _Stream,
+)
+from container.control import ENVELOPE_SCHEMA, Kind, Message
+from container.spill import Budget, SpillStore, read_block
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,6 +89,20 @@ class _Background:
             assert isinstance(item, Message), item
             out.append(item)
         return out
+
+
+def _take(stream: _Stream, cursor: _Cursor, max_bytes: int = 1 << 20) -> list[Message]:
+    """Everything ``cursor`` can read now, loading spilled blocks as the server does."""
+    out: list[Message] = []
+    loaded: dict = {}
+    while True:
+        with stream.cond:
+            messages, needed = stream.take(cursor, max_bytes, loaded)
+        if needed is not None:
+            loaded = {needed: read_block(needed.path)}
+        elif not messages:
+            return out
+        out += messages
 
 
 def _wait_for(predicate, what: str) -> None:
@@ -155,14 +177,14 @@ def test_purge_some_then_all(server):
     for w in (1, 2, 3):
         _publish_window(pub, w)
     retained = server.stream_stats()[_STREAM]
-    assert retained == (12, pub.bytes_published)
+    assert retained == StreamStats(12, pub.bytes_published, 0)
     server.purge(_STREAM, 2)
-    messages, nbytes = server.stream_stats()[_STREAM]
-    assert messages == 4 and 0 < nbytes < retained[1]
+    messages, nbytes, on_disk = server.stream_stats()[_STREAM]
+    assert messages == 4 and 0 < nbytes < retained.memory_bytes and on_disk == 0
     pub.end_stream()
     assert _shape(_collect(server)) == _expected([3]) + [(Kind.END_STREAM, 3)]
     server.purge(_STREAM, 3)
-    assert server.stream_stats()[_STREAM] == (1, 0)  # END_STREAM stays for late subscribers
+    assert server.stream_stats()[_STREAM] == (1, 0, 0)  # END_STREAM stays for late readers
     assert _shape(_collect(server)) == [(Kind.END_STREAM, 3)]
     server.purge("no.such", 3)  # unknown streams are ignored
 
@@ -174,7 +196,7 @@ def test_purge_all_before_end_and_live_subscriber_continues(server):
     bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S))
     assert _shape(bg.take(4)) == _expected([1])
     server.purge(_STREAM, 1)
-    assert server.stream_stats()[_STREAM] == (0, 0)
+    assert server.stream_stats()[_STREAM] == (0, 0, 0)
     _publish_window(pub, 2)
     pub.end_stream()
     assert _shape(bg.take(5)) == _expected([2]) + [(Kind.END_STREAM, 2)]
@@ -187,18 +209,18 @@ def test_storage_positions_survive_purge_and_rewind():
         for kind in (Kind.BEGIN_WINDOW, Kind.END_WINDOW):
             stream.append(Message(kind, w))
     slow, fast = _Cursor(-1), _Cursor(-1)
-    assert _shape(stream.take(slow, 1 << 20)[:1]) == [(Kind.BEGIN_WINDOW, 1)]
+    assert _shape(_take(stream, slow)[:1]) == [(Kind.BEGIN_WINDOW, 1)]
     slow.seq = 1  # as if it had read only BEGIN_WINDOW(1)
-    assert len(stream.take(fast, 1 << 20)) == 6
+    assert len(_take(stream, fast)) == 6
     assert stream.purge(2) == 4
     # the slow reader's next message was purged: it continues at the first retained one
-    assert _shape(stream.take(slow, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.END_WINDOW, 3)]
+    assert _shape(_take(stream, slow)) == [(Kind.BEGIN_WINDOW, 3), (Kind.END_WINDOW, 3)]
     assert stream.rewind(2) == 2  # window 3 is dropped and republished
     for w in (3, 4):
         stream.append(Message(Kind.BEGIN_WINDOW, w))
-    assert _shape(stream.take(fast, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
-    assert _shape(stream.take(slow, 1 << 20)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
-    assert stream.take(fast, 1 << 20) == []
+    assert _shape(_take(stream, fast)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
+    assert _shape(_take(stream, slow)) == [(Kind.BEGIN_WINDOW, 3), (Kind.BEGIN_WINDOW, 4)]
+    assert _take(stream, fast) == []
 
 
 def test_two_subscribers_on_one_stream(server):
@@ -415,3 +437,290 @@ def test_two_million_rows_go_through(server):
     assert len(received) == -(-rows // batch_rows)
     assert pa.Table.from_batches(received).equals(table)
     assert sub.bytes_received == pub.bytes_published
+
+
+# -- retention, spill and back-pressure ------------------------------------------------
+
+_ROWS = 1000  # one batch: 1000 int64 values, about 8.3 kB of payload
+
+
+def _numbers(window: int, index: int, offset: int = 0) -> pa.RecordBatch:
+    start = offset + window * 10_000 + index * _ROWS
+    return pa.record_batch({"value": pa.array(range(start, start + _ROWS), pa.int64())})
+
+
+def _publish_numbers(pub, windows, batches: int = 2, offset: int = 0) -> None:
+    for w in windows:
+        pub.begin_window(w)
+        for i in range(batches):
+            pub.data(w, _numbers(w, i, offset))
+        pub.end_window(w)
+
+
+def _check_numbers(messages: list[Message], windows, batches: int = 2,
+                   offset: int = 0) -> None:
+    """``messages`` are exactly ``windows`` (with these values), in order."""
+    assert _shape(messages) == _expected(list(windows), batches)
+    data = [m.batch() for m in messages if m.kind == Kind.DATA]
+    assert data == [_numbers(w, i, offset) for w in windows for i in range(batches)]
+
+
+def _spill_files(root) -> list:
+    return sorted(root.rglob("*.arrow"))
+
+
+def _windows_in(path) -> list[int]:
+    return [m.window_id for m in read_block(path)]
+
+
+@pytest.fixture
+def spilling(tmp_path) -> Iterator[BufferServer]:
+    """A server keeping about 64 kB in memory (8 batches) in 24 kB blocks."""
+    with BufferServer(memory_budget_bytes=64_000, disk_budget_bytes=10_000_000,
+                      block_bytes=24_000, spill_dir=tmp_path) as srv:
+        yield srv
+
+
+def test_spill_to_disk_and_read_back_in_order(spilling, tmp_path):
+    pub = spilling.publisher(_STREAM)
+    _publish_numbers(pub, range(30))
+    stats = spilling.stats()
+    assert 0 < stats.memory_bytes <= 64_000
+    assert stats.disk_bytes > 0 and stats.blocks_on_disk >= 10
+    assert stats.memory_bytes + stats.disk_bytes == pub.bytes_published
+    assert spilling.stream_stats()[_STREAM] == (120, stats.memory_bytes, stats.disk_bytes)
+    assert stats.blocks_spilled == stats.blocks_on_disk and stats.publisher_waits == 0
+    files = _spill_files(tmp_path)
+    assert len(files) == stats.blocks_on_disk
+    assert all(f.parent == spilling.spill_path for f in files)
+    assert pa.ipc.open_file(pa.memory_map(str(files[0]))).schema.equals(ENVELOPE_SCHEMA)
+    pub.end_stream()
+    messages = _collect(spilling)  # a late subscriber: the whole stream, from disk first
+    assert messages[-1].kind == Kind.END_STREAM
+    _check_numbers(messages[:-1], range(30))
+    assert spilling.stats().blocks_read >= stats.blocks_on_disk
+    spilling.close()
+    assert spilling.spill_path is None and list(tmp_path.iterdir()) == []
+
+
+def test_replay_from_a_spilled_window(spilling):
+    pub = spilling.publisher(_STREAM)
+    _publish_numbers(pub, range(30))
+    pub.end_stream()
+    assert spilling.stats().disk_bytes > 0
+    for from_window in (4, 17, 27):  # the first two are on disk, the last in memory
+        messages = _collect(spilling, from_window=from_window)
+        assert messages[-1].kind == Kind.END_STREAM
+        _check_numbers(messages[:-1], range(from_window + 1, 30))
+
+
+def test_live_subscriber_while_the_stream_spills(spilling):
+    host, port = spilling.address
+    bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S * 3))
+    _wait_for(lambda: spilling.subscribers == 1, "the subscription")
+    pub = spilling.publisher(_STREAM)
+    _publish_numbers(pub, range(40))
+    pub.end_stream()
+    messages = bg.take(40 * 4 + 1)
+    _check_numbers(messages[:-1], range(40))
+    assert messages[-1].kind == Kind.END_STREAM and bg.next() is None
+    assert spilling.stats().blocks_spilled > 0
+
+
+def test_purge_drops_spilled_blocks_some_then_all(spilling, tmp_path):
+    pub = spilling.publisher(_STREAM)
+    _publish_numbers(pub, range(30))
+    before = spilling.stats()
+    last_window = {path: max(_windows_in(path)) for path in _spill_files(tmp_path)}
+    spilling.purge(_STREAM, 9)
+    after = spilling.stats()
+    assert after.messages == 20 * 4
+    assert 0 < after.disk_bytes < before.disk_bytes
+    assert after.memory_bytes == before.memory_bytes
+    # exactly the blocks wholly at or before window 9 are deleted
+    assert _spill_files(tmp_path) == [p for p, w in last_window.items() if w > 9]
+    assert 0 < after.blocks_on_disk < len(last_window)
+    pub.end_stream()
+    messages = _collect(spilling)
+    _check_numbers(messages[:-1], range(10, 30))
+    spilling.purge(_STREAM, 29)
+    assert spilling.stream_stats()[_STREAM] == (1, 0, 0)  # END_STREAM
+    assert _spill_files(tmp_path) == [] and spilling.stats().blocks_on_disk == 0
+    assert _shape(_collect(spilling)) == [(Kind.END_STREAM, 29)]
+
+
+def test_purge_all_purges_every_stream(spilling, tmp_path):
+    pubs = [spilling.publisher(f"{i}.output") for i in range(3)]
+    for w in range(8):
+        for pub in pubs:
+            _publish_numbers(pub, [w])
+    stats = spilling.stats()
+    per_stream = spilling.stream_stats()
+    assert stats.streams == 3 and stats.messages == 3 * 8 * 4
+    assert stats.memory_bytes == sum(s.memory_bytes for s in per_stream.values())
+    assert stats.disk_bytes == sum(s.disk_bytes for s in per_stream.values()) > 0
+    spilling.purge_all(5)
+    assert all(s.messages == 2 * 4 for s in spilling.stream_stats().values())
+    spilling.purge_all(7)
+    assert spilling.stream_stats() == {f"{i}.output": (0, 0, 0) for i in range(3)}
+    assert _spill_files(tmp_path) == []
+    stats = spilling.stats()
+    assert (stats.messages, stats.memory_bytes, stats.disk_bytes) == (0, 0, 0)
+
+
+def test_rewind_into_spilled_windows(spilling, tmp_path):
+    pub = spilling.publisher(_STREAM)
+    _publish_numbers(pub, range(30))
+    host, port = spilling.address
+    live = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S * 2))
+    _check_numbers(live.take(120), range(30))
+    restarted = spilling.publisher(_STREAM, from_window=5)
+    assert spilling.stream_stats()[_STREAM].messages == 6 * 4
+    assert all(min(_windows_in(path)) <= 5 for path in _spill_files(tmp_path))
+    _publish_numbers(restarted, range(6, 20), batches=1, offset=500_000)
+    restarted.end_stream()
+    # the live subscriber had read windows 6-29; it gets the republished ones
+    messages = live.take(14 * 3 + 1)
+    _check_numbers(messages[:-1], range(6, 20), batches=1, offset=500_000)
+    assert messages[-1].kind == Kind.END_STREAM and live.next() is None
+    messages = _collect(spilling)
+    _check_numbers(messages[:24], range(6))
+    _check_numbers(messages[24:-1], range(6, 20), batches=1, offset=500_000)
+    # a spill file cut by the rewind stays whole until purged: at most one block more
+    stats = spilling.stats()
+    retained = pub.bytes_published * 6 // 30 + restarted.bytes_published
+    assert 0 <= stats.memory_bytes + stats.disk_bytes - retained < 24_000 + 8_400
+
+
+def test_storage_reads_spilled_blocks_at_any_position(tmp_path):
+    store = SpillStore(tmp_path)
+    stream = _Stream("s", 0, Budget(1 << 30, 1 << 30), store, block_bytes=20_000)
+    for w in range(1, 7):
+        for kind in (Kind.BEGIN_WINDOW, Kind.DATA, Kind.DATA, Kind.END_WINDOW):
+            i = 0 if kind != Kind.DATA else 1
+            stream.append(Message.data(w, _numbers(w, i)) if kind == Kind.DATA
+                          else Message(kind, w))
+    everything = list(stream.messages)
+    slow, fast = _Cursor(-1), _Cursor(-1)
+    assert len(_take(stream, fast)) == 24
+    spills = 0
+    while stream.spill() is _SpillResult.SPILLED:
+        spills += 1
+    assert spills == len(stream.blocks) >= 3 and stream.memory_bytes == 0
+    assert stream.messages == [everything[-1]]  # a zero-byte END_WINDOW is not worth a file
+    slow.seq = 5  # as if it had read window 1 and BEGIN_WINDOW(2) before the spill
+    with stream.cond:
+        first, needed = stream.take(slow, 1 << 20)
+    assert first == [] and needed is stream.blocks[0]  # the reader must load the block
+    assert _take(stream, slow) == everything[5:]
+    assert _shape(_take(stream, _Cursor(3))) == _shape(everything[12:])
+    assert stream.purge(2) == 8
+    assert all(max(_windows_in(path)) > 2 for path in _spill_files(tmp_path))
+    assert _take(stream, _Cursor(-1)) == everything[8:]
+    assert stream.rewind(4) == 8  # windows 5 and 6, on disk and in memory
+    stream.append(Message(Kind.BEGIN_WINDOW, 5))
+    assert _shape(_take(stream, fast)) == [(Kind.BEGIN_WINDOW, 5)]
+    assert _shape(_take(stream, slow)) == [(Kind.BEGIN_WINDOW, 5)]
+    assert _take(stream, _Cursor(-1)) == everything[8:16] + [stream.messages[-1]]
+    store.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_spill_folder_is_temporary_and_removed_at_close():
+    with BufferServer(memory_budget_bytes=20_000) as srv:
+        pub = srv.publisher(_STREAM)
+        assert srv.spill_path is None  # made on the first spill only
+        _publish_numbers(pub, range(6))
+        folder = srv.spill_path
+        assert folder is not None and folder.is_dir() and any(folder.iterdir())
+    assert not folder.exists()
+
+
+def _publish_in_thread(pub, windows, batches: int = 1) -> tuple[threading.Thread, list]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _publish_numbers(pub, windows, batches)
+            pub.end_stream()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_back_pressure_waits_for_purge_and_loses_nothing(tmp_path):
+    with BufferServer(memory_budget_bytes=32_000, disk_budget_bytes=64_000,
+                      block_bytes=16_000, spill_dir=tmp_path) as srv:
+        pub = srv.publisher(_STREAM)
+        windows = range(40)  # about 330 kB, three times what memory and disk hold
+        publisher, errors = _publish_in_thread(pub, windows)
+        _wait_for(lambda: srv.stats().publishers_waiting == 1, "the publisher to block")
+        stats = srv.stats()
+        assert publisher.is_alive() and not errors
+        assert pub.messages_published < len(windows) * 3
+        assert stats.memory_bytes <= 32_000 and 0 < stats.disk_bytes <= 64_000
+        host, port = srv.address
+        bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S * 3))
+        received: list[Message] = []
+        while True:  # read, and purge each window read, as the committed window would
+            item = bg.next()
+            assert isinstance(item, Message), item
+            received.append(item)
+            if item.kind == Kind.END_WINDOW:
+                srv.purge(_STREAM, item.window_id)
+            if item.kind == Kind.END_STREAM:
+                break
+        assert bg.next() is None
+        publisher.join(_WAIT_S)
+        assert not publisher.is_alive() and not errors, errors
+        _check_numbers(received[:-1], windows, batches=1)
+        assert pub.waits >= 1 and pub.wait_s > 0
+        stats = srv.stats()
+        assert stats.publisher_waits >= pub.waits and stats.publishers_waiting == 0
+        assert srv.publisher_wait_s == stats.publisher_wait_s >= pub.wait_s
+        assert stats.blocks_spilled > 0
+
+
+def test_without_disk_budget_the_publisher_waits_at_the_memory_budget():
+    with BufferServer(memory_budget_bytes=20_000, disk_budget_bytes=0) as srv:
+        pub = srv.publisher(_STREAM)
+        publisher, errors = _publish_in_thread(pub, range(6))
+        _wait_for(lambda: srv.stats().publishers_waiting == 1, "the publisher to block")
+        assert srv.stats().disk_bytes == 0 and srv.spill_path is None
+        # windows 0 and 1 (two batches, 16.6 kB) and BEGIN_WINDOW(2): no room for a third
+        assert srv.stream_stats()[_STREAM] == (7, pub.bytes_published, 0)
+        srv.purge(_STREAM, 0)
+        _wait_for(lambda: pub.messages_published > 7, "the publisher to go on after a purge")
+        _wait_for(lambda: srv.purge_all(10) or not publisher.is_alive(),
+                  "the publisher to finish as purges free room")
+        assert not errors, errors
+        assert pub.waits >= 1 and srv.stats().publisher_waits == pub.waits
+        srv.purge_all(10)
+        assert srv.stream_stats()[_STREAM] == (1, 0, 0)
+
+
+def test_a_waiting_publisher_stops_on_its_stop_event_or_close():
+    srv = BufferServer(memory_budget_bytes=20_000, disk_budget_bytes=0).start()
+    try:
+        stop = threading.Event()
+        first = srv.publisher("1.output", stop=stop)
+        second = srv.publisher("2.output")
+        t1, errors1 = _publish_in_thread(first, range(5))
+        _wait_for(lambda: srv.stats().publishers_waiting == 1, "the first to block")
+        t2, errors2 = _publish_in_thread(second, range(5))
+        _wait_for(lambda: srv.stats().publishers_waiting == 2, "the second to block")
+        stop.set()
+        t1.join(_WAIT_S)
+        assert not t1.is_alive() and isinstance(errors1[0], PublishAborted), errors1
+        assert t2.is_alive()
+        retained = srv.stream_stats()
+    finally:
+        srv.close()
+    t2.join(_WAIT_S)
+    assert not t2.is_alive() and isinstance(errors2[0], PublishAborted), errors2
+    assert "closed" in str(errors2[0])
+    assert srv.stream_stats() == retained  # the aborted messages were not stored
+    assert srv.stats().publishers_waiting == 0
