@@ -7,16 +7,18 @@ users can still ask about an application after it ended.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import enum
 import logging
 from typing import Any
 
+from master.checkpoints import CheckpointBook
 from master.errors import InvalidTransition
 from master.physical_plan import ContainerState, PhysicalPlan
 from master.stats import ContainerStatsTracker, OperatorStatsTracker
 from proto import plan_pb2
 
-__all__ = ["Application", "ApplicationState"]
+__all__ = ["Application", "ApplicationState", "LauncherAction"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -49,6 +51,18 @@ _APP_NEXT: dict[ApplicationState, frozenset[ApplicationState]] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class LauncherAction:
+    """A container process to kill or launch, decided under the master's lock.
+
+    The rules queue these on the application; the master carries them out after
+    releasing its lock (a launcher may block).
+    """
+
+    kind: str  # "kill" or "launch"
+    container_id: str
+
+
 class Application:
     """An application's plan, state and statistics.
 
@@ -71,12 +85,17 @@ class Application:
         self.finished_ms = 0
         # Window ids count from whole seconds: base seconds = start_window_millis // 1000.
         self.start_window_millis = submitted_ms - submitted_ms % 1000
-        self.committed_window_id = -1  # checkpoints and the committed window come later
+        self.committed_window_id = -1
         self.shutdown_requested = False
         self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
         self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}
+        self.checkpoints = {op_id: CheckpointBook() for op_id in plan.operators}
         self.reported_errors: collections.deque[str] = collections.deque(
             maxlen=_REPORTED_ERRORS_KEPT)
+        self.recoveries = 0  # containers replaced
+        self.last_recovery = ""
+        self.last_recovery_ms = 0
+        self.launcher_actions: list[LauncherAction] = []
 
     @property
     def name(self) -> str:
@@ -95,7 +114,14 @@ class Application:
         return int(self.attribute("HEARTBEAT_TIMEOUT_MILLIS"))
 
     def all_containers_active(self) -> bool:
-        return all(c.state == ContainerState.ACTIVE for c in self.plan.containers.values())
+        """Every container not given up on is ACTIVE (lost ones were replaced)."""
+        live = self.plan.live_containers()
+        return bool(live) and all(c.state == ContainerState.ACTIVE for c in live)
+
+    def take_launcher_actions(self) -> list[LauncherAction]:
+        """The queued kills and launches, emptied; kills first."""
+        actions, self.launcher_actions = self.launcher_actions, []
+        return sorted(actions, key=lambda a: a.kind != "kill")
 
     def transition(self, to: ApplicationState, now_ms: int, diagnostics: str = "") -> bool:
         """Moves to ``to``; False if already there; raises InvalidTransition if not allowed."""

@@ -1,8 +1,10 @@
 """The master's state behind one lock: applications, their containers, and the master loop.
 
 The gRPC services call into ``MasterCore``; the rules themselves live in
-``physical_plan`` and ``heartbeat``. The master loop (a thread, every ~200 ms) runs the
-liveness check, so lost containers are noticed without any request arriving.
+``physical_plan``, ``heartbeat``, ``liveness`` and ``recovery``. The master loop (a
+thread, every ~200 ms) runs the liveness check, so lost containers are noticed without
+any request arriving. The rules queue the container processes to kill and launch; the
+core carries them out after releasing its lock.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from master import heartbeat as rules
-from master import views
-from master.application import Application, ApplicationState
+from master import liveness, recovery, views
+from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.launcher import Launcher
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
@@ -104,14 +106,32 @@ class MasterCore:
             self._apps[app_id] = app
             for cid in plan.containers:
                 self._container_apps[cid] = app_id
-            _LOGGER.info("app=%s submitted: %r, %d operators in %d containers", app_id,
-                         app.name, len(plan.operators), len(plan.containers))
-        self._launch(app)
+            _LOGGER.info("app=%s submitted: %r, %d operators in %d containers, state in %s",
+                         app_id, app.name, len(plan.operators), len(plan.containers),
+                         plan.attributes["STATE_DIR"])
+        self._launch(app, list(plan.containers))
         return app_id
 
-    def _launch(self, app: Application) -> None:
-        """Launches the containers outside the lock (a container may call in at once)."""
-        for cid in list(app.plan.containers):
+    def _take_actions(self, app: Application) -> list[tuple[Application, LauncherAction]]:
+        """The app's queued kills and launches; new containers become known (lock held)."""
+        actions = app.take_launcher_actions()
+        for action in actions:
+            if action.kind == "launch":
+                self._container_apps[action.container_id] = app.id
+        return [(app, action) for action in actions]
+
+    def _carry_out(self, actions: list[tuple[Application, LauncherAction]]) -> None:
+        """Kills, then launches, outside the lock."""
+        for _app, action in actions:
+            if action.kind == "kill":
+                self.launcher.kill(action.container_id)
+        for app, action in actions:
+            if action.kind == "launch":
+                self._launch(app, [action.container_id])
+
+    def _launch(self, app: Application, container_ids: list[str]) -> None:
+        """Launches containers outside the lock (a container may call in at once)."""
+        for cid in container_ids:
             with self._lock:
                 if app.terminal:
                     break
@@ -163,15 +183,16 @@ class MasterCore:
             return views.operator_info(app, op, with_windows=True)
 
     def kill_container(self, container_id: str) -> None:
-        """Kills the container's process; until recovery exists its application fails."""
+        """Kills the container's process; a new container replaces it (recovery)."""
         with self._lock:
             app, container = self._container(container_id)
             if container.state == ContainerState.KILLED:
                 raise FailedPrecondition(f"container {container_id} is already KILLED "
                                          f"({container.diagnostics})")
-            rules.lose_container(app, container, "killed by the user", self.clock())
+            recovery.lose_container(app, container, "killed by the user", self.clock())
+            actions = self._take_actions(app)
             self._changed.notify_all()
-        self.launcher.kill(container_id)
+        self._carry_out(actions)
 
     def shutdown_application(self, app_id: str) -> None:
         """Asks the containers to end their input streams; the app then finishes."""
@@ -235,8 +256,10 @@ class MasterCore:
             app_id = self._container_apps.get(heartbeat.container_id)
             app = self._apps.get(app_id) if app_id else None
             response = rules.process_heartbeat(app, heartbeat, self.clock())
+            actions = self._take_actions(app) if app is not None else []
             self._changed.notify_all()
-            return response
+        self._carry_out(actions)
+        return response
 
     def log(self, container_id: str, msg: str) -> None:
         with self._lock:
@@ -256,20 +279,20 @@ class MasterCore:
     # -- liveness -------------------------------------------------------------------------
     def check_liveness(self) -> list[str]:
         """One pass of the master loop; returns the containers given up on."""
-        losses: list[rules.ContainerLoss] = []
+        losses: list[recovery.ContainerLoss] = []
+        actions: list[tuple[Application, LauncherAction]] = []
         with self._lock:
             now_ms = self.clock()
             for app in self._apps.values():
-                live = [c for c in app.plan.containers.values()
-                        if c.state != ContainerState.KILLED]
+                live = app.plan.live_containers()
                 if not live:
                     continue
                 exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
-                losses += rules.check_liveness(app, now_ms, exit_codes, self.stop_grace_ms)
+                losses += liveness.check_liveness(app, now_ms, exit_codes, self.stop_grace_ms)
+                actions += self._take_actions(app)
             if losses:
                 self._changed.notify_all()
-        for loss in losses:
-            self.launcher.kill(loss.container_id)
+        self._carry_out(actions)
         return [loss.container_id for loss in losses]
 
     def start(self) -> None:

@@ -1,30 +1,36 @@
-"""Apex's heartbeat and liveness rules as pure functions: state and a message in, a decision out.
+"""Apex's heartbeat rules as pure functions: state and a message in, a decision out.
 
 No threads, sockets or clocks here: the caller passes the time and holds the lock, so
-tests step the protocol with hand-built heartbeats and a manual clock.
+tests step the protocol with hand-built heartbeats and a manual clock. Liveness lives in
+``liveness`` and the recovery cascade in ``recovery``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Mapping
 
 from master.application import Application, ApplicationState
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from master.recovery import is_operator_done, lose_container, record_checkpoints, update_recovery
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = [
-    "ContainerLoss",
+    "UPSTREAM_END_WINDOW",
     "abort_response",
-    "check_liveness",
     "deploy_info",
-    "lose_container",
     "process_heartbeat",
 ]
 
 _LOGGER = logging.getLogger(__name__)
+
+UPSTREAM_END_WINDOW = "UPSTREAM_END_WINDOW"
+"""Key of an input's ``context_attributes``: its upstream operator ended at this window.
+
+Set when the subscriber restarts at or after that window: everything the stream carried
+is already in its checkpoint, so the input is at END_STREAM from the start (the
+upstream, done, is not redeployed and its buffer server may be gone).
+"""
 
 
 def abort_response() -> umbilical_pb2.ContainerHeartbeatResponse:
@@ -39,9 +45,12 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
 
     Rules (Apex's ``processHeartbeat``): an unknown or killed container gets ABORT; the
     first heartbeat records the buffer-server address and makes the container ACTIVE;
-    reported operator states move the plan's operators; deploy requests go out only when
-    every container of the application is ACTIVE and are repeated until the operator is
-    reported; a terminal application answers ABORT.
+    reported operator states and checkpoints move the plan's operators, their recovery
+    checkpoints and the committed window (in every answer); an operator reported FAILED
+    costs its container (ABORT; recovery takes over); operators pending undeploy are
+    undeployed until no longer reported; deploy requests go out only when every live
+    container is ACTIVE and no operator waits for its undeploy, and are repeated until
+    the operator is reported; a terminal application answers ABORT.
 
     Args:
         app: the application owning ``heartbeat.container_id``, or None if unknown.
@@ -66,9 +75,15 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         lose_container(app, container, "it asked to be restarted (its buffer server failed)",
                        now_ms)
         return abort_response()
-    response = umbilical_pb2.ContainerHeartbeatResponse(
-        committed_window_id=app.committed_window_id)
-    reported = _apply_operator_reports(app, container, heartbeat, now_ms, response)
+    response = umbilical_pb2.ContainerHeartbeatResponse()
+    reported, failed = _apply_operator_reports(app, container, heartbeat, now_ms, response)
+    if failed is not None and not app.terminal:
+        lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
+                                       f"{failed.error}", now_ms, blamed=[failed])
+        return abort_response()
+    _undeployed(app, container, reported)
+    update_recovery(app)
+    response.committed_window_id = app.committed_window_id
     if not app.terminal and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
     if not app.terminal and all(op.state == OperatorState.SHUTDOWN
@@ -79,11 +94,11 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         return response
     pending = [op for op in app.plan.operators_in(container)
                if op.state == OperatorState.PENDING_DEPLOY and op.id not in reported]
-    if pending and container.state == ContainerState.ACTIVE and app.all_containers_active():
+    if pending and _may_deploy(app, container):
         for op in pending:
             response.deploy_request.append(deploy_info(app, op))
         _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])
-    response.has_pending_requests = bool(pending)
+    response.has_pending_requests = bool(pending or response.undeploy_request)
     if _all_ready(app):
         response.activate_request.extend(
             op.id for op in app.plan.operators_in(container)
@@ -91,6 +106,14 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     if app.shutdown_requested:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
     return response
+
+
+def _may_deploy(app: Application, container: PTContainer) -> bool:
+    """Deploys wait for every live container (inputs need their upstream's address) and for
+    every pending undeploy (an old instance must be gone before its successor starts)."""
+    return (container.state == ContainerState.ACTIVE and app.all_containers_active()
+            and not any(op.state == OperatorState.PENDING_UNDEPLOY
+                        for op in app.plan.operators.values()))
 
 
 def _all_ready(app: Application) -> bool:
@@ -118,9 +141,11 @@ def _activate(app: Application, container: PTContainer,
 
 def _apply_operator_reports(app: Application, container: PTContainer,
                             heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int,
-                            response: umbilical_pb2.ContainerHeartbeatResponse) -> set[int]:
-    """Moves operators to their reported states; returns the ids reported."""
+                            response: umbilical_pb2.ContainerHeartbeatResponse
+                            ) -> tuple[set[int], PTOperator | None]:
+    """Moves operators to their reported states; returns the ids reported and one FAILED."""
     reported: set[int] = set()
+    failed: PTOperator | None = None
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
         if op is None or op.container_id != container.id:
@@ -129,140 +154,85 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             response.undeploy_request.append(report.node_id)
             continue
         reported.add(op.id)
-        op.ready = op.ready or report.ready
+        if op.state == OperatorState.PENDING_UNDEPLOY:
+            response.undeploy_request.append(op.id)  # its old instance: nothing it says counts
+            continue
+        if report.ready and not op.ready:
+            op.ready, op.ready_ms = True, now_ms
         tracker = app.operator_stats[op.id]
         if tracker.record(report, now_ms):
             _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
                           format_window_id(tracker.current_window_id))
-        _apply_state(app, container, op, report, now_ms)
-    return reported
+        record_checkpoints(app, op, report)
+        if _apply_state(app, container, op, report) and failed is None:
+            failed = op
+    return reported, failed
 
 
 def _apply_state(app: Application, container: PTContainer, op: PTOperator,
-                 report: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> None:
+                 report: umbilical_pb2.OperatorHeartbeat) -> bool:
+    """Moves ``op`` to its reported state; True if it has just FAILED."""
     if op.terminal:
-        return  # SHUTDOWN and FAILED are final until recovery exists
+        return False  # SHUTDOWN and FAILED stay until recovery redeploys the operator
     if report.state == umbilical_pb2.OPERATOR_STATE_ACTIVE:
         if op.transition(OperatorState.ACTIVE):
-            _LOGGER.info("app=%s container=%s operator=%s (%d) ACTIVE", app.id, container.id,
-                         op.name, op.id)
+            _LOGGER.info("app=%s container=%s operator=%s (%d) ACTIVE from checkpoint %s",
+                         app.id, container.id, op.name, op.id,
+                         format_window_id(op.deploy_window_id))
     elif report.state == umbilical_pb2.OPERATOR_STATE_SHUTDOWN:
         op.transition(OperatorState.SHUTDOWN)
-        _LOGGER.info("app=%s container=%s operator=%s (%d) SHUTDOWN (its stream ended)",
-                     app.id, container.id, op.name, op.id)
+        _LOGGER.info("app=%s container=%s operator=%s (%d) SHUTDOWN (its stream ended after "
+                     "window %s)", app.id, container.id, op.name, op.id,
+                     format_window_id(app.operator_stats[op.id].current_window_id))
     elif report.state == umbilical_pb2.OPERATOR_STATE_FAILED:
-        op.transition(OperatorState.FAILED)
-        op.failure_count += 1
+        op.transition(OperatorState.FAILED)  # the failure is charged by lose_container
         op.error = report.error or "failed without an error message"
-        _LOGGER.warning("app=%s container=%s operator=%s (%d) FAILED: %s", app.id,
-                        container.id, op.name, op.id, op.error)
-        app.fail(f"operator {op.name!r} ({op.id}) failed in container {container.id}: "
-                 f"{op.error}", now_ms)
+        _LOGGER.warning("app=%s container=%s operator=%s (%d) FAILED at window %s: %s",
+                        app.id, container.id, op.name, op.id,
+                        format_window_id(app.operator_stats[op.id].last_window_id), op.error)
+        return True
+    return False
+
+
+def _undeployed(app: Application, container: PTContainer, reported: set[int]) -> None:
+    """Operators pending undeploy that the container no longer reports: gone, redeploy them."""
+    for op in app.plan.operators_in(container):
+        if op.state == OperatorState.PENDING_UNDEPLOY and op.id not in reported:
+            op.transition(OperatorState.PENDING_DEPLOY)
+            _LOGGER.info("app=%s container=%s operator=%s (%d) undeployed; pending deploy from "
+                         "checkpoint %s", app.id, container.id, op.name, op.id,
+                         format_window_id(op.deploy_window_id))
 
 
 def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo:
     """What a container needs to run ``op``: payload, attributes and every port's stream.
 
-    Inputs name the upstream operator's container buffer server and the stream
-    ``(source_node_id, source_port_name)``; outputs name the operator's own container's.
+    The checkpoint is the one ``op`` starts from (-1 = fresh; after a recovery, chosen by
+    its PROCESSING_MODE). Inputs name the CURRENT buffer server of the upstream
+    operator's container and the stream ``(source_node_id, source_port_name)``; outputs
+    name the operator's own container's.
     """
     own = app.plan.containers[op.container_id]
     info = plan_pb2.OperatorDeployInfo(
         id=op.id, name=op.name, type=op.type, class_name=op.class_name, payload=op.payload,
-        checkpoint=plan_pb2.Checkpoint(window_id=op.recovery_window_id),
+        checkpoint=plan_pb2.Checkpoint(
+            window_id=op.deploy_window_id,
+            application_window_count=int(op.attributes.get("APPLICATION_WINDOW_COUNT", 1)),
+            checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
         context_attributes=op.attribute_text())
     for link in op.inputs:
-        upstream = app.plan.container_of(link.source_operator_id)
-        info.inputs.add(
+        upstream = app.plan.operators[link.source_operator_id]
+        container = app.plan.containers[upstream.container_id]
+        link_info = info.inputs.add(
             port_name=link.port_name, declared_stream_id=link.stream_name,
             source_node_id=link.source_operator_id, source_port_name=link.source_port_name,
-            buffer_server_host=upstream.buffer_server_host,
-            buffer_server_port=upstream.buffer_server_port)
+            buffer_server_host=container.buffer_server_host,
+            buffer_server_port=container.buffer_server_port)
+        end = app.operator_stats[upstream.id].current_window_id
+        if is_operator_done(app, upstream) and end <= op.deploy_window_id:
+            link_info.context_attributes[UPSTREAM_END_WINDOW] = str(end)
     for link in op.outputs:
         info.outputs.add(
             port_name=link.port_name, declared_stream_id=link.stream_name,
             buffer_server_host=own.buffer_server_host, buffer_server_port=own.buffer_server_port)
     return info
-
-
-@dataclasses.dataclass(frozen=True)
-class ContainerLoss:
-    """A container the liveness check gave up on; its process must be killed."""
-
-    container_id: str
-    cause: str
-
-
-def lose_container(app: Application, container: PTContainer, cause: str,
-                   now_ms: int) -> ContainerLoss:
-    """Marks ``container`` KILLED; until recovery exists, its application fails with it."""
-    container.transition(ContainerState.KILLED)
-    container.finished_ms = now_ms
-    container.diagnostics = cause
-    container.buffer_server_host, container.buffer_server_port = "", 0
-    if app.terminal:
-        _LOGGER.info("app=%s container=%s stopped: %s", app.id, container.id, cause)
-        return ContainerLoss(container.id, cause)
-    _LOGGER.warning("app=%s container=%s lost: %s", app.id, container.id, cause)
-    for op in app.plan.operators_in(container):
-        if not op.terminal:
-            op.transition(OperatorState.FAILED)
-            op.failure_count += 1
-            op.error = f"container {container.id} lost: {cause}"
-    app.fail(f"container {container.id} lost: {cause}", now_ms)
-    return ContainerLoss(container.id, cause)
-
-
-def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
-                   stop_grace_ms: int) -> list[ContainerLoss]:
-    """The containers of ``app`` to give up on now, already marked KILLED.
-
-    A container is lost when its process exited, when it sent no heartbeat for
-    HEARTBEAT_TIMEOUT_MILLIS, or when it never sent one within twice that after its
-    launch. Once the application is terminal, containers that exited are recorded and
-    those still running ``stop_grace_ms`` after the end are stopped.
-
-    Args:
-        app: the application.
-        now_ms: the master's time.
-        exit_codes: container id -> exit code, None while running (from the launcher).
-        stop_grace_ms: how long containers of an ended application may take to exit.
-    """
-    timeout_ms = app.heartbeat_timeout_ms
-    losses: list[ContainerLoss] = []
-    for container in app.plan.containers.values():
-        if container.state == ContainerState.KILLED:
-            continue
-        cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
-                       stop_grace_ms)
-        if cause:
-            losses.append(lose_container(app, container, cause, now_ms))
-    return losses
-
-
-def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int | None,
-           timeout_ms: int, stop_grace_ms: int) -> str:
-    if app.terminal:
-        if container.state == ContainerState.NEW:
-            return f"never launched: the application is {app.state.value}"
-        if exit_code is not None:
-            return f"exited with code {exit_code} after the application ended"
-        if now_ms - app.finished_ms >= stop_grace_ms:
-            return (f"still running {(now_ms - app.finished_ms) / 1000:.1f} s after the "
-                    "application ended; stopped")
-        return ""
-    if container.state == ContainerState.NEW:
-        return ""
-    if exit_code is not None:
-        return f"its process exited with code {exit_code}"
-    if container.state == ContainerState.ACTIVE:
-        silent_ms = now_ms - app.container_stats[container.id].last_heartbeat_ms
-        if silent_ms > timeout_ms:
-            return (f"no heartbeat for {silent_ms} ms "
-                    f"(HEARTBEAT_TIMEOUT_MILLIS={timeout_ms})")
-    elif container.state == ContainerState.ALLOCATED:
-        waited_ms = now_ms - container.allocated_ms
-        if waited_ms > 2 * timeout_ms:
-            return (f"never sent a heartbeat within {waited_ms} ms of its launch "
-                    f"(2 x HEARTBEAT_TIMEOUT_MILLIS={timeout_ms})")
-    return ""

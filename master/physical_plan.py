@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +30,7 @@ __all__ = [
     "PlanError",
     "build_physical_plan",
     "container_id_for",
+    "default_state_dir",
     "place_operators",
     "resolve_attributes",
 ]
@@ -49,12 +52,17 @@ class ContainerState(enum.Enum):
 
 
 class OperatorState(enum.Enum):
-    """Life of a physical operator: PENDING_DEPLOY -> ACTIVE -> SHUTDOWN | FAILED."""
+    """Life of a physical operator: PENDING_DEPLOY -> ACTIVE -> SHUTDOWN | FAILED.
+
+    Recovery sends an operator back: to PENDING_UNDEPLOY while its old instance still
+    runs in a surviving container, then to PENDING_DEPLOY until its new instance reports.
+    """
 
     PENDING_DEPLOY = "PENDING_DEPLOY"
     ACTIVE = "ACTIVE"
     SHUTDOWN = "SHUTDOWN"
     FAILED = "FAILED"
+    PENDING_UNDEPLOY = "PENDING_UNDEPLOY"
 
 
 _CONTAINER_NEXT: dict[ContainerState, frozenset[ContainerState]] = {
@@ -65,12 +73,18 @@ _CONTAINER_NEXT: dict[ContainerState, frozenset[ContainerState]] = {
 }
 
 # An operator may finish or fail before the master heard it was ACTIVE (a short window).
+# Recovery may take any operator back to PENDING_UNDEPLOY (its old instance must stop
+# first) or straight to PENDING_DEPLOY (its container is gone).
+_RECOVER = frozenset({OperatorState.PENDING_UNDEPLOY, OperatorState.PENDING_DEPLOY})
 _OPERATOR_NEXT: dict[OperatorState, frozenset[OperatorState]] = {
     OperatorState.PENDING_DEPLOY: frozenset(
-        {OperatorState.ACTIVE, OperatorState.SHUTDOWN, OperatorState.FAILED}),
-    OperatorState.ACTIVE: frozenset({OperatorState.SHUTDOWN, OperatorState.FAILED}),
-    OperatorState.SHUTDOWN: frozenset(),
-    OperatorState.FAILED: frozenset(),
+        {OperatorState.ACTIVE, OperatorState.SHUTDOWN, OperatorState.FAILED,
+         OperatorState.PENDING_UNDEPLOY}),
+    OperatorState.ACTIVE: frozenset({OperatorState.SHUTDOWN, OperatorState.FAILED, *_RECOVER}),
+    OperatorState.SHUTDOWN: _RECOVER,
+    OperatorState.FAILED: _RECOVER,
+    OperatorState.PENDING_UNDEPLOY: frozenset({OperatorState.PENDING_DEPLOY,
+                                               OperatorState.FAILED}),
 }
 
 
@@ -110,9 +124,12 @@ class PTOperator:
     outputs: list[OutputLink] = dataclasses.field(default_factory=list)
     state: OperatorState = OperatorState.PENDING_DEPLOY
     error: str = ""
-    failure_count: int = 0
+    failure_count: int = 0  # every failure over the application's life
+    failures_in_a_row: int = 0  # failures since its last new checkpoint (MAX_RESTARTS)
     recovery_window_id: int = -1
+    deploy_window_id: int = -1  # the checkpoint its next (or current) instance starts from
     ready: bool = False  # its container reported setup() done
+    ready_ms: int = 0  # when its current instance was deployed or reported ready
 
     @property
     def is_input(self) -> bool:
@@ -121,6 +138,15 @@ class PTOperator:
     @property
     def terminal(self) -> bool:
         return self.state in (OperatorState.SHUTDOWN, OperatorState.FAILED)
+
+    @property
+    def pending(self) -> bool:
+        """Between instances: its recovery checkpoint is frozen until it runs again."""
+        return self.state in (OperatorState.PENDING_DEPLOY, OperatorState.PENDING_UNDEPLOY)
+
+    @property
+    def processing_mode(self) -> str:
+        return str(self.attributes.get("PROCESSING_MODE", "AT_LEAST_ONCE"))
 
     def transition(self, to: OperatorState) -> bool:
         """Moves to ``to``; False if already there; raises InvalidTransition if not allowed."""
@@ -140,12 +166,16 @@ class PTContainer:
     """The master's view of one container process and the operators placed in it.
 
     Created with the plan (NEW); ALLOCATED when launched, ACTIVE from its first
-    heartbeat, KILLED when it is lost, killed or has exited.
+    heartbeat, KILLED when it is lost, killed or has exited. A lost container of a
+    running application is replaced by a new one (``replaced_by``) that takes its
+    operators; ``operator_ids`` keeps the operators it held, for the record.
     """
 
     id: str
     index: int
     operator_ids: list[int] = dataclasses.field(default_factory=list)
+    replaces: str = ""
+    replaced_by: str = ""
     state: ContainerState = ContainerState.NEW
     buffer_server_host: str = ""
     buffer_server_port: int = 0
@@ -187,12 +217,25 @@ class PhysicalPlan:
         return next((op for op in self.operators.values() if op.name == name), None)
 
     def operators_in(self, container: PTContainer) -> list[PTOperator]:
-        return [self.operators[i] for i in container.operator_ids]
+        """The operators placed in ``container`` now (none once it was replaced)."""
+        return [self.operators[i] for i in container.operator_ids
+                if self.operators[i].container_id == container.id]
 
     def upstream_ids(self, operator_id: int) -> list[int]:
         """Physical ids of the operators feeding ``operator_id``, without repeats."""
         ids = [link.source_operator_id for link in self.operators[operator_id].inputs]
         return list(dict.fromkeys(ids))
+
+    def downstream_ids(self, operator_id: int) -> list[int]:
+        """Physical ids of the operators ``operator_id`` feeds, without repeats, ascending."""
+        return [op.id for op in self.operators.values()
+                if any(link.source_operator_id == operator_id for link in op.inputs)]
+
+    def live_containers(self) -> list[PTContainer]:
+        return [c for c in self.containers.values() if c.state != ContainerState.KILLED]
+
+    def next_container_index(self) -> int:
+        return max((c.index for c in self.containers.values()), default=-1) + 1
 
     def container_of(self, operator_id: int) -> PTContainer:
         return self.containers[self.operators[operator_id].container_id]
@@ -204,6 +247,16 @@ class PhysicalPlan:
 def container_id_for(app_id: str, index: int) -> str:
     """The id of container number ``index`` of an application, e.g. ``app-0001-c0``."""
     return f"{app_id}-c{index}"
+
+
+def default_state_dir(app_id: str) -> str:
+    """Where an application's checkpoints live when STATE_DIR is empty.
+
+    A folder per application under the system's temporary folder; the containers
+    compute the same path, but the master resolves it at submit so every container of
+    the application is told the one value.
+    """
+    return os.path.join(tempfile.gettempdir(), "weir-state", app_id)
 
 
 def _split_overrides(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
@@ -312,6 +365,11 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
         if index >= 0:
             pinned[name] = index
     placement = place_operators(order, pinned, dag_attributes["CONTAINERS"])
+    _check_processing_modes(order, operator_attributes)
+    if not dag_attributes["STATE_DIR"]:
+        dag_attributes["STATE_DIR"] = default_state_dir(app_id)
+    for attributes in operator_attributes.values():
+        attributes["STATE_DIR"] = dag_attributes["STATE_DIR"]
     descriptors = {op.name: op for op in dag.operators}
     ids = {name: number for number, name in enumerate(order, start=1)}
     containers: dict[str, PTContainer] = {}
@@ -332,6 +390,24 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     _link_streams(dag, ids, operators)
     return PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
                         operators=operators, containers=containers)
+
+
+def _check_processing_modes(order: list[str],
+                            operator_attributes: Mapping[str, Mapping[str, Any]]) -> None:
+    """EXACTLY_ONCE needs a checkpoint after every window (Apex's rule).
+
+    Raises:
+        PlanError: an EXACTLY_ONCE operator checkpoints less often.
+    """
+    for name in order:
+        attributes = operator_attributes[name]
+        if (attributes["PROCESSING_MODE"] == "EXACTLY_ONCE"
+                and attributes["CHECKPOINT_WINDOW_COUNT"] != 1):
+            raise PlanError(
+                f"operator {name!r} has PROCESSING_MODE=EXACTLY_ONCE but "
+                f"CHECKPOINT_WINDOW_COUNT={attributes['CHECKPOINT_WINDOW_COUNT']}; exactly-once "
+                "needs a checkpoint after every window: set "
+                f"-D {name}.CHECKPOINT_WINDOW_COUNT=1 (or use AT_LEAST_ONCE)")
 
 
 def _link_streams(dag: plan_pb2.DagDescriptor, ids: Mapping[str, int],

@@ -79,7 +79,9 @@ class OperatorStatsTracker:
     """Per-operator totals, recent windows and rates; one per physical operator.
 
     Windows at or before the current window are ignored, so a heartbeat sent twice
-    does not count twice.
+    (or a window replayed after a recovery) does not count twice. Liveness looks at
+    ``last_window_id`` instead: the newest window of the operator's current instance,
+    replayed or not, and ``window_moved_ms``, when it last moved.
     """
 
     def __init__(self) -> None:
@@ -88,6 +90,8 @@ class OperatorStatsTracker:
         self.current_window_id = -1
         self.windows_processed = 0
         self.last_heartbeat_ms = 0
+        self.last_window_id = -1
+        self.window_moved_ms = 0
         self.ports: dict[tuple[str, str], PortTotals] = {}
         self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
         self._end_window_ms: collections.OrderedDict[int, int] = collections.OrderedDict()
@@ -97,6 +101,9 @@ class OperatorStatsTracker:
         self.last_heartbeat_ms = now_ms
         added = 0
         for window in heartbeat.window_stats:
+            if window.window_id > self.last_window_id:
+                self.last_window_id = window.window_id
+                self.window_moved_ms = now_ms
             if window.window_id <= self.current_window_id:
                 continue
             self._record_window(window)
@@ -127,6 +134,11 @@ class OperatorStatsTracker:
             self._end_window_ms[window.window_id] = end_ms
             while len(self._end_window_ms) > _END_WINDOW_HISTORY:
                 self._end_window_ms.popitem(last=False)
+
+    def restarted(self, now_ms: int) -> None:
+        """A new instance of the operator is on its way: its own windows start over."""
+        self.last_window_id = -1
+        self.window_moved_ms = now_ms
 
     def end_window_ms(self, window_id: int) -> int | None:
         """When END_WINDOW of ``window_id`` passed this operator (epoch ms), if known."""

@@ -95,8 +95,10 @@ def format_time(ms: int) -> str:
 
 
 APPLICATION_HEADERS = ["ID", "NAME", "STATE", "CONTAINERS", "OPERATORS", "WINDOW",
-                       "PROCESSED", "EMITTED", "SUBMITTED", "DURATION", "DIAGNOSTICS"]
-APPLICATION_RIGHT = {"CONTAINERS", "OPERATORS", "PROCESSED", "EMITTED", "DURATION"}
+                       "COMMITTED", "FAILURES", "RECOVERIES", "PROCESSED", "EMITTED",
+                       "SUBMITTED", "DURATION", "DIAGNOSTICS"]
+APPLICATION_RIGHT = {"CONTAINERS", "OPERATORS", "FAILURES", "RECOVERIES", "PROCESSED",
+                     "EMITTED", "DURATION"}
 
 
 def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
@@ -107,9 +109,11 @@ def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
         rows.append([
             app.id, app.name, app.state, f"{app.containers_active}/{app.containers_planned}",
             str(app.operators), format_window_id(app.current_window_id),
+            format_window_id(app.committed_window_id), str(app.operator_failures),
+            str(app.recoveries),
             format_count(app.total_tuples_processed), format_count(app.total_tuples_emitted),
             format_time(app.submitted_ms), format_duration_ms(end_ms - app.submitted_ms),
-            app.diagnostics or "-",
+            app.diagnostics or (f"recovered: {app.last_recovery}" if app.last_recovery else "-"),
         ])
     return rows
 
@@ -135,14 +139,25 @@ def container_rows(containers: Iterable[client_pb2.ContainerInfo], now_ms: int
     return rows
 
 
-OPERATOR_HEADERS = ["ID", "NAME", "CONTAINER", "STATE", "WINDOW", "WINDOWS", "PROCESSED",
-                    "EMITTED", "IN/S", "OUT/S", "CPU %", "LATENCY", "ERROR"]
-OPERATOR_RIGHT = {"ID", "WINDOWS", "PROCESSED", "EMITTED", "IN/S", "OUT/S", "CPU %", "LATENCY"}
+OPERATOR_HEADERS = ["ID", "NAME", "CONTAINER", "STATE", "WINDOW", "CHECKPOINT", "RECOVERY",
+                    "CKPT MS", "FAILURES", "WINDOWS", "PROCESSED", "EMITTED", "IN/S", "OUT/S",
+                    "CPU %", "LATENCY", "ERROR"]
+OPERATOR_RIGHT = {"ID", "CKPT MS", "FAILURES", "WINDOWS", "PROCESSED", "EMITTED", "IN/S",
+                  "OUT/S", "CPU %", "LATENCY"}
+
+
+def _checkpoint_ms(op: client_pb2.OperatorInfo) -> str:
+    """Last / average checkpoint time."""
+    if not op.checkpoints:
+        return "-"
+    return f"{op.checkpoint_time_ms}/{op.checkpoint_time_avg_ms:.0f}"
 
 
 def operator_rows(operators: Iterable[client_pb2.OperatorInfo]) -> list[list[str]]:
     return [[
         str(op.id), op.name, op.container_id, op.state, format_window_id(op.current_window_id),
+        format_window_id(op.checkpoint_window_id), format_window_id(op.recovery_window_id),
+        _checkpoint_ms(op), str(op.failure_count),
         format_count(op.windows_processed), format_count(op.total_tuples_processed),
         format_count(op.total_tuples_emitted), format_rate(op.tuples_processed_per_second),
         format_rate(op.tuples_emitted_per_second), f"{op.cpu_percent:.1f}",
@@ -166,8 +181,16 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
                            f"({format_rate(op.tuples_emitted_per_second)}/s)"),
         ("cpu", f"{op.cpu_percent:.1f} %"),
         ("latency", f"{op.latency_ms:.0f} ms"),
-        ("failures", str(op.failure_count)),
+        ("processing mode", op.processing_mode or "-"),
+        ("latest checkpoint", format_window_id(op.checkpoint_window_id)),
+        ("checkpoints", f"{format_count(op.checkpoints)} (last {op.checkpoint_time_ms} ms, "
+                        f"average {op.checkpoint_time_avg_ms:.1f} ms)" if op.checkpoints
+         else "0"),
         ("recovery window", format_window_id(op.recovery_window_id)),
+        ("started from", format_window_id(op.deploy_window_id)
+         if op.deploy_window_id >= 0 else "scratch"),
+        ("failures", f"{op.failure_count} ({op.failures_in_a_row} in a row, "
+                     f"restart limit {op.max_restarts})"),
         ("last heartbeat", format_ago(op.last_heartbeat_ms, now_ms)),
     ]
     if op.error:

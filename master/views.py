@@ -6,6 +6,7 @@ import logging
 
 from master.application import Application
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from master.recovery import max_restarts
 from master.stats import latency_ms
 from proto import client_pb2
 
@@ -15,7 +16,7 @@ _LOGGER = logging.getLogger(__name__)
 
 
 def application_info(app: Application) -> client_pb2.ApplicationInfo:
-    """Summary of one application: state, sizes, current window and tuple totals."""
+    """Summary of one application: state, sizes, windows, failures and tuple totals."""
     ops = list(app.plan.operators.values())
     stats = app.operator_stats
     active_windows = [stats[op.id].current_window_id for op in ops
@@ -25,7 +26,7 @@ def application_info(app: Application) -> client_pb2.ApplicationInfo:
     return client_pb2.ApplicationInfo(
         id=app.id, name=app.name, state=app.state.value, diagnostics=app.diagnostics,
         submitted_ms=app.submitted_ms, finished_ms=app.finished_ms,
-        containers_planned=len(app.plan.containers),
+        containers_planned=sum(not c.replaced_by for c in app.plan.containers.values()),
         containers_active=sum(c.state == ContainerState.ACTIVE
                               for c in app.plan.containers.values()),
         operators=len(ops),
@@ -36,6 +37,10 @@ def application_info(app: Application) -> client_pb2.ApplicationInfo:
         attributes=app.plan.attribute_text(),
         start_window_millis=app.start_window_millis,
         operators_failed=sum(op.state == OperatorState.FAILED for op in ops),
+        recoveries=app.recoveries,
+        operator_failures=sum(op.failure_count for op in ops),
+        last_recovery=app.last_recovery, last_recovery_ms=app.last_recovery_ms,
+        containers_replaced=sum(bool(c.replaced_by) for c in app.plan.containers.values()),
     )
 
 
@@ -54,6 +59,7 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         gc_collection_time_ms=stats.gc_collection_time_ms,
         heartbeats=stats.heartbeats, started_ms=container.allocated_ms,
         finished_ms=container.finished_ms, diagnostics=container.diagnostics,
+        replaces=container.replaces, replaced_by=container.replaced_by,
     )
 
 
@@ -61,6 +67,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
                   ) -> client_pb2.OperatorInfo:
     """One operator's state and statistics; ``with_windows`` adds the recent windows."""
     tracker = app.operator_stats[op.id]
+    book = app.checkpoints[op.id]
     upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
     info = client_pb2.OperatorInfo(
         id=op.id, name=op.name, application_id=app.id, container_id=op.container_id,
@@ -74,6 +81,10 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         recovery_window_id=op.recovery_window_id, last_heartbeat_ms=tracker.last_heartbeat_ms,
         error=op.error, windows_processed=tracker.windows_processed,
         latency_ms=latency_ms(tracker, upstream),
+        checkpoint_window_id=book.latest, checkpoint_time_ms=book.last_time_ms,
+        checkpoint_time_avg_ms=book.average_time_ms, checkpoints=book.count,
+        failures_in_a_row=op.failures_in_a_row, max_restarts=max_restarts(op),
+        deploy_window_id=op.deploy_window_id, processing_mode=op.processing_mode,
     )
     keys = [("input", link.port_name) for link in op.inputs]
     keys += [("output", link.port_name) for link in op.outputs]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from master.application import Application, ApplicationState
-from master.heartbeat import check_liveness, process_heartbeat
+from master.heartbeat import process_heartbeat
+from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
 from proto import plan_pb2, umbilical_pb2
 from tests.master.fakes import (
@@ -138,7 +139,7 @@ def test_operator_shutdown_then_all_shutdown_finishes_and_aborts_everyone():
         assert process_heartbeat(app, container_heartbeat(cid), clock()).shutdown == ABORT
 
 
-def test_operator_failure_fails_the_application_with_the_error():
+def test_operator_failure_restarts_its_container():
     clock = ManualClock()
     app = make_app(clock)
     activate_all(app, clock)
@@ -147,12 +148,17 @@ def test_operator_failure_fails_the_application_with_the_error():
     response = process_heartbeat(app, container_heartbeat(
         "app-0001-c1", operators=[operator_report(2, FAILED, error="ZeroDivisionError: boom")]),
         clock())
-    op = app.plan.operators[2]
-    assert (op.state, op.failure_count, op.error) == (OperatorState.FAILED, 1,
-                                                      "ZeroDivisionError: boom")
-    assert app.state == ApplicationState.FAILED
-    assert "relay1" in app.diagnostics and "ZeroDivisionError: boom" in app.diagnostics
     assert response.shutdown == ABORT
+    op = app.plan.operators[2]
+    assert (op.state, op.failure_count, op.error) == (OperatorState.PENDING_DEPLOY, 1,
+                                                      "ZeroDivisionError: boom")
+    assert (op.container_id, app.plan.containers["app-0001-c1"].state) == (
+        "app-0001-c3", ContainerState.KILLED)
+    assert app.plan.operators[1].state == OperatorState.PENDING_DEPLOY  # never reported
+    assert app.plan.operators[3].state == OperatorState.PENDING_UNDEPLOY  # downstream
+    assert app.state == ApplicationState.RUNNING and not app.diagnostics
+    assert [(a.kind, a.container_id) for a in app.take_launcher_actions()] == [
+        ("kill", "app-0001-c1"), ("launch", "app-0001-c3")]
 
 
 def test_window_stats_accumulate():
@@ -210,7 +216,7 @@ def test_container_started_by_hand_goes_new_to_active():
     assert app.plan.containers["app-0001-c0"].state == ContainerState.ACTIVE
 
 
-def test_liveness_silent_container_is_lost_and_fails_the_application():
+def test_liveness_silent_container_is_lost_and_replaced():
     clock = ManualClock()
     app = make_app(clock, HEARTBEAT_TIMEOUT_MILLIS="3000")
     activate_all(app, clock)
@@ -221,11 +227,13 @@ def test_liveness_silent_container_is_lost_and_fails_the_application():
     clock.advance(600)  # c1 silent for 3.1 s
     [loss] = check_liveness(app, clock(), {}, stop_grace_ms=5000)
     assert loss.container_id == "app-0001-c1" and "no heartbeat for 3100 ms" in loss.cause
+    assert loss.replacement_id == "app-0001-c3"
     container = app.plan.containers["app-0001-c1"]
     assert container.state == ContainerState.KILLED
-    assert app.state == ApplicationState.FAILED
-    assert "app-0001-c1" in app.diagnostics and "no heartbeat" in app.diagnostics
-    assert app.plan.operators[2].state == OperatorState.FAILED
+    assert app.state == ApplicationState.RUNNING
+    relay = app.plan.operators[2]
+    assert relay.state == OperatorState.PENDING_DEPLOY and relay.failure_count == 1
+    assert "app-0001-c1 lost: no heartbeat" in relay.error
     assert process_heartbeat(app, container_heartbeat("app-0001-c1"), clock()).shutdown == ABORT
 
 
@@ -235,10 +243,14 @@ def test_liveness_never_phoned_home_and_process_exit():
     clock.advance(1500)
     process_heartbeat(app, container_heartbeat("app-0001-c0"), clock())
     losses = check_liveness(app, clock(), {"app-0001-c1": 3}, stop_grace_ms=5000)
-    assert [(x.container_id, x.cause) for x in losses] == [
-        ("app-0001-c1", "its process exited with code 3")]
-    assert app.state == ApplicationState.FAILED and "exited with code 3" in app.diagnostics
-    clock.advance(600)  # c2: launched 2.1 s ago, never heard of; the app is already FAILED
+    assert [(x.container_id, x.cause, x.replacement_id) for x in losses] == [
+        ("app-0001-c1", "its process exited with code 3", "app-0001-c3")]
+    assert app.state == ApplicationState.ACCEPTED
+    clock.advance(600)  # c2: launched 2.1 s ago, never heard of
+    [loss] = check_liveness(app, clock(), {}, stop_grace_ms=60_000)
+    assert loss.container_id == "app-0001-c2" and "never sent a heartbeat" in loss.cause
+    assert loss.replacement_id == "app-0001-c4"
+    assert app.plan.containers["app-0001-c3"].state == ContainerState.NEW  # to be launched
     assert check_liveness(app, clock(), {}, stop_grace_ms=60_000) == []
 
 

@@ -128,16 +128,25 @@ def test_reported_states_and_stats_show_in_the_client_api(client, umbilical):
     assert client.application(app_id).state == "RUNNING"
 
 
-def test_operator_failure_fails_the_application(client, umbilical):
+def test_operator_failure_restarts_its_container(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
     response = beat(umbilical, C2, 7002, operator_report(3, FAILED, error="KeyError: 'word'"))
     assert response.shutdown == ABORT
+    assert server.launcher.killed == [C2]
+    assert server.launcher.launched == [C0, C1, C2, "app-0001-c3"]
     ops = {op.name: op for op in client.operators(app_id)}
-    assert ops["sink"].state == "FAILED" and ops["sink"].error == "KeyError: 'word'"
+    assert (ops["sink"].state, ops["sink"].container_id) == ("PENDING_DEPLOY", "app-0001-c3")
+    assert ops["sink"].error == "KeyError: 'word'" and ops["sink"].failure_count == 1
+    assert ops["relay1"].state == "ACTIVE" and ops["relay1"].failure_count == 0
     info = client.application(app_id)
-    assert info.state == "FAILED" and info.operators_failed == 1
-    assert "KeyError: 'word'" in info.diagnostics and "sink" in info.diagnostics
-    assert beat(umbilical, C0, 7000).shutdown == ABORT
+    assert (info.state, info.operators_failed, info.operator_failures, info.recoveries) == (
+        "RUNNING", 0, 1, 1)
+    assert "app-0001-c2 lost" in info.last_recovery and "app-0001-c3" in info.last_recovery
+    # the new container joins and gets the sink, fed by relay1's buffer server
+    [sink] = beat(umbilical, "app-0001-c3", 7003).deploy_request
+    assert (sink.id, sink.checkpoint.window_id) == (3, -1)
+    assert (sink.inputs[0].buffer_server_port, sink.outputs) == (7001, [])
+    assert beat(umbilical, C2, 7002).shutdown == ABORT
 
 
 def test_shutdown_then_all_shutdown_finishes(server, client, umbilical):
@@ -166,25 +175,33 @@ def test_kill_application_aborts_containers(server, client, umbilical):
              "the containers to be stopped")
 
 
-def test_kill_container_fails_the_application(server, client, umbilical):
+def test_kill_container_replaces_it(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
     client.kill_container(C1)
-    assert server.launcher.killed[0] == C1
+    assert server.launcher.killed == [C1]
+    assert server.launcher.launched[-1] == "app-0001-c3"
     info = client.application(app_id)
-    assert info.state == "FAILED" and C1 in info.diagnostics
+    assert info.state == "RUNNING" and info.recoveries == 1 and info.containers_replaced == 1
     containers = {c.id: c for c in client.containers(app_id)}
     assert containers[C1].state == "KILLED" and "killed by the user" in containers[C1].diagnostics
+    assert containers[C1].replaced_by == "app-0001-c3"
+    assert (containers["app-0001-c3"].state, containers["app-0001-c3"].replaces) == (
+        "ALLOCATED", C1)
+    assert states(client, app_id) == {"source": "ACTIVE", "relay1": "PENDING_DEPLOY",
+                                      "sink": "PENDING_UNDEPLOY"}
     assert beat(umbilical, C1, 7001).shutdown == ABORT
     with pytest.raises(WeirClientError, match="already KILLED"):
         client.kill_container(C1)
 
 
-def test_exited_container_is_lost_by_the_master_loop(server, client, umbilical):
+def test_exited_container_is_replaced_by_the_master_loop(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
     server.launcher.set_exit_code(C2, 137)
-    final = server.wait_for_application(app_id, timeout_s=5)
-    assert final.state == "FAILED"
-    assert final.diagnostics == f"container {C2} lost: its process exited with code 137"
+    poll_for(lambda: "app-0001-c3" in server.launcher.launched, 5,
+             "a new container to replace the exited one")
+    containers = {c.id: c for c in client.containers(app_id)}
+    assert containers[C2].diagnostics == "its process exited with code 137"
+    assert client.application(app_id).state == "RUNNING"
 
 
 def test_errors_are_status_codes_with_one_line(server, client, umbilical):

@@ -1,0 +1,172 @@
+"""Checkpoints, recovery checkpoints and the committed window: Apex's rules as pure functions.
+
+The master records every checkpoint an operator reports and derives two things from
+them: each operator's recovery checkpoint (where it restarts if it is lost, chosen so
+that every downstream operator can be fed again from buffer-server replay) and the
+committed window (the minimum of those: every window up to it is done for good, so
+containers may purge it). No I/O: the master never deletes a checkpoint itself, the
+containers do once they hear of the committed window.
+
+>>> book = CheckpointBook()
+>>> [book.add(w) for w in (40, 20, 40, 60)]
+[True, True, False, True]
+>>> book.windows, book.latest, book.floor(50)
+([20, 40, 60], 60, 40)
+>>> nodes = {1: RecoveryNode(downstream=(2,), checkpoints=(20, 40, 60)),
+...          2: RecoveryNode(checkpoints=(20, 40))}
+>>> recovery = recovery_checkpoints(nodes)
+>>> recovery, committed_window(recovery)
+({2: 40, 1: 40}, 40)
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+
+from operators.windows import NO_WINDOW
+
+__all__ = [
+    "CheckpointBook",
+    "RecoveryNode",
+    "committed_window",
+    "is_done",
+    "recovery_checkpoints",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class CheckpointBook:
+    """The checkpoints one operator reported: ascending, without repeats, and what they cost.
+
+    Reports may come late or out of order; a repeated one is ignored. ``high_water`` is
+    the newest checkpoint ever recorded, even after ``forget_after``: a checkpoint past
+    it is real progress (it resets the operator's failures in a row).
+    """
+
+    def __init__(self) -> None:
+        self.windows: list[int] = []
+        self.high_water = NO_WINDOW
+        self.count = 0
+        self.last_time_ms = 0
+        self.total_time_ms = 0
+        self.last_start_ms = 0
+
+    def add(self, window_id: int, time_ms: int = 0, start_ms: int = 0) -> bool:
+        """Records the checkpoint of ``window_id``; False if it was already known."""
+        if window_id < 0:
+            return False
+        index = bisect.bisect_left(self.windows, window_id)
+        if index < len(self.windows) and self.windows[index] == window_id:
+            return False
+        self.windows.insert(index, window_id)
+        self.high_water = max(self.high_water, window_id)
+        self.count += 1
+        self.last_time_ms = time_ms
+        self.total_time_ms += time_ms
+        self.last_start_ms = max(self.last_start_ms, start_ms)
+        return True
+
+    @property
+    def latest(self) -> int:
+        """The newest checkpoint, or -1 (the initial state) when there is none."""
+        return self.windows[-1] if self.windows else NO_WINDOW
+
+    @property
+    def average_time_ms(self) -> float:
+        return self.total_time_ms / self.count if self.count else 0.0
+
+    def floor(self, bound: int) -> int:
+        """The newest checkpoint not after ``bound``, or -1."""
+        index = bisect.bisect_right(self.windows, bound)
+        return self.windows[index - 1] if index else NO_WINDOW
+
+    def prune_before(self, window_id: int) -> None:
+        """Forgets checkpoints older than ``window_id`` (no longer any use for recovery)."""
+        del self.windows[:bisect.bisect_left(self.windows, window_id)]
+
+    def forget_after(self, window_id: int) -> list[int]:
+        """Forgets checkpoints newer than ``window_id``; returns them.
+
+        Used when the operator is redeployed from ``window_id``: what its previous
+        instance saved later is not trusted; its new instance saves them again.
+        """
+        index = bisect.bisect_right(self.windows, window_id)
+        dropped = self.windows[index:]
+        del self.windows[index:]
+        return dropped
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryNode:
+    """One operator as the recovery computation sees it.
+
+    Attributes:
+        downstream: ids of the operators it feeds.
+        checkpoints: its checkpoints, ascending (-1, the initial state, is implied).
+        previous: its current recovery checkpoint; the new one is never older.
+        frozen: it is between instances (pending deploy or undeploy): its recovery
+            checkpoint is the one it is being redeployed from and must not move.
+        ended_window: its last window if it has ended (SHUTDOWN after END_STREAM): it
+            counts as checkpointed there. None while it may still process windows.
+    """
+
+    downstream: tuple[int, ...] = ()
+    checkpoints: Sequence[int] = ()
+    previous: int = NO_WINDOW
+    frozen: bool = False
+    ended_window: int | None = None
+
+
+def recovery_checkpoints(nodes: Mapping[int, RecoveryNode]) -> dict[int, int]:
+    """Every operator's recovery checkpoint.
+
+    recovery(op) = the newest checkpoint of op not after min(recovery(d)) over its
+    downstream operators d; a leaf gets its newest checkpoint. Never older than
+    ``previous``; exactly ``previous`` while ``frozen``.
+
+    Raises:
+        ValueError: the operators form a cycle, or name an unknown downstream operator.
+    """
+    result: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def visit(op_id: int) -> int:
+        if op_id in result:
+            return result[op_id]
+        if op_id not in nodes:
+            raise ValueError(f"unknown downstream operator {op_id}")
+        if op_id in visiting:
+            raise ValueError(f"operator {op_id} is in a cycle; checkpoint groups are not "
+                             "supported")
+        visiting.add(op_id)
+        node = nodes[op_id]
+        bounds = [visit(d) for d in node.downstream]
+        visiting.discard(op_id)
+        if node.frozen:
+            result[op_id] = node.previous
+            return node.previous
+        bound = min(bounds) if bounds else None
+        candidates = [NO_WINDOW, *node.checkpoints]
+        if node.ended_window is not None:
+            candidates.append(node.ended_window)
+        best = max(c for c in candidates if bound is None or c <= bound)
+        result[op_id] = max(best, node.previous)
+        return result[op_id]
+
+    for op_id in nodes:
+        visit(op_id)
+    return result
+
+
+def committed_window(recovery: Mapping[int, int]) -> int:
+    """The minimum recovery checkpoint over all operators; -1 before any."""
+    return min(recovery.values(), default=NO_WINDOW)
+
+
+def is_done(node: RecoveryNode, recovery: int) -> bool:
+    """An ended operator whose every downstream operator is past its end: never rerun."""
+    return node.ended_window is not None and recovery >= node.ended_window

@@ -1,0 +1,162 @@
+"""Liveness: when the master gives up on a container, and why (Apex's master-loop checks).
+
+A container is lost when its process exits, when it sends no heartbeat for
+HEARTBEAT_TIMEOUT_MILLIS, or when it never sends one within twice that after its launch.
+An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT windows
+while its input has data; its container is then lost too, the operator blamed.
+
+Why HEARTBEAT_TIMEOUT_MILLIS defaults to 10 s (20 heartbeats at the default 500 ms
+interval) rather than Apex's 30 s or a couple of seconds: a false alarm costs a whole
+recovery (a new container process, a cold Spark JVM of 5-10 s, windows replayed), while
+a container's heartbeat thread can legitimately fall silent for a few seconds: a long
+Python garbage collection, the GIL held by pyarrow/py4j calls during a heavy Spark
+window, or a loaded machine (two cores shared with Spark's JVMs). 10 s stays clear of
+those stalls yet bounds detection well below the time a user would wait before acting,
+and tests that need quicker detection set the attribute (e.g. 3 s).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from master.application import Application, ApplicationState
+from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from master.recovery import ContainerLoss, lose_container
+from operators.windows import format_window_id
+
+__all__ = [
+    "DEFAULT_TIMEOUT_WINDOW_COUNT",
+    "blocked_operators",
+    "check_liveness",
+    "timeout_window_count",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_WINDOW_COUNT = 120
+"""Windows an operator's window may stand still while its input has data (Apex's default).
+
+The master's default until the TIMEOUT_WINDOW_COUNT attribute exists; read per
+operator, so a resolved attribute takes over. 120 x 500 ms = 1 minute.
+"""
+
+
+def timeout_window_count(op: PTOperator) -> int:
+    return int(op.attributes.get("TIMEOUT_WINDOW_COUNT", DEFAULT_TIMEOUT_WINDOW_COUNT))
+
+
+def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
+                   stop_grace_ms: int) -> list[ContainerLoss]:
+    """The containers of ``app`` to give up on now, already marked KILLED and recovered.
+
+    Once the application is terminal, containers that exited are recorded and those
+    still running ``stop_grace_ms`` after the end are stopped.
+
+    Args:
+        app: the application.
+        now_ms: the master's time.
+        exit_codes: container id -> exit code, None while running (from the launcher).
+        stop_grace_ms: how long containers of an ended application may take to exit.
+    """
+    timeout_ms = app.heartbeat_timeout_ms
+    losses: list[ContainerLoss] = []
+    for container in list(app.plan.containers.values()):  # recovery adds containers
+        if container.state == ContainerState.KILLED:
+            continue
+        cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
+                       stop_grace_ms)
+        if cause:
+            losses.append(lose_container(app, container, cause, now_ms))
+    for op, cause in blocked_operators(app, now_ms):
+        container = app.plan.container_of(op.id)
+        if app.terminal or container.state == ContainerState.KILLED:
+            continue
+        _LOGGER.warning("app=%s container=%s operator=%s (%d) %s", app.id, container.id,
+                        op.name, op.id, cause)
+        op.error = cause
+        losses.append(lose_container(app, container, f"operator {op.name!r} ({op.id}) {cause}",
+                                     now_ms, blamed=[op]))
+    return losses
+
+
+def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int | None,
+           timeout_ms: int, stop_grace_ms: int) -> str:
+    if app.terminal:
+        if container.state == ContainerState.NEW:
+            return f"never launched: the application is {app.state.value}"
+        if exit_code is not None:
+            return f"exited with code {exit_code} after the application ended"
+        if now_ms - app.finished_ms >= stop_grace_ms:
+            return (f"still running {(now_ms - app.finished_ms) / 1000:.1f} s after the "
+                    "application ended; stopped")
+        return ""
+    if container.state == ContainerState.NEW:
+        return ""
+    if exit_code is not None:
+        return f"its process exited with code {exit_code}"
+    if container.state == ContainerState.ACTIVE:
+        silent_ms = now_ms - app.container_stats[container.id].last_heartbeat_ms
+        if silent_ms > timeout_ms:
+            return (f"no heartbeat for {silent_ms} ms "
+                    f"(HEARTBEAT_TIMEOUT_MILLIS={timeout_ms})")
+    elif container.state == ContainerState.ALLOCATED:
+        waited_ms = now_ms - container.allocated_ms
+        if waited_ms > 2 * timeout_ms:
+            return (f"never sent a heartbeat within {waited_ms} ms of its launch "
+                    f"(2 x HEARTBEAT_TIMEOUT_MILLIS={timeout_ms})")
+    return ""
+
+
+def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, str]]:
+    """ACTIVE operators whose window stood still too long while data waits for them.
+
+    An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT
+    windows (counted from when its instance became ready, for an input operator from
+    when every operator was ready), and:
+
+    - a generic operator: some upstream operator is past its window (its input has
+      data);
+    - an input operator: it has been activated and the application is not shutting
+      down.
+
+    An operator with a downstream operator behind it (or not running) is never blamed:
+    it may be held back by that one, which is blamed instead if it is stuck with data.
+    """
+    if app.state != ApplicationState.RUNNING:
+        return []
+    plan, stats = app.plan, app.operator_stats
+    window_ms = int(app.attribute("STREAMING_WINDOW_SIZE_MILLIS"))
+    running = [op for op in plan.operators.values() if not op.terminal]
+    all_ready = all(op.ready for op in running)
+    activation_ms = max((op.ready_ms for op in running), default=0)
+    blocked: list[tuple[PTOperator, str]] = []
+    for op in plan.operators.values():
+        if op.state != OperatorState.ACTIVE or not op.ready:
+            continue
+        tracker = stats[op.id]
+        count = timeout_window_count(op)
+        since_ms = max(tracker.window_moved_ms, op.ready_ms)
+        if op.is_input:
+            if not all_ready or app.shutdown_requested:
+                continue
+            since_ms = max(since_ms, activation_ms)
+        still_ms = now_ms - since_ms
+        if still_ms <= count * window_ms:
+            continue
+        window = tracker.last_window_id
+        if any(plan.operators[d].state != OperatorState.ACTIVE
+               or stats[d].last_window_id < window for d in plan.downstream_ids(op.id)):
+            continue
+        waiting = ""
+        if not op.is_input:
+            ahead = [plan.operators[u] for u in plan.upstream_ids(op.id)
+                     if stats[u].last_window_id > window]
+            if not ahead:
+                continue
+            waiting = (f" while {ahead[0].name!r} upstream is at window "
+                       f"{format_window_id(stats[ahead[0].id].last_window_id)}")
+        blocked.append((op, f"is blocked: its window {format_window_id(window)} has not moved "
+                            f"for {still_ms} ms (TIMEOUT_WINDOW_COUNT={count} windows of "
+                            f"{window_ms} ms){waiting}"))
+    return blocked

@@ -1,0 +1,250 @@
+"""Recovery from a lost container: who restarts, from which checkpoint, and in which container.
+
+Apex's cascade, as rules over the plan (no I/O; the caller holds the master's lock): the
+lost container is KILLED and a new one replaces it and takes its operators; its
+operators and everything downstream of them restart from their recovery checkpoints
+(operators in surviving containers are undeployed first); upstream operators are not
+touched, their buffer servers replay. Processes to kill and launch are queued on the
+application as ``LauncherAction``s for the master to carry out outside its lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from master.application import Application, LauncherAction
+from master.checkpoints import RecoveryNode, committed_window, is_done, recovery_checkpoints
+from master.physical_plan import (
+    ContainerState,
+    OperatorState,
+    PTContainer,
+    PTOperator,
+    container_id_for,
+)
+from master.stats import ContainerStatsTracker
+from operators.windows import format_window_id
+from proto import umbilical_pb2
+
+__all__ = [
+    "DEFAULT_MAX_RESTARTS",
+    "ContainerLoss",
+    "affected_operators",
+    "deploy_checkpoint",
+    "is_operator_done",
+    "lose_container",
+    "max_restarts",
+    "record_checkpoints",
+    "update_recovery",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+DEFAULT_MAX_RESTARTS = 5
+"""Failures in a row (without a new checkpoint in between) an operator may recover from.
+
+The master's default until the MAX_RESTARTS attribute exists; read per operator, so a
+resolved MAX_RESTARTS attribute takes over. 0 = the first failure ends the application.
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerLoss:
+    """A container given up on; ``replacement_id`` names the one replacing it, if any."""
+
+    container_id: str
+    cause: str
+    replacement_id: str = ""
+
+
+def max_restarts(op: PTOperator) -> int:
+    return int(op.attributes.get("MAX_RESTARTS", DEFAULT_MAX_RESTARTS))
+
+
+# -- checkpoints and the committed window ---------------------------------------------------
+def record_checkpoints(app: Application, op: PTOperator,
+                       report: umbilical_pb2.OperatorHeartbeat) -> None:
+    """Adds the checkpoints reported in ``report``'s window stats to ``op``'s book.
+
+    A checkpoint newer than any the operator ever saved is progress: its failures in a
+    row start over.
+    """
+    book = app.checkpoints[op.id]
+    for window in report.window_stats:
+        if not window.HasField("checkpoint"):
+            continue
+        window_id = window.checkpoint.window_id
+        high_water = book.high_water
+        if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
+                        window.checkpoint_stats.checkpoint_start_time):
+            continue
+        _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,
+                      format_window_id(window_id), window.checkpoint_stats.checkpoint_time_ms)
+        if window_id > high_water and op.failures_in_a_row:
+            _LOGGER.info("app=%s operator=%s (%d) checkpointed %s: its %d failure(s) in a row "
+                         "are forgiven", app.id, op.name, op.id, format_window_id(window_id),
+                         op.failures_in_a_row)
+            op.failures_in_a_row = 0
+
+
+def _recovery_nodes(app: Application) -> dict[int, RecoveryNode]:
+    downstream: dict[int, list[int]] = {op_id: [] for op_id in app.plan.operators}
+    for op in app.plan.operators.values():
+        for upstream in dict.fromkeys(link.source_operator_id for link in op.inputs):
+            downstream[upstream].append(op.id)
+    return {
+        op.id: RecoveryNode(
+            downstream=tuple(downstream[op.id]),
+            checkpoints=tuple(app.checkpoints[op.id].windows),
+            previous=op.recovery_window_id,
+            frozen=op.pending,
+            ended_window=(app.operator_stats[op.id].current_window_id
+                          if op.state == OperatorState.SHUTDOWN else None))
+        for op in app.plan.operators.values()
+    }
+
+
+def update_recovery(app: Application) -> None:
+    """Recomputes every recovery checkpoint and the committed window from the books.
+
+    Checkpoints older than an operator's recovery checkpoint are forgotten here (never
+    needed again); the files are the containers' to delete once committed.
+    """
+    recovery = recovery_checkpoints(_recovery_nodes(app))
+    for op_id, window_id in recovery.items():
+        op = app.plan.operators[op_id]
+        if window_id != op.recovery_window_id:
+            _LOGGER.debug("app=%s operator=%s (%d) recovery checkpoint %s", app.id, op.name,
+                          op.id, format_window_id(window_id))
+            op.recovery_window_id = window_id
+        app.checkpoints[op_id].prune_before(window_id)
+    committed = committed_window(recovery)
+    if committed > app.committed_window_id:
+        _LOGGER.info("app=%s committed window %s", app.id, format_window_id(committed))
+        app.committed_window_id = committed
+
+
+def is_operator_done(app: Application, op: PTOperator) -> bool:
+    """Ended, and every downstream operator recovers from after its end: never rerun."""
+    if op.state != OperatorState.SHUTDOWN:
+        return False
+    end = app.operator_stats[op.id].current_window_id
+    return is_done(RecoveryNode(ended_window=end), op.recovery_window_id)
+
+
+def deploy_checkpoint(op: PTOperator, newest_checkpoint: int) -> int:
+    """The checkpoint a restarted ``op`` starts from, by its PROCESSING_MODE.
+
+    AT_LEAST_ONCE: its recovery checkpoint (upstream replays every later window).
+    AT_MOST_ONCE and EXACTLY_ONCE: its newest checkpoint, as Apex does (AT_MOST_ONCE
+    then skips to the upstream's latest window; EXACTLY_ONCE checkpoints every window,
+    so only the window in flight is replayed).
+    """
+    if op.processing_mode == "AT_LEAST_ONCE":
+        return op.recovery_window_id
+    return max(newest_checkpoint, op.recovery_window_id)
+
+
+# -- the cascade ------------------------------------------------------------------------------
+def affected_operators(app: Application, container: PTContainer) -> list[PTOperator]:
+    """The operators of ``container`` and every operator downstream of them, by id.
+
+    Operators that are done (ended, and every downstream operator already recovers from
+    after their end) have nothing left to give: they are left out, and so is what lies
+    downstream of them only.
+    """
+    plan = app.plan
+    start = [op for op in plan.operators_in(container) if not is_operator_done(app, op)]
+    seen = {op.id for op in start}
+    queue = [op.id for op in start]
+    while queue:
+        for downstream_id in plan.downstream_ids(queue.pop()):
+            downstream = plan.operators[downstream_id]
+            if downstream_id not in seen and not is_operator_done(app, downstream):
+                seen.add(downstream_id)
+                queue.append(downstream_id)
+    return [plan.operators[i] for i in sorted(seen)]
+
+
+def lose_container(app: Application, container: PTContainer, cause: str, now_ms: int, *,
+                   blamed: Sequence[PTOperator] | None = None) -> ContainerLoss:
+    """Gives up on ``container``: KILLED, its process to be killed, its operators recovered.
+
+    The operators it held are charged a failure (only ``blamed`` ones when the cause is
+    an operator's own, e.g. FAILED; the caller has set their ``error``). An operator
+    past MAX_RESTARTS failures in a row fails the application instead of recovering.
+    """
+    container.transition(ContainerState.KILLED)
+    container.finished_ms = now_ms
+    container.diagnostics = cause
+    container.buffer_server_host, container.buffer_server_port = "", 0
+    app.launcher_actions.append(LauncherAction("kill", container.id))
+    if app.terminal:
+        _LOGGER.info("app=%s container=%s stopped: %s", app.id, container.id, cause)
+        return ContainerLoss(container.id, cause)
+    _LOGGER.warning("app=%s container=%s lost: %s", app.id, container.id, cause)
+    update_recovery(app)
+    held = app.plan.operators_in(container)
+    live = [op for op in held if not is_operator_done(app, op)]
+    charged = live if blamed is None else list(blamed)
+    for op in charged:
+        op.failure_count += 1
+        op.failures_in_a_row += 1
+        if blamed is None:
+            op.error = f"container {container.id} lost: {cause}"
+    over = next((op for op in charged if op.failures_in_a_row > max_restarts(op)), None)
+    if over is not None:
+        for op in live:
+            if op.state != OperatorState.SHUTDOWN:
+                op.transition(OperatorState.FAILED)
+        app.fail(f"operator {over.name!r} ({over.id}) failed {over.failures_in_a_row} times in "
+                 f"a row without a new checkpoint (MAX_RESTARTS={max_restarts(over)}); last "
+                 f"error: {over.error}", now_ms)
+        return ContainerLoss(container.id, cause)
+    replacement = _replace(app, container, held)
+    _redeploy(app, affected_operators(app, replacement), replacement, now_ms)
+    app.recoveries += 1
+    app.last_recovery_ms = now_ms
+    app.last_recovery = (f"container {container.id} lost ({cause}); replaced by "
+                         f"{replacement.id}; committed window "
+                         f"{format_window_id(app.committed_window_id)}")
+    return ContainerLoss(container.id, cause, replacement.id)
+
+
+def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTContainer:
+    """A NEW container taking the place (and the operators) of ``lost``, queued for launch."""
+    index = app.plan.next_container_index()
+    replacement = PTContainer(id=container_id_for(app.id, index), index=index, replaces=lost.id)
+    lost.replaced_by = replacement.id
+    app.plan.containers[replacement.id] = replacement
+    app.container_stats[replacement.id] = ContainerStatsTracker()
+    for op in held:
+        op.container_id = replacement.id
+        replacement.operator_ids.append(op.id)
+    app.launcher_actions.append(LauncherAction("launch", replacement.id))
+    _LOGGER.info("app=%s container=%s replaces %s and takes operators %s", app.id,
+                 replacement.id, lost.id, [f"{op.name} ({op.id})" for op in held])
+    return replacement
+
+
+def _redeploy(app: Application, operators: list[PTOperator], replacement: PTContainer,
+              now_ms: int) -> None:
+    """Sends ``operators`` back to PENDING_(UN)DEPLOY with the checkpoint each restarts from."""
+    for op in operators:
+        book = app.checkpoints[op.id]
+        op.deploy_window_id = deploy_checkpoint(op, book.latest)
+        dropped = book.forget_after(op.deploy_window_id)
+        op.ready = False
+        app.operator_stats[op.id].restarted(now_ms)
+        if op.container_id == replacement.id:
+            op.transition(OperatorState.PENDING_DEPLOY)
+            how = f"redeploy in {replacement.id}"
+        else:
+            op.transition(OperatorState.PENDING_UNDEPLOY)
+            how = f"undeploy from {op.container_id}, then redeploy"
+        _LOGGER.info("app=%s operator=%s (%d) %s from checkpoint %s (%s, recovery %s)%s",
+                     app.id, op.name, op.id, how, format_window_id(op.deploy_window_id),
+                     op.processing_mode, format_window_id(op.recovery_window_id),
+                     f"; forgets newer checkpoints {[format_window_id(w) for w in dropped]}"
+                     if dropped else "")
