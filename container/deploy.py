@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 
@@ -10,11 +12,14 @@ import cloudpickle
 
 from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
+from container.checkpoint_store import CheckpointStore
+from container.operator_state import capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner, RunnerState
 from operators.attributes import ATTRIBUTES
 from operators.operator import Operator, OperatorContext
+from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["DeployError", "Deployment"]
@@ -39,10 +44,29 @@ def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
     return typed
 
 
+def default_state_dir(application_id: str) -> str:
+    """Where checkpoints go when STATE_DIR is not set (the master resolves the same)."""
+    return os.path.join(tempfile.gettempdir(), "weir-state", application_id)
+
+
+class StoreCheckpointer:
+    """Operator checkpoints in a ``CheckpointStore``: captured state, saved atomically."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+
+    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
+        return self.store.save(operator_id, window_id, capture(operator)).bytes
+
+    def committed(self, operator_id: int, window_id: int) -> None:
+        self.store.delete_before(operator_id, window_id)
+
+
 class Deployment:
     """The operators running in this container, keyed by physical id.
 
     Args:
+        application_id: the application the container belongs to.
         container_id: this container.
         buffer_server: where output ports publish.
         spark: the container's Spark bridge (its session starts on first use).
@@ -51,7 +75,7 @@ class Deployment:
         on_change: called when any operator changes state.
     """
 
-    def __init__(self, container_id: str, buffer_server: BufferServer,
+    def __init__(self, application_id: str, container_id: str, buffer_server: BufferServer,
                  spark: SparkSessionBridge, start_window_millis: int,
                  base_attributes: dict[str, str], on_change: Callable[[], None]) -> None:
         self.container_id = container_id
@@ -62,13 +86,16 @@ class Deployment:
         self.on_change = on_change
         self.runners: dict[int, OperatorRunner] = {}
         self._lock = threading.Lock()
+        self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
+        self.checkpointer = StoreCheckpointer(CheckpointStore(self.state_dir))
 
     def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
         """Builds the operator, connects its ports and starts its thread."""
         with self._lock:
             if info.id in self.runners:
                 return  # a repeated deploy request: already running
-            operator = self._build(info)
+            resume = info.checkpoint.window_id if info.HasField("checkpoint") else -1
+            operator = self._build(info, resume)
             attributes = _typed_attributes({**self.base_attributes,
                                             **dict(info.context_attributes)})
             context = OperatorContext(name=info.name, operator_id=info.id,
@@ -76,24 +103,28 @@ class Deployment:
                                       attributes=attributes, spark=self.spark)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
-            inputs = {
-                i.port_name: PortInput(i.port_name, self._subscriber(i), capacity, stopped)
+            inputs = {  # replay every window after the checkpoint
+                i.port_name: PortInput(i.port_name, self._subscriber(i), capacity, stopped,
+                                       from_window=resume)
                 for i in info.inputs
             }
-            publishers = {
-                o.port_name: self.buffer_server.publisher(stream_id(info.id, o.port_name))
+            publishers = {  # windows after the checkpoint are published again
+                o.port_name: self.buffer_server.publisher(stream_id(info.id, o.port_name),
+                                                          from_window=resume)
                 for o in info.outputs
             }
             runner = OperatorRunner(info.id, operator, context, publishers, inputs,
                                     self.start_window_millis, self.on_change,
-                                    wait_for_activation=True)
+                                    wait_for_activation=True, checkpointer=self.checkpointer,
+                                    resume_window=resume)
             runner.stopped = stopped
             self.runners[info.id] = runner
-        _LOGGER.info("container %s deploys operator %s (%d, %s)", self.container_id, info.name,
-                     info.id, info.class_name)
+        _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
+                     info.name, info.id, info.class_name,
+                     f"checkpoint {format_window_id(resume)}" if resume >= 0 else "scratch")
         runner.start()
 
-    def _build(self, info: plan_pb2.OperatorDeployInfo) -> Operator:
+    def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int) -> Operator:
         try:
             operator = cloudpickle.loads(info.payload)
         except Exception as exc:  # noqa: BLE001 - any unpickling error is a deploy error
@@ -103,14 +134,21 @@ class Deployment:
                               ) from None
         if not isinstance(operator, Operator):
             raise DeployError(f"operator {info.name}: payload is a {type(operator).__name__}")
+        if resume >= 0:
+            try:
+                operator = restore(operator, self.checkpointer.store.load(info.id, resume))
+            except Exception as exc:  # noqa: BLE001 - a corrupt or missing checkpoint
+                raise DeployError(f"operator {info.name} ({info.id}) cannot be restored from "
+                                  f"checkpoint {format_window_id(resume)} in {self.state_dir}: "
+                                  f"{exc}") from None
         return operator
 
     @staticmethod
     def _subscriber(info: plan_pb2.InputDeployInfo):
-        def subscribe():
+        def subscribe(from_window: int):
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
-                                        from_window=-1)
+                                        from_window=from_window)
             return subscription, subscription.close
         return subscribe
 
@@ -129,6 +167,16 @@ class Deployment:
             runner = self.runners.get(operator_id)
             if runner is not None:
                 runner.activate()
+
+    def committed(self, window_id: int) -> None:
+        """The master's committed window: operators hear of it, the buffer server forgets it.
+
+        Subscribers restart after their recovery checkpoint, never at or before the
+        committed window, so the windows up to it are never replayed again.
+        """
+        for runner in list(self.runners.values()):
+            runner.notify_committed(window_id)
+        self.buffer_server.purge_all(window_id)
 
     def end_inputs(self) -> None:
         """Asks every input operator to end its stream after the current window."""

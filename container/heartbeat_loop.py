@@ -100,6 +100,7 @@ class HeartbeatLoop:
             self.committed_window_id = response.committed_window_id
             _LOGGER.debug("container %s: committed window %s", self.container_id,
                           format_window_id(self.committed_window_id))
+            self.deployment.committed(self.committed_window_id)
         if response.deploy_request:
             self.wake()  # report the new operators at once
         return None

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         app_name=f"weir-{context.application_id}-{args.container_id}")
     process_stats = ProcessStats()
     loop: HeartbeatLoop | None = None
-    deployment = Deployment(args.container_id, buffer_server, spark,
+    deployment = Deployment(context.application_id, args.container_id, buffer_server, spark,
                             context.start_window_millis, attributes,
                             on_change=lambda: loop.wake() if loop else None)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,

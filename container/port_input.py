@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from container.control import Kind, Message
@@ -35,17 +36,23 @@ class PortInput:
 
     Args:
         name: the port name, for errors.
-        subscribe: opens the subscription; returns an iterable of messages and a
-            function that cancels it from another thread.
+        subscribe: opens the subscription for the windows after the one it is given;
+            returns an iterable of messages and a function that cancels it from another
+            thread.
         capacity: queue bound in messages.
         stopped: polled while blocking, so an undeployed operator's thread exits.
+        from_window: the first subscription starts after this window.
+        retry_s: how long a lost upstream is waited for before the operator fails.
     """
 
     def __init__(self, name: str,
-                 subscribe: Callable[[], tuple[Iterable[Message], Callable[[], None]]],
-                 capacity: int, stopped: threading.Event) -> None:
+                 subscribe: Callable[[int], tuple[Iterable[Message], Callable[[], None]]],
+                 capacity: int, stopped: threading.Event, *, from_window: int = -1,
+                 retry_s: float = 60.0) -> None:
         self.name = name
         self._subscribe = subscribe
+        self._from_window = from_window
+        self._retry_s = retry_s
         self._queue: queue.Queue[Message | _Failure] = queue.Queue(maxsize=capacity)
         self._stopped = stopped
         self._head: Message | None = None
@@ -66,17 +73,45 @@ class PortInput:
         return False
 
     def _pump(self) -> None:
-        try:
-            messages, self._cancel = self._subscribe()
-            for message in messages:
-                if not self._put(message) or message.kind == Kind.END_STREAM:
-                    return
-            if not self._stopped.is_set():
-                self._put(_Failure(InputClosed(
-                    f"input port {self.name!r}: the upstream stream ended without END_STREAM")))
-        except Exception as exc:  # noqa: BLE001 - handed to the operator thread
-            if not self._stopped.is_set():
-                self._put(_Failure(exc))
+        """Subscribes, and re-subscribes where it left off while the upstream is away.
+
+        An upstream buffer server that vanished belongs to a lost container: the master
+        redeploys it, and this operator with it if it must rewind, so the subscriber keeps
+        trying rather than failing the operator for someone else's loss.
+        """
+        from_window, skip = self._from_window, 0
+        delivered_in_window = 0
+        give_up = None
+        delay_s = 0.1
+        while not self._stopped.is_set():
+            try:
+                messages, self._cancel = self._subscribe(from_window)
+                for message in messages:
+                    if skip:  # already delivered before the connection broke
+                        skip -= 1
+                        continue
+                    if not self._put(message) or message.kind == Kind.END_STREAM:
+                        return
+                    give_up, delay_s = None, 0.1
+                    delivered_in_window += 1
+                    if message.kind == Kind.END_WINDOW:
+                        from_window, delivered_in_window = message.window_id, 0
+                error: BaseException = InputClosed(
+                    f"input port {self.name!r}: the upstream stream ended without END_STREAM")
+            except Exception as exc:  # noqa: BLE001 - retried, then handed to the operator
+                error = exc
+            if self._stopped.is_set():
+                return
+            now = time.monotonic()
+            give_up = give_up or now + self._retry_s
+            if now > give_up:
+                self._put(_Failure(error))
+                return
+            _LOGGER.info("input port %s: %s; subscribing again after window %s", self.name,
+                         error, from_window)
+            skip = delivered_in_window
+            self._stopped.wait(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
 
     def _take(self) -> Message:
         while True:

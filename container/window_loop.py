@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
+import os
 import threading
 import time
 import traceback
@@ -21,10 +22,15 @@ import pyarrow as pa
 from container.control import Kind
 from container.port_input import InputClosed, PortInput
 from operators.operator import InputOperator, Operator, OperatorContext
-from operators.windows import format_window_id, make_window_id
-from proto import umbilical_pb2
+from operators.windows import (
+    format_window_id,
+    make_window_id,
+    window_base_seconds,
+    window_counter,
+)
+from proto import plan_pb2, umbilical_pb2
 
-__all__ = ["OperatorRunner", "Publisher", "RunnerState"]
+__all__ = ["Checkpointer", "OperatorRunner", "Publisher", "RunnerState"]
 
 _LOGGER = logging.getLogger(__name__)
 _STATS_RING = 1024
@@ -40,6 +46,18 @@ class Publisher(Protocol):
     def data(self, window_id: int, batch: pa.RecordBatch) -> None: ...
     def end_window(self, window_id: int) -> None: ...
     def end_stream(self) -> None: ...
+
+
+class Checkpointer(Protocol):
+    """Saves operator state durably and forgets what the committed window made useless."""
+
+    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
+        """Saves ``operator``'s state as of the end of ``window_id``; returns bytes written."""
+        ...
+
+    def committed(self, operator_id: int, window_id: int) -> None:
+        """Deletes the operator's checkpoints older than the committed ``window_id``."""
+        ...
 
 
 class RunnerState(enum.Enum):
@@ -68,12 +86,16 @@ class OperatorRunner:
         on_change: called when the state changes (so a heartbeat goes out at once).
         wait_for_activation: an input operator waits for ``activate()`` (the master's
             word that every operator of the application is ready) before its first window.
+        checkpointer: where checkpoints go; None = no checkpoints (tests).
+        resume_window: the checkpoint the operator was restored from (-1 = fresh): the
+            first window it processes is the one after it.
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
                  publishers: Mapping[str, Publisher], inputs: Mapping[str, PortInput],
                  start_window_millis: int, on_change: Callable[[], None], *,
-                 wait_for_activation: bool = False) -> None:
+                 wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
+                 resume_window: int = -1) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -82,6 +104,12 @@ class OperatorRunner:
         self.start_window_millis = start_window_millis
         self.window_ms = context.window_size_millis
         self.app_window_count = context.application_window_count
+        self.checkpoint_window_count = int(context.attributes.get("CHECKPOINT_WINDOW_COUNT", 20))
+        self.checkpointer = checkpointer
+        self.resume_window = resume_window
+        self._checkpoint_due = False
+        self._committed_pending = -1
+        self._committed_delivered = -1
         self.state = RunnerState.ACTIVE
         self.error = ""
         self._on_change = on_change
@@ -113,6 +141,11 @@ class OperatorRunner:
     def activate(self) -> None:
         """Lets an input operator start its windows (idempotent)."""
         self.activated.set()
+
+    def notify_committed(self, window_id: int) -> None:
+        """The master's committed window; ``committed()`` reaches the operator at the next
+        window boundary, in its own thread."""
+        self._committed_pending = max(self._committed_pending, window_id)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (undeploy / abort) without END_STREAM."""
@@ -160,10 +193,15 @@ class OperatorRunner:
             self._on_change()
 
     def _fail(self, exc: BaseException) -> None:
-        self.error = f"{type(exc).__name__}: {exc}"
+        """Records the failure in one line (where it happened included) for the master."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in " \
+                f"{frames[-1].name})" if frames else ""
+        self.error = f"{type(exc).__name__}: {exc}{where}"
         self.state = RunnerState.FAILED
-        _LOGGER.error("operator %s (%d) failed in window %s: %s\n%s", self.context.name,
-                      self.operator_id, format_window_id(self._window), self.error,
+        _LOGGER.warning("operator %s (%d) failed in window %s: %s", self.context.name,
+                        self.operator_id, format_window_id(self._window), self.error)
+        _LOGGER.debug("operator %s traceback:\n%s", self.context.name,
                       "".join(traceback.format_exception(exc)))
 
     # -- emitting ----------------------------------------------------------------
@@ -198,11 +236,41 @@ class OperatorRunner:
         for publisher in self.publishers.values():
             publisher.end_window(window_id)
         self._cpu_ns += time.thread_time_ns() - cpu_start
-        self._record_stats(window_id)
+        stats = umbilical_pb2.OperatorStats(window_id=window_id)
+        self._checkpoint_due |= (window_counter(window_id) + 1) % self.checkpoint_window_count == 0
+        if self._checkpoint_due and self._app_position == 0 and not last:
+            self._checkpoint(window_id, stats)
+        self._record_stats(window_id, stats)
+        self._deliver_committed()
 
-    def _record_stats(self, window_id: int) -> None:
+    def _checkpoint(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
+        """Saves the state after ``window_id`` (an application-window boundary)."""
+        self._checkpoint_due = False
+        if self.checkpointer is None:
+            return
+        started_ms, started = _now_ms(), time.perf_counter()
+        self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
+        took_ms = round((time.perf_counter() - started) * 1000)
+        stats.checkpoint.CopyFrom(plan_pb2.Checkpoint(
+            window_id=window_id, application_window_count=self.app_window_count,
+            checkpoint_window_count=self.checkpoint_window_count))
+        stats.checkpoint_stats.CopyFrom(umbilical_pb2.CheckpointStats(
+            checkpoint_start_time=started_ms, checkpoint_time_ms=took_ms))
+        _LOGGER.debug("operator %s (%d) checkpointed window %s in %d ms", self.context.name,
+                      self.operator_id, format_window_id(window_id), took_ms)
+        self.operator.checkpointed(window_id)
+
+    def _deliver_committed(self) -> None:
+        committed = self._committed_pending
+        if committed > self._committed_delivered:
+            self._committed_delivered = committed
+            self.operator.committed(committed)
+            if self.checkpointer is not None:
+                self.checkpointer.committed(self.operator_id, committed)
+
+    def _record_stats(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
         now = _now_ms()
-        stats = umbilical_pb2.OperatorStats(window_id=window_id, cpu_time_used_ns=self._cpu_ns)
+        stats.cpu_time_used_ns = self._cpu_ns
         for port, count in self._in_counts.items():
             stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
                                   queue_size=self.inputs[port].queue_size)
@@ -223,9 +291,12 @@ class OperatorRunner:
     def _run_input(self) -> None:
         """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
         assert isinstance(self.operator, InputOperator)
-        base_seconds = self.start_window_millis // 1000
-        elapsed_ms = max(0, _now_ms() - self.start_window_millis)
-        counter = elapsed_ms // self.window_ms
+        if self.resume_window >= 0:  # restored: carry on after the checkpointed window
+            base_seconds = window_base_seconds(self.resume_window)
+            counter = window_counter(self.resume_window) + 1
+        else:
+            base_seconds = self.start_window_millis // 1000
+            counter = max(0, _now_ms() - self.start_window_millis) // self.window_ms
         while not self.stopped.is_set():
             window_id = make_window_id(base_seconds, counter)
             self._begin(window_id)
@@ -256,7 +327,7 @@ class OperatorRunner:
     def _run_generic(self) -> None:
         """Processes aligned windows until every input port has ended its stream."""
         open_ports = dict(self.inputs)
-        last_window = -1
+        last_window = self.resume_window
         while open_ports:
             heads = {}
             for name, port in list(open_ports.items()):
