@@ -87,6 +87,11 @@ _ALL = [
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,
               "AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE."),
+    Attribute("TIMEOUT_WINDOW_COUNT", _positive_int, 120, Scope.BOTH,
+              "An operator whose window has not moved for this many windows while its input "
+              "has data is blocked, and its container is restarted."),
+    Attribute("MAX_RESTARTS", _positive_int, 5, Scope.BOTH,
+              "Restarts of an operator without a new checkpoint before the application fails."),
     Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
 ]
