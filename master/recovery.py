@@ -173,7 +173,8 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
 
     The operators it held are charged a failure (only ``blamed`` ones when the cause is
     an operator's own, e.g. FAILED; the caller has set their ``error``). An operator
-    past MAX_RESTARTS failures in a row fails the application instead of recovering.
+    past MAX_RESTARTS failures in a row fails the application instead of recovering. A
+    container whose operators are all done is not replaced.
     """
     container.transition(ContainerState.KILLED)
     container.finished_ms = now_ms
@@ -187,6 +188,10 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     update_recovery(app)
     held = app.plan.operators_in(container)
     live = [op for op in held if not is_operator_done(app, op)]
+    if not live:
+        _LOGGER.info("app=%s container=%s held no operator with work left (%s); nothing to "
+                     "recover", app.id, container.id, [op.name for op in held])
+        return ContainerLoss(container.id, cause)
     charged = live if blamed is None else list(blamed)
     for op in charged:
         op.failure_count += 1

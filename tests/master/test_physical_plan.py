@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
 
 from master.errors import InvalidTransition
@@ -128,3 +131,48 @@ def test_illegal_transitions_name_both_states():
     with pytest.raises(InvalidTransition, match="SHUTDOWN -> ACTIVE"):
         op.transition(OperatorState.ACTIVE)
     assert op.transition(OperatorState.SHUTDOWN) is False  # same state: no transition
+
+
+def test_recovery_transitions():
+    plan = build_physical_plan(chain_descriptor(3), {}, "app-0001")
+    op = plan.operators[2]
+    op.transition(OperatorState.ACTIVE)
+    assert op.transition(OperatorState.PENDING_UNDEPLOY) and op.pending
+    assert op.transition(OperatorState.PENDING_DEPLOY) and op.pending
+    op.transition(OperatorState.SHUTDOWN)
+    assert op.transition(OperatorState.PENDING_DEPLOY)  # an ended operator may rerun
+    with pytest.raises(InvalidTransition, match="PENDING_UNDEPLOY -> ACTIVE"):
+        op.state = OperatorState.PENDING_UNDEPLOY
+        op.transition(OperatorState.ACTIVE)
+
+
+def test_downstream_and_next_container():
+    plan = build_physical_plan(chain_descriptor(3), {"CONTAINERS": "3"}, "app-0001")
+    assert [plan.downstream_ids(i) for i in (1, 2, 3)] == [[2], [3], []]
+    assert plan.next_container_index() == 3
+    c1 = plan.containers["app-0001-c1"]
+    plan.operators[2].container_id = "app-0001-c3"  # as recovery moves it
+    assert plan.operators_in(c1) == [] and c1.operator_ids == [2]
+
+
+def test_state_dir_is_resolved_per_application_when_empty(tmp_path):
+    plan = build_physical_plan(chain_descriptor(3), {}, "app-0007")
+    expected = os.path.join(tempfile.gettempdir(), "weir-state", "app-0007")
+    assert plan.attributes["STATE_DIR"] == expected
+    assert all(op.attributes["STATE_DIR"] == expected for op in plan.operators.values())
+    plan = build_physical_plan(chain_descriptor(3), {"STATE_DIR": str(tmp_path)}, "app-0008")
+    assert plan.attributes["STATE_DIR"] == str(tmp_path)
+    assert plan.operators[3].attribute_text()["STATE_DIR"] == str(tmp_path)
+
+
+def test_exactly_once_needs_a_checkpoint_every_window():
+    with pytest.raises(PlanError, match=r"operator 'source' has PROCESSING_MODE=EXACTLY_ONCE "
+                                        r"but CHECKPOINT_WINDOW_COUNT=20"):
+        build_physical_plan(chain_descriptor(3), {"PROCESSING_MODE": "EXACTLY_ONCE"}, "a")
+    plan = build_physical_plan(chain_descriptor(3), {"PROCESSING_MODE": "EXACTLY_ONCE",
+                                                     "CHECKPOINT_WINDOW_COUNT": "1"}, "a")
+    assert plan.operators[2].processing_mode == "EXACTLY_ONCE"
+    plan = build_physical_plan(chain_descriptor(3), {"sink.PROCESSING_MODE": "AT_MOST_ONCE"},
+                               "a")
+    assert [op.processing_mode for op in plan.operators.values()] == [
+        "AT_LEAST_ONCE", "AT_LEAST_ONCE", "AT_MOST_ONCE"]

@@ -1,0 +1,166 @@
+"""Recovery checkpoints and the committed window on hand-made plans (pure rules, no master)."""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from master import checkpoints
+from master.checkpoints import (
+    CheckpointBook,
+    RecoveryNode,
+    committed_window,
+    is_done,
+    recovery_checkpoints,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def node(*downstream: int, cps: tuple[int, ...] = (), previous: int = -1, frozen: bool = False,
+         ended: int | None = None) -> RecoveryNode:
+    return RecoveryNode(downstream=downstream, checkpoints=cps, previous=previous,
+                        frozen=frozen, ended_window=ended)
+
+
+def test_docstring_examples():
+    assert doctest.testmod(checkpoints).failed == 0
+
+
+def test_book_keeps_checkpoints_sorted_and_unique_whatever_the_report_order():
+    book = CheckpointBook()
+    assert [book.add(w, time_ms=t) for w, t in ((60, 6), (20, 2), (40, 4), (20, 9), (-1, 1))] == [
+        True, True, True, False, False]
+    assert book.windows == [20, 40, 60] and book.latest == 60 and book.high_water == 60
+    assert (book.count, book.last_time_ms, book.average_time_ms) == (3, 4, 4.0)
+    assert (book.floor(59), book.floor(60), book.floor(19)) == (40, 60, -1)
+    book.prune_before(40)
+    assert book.windows == [40, 60]
+    assert book.forget_after(40) == [60] and book.windows == [40]
+    assert book.high_water == 60  # progress is measured against what was ever saved
+    assert CheckpointBook().latest == -1 and CheckpointBook().average_time_ms == 0.0
+
+
+def test_nothing_checkpointed_everything_at_minus_one():
+    recovery = recovery_checkpoints({1: node(2), 2: node(3), 3: node()})
+    assert recovery == {1: -1, 2: -1, 3: -1}
+    assert committed_window(recovery) == -1
+    assert committed_window({}) == -1
+
+
+def test_linear_each_operator_waits_for_the_one_after_it():
+    # source(1) -> relay(2) -> sink(3); the sink is behind
+    recovery = recovery_checkpoints({
+        1: node(2, cps=(20, 40, 60)),
+        2: node(3, cps=(20, 40, 60)),
+        3: node(cps=(20, 40)),
+    })
+    assert recovery == {1: 40, 2: 40, 3: 40}
+    assert committed_window(recovery) == 40
+
+
+def test_linear_with_checkpoints_at_different_windows():
+    recovery = recovery_checkpoints({
+        1: node(2, cps=(10, 30, 50)),
+        2: node(3, cps=(20, 40)),
+        3: node(cps=(45,)),
+    })
+    # the relay may go back to 40 (<= 45); the source to its newest <= 40, i.e. 30
+    assert recovery == {1: 30, 2: 40, 3: 45}
+    assert committed_window(recovery) == 30
+
+
+def test_fan_out_the_slowest_branch_decides():
+    # 1 -> 2, 1 -> 3
+    recovery = recovery_checkpoints({
+        1: node(2, 3, cps=(20, 40, 60)),
+        2: node(cps=(20, 40, 60)),
+        3: node(cps=(20,)),
+    })
+    assert recovery == {1: 20, 2: 60, 3: 20}
+    assert committed_window(recovery) == 20
+
+
+def test_fan_in_each_upstream_bounded_by_the_merge():
+    # 1 -> 3, 2 -> 3, 3 -> 4
+    recovery = recovery_checkpoints({
+        1: node(3, cps=(20, 40, 60)),
+        2: node(3, cps=(40,)),
+        3: node(4, cps=(20, 40, 60)),
+        4: node(cps=(40, 60)),
+    })
+    assert recovery == {1: 60, 2: 40, 3: 60, 4: 60}
+    recovery = recovery_checkpoints({
+        1: node(3, cps=(20, 40, 60)),
+        2: node(3, cps=(40,)),
+        3: node(4, cps=(20, 40, 60)),
+        4: node(cps=(40,)),
+    })
+    assert recovery == {1: 40, 2: 40, 3: 40, 4: 40}
+
+
+def test_diamond_the_source_waits_for_both_paths():
+    # 1 -> 2 -> 4, 1 -> 3 -> 4
+    nodes = {
+        1: node(2, 3, cps=(20, 40, 60, 80)),
+        2: node(4, cps=(20, 40, 60, 80)),
+        3: node(4, cps=(20, 40)),
+        4: node(cps=(20, 40, 60, 80)),
+    }
+    recovery = recovery_checkpoints(nodes)
+    assert recovery == {1: 40, 2: 80, 3: 40, 4: 80}
+    assert committed_window(recovery) == 40
+
+
+def test_out_of_order_reports_give_the_same_answer():
+    late, sorted_ = CheckpointBook(), CheckpointBook()
+    for w in (80, 20, 60, 40, 60):
+        late.add(w)
+    for w in (20, 40, 60, 80):
+        sorted_.add(w)
+    assert late.windows == sorted_.windows
+    nodes = {1: node(2, cps=tuple(late.windows)), 2: node(cps=(50,))}
+    assert recovery_checkpoints(nodes) == {1: 40, 2: 50}
+
+
+def test_recovery_never_moves_backwards():
+    # the relay's checkpoints after 40 were forgotten, but its recovery stays at 40
+    recovery = recovery_checkpoints({1: node(2, cps=(20,), previous=40), 2: node(previous=40)})
+    assert recovery == {1: 40, 2: 40}
+
+
+def test_pending_deploy_freezes_the_recovery_checkpoint():
+    # the relay is being redeployed from 20: newer checkpoints (60 reported late by its old
+    # instance) must not move it, and its upstream stays bounded by it
+    recovery = recovery_checkpoints({
+        1: node(2, cps=(20, 40, 60)),
+        2: node(3, cps=(20, 60), previous=20, frozen=True),
+        3: node(cps=(60,), previous=60),
+    })
+    assert recovery == {1: 20, 2: 20, 3: 60}
+    assert committed_window(recovery) == 20
+    # a leaf pending its first deploy stays at -1 even with a checkpoint on record
+    assert recovery_checkpoints({1: node(cps=(20,), frozen=True)}) == {1: -1}
+
+
+def test_an_ended_operator_counts_as_checkpointed_at_its_last_window():
+    # source ended at 55 (last checkpoint 40); relay and sink ended at 55 too
+    nodes = {1: node(2, cps=(20, 40), ended=55), 2: node(3, cps=(40,), ended=55),
+             3: node(cps=(40,), ended=55)}
+    recovery = recovery_checkpoints(nodes)
+    assert recovery == {1: 55, 2: 55, 3: 55} and committed_window(recovery) == 55
+    assert all(is_done(nodes[i], recovery[i]) for i in nodes)
+    # the sink still runs, checkpointed at 50: the ended source may still be asked to
+    # rerun from 40, so it is not done
+    nodes = {1: node(2, cps=(20, 40), ended=55), 2: node(cps=(50,))}
+    recovery = recovery_checkpoints(nodes)
+    assert recovery == {1: 40, 2: 50}
+    assert not is_done(nodes[1], recovery[1])
+
+
+def test_cycles_and_unknown_operators_are_errors():
+    with pytest.raises(ValueError, match="cycle"):
+        recovery_checkpoints({1: node(2), 2: node(1)})
+    with pytest.raises(ValueError, match="unknown downstream operator 9"):
+        recovery_checkpoints({1: node(9)})

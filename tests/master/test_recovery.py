@@ -1,0 +1,373 @@
+"""Checkpoints, the committed window and recovery, stepped by hand: heartbeats and a manual clock.
+
+The plans are chains (source -> relay1 -> sink) and a fan-in, one operator per container,
+so each test plays every container itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from master.application import Application, ApplicationState
+from master.heartbeat import UPSTREAM_END_WINDOW, process_heartbeat
+from master.liveness import check_liveness
+from master.physical_plan import ContainerState, OperatorState, build_physical_plan
+from operators import Dag, InputPort, Operator, OutputPort
+from proto import umbilical_pb2
+from tests.master.fakes import (
+    ManualClock,
+    Sink,
+    Source,
+    chain_descriptor,
+    container_heartbeat,
+    operator_report,
+    window,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
+SHUTDOWN = umbilical_pb2.OPERATOR_STATE_SHUTDOWN
+FAILED = umbilical_pb2.OPERATOR_STATE_FAILED
+C0, C1, C2, C3 = "app-0001-c0", "app-0001-c1", "app-0001-c2", "app-0001-c3"
+SOURCE, RELAY, SINK = 1, 2, 3
+
+
+class Merge(Operator):
+    left = InputPort()
+    right = InputPort()
+    output = OutputPort()
+
+
+class Cluster:
+    """An application and its containers, played by the test; ports are 7000 + index."""
+
+    def __init__(self, descriptor, containers: int, **overrides: str) -> None:
+        self.clock = ManualClock()
+        plan = build_physical_plan(descriptor, {"CONTAINERS": str(containers), **overrides},
+                                   "app-0001")
+        self.app = Application("app-0001", descriptor, plan, self.clock())
+        for container in plan.containers.values():
+            container.transition(ContainerState.ALLOCATED)
+        self.launched: list[str] = []
+        self.killed: list[str] = []
+
+    @property
+    def ops(self):
+        return self.app.plan.operators
+
+    def port(self, cid: str) -> int:
+        return 7000 + self.app.plan.containers[cid].index
+
+    def beat(self, cid: str, *reports: umbilical_pb2.OperatorHeartbeat
+             ) -> umbilical_pb2.ContainerHeartbeatResponse:
+        response = process_heartbeat(self.app, container_heartbeat(
+            cid, port=self.port(cid), operators=reports), self.clock())
+        self._launcher()
+        return response
+
+    def report(self, op_id: int, *windows: umbilical_pb2.OperatorStats, state: int = 1,
+               error: str = "") -> umbilical_pb2.ContainerHeartbeatResponse:
+        """One heartbeat of the operator's current container with the operator's report."""
+        cid = self.ops[op_id].container_id
+        return self.beat(cid, operator_report(op_id, state=state, windows=windows, error=error))
+
+    def liveness(self, exit_codes=None):
+        losses = check_liveness(self.app, self.clock(), exit_codes or {}, stop_grace_ms=5000)
+        self._launcher()
+        return losses
+
+    def _launcher(self) -> None:
+        """Does what the master core does with the queued actions."""
+        for action in self.app.take_launcher_actions():
+            if action.kind == "kill":
+                self.killed.append(action.container_id)
+            else:
+                self.launched.append(action.container_id)
+                self.app.plan.containers[action.container_id].transition(ContainerState.ALLOCATED)
+
+    def deploy_all(self) -> None:
+        for cid in list(self.app.plan.containers):
+            self.beat(cid)
+        for op in self.ops.values():
+            infos = {i.id: i for i in self.beat(op.container_id).deploy_request}
+            assert infos[op.id].checkpoint.window_id == -1
+            self.report(op.id)
+        assert all(op.state == OperatorState.ACTIVE for op in self.ops.values())
+        assert self.app.state == ApplicationState.RUNNING
+
+
+def chain(**overrides: str) -> Cluster:
+    cluster = Cluster(chain_descriptor(3), 3, **overrides)
+    cluster.deploy_all()
+    return cluster
+
+
+def checkpointed(cluster: Cluster, op_id: int, *window_ids: int
+                 ) -> umbilical_pb2.ContainerHeartbeatResponse:
+    """The operator reports windows up to the last id, checkpointed at each of them."""
+    return cluster.report(op_id, *(window(w, checkpoint=w, checkpoint_ms=w // 10)
+                                   for w in window_ids))
+
+
+def test_checkpoints_move_recovery_and_committed_window_in_every_response():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20, 40, 60)
+    checkpointed(cluster, RELAY, 20, 40)
+    response = cluster.report(SINK)
+    assert response.committed_window_id == -1  # the sink has no checkpoint yet
+    response = checkpointed(cluster, SINK, 20)
+    assert [cluster.ops[i].recovery_window_id for i in (1, 2, 3)] == [20, 20, 20]
+    assert response.committed_window_id == 20 and cluster.app.committed_window_id == 20
+    checkpointed(cluster, SINK, 40)
+    for cid in (C0, C1, C2):  # every container hears of it, even without reporting anything
+        assert cluster.beat(cid).committed_window_id == 40
+    book = cluster.app.checkpoints[SOURCE]
+    assert book.windows == [40, 60]  # older than its recovery checkpoint: of no more use
+    assert (book.count, book.last_time_ms, book.average_time_ms) == (3, 6, 4.0)
+    # out of order and repeated reports change nothing
+    checkpointed(cluster, SINK, 20, 40)
+    assert cluster.beat(C0).committed_window_id == 40
+
+
+def test_recovery_order_when_one_container_dies():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20, 40, 60)
+    checkpointed(cluster, RELAY, 20, 40, 60)
+    checkpointed(cluster, SINK, 20, 40)
+    assert cluster.app.committed_window_id == 40
+
+    [loss] = cluster.liveness({C1: -9})  # the relay's process is gone
+    assert (loss.container_id, loss.replacement_id) == (C1, C3)
+    assert (cluster.killed, cluster.launched) == ([C1], [C3])  # one new container
+    relay, sink, source = cluster.ops[RELAY], cluster.ops[SINK], cluster.ops[SOURCE]
+    assert (relay.state, relay.container_id, relay.deploy_window_id) == (
+        OperatorState.PENDING_DEPLOY, C3, 40)
+    assert (sink.state, sink.container_id, sink.deploy_window_id) == (
+        OperatorState.PENDING_UNDEPLOY, C2, 40)
+    assert source.state == OperatorState.ACTIVE and source.failure_count == 0
+    assert (relay.failure_count, sink.failure_count) == (1, 0)
+    assert cluster.app.checkpoints[RELAY].windows == [40]  # 60 is not trusted any more
+    assert cluster.app.state == ApplicationState.RUNNING and cluster.app.recoveries == 1
+
+    # the sink's old instance is undeployed first; what it still reports does not count
+    response = cluster.beat(C2, operator_report(SINK, windows=[window(60, checkpoint=60)]))
+    assert list(response.undeploy_request) == [SINK] and not response.deploy_request
+    assert response.committed_window_id == 40 and sink.recovery_window_id == 40
+    assert cluster.app.checkpoints[SINK].windows == [40]
+    # the source is not touched
+    response = cluster.beat(C0, operator_report(SOURCE, windows=[window(61)]))
+    assert not response.undeploy_request and not response.deploy_request
+    # undeployed; deploys wait for the new container
+    response = cluster.beat(C2)
+    assert sink.state == OperatorState.PENDING_DEPLOY
+    assert not response.deploy_request and response.has_pending_requests
+    # the new container joins: the relay restarts from 40, fed by the source's buffer server
+    [info] = cluster.beat(C3).deploy_request
+    assert (info.id, info.checkpoint.window_id) == (RELAY, 40)
+    assert (info.inputs[0].buffer_server_port, info.outputs[0].buffer_server_port) == (
+        7000, 7003)
+    # the sink restarts from 40, fed by the NEW container's buffer server
+    [info] = cluster.beat(C2).deploy_request
+    assert (info.id, info.checkpoint.window_id) == (SINK, 40)
+    assert info.inputs[0].buffer_server_port == 7003
+    assert info.context_attributes["STATE_DIR"] == cluster.app.attribute("STATE_DIR")
+    assert not cluster.beat(C0).deploy_request
+    # both report again: ACTIVE, recovery moves on from there
+    checkpointed(cluster, RELAY, 60)
+    checkpointed(cluster, SINK, 60)
+    assert (relay.state, sink.state) == (OperatorState.ACTIVE, OperatorState.ACTIVE)
+    assert cluster.beat(C0).committed_window_id == 60
+    assert cluster.launched == [C3] and cluster.killed == [C1]
+
+
+def test_inputs_of_a_redeployed_operator_wait_for_every_undeploy():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20)
+    checkpointed(cluster, RELAY, 20)
+    checkpointed(cluster, SINK, 20)
+    cluster.liveness({C0: 1})  # the source's container: everything restarts
+    assert [cluster.ops[i].state for i in (1, 2, 3)] == [
+        OperatorState.PENDING_DEPLOY, OperatorState.PENDING_UNDEPLOY,
+        OperatorState.PENDING_UNDEPLOY]
+    assert not cluster.beat(C3).deploy_request  # relay and sink still undeploying
+    assert list(cluster.beat(C1, operator_report(RELAY)).undeploy_request) == [RELAY]
+    cluster.beat(C1)
+    assert not cluster.beat(C3).deploy_request  # the sink still runs
+    cluster.beat(C2)
+    [source] = cluster.beat(C3).deploy_request
+    assert (source.checkpoint.window_id, source.outputs[0].buffer_server_port) == (20, 7003)
+    [relay] = cluster.beat(C1).deploy_request
+    assert relay.inputs[0].buffer_server_port == 7003
+
+
+def test_committed_window_never_moves_backwards_through_a_recovery():
+    cluster = chain()
+    for op_id in (SOURCE, RELAY, SINK):
+        checkpointed(cluster, op_id, 20, 40)
+    cluster.liveness({C2: 1})
+    assert cluster.beat(C0).committed_window_id == 40
+    [info] = cluster.beat(C3).deploy_request
+    assert info.checkpoint.window_id == 40
+
+
+def test_restart_limit_fails_the_application_with_the_reason():
+    cluster = chain()
+    for attempt in range(1, 7):
+        response = cluster.report(SINK, state=FAILED, error=f"KeyError: {attempt}")
+        assert response.shutdown == ABORT
+        if attempt <= 5:
+            assert cluster.app.state == ApplicationState.RUNNING
+            assert cluster.ops[SINK].state == OperatorState.PENDING_DEPLOY
+    sink = cluster.ops[SINK]
+    assert (sink.failure_count, sink.failures_in_a_row, sink.state) == (
+        6, 6, OperatorState.FAILED)
+    assert cluster.app.state == ApplicationState.FAILED
+    assert cluster.app.diagnostics == (
+        "operator 'sink' (3) failed 6 times in a row without a new checkpoint "
+        "(MAX_RESTARTS=5); last error: KeyError: 6")
+    assert len(cluster.launched) == 5  # five replacements, none for the last failure
+    assert cluster.killed[-1] == sink.container_id
+
+
+def test_a_new_checkpoint_forgives_earlier_failures_and_the_limit_is_per_operator():
+    cluster = chain()
+    cluster.ops[SINK].attributes["MAX_RESTARTS"] = 1  # as a MAX_RESTARTS attribute would
+    cluster.report(SINK, state=FAILED, error="first")
+    cluster.beat(cluster.ops[SINK].container_id)
+    checkpointed(cluster, SINK, 20)
+    assert (cluster.ops[SINK].failure_count, cluster.ops[SINK].failures_in_a_row) == (1, 0)
+    cluster.report(SINK, state=FAILED, error="second")
+    assert cluster.app.state == ApplicationState.RUNNING
+    cluster.report(SINK, state=FAILED, error="third")
+    assert cluster.app.state == ApplicationState.FAILED
+    assert "'sink' (3) failed 2 times" in cluster.app.diagnostics
+    assert "(MAX_RESTARTS=1); last error: third" in cluster.app.diagnostics
+
+
+def test_a_lost_container_counts_a_failure_for_each_of_its_operators():
+    cluster = Cluster(chain_descriptor(3), 1)
+    cluster.deploy_all()
+    [loss] = cluster.liveness({"app-0001-c0": 137})
+    assert loss.replacement_id == "app-0001-c1"
+    for op in cluster.ops.values():
+        assert (op.failure_count, op.state, op.container_id) == (
+            1, OperatorState.PENDING_DEPLOY, "app-0001-c1")
+        assert op.error == "container app-0001-c0 lost: its process exited with code 137"
+
+
+def test_liveness_by_window_timeout_blames_the_stuck_operator():
+    cluster = chain()
+    cluster.ops[RELAY].attributes["TIMEOUT_WINDOW_COUNT"] = 10  # 10 x 500 ms
+    cluster.report(SOURCE, *(window(w) for w in range(1, 11)))
+    cluster.report(RELAY, *(window(w) for w in range(1, 11)))
+    cluster.report(SINK, *(window(w) for w in range(1, 11)))
+    cluster.clock.advance(6000)
+    assert cluster.liveness() == []  # nothing waits for the relay: it is not blocked
+    cluster.report(SOURCE, *(window(w) for w in range(11, 21)))  # now data waits for it
+    [loss] = cluster.liveness()
+    assert loss.container_id == C1 and loss.replacement_id == C3
+    assert "operator 'relay1' (2) is blocked: its window 0:10 has not moved" in loss.cause
+    assert "TIMEOUT_WINDOW_COUNT=10" in loss.cause and "'source' upstream" in loss.cause
+    relay = cluster.ops[RELAY]
+    assert relay.failure_count == 1 and "is blocked" in relay.error
+    assert cluster.ops[SOURCE].failure_count == 0 and cluster.ops[SINK].failure_count == 0
+    assert cluster.app.plan.containers[C0].state == ContainerState.ACTIVE
+
+
+def test_an_operator_held_back_by_a_slower_downstream_is_not_blamed():
+    cluster = chain()
+    cluster.ops[RELAY].attributes["TIMEOUT_WINDOW_COUNT"] = 10
+    cluster.report(SOURCE, *(window(w) for w in range(1, 31)))
+    cluster.report(RELAY, *(window(w) for w in range(1, 21)))
+    cluster.report(SINK, *(window(w) for w in range(1, 16)))  # the sink is behind the relay
+    cluster.clock.advance(6000)
+    cluster.report(SINK, window(16))
+    assert cluster.liveness() == []
+
+
+def test_a_stuck_input_operator_is_blamed_once_activated():
+    cluster = chain()
+    cluster.ops[SOURCE].attributes["TIMEOUT_WINDOW_COUNT"] = 10
+    for op_id in (SOURCE, RELAY, SINK):
+        cluster.report(op_id, window(5))
+    cluster.clock.advance(5001)
+    [loss] = cluster.liveness()
+    assert loss.container_id == C0 and "'source' (1) is blocked" in loss.cause
+
+
+def test_at_most_once_restarts_from_the_newest_checkpoint():
+    cluster = chain(PROCESSING_MODE="AT_MOST_ONCE")
+    checkpointed(cluster, SOURCE, 20, 40, 60)
+    checkpointed(cluster, RELAY, 20, 40, 60)
+    checkpointed(cluster, SINK, 20)
+    assert cluster.ops[RELAY].recovery_window_id == 20
+    cluster.liveness({C1: 1})
+    assert cluster.ops[RELAY].deploy_window_id == 60  # newest, not the recovery checkpoint
+    assert cluster.ops[SINK].deploy_window_id == 20
+    cluster.beat(C2)
+    [info] = cluster.beat(C3).deploy_request
+    assert info.checkpoint.window_id == 60
+    assert info.context_attributes["PROCESSING_MODE"] == "AT_MOST_ONCE"
+
+
+def test_ended_operators_count_as_checkpointed_at_their_last_window():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20)
+    cluster.report(SOURCE, window(25), state=SHUTDOWN)
+    checkpointed(cluster, RELAY, 20)
+    cluster.report(RELAY, window(25), state=SHUTDOWN)
+    checkpointed(cluster, SINK, 20)
+    assert cluster.beat(C0).committed_window_id == 20
+    response = cluster.report(SINK, window(25), state=SHUTDOWN)
+    assert response.committed_window_id == 25
+    assert cluster.app.state == ApplicationState.FINISHED
+
+
+def fan_in() -> Cluster:
+    """a (c0) and b (c1) -> merge (c2) -> sink (c3)."""
+    dag = Dag("fanin")
+    a = dag.add_operator("a", Source(), CONTAINER=0)
+    b = dag.add_operator("b", Source(), CONTAINER=1)
+    merge = dag.add_operator("merge", Merge(), CONTAINER=2)
+    sink = dag.add_operator("sink", Sink(), CONTAINER=3)
+    dag.add_stream("left", a.output, merge.left)
+    dag.add_stream("right", b.output, merge.right)
+    dag.add_stream("out", merge.output, sink.input)
+    cluster = Cluster(dag.to_descriptor(), 4)
+    cluster.deploy_all()
+    return cluster
+
+
+def test_a_done_upstream_is_not_rerun_and_its_subscribers_are_told_it_ended():
+    cluster = fan_in()
+    a, b, merge, sink = (cluster.app.plan.operator_by_name(n) for n in ("a", "b", "merge", "sink"))
+    checkpointed(cluster, a.id, 20)
+    cluster.report(a.id, window(30), state=SHUTDOWN)  # a ended after window 30
+    for op in (b, merge, sink):
+        checkpointed(cluster, op.id, 20, 40)
+    assert a.recovery_window_id == 30  # its end: nothing downstream needs it again
+    # losing a's container: nothing to recover, no new container
+    [loss] = cluster.liveness({"app-0001-c0": 0})
+    assert loss.replacement_id == "" and cluster.launched == []
+    assert a.state == OperatorState.SHUTDOWN and a.failure_count == 0
+    # losing merge's container: merge and sink restart from 40; a is told to be over
+    [loss] = cluster.liveness({"app-0001-c2": 1})
+    assert loss.replacement_id == "app-0001-c4"
+    assert (merge.state, sink.state, b.state) == (
+        OperatorState.PENDING_DEPLOY, OperatorState.PENDING_UNDEPLOY, OperatorState.ACTIVE)
+    cluster.beat("app-0001-c3")
+    [info] = cluster.beat("app-0001-c4").deploy_request
+    left, right = info.inputs
+    assert (left.port_name, left.context_attributes[UPSTREAM_END_WINDOW]) == ("left", "30")
+    assert right.port_name == "right" and UPSTREAM_END_WINDOW not in right.context_attributes
+    assert (right.buffer_server_port, info.checkpoint.window_id) == (7001, 40)
+
+
+def test_a_terminal_application_recovers_nothing():
+    cluster = chain()
+    cluster.app.transition(ApplicationState.KILLED, cluster.clock(), "enough")
+    losses = cluster.liveness({C1: 0})
+    assert [(x.container_id, x.replacement_id) for x in losses] == [(C1, "")]
+    assert cluster.launched == [] and cluster.killed == [C1]
+    assert cluster.ops[RELAY].failure_count == 0
