@@ -37,8 +37,8 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_WINDOW_COUNT = 120
 """Windows an operator's window may stand still while its input has data (Apex's default).
 
-The master's default until the TIMEOUT_WINDOW_COUNT attribute exists; read per
-operator, so a resolved attribute takes over. 120 x 500 ms = 1 minute.
+The operator's resolved TIMEOUT_WINDOW_COUNT attribute decides; this is the fallback for
+an operator without it. 120 x 500 ms = 1 minute.
 """
 
 

@@ -44,8 +44,8 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_MAX_RESTARTS = 5
 """Failures in a row (without a new checkpoint in between) an operator may recover from.
 
-The master's default until the MAX_RESTARTS attribute exists; read per operator, so a
-resolved MAX_RESTARTS attribute takes over. 0 = the first failure ends the application.
+The operator's resolved MAX_RESTARTS attribute decides; this is the fallback for an
+operator without it.
 """
 
 

@@ -134,9 +134,18 @@ def container_rows(containers: Iterable[client_pb2.ContainerInfo], now_ms: int
             c.buffer_server_address or "-", ",".join(str(i) for i in c.operator_ids) or "-",
             f"{c.cpu_percent:.1f}" if c.heartbeats else "-", format_mb(c.memory_rss_mb),
             format_mb(c.memory_mb_free), gc, str(c.heartbeats),
-            format_ago(c.last_heartbeat_ms, now_ms), c.diagnostics or "-",
+            format_ago(c.last_heartbeat_ms, now_ms), _container_diagnostics(c),
         ])
     return rows
+
+
+def _container_diagnostics(c: client_pb2.ContainerInfo) -> str:
+    notes = [c.diagnostics] if c.diagnostics else []
+    if c.replaced_by:
+        notes.append(f"replaced by {c.replaced_by}")
+    if c.replaces:
+        notes.append(f"replaces {c.replaces}")
+    return "; ".join(notes) or "-"
 
 
 OPERATOR_HEADERS = ["ID", "NAME", "CONTAINER", "STATE", "WINDOW", "CHECKPOINT", "RECOVERY",

@@ -193,15 +193,20 @@ def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
     assert info.attributes["HEARTBEAT_INTERVAL_MILLIS"] == "300"  # -D wins over the file
     core = master.core
     core.heartbeat(container_heartbeat("app-0001-c0", port=7000))
+    w5 = (1 << 32) | 5
     core.heartbeat(container_heartbeat("app-0001-c0", port=7000, operators=[
-        operator_report(1, windows=[window((1 << 32) | 5, 0, 9, 1_000, in_port=None)]),
-        operator_report(2)]))
+        operator_report(1, windows=[window(w5, 0, 9, 1_000, in_port=None, checkpoint=w5,
+                                           checkpoint_ms=12)]),
+        operator_report(2, windows=[window(w5, 9, 0, 1_010, out_port=None, checkpoint=w5,
+                                           checkpoint_ms=3)])]))
 
     code, out, _ = run(capsys, "--master", master.address, "apps")
     assert code == 0
     header, row = out.strip().splitlines()
     assert header.split()[:3] == ["ID", "NAME", "STATE"]
     assert row.split()[:3] == ["app-0001", "good", "RUNNING"]
+    assert "COMMITTED" in header and "FAILURES" in header and "RECOVERIES" in header
+    assert row.split()[5:9] == ["1:5", "1:5", "0", "0"]  # window, committed, failures, recoveries
 
     code, out, _ = run(capsys, "--master", master.address, "containers")
     assert code == 0 and "app-0001-c0" in out and "127.0.0.1:7000" in out and "ACTIVE" in out
@@ -209,14 +214,20 @@ def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
     code, out, _ = run(capsys, "--master", master.address, "operators", "app-0001")
     lines = out.strip().splitlines()
     assert code == 0 and len(lines) == 3 and "source" in lines[1] and "1:5" in lines[1]
+    assert lines[0].split()[4:9] == ["WINDOW", "CHECKPOINT", "RECOVERY", "CKPT", "MS"]
+    assert lines[1].split()[4:9] == ["1:5", "1:5", "1:5", "12/12", "0"]
 
     code, out, _ = run(capsys, "--master", master.address, "stats", "app-0001", "source")
     assert code == 0 and "source (id 1)" in out and "last 1 windows" in out and "1:5" in out
+    assert "latest checkpoint:" in out and "1 (last 12 ms, average 12.0 ms)" in out
+    assert "failures:          0 (0 in a row, restart limit 5)" in out
 
     code, out, _ = run(capsys, "--master", master.address, "--json", "operators", "app-0001")
     data = json.loads(out)
     assert [op["name"] for op in data["operators"]] == ["source", "sink"]
     assert data["operators"][0]["total_tuples_emitted"] == "9"  # int64 as JSON text
+    assert data["operators"][0]["checkpoint_window_id"] == str(w5)
+    assert data["operators"][1]["recovery_window_id"] == str(w5)
 
     for argv in (["apps"], ["containers", "--app", "app-0001"], ["stats", "app-0001", "2"]):
         code, out, _ = run(capsys, "--master", master.address, "--json", *argv)

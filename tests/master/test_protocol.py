@@ -5,6 +5,11 @@ The launcher starts nothing (RecordingLauncher): each test is the containers.
 
 from __future__ import annotations
 
+import os
+import pathlib
+import shutil
+import tempfile
+
 import grpc
 import pytest
 
@@ -252,3 +257,111 @@ def test_stop_is_idempotent_and_stops_the_launcher():
     master.stop()
     master.stop()
     assert launcher.stopped
+
+
+def checkpointed(umbilical, cid: str, port: int, op_id: int, *window_ids: int
+                 ) -> umbilical_pb2.ContainerHeartbeatResponse:
+    windows = [window(w, checkpoint=w, checkpoint_ms=10 * (i + 1), end_ms=1_000 + w)
+               for i, w in enumerate(window_ids)]
+    return beat(umbilical, cid, port, operator_report(op_id, windows=windows))
+
+
+def test_checkpoints_committed_window_and_their_stats(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    checkpointed(umbilical, C0, 7000, 1, 20, 40, 60)
+    checkpointed(umbilical, C1, 7001, 2, 20, 40)
+    assert checkpointed(umbilical, C2, 7002, 3, 20).committed_window_id == 20
+    assert checkpointed(umbilical, C2, 7002, 3, 40).committed_window_id == 40
+    assert beat(umbilical, C0, 7000).committed_window_id == 40
+    info = client.application(app_id)
+    assert (info.committed_window_id, info.current_window_id) == (40, 40)
+    source = client.operator_stats(app_id, "source")
+    assert (source.checkpoint_window_id, source.recovery_window_id, source.checkpoints) == (
+        60, 40, 3)
+    assert (source.checkpoint_time_ms, source.checkpoint_time_avg_ms) == (30, 20.0)
+    assert (source.processing_mode, source.max_restarts, source.deploy_window_id) == (
+        "AT_LEAST_ONCE", 5, -1)
+
+
+def test_deploy_after_recovery_names_the_new_containers_buffer_server(server, client,
+                                                                      umbilical):
+    app_id = deploy_all(client, umbilical)
+    for cid, port, op_id in ((C0, 7000, 1), (C1, 7001, 2), (C2, 7002, 3)):
+        checkpointed(umbilical, cid, port, op_id, 20, 40)
+    client.kill_container(C1)
+    assert server.launcher.launched == [C0, C1, C2, "app-0001-c3"]
+    assert list(beat(umbilical, C2, 7002, operator_report(3)).undeploy_request) == [3]
+    assert not beat(umbilical, C0, 7000, operator_report(1)).deploy_request  # untouched
+    assert not beat(umbilical, C2, 7002).deploy_request  # undeployed; c3 not there yet
+    [relay] = beat(umbilical, "app-0001-c3", 7103).deploy_request
+    assert (relay.id, relay.checkpoint.window_id, relay.inputs[0].buffer_server_port) == (
+        2, 40, 7000)
+    [sink] = beat(umbilical, C2, 7002).deploy_request
+    assert (sink.id, sink.checkpoint.window_id) == (3, 40)
+    assert (sink.inputs[0].buffer_server_host, sink.inputs[0].buffer_server_port) == (
+        "127.0.0.1", 7103)
+    beat(umbilical, "app-0001-c3", 7103, operator_report(2))
+    beat(umbilical, C2, 7002, operator_report(3))
+    assert states(client, app_id) == {"source": "ACTIVE", "relay1": "ACTIVE", "sink": "ACTIVE"}
+    info = client.application(app_id)
+    assert (info.state, info.containers_active, info.containers_planned) == ("RUNNING", 3, 3)
+    assert info.committed_window_id == 40 and info.operator_failures == 1
+
+
+def test_restart_limit_fails_the_application_visibly(server, client, umbilical):
+    app_id = client.submit(chain_descriptor(2), {"CONTAINERS": "2", "sink.MAX_RESTARTS": "2"})
+    beat(umbilical, C0, 7000)
+    cid = C1
+    for attempt in range(3):
+        response = beat(umbilical, cid, 7001,
+                        operator_report(2, FAILED, error=f"ValueError: bad row {attempt}"))
+        assert response.shutdown == ABORT
+        cid = next(op.container_id for op in client.operators(app_id) if op.name == "sink")
+    info = client.application(app_id)
+    assert info.state == "FAILED" and info.recoveries == 2 and info.operators_failed == 1
+    assert info.diagnostics == ("operator 'sink' (2) failed 3 times in a row without a new "
+                                "checkpoint (MAX_RESTARTS=2); last error: ValueError: bad row 2")
+    sink = client.operator_stats(app_id, "sink")
+    assert (sink.state, sink.failure_count, sink.failures_in_a_row) == ("FAILED", 3, 3)
+
+
+def test_state_dir_travels_to_every_container(server, client, umbilical):
+    app_id = client.submit(chain_descriptor(2), {"CONTAINERS": "2"})
+    state_dir = os.path.join(tempfile.gettempdir(), "weir-state", app_id)
+    context = umbilical.GetInitContext(umbilical_pb2.GetInitContextRequest(container_id=C1),
+                                       timeout=5)
+    assert context.attributes["STATE_DIR"] == state_dir
+    beat(umbilical, C0, 7000)
+    [sink] = beat(umbilical, C1, 7001).deploy_request
+    assert sink.context_attributes["STATE_DIR"] == state_dir
+    assert client.application(app_id).attributes["STATE_DIR"] == state_dir
+
+
+def test_the_master_deletes_nothing(server, client, umbilical, tmp_path, monkeypatch):
+    """Checkpoint files are the containers' to delete; the master only keeps the books."""
+    files = [tmp_path / "checkpoints" / str(op) / f"{w:016x}.ckpt" for op in (1, 2, 3)
+             for w in (20, 40)]
+    for path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"state")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"the master deleted something: {args}")
+
+    for module, name in ((os, "remove"), (os, "unlink"), (os, "rmdir"),
+                         (shutil, "rmtree"), (pathlib.Path, "unlink"), (pathlib.Path, "rmdir")):
+        monkeypatch.setattr(module, name, refuse)
+    app_id = client.submit(chain_descriptor(3), {"CONTAINERS": "3", "STATE_DIR": str(tmp_path)})
+    for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
+        beat(umbilical, cid, port)
+    for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
+        beat(umbilical, cid, port)
+        checkpointed(umbilical, cid, port, op_id, 20, 40)
+    assert client.application(app_id).committed_window_id == 40
+    client.kill_container(C2)
+    beat(umbilical, "app-0001-c3", 7003)
+    checkpointed(umbilical, "app-0001-c3", 7003, 3, 60)
+    server.launcher.set_exit_code(C0, 9)
+    poll_for(lambda: client.application(app_id).recoveries == 2, 5, "the second recovery")
+    monkeypatch.undo()
+    assert all(path.read_bytes() == b"state" for path in files)

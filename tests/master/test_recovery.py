@@ -98,7 +98,9 @@ class Cluster:
 
 
 def chain(**overrides: str) -> Cluster:
-    cluster = Cluster(chain_descriptor(3), 3, **overrides)
+    """source (c0) -> relay1 (c1) -> sink (c2); overrides as -D gives them (``__`` for ``.``)."""
+    cluster = Cluster(chain_descriptor(3), 3,
+                      **{name.replace("__", "."): value for name, value in overrides.items()})
     cluster.deploy_all()
     return cluster
 
@@ -231,8 +233,7 @@ def test_restart_limit_fails_the_application_with_the_reason():
 
 
 def test_a_new_checkpoint_forgives_earlier_failures_and_the_limit_is_per_operator():
-    cluster = chain()
-    cluster.ops[SINK].attributes["MAX_RESTARTS"] = 1  # as a MAX_RESTARTS attribute would
+    cluster = chain(sink__MAX_RESTARTS="1")
     cluster.report(SINK, state=FAILED, error="first")
     cluster.beat(cluster.ops[SINK].container_id)
     checkpointed(cluster, SINK, 20)
@@ -257,8 +258,7 @@ def test_a_lost_container_counts_a_failure_for_each_of_its_operators():
 
 
 def test_liveness_by_window_timeout_blames_the_stuck_operator():
-    cluster = chain()
-    cluster.ops[RELAY].attributes["TIMEOUT_WINDOW_COUNT"] = 10  # 10 x 500 ms
+    cluster = chain(relay1__TIMEOUT_WINDOW_COUNT="10")  # 10 x 500 ms
     cluster.report(SOURCE, *(window(w) for w in range(1, 11)))
     cluster.report(RELAY, *(window(w) for w in range(1, 11)))
     cluster.report(SINK, *(window(w) for w in range(1, 11)))
@@ -276,8 +276,7 @@ def test_liveness_by_window_timeout_blames_the_stuck_operator():
 
 
 def test_an_operator_held_back_by_a_slower_downstream_is_not_blamed():
-    cluster = chain()
-    cluster.ops[RELAY].attributes["TIMEOUT_WINDOW_COUNT"] = 10
+    cluster = chain(relay1__TIMEOUT_WINDOW_COUNT="10")
     cluster.report(SOURCE, *(window(w) for w in range(1, 31)))
     cluster.report(RELAY, *(window(w) for w in range(1, 21)))
     cluster.report(SINK, *(window(w) for w in range(1, 16)))  # the sink is behind the relay
@@ -287,8 +286,7 @@ def test_an_operator_held_back_by_a_slower_downstream_is_not_blamed():
 
 
 def test_a_stuck_input_operator_is_blamed_once_activated():
-    cluster = chain()
-    cluster.ops[SOURCE].attributes["TIMEOUT_WINDOW_COUNT"] = 10
+    cluster = chain(source__TIMEOUT_WINDOW_COUNT="10")
     for op_id in (SOURCE, RELAY, SINK):
         cluster.report(op_id, window(5))
     cluster.clock.advance(5001)
