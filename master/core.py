@@ -267,14 +267,18 @@ class MasterCore:
         _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, msg)
 
     def report_error(self, container_id: str, operator_ids: list[int], msg: str) -> None:
-        """Records an error event; recovery is driven by heartbeats, not by this."""
+        """Records an error event; a failed deploy counts as a failure of its operator."""
         with self._lock:
-            app, _ = self._container(container_id)
+            app, container = self._container(container_id)
             names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
                      for i in operator_ids]
             app.reported_errors.append(f"{container_id} {names}: {msg}")
-        _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id, container_id,
-                        names, msg)
+            _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id,
+                            container_id, names, msg)
+            recovery.deploy_failed(app, container, operator_ids, msg, self.clock())
+            actions = self._take_actions(app)
+            self._changed.notify_all()
+        self._carry_out(actions)
 
     # -- liveness -------------------------------------------------------------------------
     def check_liveness(self) -> list[str]:

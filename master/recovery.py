@@ -32,6 +32,7 @@ __all__ = [
     "ContainerLoss",
     "affected_operators",
     "deploy_checkpoint",
+    "deploy_failed",
     "is_operator_done",
     "lose_container",
     "max_restarts",
@@ -215,6 +216,31 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
                          f"{replacement.id}; committed window "
                          f"{format_window_id(app.committed_window_id)}")
     return ContainerLoss(container.id, cause, replacement.id)
+
+
+def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequence[int],
+                  message: str, now_ms: int) -> ContainerLoss | None:
+    """A container could not deploy an operator it was sent (it said so with ReportError).
+
+    The operator never ran, so no heartbeat will report it FAILED and its deploy would be
+    repeated for ever: it counts as a failure of that operator, and its container is
+    restarted like for any failed operator (a missing or corrupt checkpoint thus ends the
+    application once past MAX_RESTARTS, with the container's message). Errors about
+    operators that are already running are only recorded, as before.
+    """
+    if app.terminal or container.state == ContainerState.KILLED:
+        return None
+    op = next((app.plan.operators[i] for i in operator_ids
+               if i in app.plan.operators and app.plan.operators[i].container_id == container.id
+               and app.plan.operators[i].state == OperatorState.PENDING_DEPLOY), None)
+    if op is None:
+        return None
+    op.error = message
+    _LOGGER.warning("app=%s container=%s operator=%s (%d) could not be deployed from checkpoint "
+                    "%s: %s", app.id, container.id, op.name, op.id,
+                    format_window_id(op.deploy_window_id), message)
+    return lose_container(app, container, f"operator {op.name!r} ({op.id}) could not be "
+                                          f"deployed: {message}", now_ms, blamed=[op])
 
 
 def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTContainer:

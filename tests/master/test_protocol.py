@@ -365,3 +365,18 @@ def test_the_master_deletes_nothing(server, client, umbilical, tmp_path, monkeyp
     poll_for(lambda: client.application(app_id).recoveries == 2, 5, "the second recovery")
     monkeypatch.undo()
     assert all(path.read_bytes() == b"state" for path in files)
+
+
+def test_a_deploy_error_restarts_the_container(server, client, umbilical):
+    app_id = deploy_all(client, umbilical)
+    request = umbilical_pb2.ReportErrorRequest(container_id=C1, operators=[2], msg="late")
+    umbilical.ReportError(request, timeout=5)  # about a running operator: only recorded
+    assert client.application(app_id).recoveries == 0
+    client.kill_container(C2)
+    [sink] = beat(umbilical, "app-0001-c3", 7003).deploy_request
+    umbilical.ReportError(umbilical_pb2.ReportErrorRequest(
+        container_id="app-0001-c3", operators=[3], msg="cannot restore checkpoint"), timeout=5)
+    assert server.launcher.killed == [C2, "app-0001-c3"]
+    assert server.launcher.launched[-1] == "app-0001-c4"
+    op = client.operator_stats(app_id, "sink")
+    assert (op.failure_count, op.error) == (2, "cannot restore checkpoint")

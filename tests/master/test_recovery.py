@@ -12,6 +12,7 @@ from master.application import Application, ApplicationState
 from master.heartbeat import UPSTREAM_END_WINDOW, process_heartbeat
 from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
+from master.recovery import deploy_failed
 from operators import Dag, InputPort, Operator, OutputPort
 from proto import umbilical_pb2
 from tests.master.fakes import (
@@ -369,3 +370,25 @@ def test_a_terminal_application_recovers_nothing():
     assert [(x.container_id, x.replacement_id) for x in losses] == [(C1, "")]
     assert cluster.launched == [] and cluster.killed == [C1]
     assert cluster.ops[RELAY].failure_count == 0
+
+
+def test_a_failed_deploy_counts_as_a_failure_of_its_operator():
+    cluster = chain(relay1__MAX_RESTARTS="1")
+    for op_id in (SOURCE, RELAY, SINK):
+        checkpointed(cluster, op_id, 20)
+    cluster.liveness({C1: 1})
+    cluster.beat(C2)  # the sink is undeployed
+    [info] = cluster.beat(C3).deploy_request
+    assert info.checkpoint.window_id == 20
+    relay = cluster.ops[RELAY]
+    c3 = cluster.app.plan.containers[C3]
+    assert deploy_failed(cluster.app, c3, [RELAY], "no checkpoint 0:20", cluster.clock()) \
+        is not None
+    assert c3.state == ContainerState.KILLED and relay.state == OperatorState.FAILED
+    assert cluster.app.state == ApplicationState.FAILED  # 2 failures in a row, limit 1
+    assert cluster.app.diagnostics.endswith("last error: no checkpoint 0:20")
+    # an error about an operator that runs is only recorded
+    cluster = chain()
+    c1 = cluster.app.plan.containers[C1]
+    assert deploy_failed(cluster.app, c1, [RELAY], "boom", cluster.clock()) is None
+    assert c1.state == ContainerState.ACTIVE
