@@ -298,9 +298,12 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 def _cmd_kill_container(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        client.kill_container(args.container_id)
+        replacement = client.kill_container(args.container_id)
     if args.json:
-        _print_json(client_pb2.KillContainerResponse())
+        _print_json(client_pb2.KillContainerResponse(replacement_id=replacement))
+    elif replacement:
+        print(f"container {args.container_id} killed; {replacement} replaces it and its "
+              "operators restart from their checkpoints")
     else:
         print(f"container {args.container_id} killed")
     return 0

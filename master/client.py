@@ -112,9 +112,11 @@ class WeirClient:
         return self._call(self._stub.GetOperatorStats, client_pb2.GetOperatorStatsRequest(
             application_id=app_id, operator=str(operator)))
 
-    def kill_container(self, container_id: str) -> None:
-        self._call(self._stub.KillContainer,
-                   client_pb2.KillContainerRequest(container_id=container_id))
+    def kill_container(self, container_id: str) -> str:
+        """Kills the container; returns the id of the container replacing it ("" if none)."""
+        response = self._call(self._stub.KillContainer,
+                              client_pb2.KillContainerRequest(container_id=container_id))
+        return response.replacement_id
 
     def shutdown(self, app_id: str) -> None:
         self._call(self._stub.ShutdownApplication,

@@ -57,8 +57,8 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
     @rpc_errors
     def KillContainer(self, request: client_pb2.KillContainerRequest,
                       context: grpc.ServicerContext) -> client_pb2.KillContainerResponse:
-        self.core.kill_container(request.container_id)
-        return client_pb2.KillContainerResponse()
+        replacement = self.core.kill_container(request.container_id)
+        return client_pb2.KillContainerResponse(replacement_id=replacement)
 
     @rpc_errors
     def ShutdownApplication(self, request: client_pb2.ShutdownApplicationRequest,

@@ -182,17 +182,18 @@ class MasterCore:
                                f"`weir operators {app_id}` lists them")
             return views.operator_info(app, op, with_windows=True)
 
-    def kill_container(self, container_id: str) -> None:
-        """Kills the container's process; a new container replaces it (recovery)."""
+    def kill_container(self, container_id: str) -> str:
+        """Kills the container's process; returns the new container replacing it, if any."""
         with self._lock:
             app, container = self._container(container_id)
             if container.state == ContainerState.KILLED:
                 raise FailedPrecondition(f"container {container_id} is already KILLED "
                                          f"({container.diagnostics})")
-            recovery.lose_container(app, container, "killed by the user", self.clock())
+            loss = recovery.lose_container(app, container, "killed by the user", self.clock())
             actions = self._take_actions(app)
             self._changed.notify_all()
         self._carry_out(actions)
+        return loss.replacement_id
 
     def shutdown_application(self, app_id: str) -> None:
         """Asks the containers to end their input streams; the app then finishes."""

@@ -249,7 +249,8 @@ def test_shutdown_kill_and_kill_container(capsys, apps, master):
     assert_one_line_error(code, err, "already KILLED")
     code, out, _ = run(capsys, "--master", address, "kill-container", "app-0002-c0")
     assert code == 0 and master.launcher.killed == ["app-0002-c0"]
-    assert master.launcher.launched[-1] == "app-0002-c2"  # its replacement
+    assert out.startswith("container app-0002-c0 killed; app-0002-c2 replaces it")
+    assert master.launcher.launched[-1] == "app-0002-c2"
     assert master.core.application_info("app-0002").recoveries == 1
 
 

@@ -182,7 +182,7 @@ def test_kill_application_aborts_containers(server, client, umbilical):
 
 def test_kill_container_replaces_it(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
-    client.kill_container(C1)
+    assert client.kill_container(C1) == "app-0001-c3"
     assert server.launcher.killed == [C1]
     assert server.launcher.launched[-1] == "app-0001-c3"
     info = client.application(app_id)
