@@ -9,6 +9,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 import grpc
 import pytest
@@ -18,7 +19,13 @@ from master.launcher import RecordingLauncher
 from master.server import MasterServer
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
 from tests.harness import poll_for
-from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report, window
+from tests.master.fakes import (
+    ManualClock,
+    chain_descriptor,
+    container_heartbeat,
+    operator_report,
+    window,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -380,3 +387,34 @@ def test_a_deploy_error_restarts_the_container(server, client, umbilical):
     assert server.launcher.launched[-1] == "app-0001-c4"
     op = client.operator_stats(app_id, "sink")
     assert (op.failure_count, op.error) == (2, "cannot restore checkpoint")
+
+
+def test_a_blocked_operator_is_found_by_the_master_loop():
+    clock = ManualClock()
+    master = MasterServer(launcher_factory=RecordingLauncher, clock=clock, loop_interval_s=0.05)
+    master.start()
+    try:
+        with WeirClient(master.address, timeout_s=5) as weir:
+            channel = grpc.insecure_channel(master.address)
+            umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+            app_id = weir.submit(chain_descriptor(3), {"CONTAINERS": "3",
+                                                       "relay1.TIMEOUT_WINDOW_COUNT": "4"})
+            for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
+                beat(umbilical, cid, port)
+            for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
+                beat(umbilical, cid, port)
+                beat(umbilical, cid, port, operator_report(op_id, windows=[window(1)]))
+            clock.advance(1000)  # 2 windows of 500 ms: not yet
+            beat(umbilical, C0, 7000, operator_report(1, windows=[window(2), window(3)]))
+            time.sleep(0.2)
+            assert master.launcher.killed == []
+            clock.advance(1500)  # the relay stood still 2.5 s > 4 x 500 ms, with data waiting
+            for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
+                beat(umbilical, cid, port)
+            poll_for(lambda: master.launcher.killed == [C1], 5, "the blocked relay's container")
+            relay = weir.operator_stats(app_id, "relay1")
+            assert relay.failure_count == 1 and "is blocked" in relay.error
+            assert master.launcher.launched[-1] == "app-0001-c3"
+            channel.close()
+    finally:
+        master.stop()
