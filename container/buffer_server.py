@@ -178,6 +178,7 @@ class _Stream:
         self.last_window: int | None = None
         self.ended = False
         self.spilling = False
+        self.suspended = False  # its publisher was undeployed; a successor will rewind it
         self.rewinds: list[int] = []  # the end sequence number after each rewind
 
     @property
@@ -371,6 +372,8 @@ class _Stream:
         message is bigger), advancing it. Spilled messages come from ``loaded`` (a block's
         rows as read back); when the next one is in a block not loaded and nothing was
         taken, that block is returned to be loaded. Call with ``cond`` held."""
+        if self.suspended:  # what follows may be rewound: serve nothing until it is
+            return [], None
         if cursor.seq is None:
             cursor.seq = self._locate(cursor.from_window)
             cursor.rewinds_seen = len(self.rewinds)
@@ -650,7 +653,21 @@ class BufferServer:
             dropped = stream.rewind(from_window)
             _LOGGER.debug("stream %s rewound to window %d: %d messages dropped", stream_id,
                           from_window, dropped)
+        with stream.cond:
+            stream.suspended = False
+            stream.cond.notify_all()
         return Publisher(self, stream, stop)
+
+    def suspend(self, stream_id: str) -> None:
+        """Holds back the stream from subscribers until its next ``publisher()`` call.
+
+        Called when the publishing operator is undeployed: its successor restarts from a
+        checkpoint and rewinds the stream, so nothing after that point may be served
+        meanwhile (a subscriber would read windows that are about to be replaced).
+        """
+        stream = self._stream(stream_id)
+        with stream.cond:
+            stream.suspended = True
 
     def purge(self, stream_id: str, window_id: int) -> None:
         """Drops the stream's messages of windows <= ``window_id`` (committed windows)."""

@@ -159,6 +159,8 @@ class Deployment:
             if runner is not None:
                 _LOGGER.info("container %s undeploys operator %d", self.container_id,
                              operator_id)
+                for port in runner.publishers:
+                    self.buffer_server.suspend(stream_id(operator_id, port))
                 runner.stop()
 
     def activate(self, operator_ids: Iterable[int]) -> None:

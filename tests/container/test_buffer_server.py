@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -724,3 +725,35 @@ def test_a_waiting_publisher_stops_on_its_stop_event_or_close():
     assert "closed" in str(errors2[0])
     assert srv.stream_stats() == retained  # the aborted messages were not stored
     assert srv.stats().publishers_waiting == 0
+
+
+def test_suspended_stream_serves_nothing_until_its_publisher_rewinds():
+    with BufferServer() as server:
+        host, port = server.address
+        pub = server.publisher("s")
+        for w in (1, 2):
+            pub.begin_window(w)
+            pub.data(w, pa.record_batch({"x": [w]}))
+            pub.end_window(w)
+        pub.begin_window(3)  # the old instance stops inside window 3
+        server.suspend("s")
+        received: list[Message] = []
+        sub = Subscription(host, port, "s", from_window=1)
+        reader = threading.Thread(target=lambda: received.extend(sub), daemon=True)
+        reader.start()
+        time.sleep(0.5)
+        assert received == [], "a suspended stream must not serve stale windows"
+        new = server.publisher("s", from_window=1)  # the successor, from checkpoint 1
+        for w in (2, 3):
+            new.begin_window(w)
+            new.data(w, pa.record_batch({"x": [10 * w]}))
+            new.end_window(w)
+        new.end_stream()
+        reader.join(10)
+        assert not reader.is_alive()
+        kinds = [(m.kind.name, m.window_id) for m in received]
+        assert kinds == [("BEGIN_WINDOW", 2), ("DATA", 2), ("END_WINDOW", 2),
+                         ("BEGIN_WINDOW", 3), ("DATA", 3), ("END_WINDOW", 3),
+                         ("END_STREAM", kinds[-1][1])]
+        assert [m.batch().column(0).to_pylist() for m in received if m.kind == Kind.DATA] \
+            == [[20], [30]]
