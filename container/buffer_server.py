@@ -40,6 +40,7 @@ from container.control import ENVELOPE_SCHEMA, Kind, Message, to_envelope
 from container.spill import Budget, SpillStore, read_block
 
 __all__ = [
+    "LATEST_WINDOW",
     "DISK_BUDGET_BYTES",
     "MAX_BLOCK_BYTES",
     "MAX_ENVELOPE_BYTES",
@@ -140,6 +141,10 @@ class _SpillResult(enum.Enum):
     BUSY = "busy"  # a spill of this stream is under way
     NOTHING = "nothing"  # no payload bytes to move
     NO_DISK = "no disk"  # the disk budget (or the disk) has no room for the oldest message
+
+
+LATEST_WINDOW = -2
+"""``from_window`` of a subscriber that wants no replay: windows after the newest one."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -375,6 +380,8 @@ class _Stream:
         if self.suspended:  # what follows may be rewound: serve nothing until it is
             return [], None
         if cursor.seq is None:
+            if cursor.from_window == LATEST_WINDOW:  # only windows begun from now on
+                cursor.from_window = self.last_window if self.last_window is not None else -1
             cursor.seq = self._locate(cursor.from_window)
             cursor.rewinds_seen = len(self.rewinds)
         elif cursor.rewinds_seen < len(self.rewinds):

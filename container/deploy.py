@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterable
 import cloudpickle
 
 from container.buffer_client import Subscription
-from container.buffer_server import BufferServer
+from container.buffer_server import LATEST_WINDOW, BufferServer
 from container.checkpoint_store import CheckpointStore
+from container.control import Kind, Message
 from container.operator_state import capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
@@ -103,9 +104,11 @@ class Deployment:
                                       attributes=attributes, spark=self.spark)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
-            inputs = {  # replay every window after the checkpoint
+            # AT_MOST_ONCE restarts skip what they missed; otherwise replay after the checkpoint
+            at_most_once = resume >= 0 and attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE"
+            inputs = {
                 i.port_name: PortInput(i.port_name, self._subscriber(i), capacity, stopped,
-                                       from_window=resume)
+                                       from_window=LATEST_WINDOW if at_most_once else resume)
                 for i in info.inputs
             }
             publishers = {  # windows after the checkpoint are published again
@@ -116,7 +119,7 @@ class Deployment:
             runner = OperatorRunner(info.id, operator, context, publishers, inputs,
                                     self.start_window_millis, self.on_change,
                                     wait_for_activation=True, checkpointer=self.checkpointer,
-                                    resume_window=resume)
+                                    resume_window=resume, skip_missed_windows=at_most_once)
             runner.stopped = stopped
             self.runners[info.id] = runner
         _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
@@ -145,7 +148,11 @@ class Deployment:
 
     @staticmethod
     def _subscriber(info: plan_pb2.InputDeployInfo):
+        ended = info.context_attributes.get("UPSTREAM_END_WINDOW")
+
         def subscribe(from_window: int):
+            if ended is not None:  # the upstream finished before our checkpoint: just end
+                return iter([Message(Kind.END_STREAM, int(ended))]), lambda: None
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
                                         from_window=from_window)

@@ -89,13 +89,15 @@ class OperatorRunner:
         checkpointer: where checkpoints go; None = no checkpoints (tests).
         resume_window: the checkpoint the operator was restored from (-1 = fresh): the
             first window it processes is the one after it.
+        skip_missed_windows: an input operator restored from a checkpoint resumes at the
+            current window, not the one after the checkpoint (AT_MOST_ONCE).
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
                  publishers: Mapping[str, Publisher], inputs: Mapping[str, PortInput],
                  start_window_millis: int, on_change: Callable[[], None], *,
                  wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
-                 resume_window: int = -1) -> None:
+                 resume_window: int = -1, skip_missed_windows: bool = False) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -107,6 +109,7 @@ class OperatorRunner:
         self.checkpoint_window_count = int(context.attributes.get("CHECKPOINT_WINDOW_COUNT", 20))
         self.checkpointer = checkpointer
         self.resume_window = resume_window
+        self.skip_missed_windows = skip_missed_windows
         self._checkpoint_due = False
         self._committed_pending = -1
         self._committed_delivered = -1
@@ -291,12 +294,12 @@ class OperatorRunner:
     def _run_input(self) -> None:
         """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
         assert isinstance(self.operator, InputOperator)
+        base_seconds = self.start_window_millis // 1000
+        counter = max(0, _now_ms() - self.start_window_millis) // self.window_ms
         if self.resume_window >= 0:  # restored: carry on after the checkpointed window
             base_seconds = window_base_seconds(self.resume_window)
-            counter = window_counter(self.resume_window) + 1
-        else:
-            base_seconds = self.start_window_millis // 1000
-            counter = max(0, _now_ms() - self.start_window_millis) // self.window_ms
+            after = window_counter(self.resume_window) + 1
+            counter = max(after, counter) if self.skip_missed_windows else after
         while not self.stopped.is_set():
             window_id = make_window_id(base_seconds, counter)
             self._begin(window_id)

@@ -757,3 +757,32 @@ def test_suspended_stream_serves_nothing_until_its_publisher_rewinds():
                          ("END_STREAM", kinds[-1][1])]
         assert [m.batch().column(0).to_pylist() for m in received if m.kind == Kind.DATA] \
             == [[20], [30]]
+
+
+def test_latest_window_subscriber_gets_only_windows_begun_after_it_joined():
+    from container.buffer_server import LATEST_WINDOW
+
+    with BufferServer() as server:
+        host, port = server.address
+        pub = server.publisher("s")
+        for w in (1, 2):
+            pub.begin_window(w)
+            pub.data(w, pa.record_batch({"x": [w]}))
+            pub.end_window(w)
+        pub.begin_window(3)  # in progress when the subscriber joins: not for it
+        pub.data(3, pa.record_batch({"x": [3]}))
+        received: list[Message] = []
+        sub = Subscription(host, port, "s", from_window=LATEST_WINDOW)
+        reader = threading.Thread(target=lambda: received.extend(sub), daemon=True)
+        reader.start()
+        time.sleep(0.3)
+        pub.end_window(3)
+        pub.begin_window(4)
+        pub.data(4, pa.record_batch({"x": [4]}))
+        pub.end_window(4)
+        pub.end_stream()
+        reader.join(10)
+        assert [(m.kind.name, m.window_id) for m in received][:3] == [
+            ("BEGIN_WINDOW", 4), ("DATA", 4), ("END_WINDOW", 4)]
+        assert [m.batch().column(0).to_pylist() for m in received if m.kind == Kind.DATA] \
+            == [[4]]

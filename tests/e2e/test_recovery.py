@@ -48,7 +48,7 @@ APP = """
 
     dag = Dag("totals", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
-              CHECKPOINT_WINDOW_COUNT=5, STATE_DIR={state!r})
+              CHECKPOINT_WINDOW_COUNT=5, STATE_DIR={state!r}, PROCESSING_MODE={mode!r})
     source = dag.add_operator("source", EventGenerator(rate_per_second={rate}, keys={keys},
                                                        total={events}), CONTAINER=0)
     totals = dag.add_operator("totals", RunningTotals(), CONTAINER=1)
@@ -70,10 +70,10 @@ def final_totals(out_dir) -> dict[str, list[int]]:
     return {r["key"]: [r["count"], r["sum"]] for r in rows}
 
 
-def start(master, tmp_path) -> tuple[WeirClient, str]:
+def start(master, tmp_path, mode: str = "AT_LEAST_ONCE") -> tuple[WeirClient, str]:
     app = tmp_path / "totals_app.py"
     app.write_text(textwrap.dedent(APP.format(state=str(tmp_path / "state"), rate=RATE,
-                                              keys=KEYS, events=EVENTS,
+                                              keys=KEYS, events=EVENTS, mode=mode,
                                               out=str(tmp_path / "out"))))
     client = WeirClient(master.address)
     return client, client.submit(load_app(app).to_descriptor())
@@ -133,3 +133,18 @@ def test_sigstop_is_detected_within_the_heartbeat_timeout(master, tmp_path):
         assert detected_s < 3.0 + 1.5, f"lost after {detected_s:.1f} s, timeout 3 s"
         wait_finished(client, master, app_id)
         assert final_totals(tmp_path / "out") == expected()
+
+
+def test_at_most_once_skips_what_was_missed_and_never_counts_twice(master, tmp_path):
+    client, app_id = start(master, tmp_path, mode="AT_MOST_ONCE")
+    with client:
+        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 60,
+                 f"a first committed window\n{container_logs(master)}")
+        _, pid = pid_of(client, app_id, "totals")
+        os.kill(pid, signal.SIGKILL)
+        wait_finished(client, master, app_id)
+    got, want = final_totals(tmp_path / "out"), expected()
+    assert set(got) <= set(want)
+    assert all(got[k][0] <= want[k][0] for k in got), "an event was counted twice"
+    assert sum(c for c, _ in got.values()) < sum(c for c, _ in want.values()), \
+        "the windows missed while the operator was down are not replayed"
