@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-seconds", type=float, default=30.0)
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "spark-streaming", "bytewax", "startup",
-                                 "control-plane"])
+                                 "recovery", "control-plane"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
     args = parser.parse_args(argv)
@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     report["results"] = results
     if "startup" not in args.skip:
         report["startup"] = _run("startup", spec, args.timeout)
+    if "recovery" not in args.skip:
+        paced = JobSpec(events=min(args.events, 8_000_000), rate_per_second=500_000)
+        report["recovery"] = _run("recovery", paced, args.timeout)
     if "control-plane" not in args.skip:
         report["control_plane"] = _run("control-plane", spec, args.timeout, "--containers",
                                        str(args.containers), "--duration",
@@ -183,9 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nstartup: first window result {s.get('first_result_seconds', '?')} s after the "
               f"master started; idle (source-only) container {s.get('source_container_rss_mb')}"
               f" MB, Spark container {s.get('spark_container_rss_mb')} MB")
+    if "recovery" in report:
+        r = report["recovery"]
+        print(f"recovery: {r.get('killed', '?')} killed; windows moving again after "
+              f"{r.get('seconds_until_windows_move_again', '?')} s, "
+              f"{r.get('windows_replayed', '?')} windows replayed, final state "
+              f"{r.get('final_state', '?')}, every event counted at least once: "
+              f"{r.get('every_event_counted_at_least_once', '?')}")
     if "control_plane" in report:
         c = report["control_plane"]
-        print(f"control plane: {json.dumps({k: v for k, v in c.items() if not isinstance(v, (list, dict))})}")  # noqa: E501
+        flat = {k: v for k, v in c.items() if not isinstance(v, list | dict)}
+        print(f"control plane: {json.dumps(flat)}")
     (args.out / "latest.json").write_text(json.dumps(report, indent=2))
     (args.out / "latest.txt").write_text(table + "\n")
     if chart(results, args.out / "latest.png"):

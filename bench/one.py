@@ -17,7 +17,7 @@ from bench.common import JobSpec
 
 __all__ = ["SYSTEMS", "main"]
 
-SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "control-plane")
+SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "recovery", "control-plane")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +65,10 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         from bench import weir_job
 
         result = weir_job.startup()
+    elif args.system == "recovery":
+        from bench import weir_job
+
+        result = weir_job.recovery(spec)
     else:
         from bench import control_plane
 

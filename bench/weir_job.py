@@ -26,7 +26,7 @@ from master.server import MasterServer
 from operators import Dag
 from operators.library import EventGenerator, FileSink, WindowedCount
 
-__all__ = ["build_dag", "run", "startup"]
+__all__ = ["build_dag", "recovery", "run", "startup"]
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_S = 0.5
@@ -160,14 +160,80 @@ def startup(timeout_s: float = 180.0) -> dict[str, float]:
         server.stop()
 
 
+def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
+    """Kills the Spark container mid-run: seconds until windows move again, windows replayed.
+
+    The job runs paced (``spec.rate_per_second``) with checkpoints every 10 windows; once
+    a window is committed, the aggregation's container gets SIGKILL. "Moving again" is the
+    sink's window passing the last one it had before the kill; the replayed windows are
+    those between the aggregation's recovery checkpoint and its window at the kill.
+    """
+    import os
+    import signal
+
+    from operators.windows import window_counter
+
+    work = Path(tempfile.mkdtemp(prefix="weir-recovery-"))
+    dag = build_dag(spec, work / "out", app_window_count=2)
+    dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000)
+    server = MasterServer("127.0.0.1", 0,
+                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
+                          container_stop_grace_ms=5_000)
+    try:
+        server.start()
+        core = server.core
+        app_id = core.submit(dag.to_descriptor(), {})
+        deadline = time.monotonic() + timeout_s
+        while core.application_info(app_id).committed_window_id < 0:
+            if time.monotonic() > deadline:
+                return {"error": "no window was committed"}
+            time.sleep(0.1)
+        agg = core.operator_info(app_id, "aggregate")
+        sink_before = core.operator_info(app_id, "sink").current_window_id
+        container = next(c for c in core.list_containers(app_id) if c.id == agg.container_id)
+        killed_at = time.monotonic()
+        os.kill(int(container.process_name.split("@")[0]), signal.SIGKILL)
+        while core.operator_info(app_id, "sink").current_window_id <= sink_before:
+            if time.monotonic() > deadline:
+                return {"error": "windows did not move again after the kill"}
+            time.sleep(0.05)
+        moving_s = time.monotonic() - killed_at
+        after = core.operator_info(app_id, "aggregate")
+        info = core.wait_for_application(app_id, max(1.0, deadline - time.monotonic()))
+        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for file in sorted((work / "out").glob("*.parquet")):
+            table = pq.read_table(file, columns=["key", "count", "sum"])
+            for key, count, total in zip(*(table.column(c).to_pylist()
+                                           for c in ("key", "count", "sum")), strict=True):
+                totals[key][0] += count
+                totals[key][1] += total
+        got = {k: (c, s) for k, (c, s) in totals.items()}
+        want = spec.expected()
+        at_least_once = all(got.get(k, (0, 0))[0] >= c for k, (c, _) in want.items())
+        return {
+            "killed": f"{container.id} (Spark aggregation)",
+            "seconds_until_windows_move_again": round(moving_s, 2),
+            "windows_replayed": max(0, window_counter(agg.current_window_id)
+                                    - window_counter(after.recovery_window_id)),
+            "final_state": info.state,
+            "every_event_counted_at_least_once": at_least_once,
+            "failure_count": after.failure_count,
+        }
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run the benchmark job on Weir.")
     parser.add_argument("--spec", default=JobSpec().to_json(), help="JobSpec as JSON")
     parser.add_argument("--app-windows", type=int, default=2)
     parser.add_argument("--startup", action="store_true", help="measure startup instead")
+    parser.add_argument("--recovery", action="store_true", help="measure recovery instead")
     args = parser.parse_args()
     if args.startup:
         print(json.dumps(startup()))
+    elif args.recovery:
+        print(json.dumps(recovery(JobSpec.from_json(args.spec))))
     else:
         print(json.dumps(run(JobSpec.from_json(args.spec), args.app_windows).to_dict()))
 

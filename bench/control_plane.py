@@ -1,0 +1,754 @@
+"""Control-plane capacity: can one master keep N containers' heartbeats on time, losing none?"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import pstats
+import random
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import psutil
+
+from bench.common import PeakMemory, percentile
+from master.client import WeirClient
+from master.rpc import GRPC_OPTIONS
+from operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from operators.windows import make_window_id
+from proto import plan_pb2, umbilical_pb2, umbilical_pb2_grpc
+
+__all__ = ["BenchRelay", "BenchSource", "main", "run"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_ROOT = Path(__file__).resolve().parents[1]
+_HOST = "127.0.0.1"
+_WINDOW_MS = 500  # STREAMING_WINDOW_SIZE_MILLIS of the benchmark's applications
+_ROWS_PER_WINDOW = 1_000
+_EARLY_HEARTBEAT_S = 0.05  # what a real container waits when the master has more to say
+_HAS_READY = "ready" in umbilical_pb2.OperatorHeartbeat.DESCRIPTOR.fields_by_name
+_ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
+
+# Runs `weir master` instrumented: argv[1], if not empty, receives cProfile stats of every
+# thread (cProfile alone sees only the main thread, where the master does nothing), on each
+# thread's CPU clock so that waits (queues, locks, the GIL) count for nothing; argv[2], if
+# not empty, receives every garbage collection as JSON [epoch s, generation, pause s].
+_INSTRUMENTED_MASTER = """
+import cProfile, gc, json, pstats, sys, threading, time
+profile_path, gc_path = sys.argv[1], sys.argv[2]
+profiles, collections, started = [], [], [0.0]
+def _start(*_):
+    profile = cProfile.Profile(time.thread_time)
+    profiles.append(profile)
+    profile.enable()
+def _collected(phase, info):
+    if phase == "start":
+        started[0] = time.perf_counter()
+    else:
+        collections.append((time.time(), info["generation"], time.perf_counter() - started[0]))
+if profile_path:
+    threading.setprofile(_start)
+if gc_path:
+    gc.callbacks.append(_collected)
+from master.cli import main
+try:
+    code = main(sys.argv[3:])
+finally:
+    threading.setprofile(None)
+    total = None
+    for profile in profiles:
+        try:
+            stats = pstats.Stats(profile)
+        except TypeError:
+            continue
+        total = stats if total is None else total.add(stats)
+    if total is not None:
+        total.dump_stats(profile_path)
+    if gc_path:
+        with open(gc_path, "w") as file:
+            json.dump(collections, file)
+sys.exit(code)
+"""
+
+
+class BenchSource(InputOperator):
+    """A source that is never run: the benchmark's containers only pretend to run it."""
+
+    output = OutputPort()
+
+    def emit_tuples(self) -> bool:
+        return True
+
+
+class BenchRelay(Operator):
+    """A pass-through operator, never run either."""
+
+    input = InputPort()
+    output = OutputPort()
+
+
+def _dag(name: str, containers: int, operators_per_container: int, interval_ms: int,
+         timeout_ms: int) -> plan_pb2.DagDescriptor:
+    """A chain of ``containers * operators_per_container`` operators over ``containers``."""
+    dag = Dag(name, CONTAINERS=containers, HEARTBEAT_INTERVAL_MILLIS=interval_ms,
+              HEARTBEAT_TIMEOUT_MILLIS=timeout_ms, STREAMING_WINDOW_SIZE_MILLIS=_WINDOW_MS)
+    previous = dag.add_operator("op0000", BenchSource())
+    for number in range(1, containers * operators_per_container):
+        current = dag.add_operator(f"op{number:04d}", BenchRelay())
+        dag.add_stream(f"s{number:04d}", previous.output, current.input)
+        previous = current
+    return dag.to_descriptor()
+
+
+# -- the master under test ----------------------------------------------------------------
+@dataclasses.dataclass
+class _Master:
+    popen: subprocess.Popen[bytes]
+    address: str
+    stderr: IO[bytes]
+    process: psutil.Process
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError, ValueError):
+            self.stderr.flush()
+            self.stderr.seek(0)
+            return "\n".join(self.stderr.read().decode(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+@contextlib.contextmanager
+def _master(profile_path: str | None, gc_path: str | None,
+            start_timeout_s: float = 30.0) -> Iterator[_Master]:
+    """A `weir master --launcher recording` subprocess on 127.0.0.1; always stopped after.
+
+    Plain ``python -m master`` unless asked to profile it or to log its collections.
+    """
+    args = ["master", "--host", _HOST, "--port", "0", "--launcher", "recording"]
+    argv = [sys.executable, "-m", "master", *args]
+    if profile_path or gc_path:
+        argv = [sys.executable, "-c", _INSTRUMENTED_MASTER, profile_path or "", gc_path or "",
+                *args]
+    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy",
+                                                                    "all_proxy", "grpc_proxy")}
+    with tempfile.TemporaryFile() as stderr:
+        popen = subprocess.Popen(argv, cwd=_ROOT, env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=stderr)
+        try:
+            address = _read_address(popen, start_timeout_s)
+            master = _Master(popen, address, stderr, psutil.Process(popen.pid))
+            if not address.startswith(f"{_HOST}:"):
+                raise RuntimeError(f"the master listens on {address}, not on {_HOST}")
+            yield master
+        except BaseException:
+            if popen.poll() is not None:
+                stderr.seek(0)
+                _LOGGER.error("master exited with %s: %s", popen.returncode,
+                              stderr.read().decode(errors="replace")[-2000:])
+            raise
+        finally:
+            _stop(popen, grace_s=30.0 if profile_path else 10.0)
+
+
+def _read_address(popen: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The first line the master prints: its bound ``host:port``."""
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(popen.stdout, selectors.EVENT_READ)
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the master printed no address within {timeout_s:g} s")
+            if not selector.select(min(left, 0.5)):
+                if popen.poll() is not None:
+                    raise RuntimeError(f"the master exited with code {popen.returncode}")
+                continue
+            chunk = os.read(popen.stdout.fileno(), 4096)
+            if not chunk:
+                raise RuntimeError(f"the master exited with code {popen.wait(5.0)}")
+            data += chunk
+    return data.split(b"\n", 1)[0].decode().strip()
+
+
+def _stop(popen: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; never waits unbounded."""
+    try:
+        if popen.poll() is None:
+            popen.terminate()
+            try:
+                popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _LOGGER.warning("master pid %d ignored SIGTERM for %.0f s; killing it",
+                                popen.pid, grace_s)
+                popen.kill()
+                popen.wait(5.0)
+    finally:
+        if popen.stdout is not None:
+            popen.stdout.close()
+
+
+# -- the containers, played -----------------------------------------------------------------
+class _Container:
+    """One played container: what it tells the master and the operators it was given."""
+
+    def __init__(self, container_id: str, index: int, windows_per_heartbeat: int,
+                 memory_mb_free: int) -> None:
+        self.id = container_id
+        self.index = index
+        self.windows_per_heartbeat = windows_per_heartbeat
+        self.port = 20_000 + index % 40_000
+        self.process_name = f"{100_000 + index}@{socket.gethostname()}"
+        self.rng = random.Random(index)
+        self.memory_mb_free = memory_mb_free
+        self.gc_count = 0
+        self.gc_time_ms = 0
+        self.interval_ms = 0
+        self.start_window_millis = 0
+        self.base_seconds = 0
+        self.next_window = 0
+        self.operators: list[tuple[int, bool]] = []  # (node id, is input), deployed
+        self.deployed_at = 0.0
+        self.last_sent = 0.0
+        self.max_gap_s = 0.0
+
+    def init(self, context: umbilical_pb2.StreamingContainerContext) -> None:
+        self.interval_ms = context.heartbeat_interval_millis
+        self.start_window_millis = context.start_window_millis
+        self.base_seconds = context.start_window_millis // 1000
+
+    def deploy(self, infos: Iterable[plan_pb2.OperatorDeployInfo], now_ms: int,
+               at: float) -> None:
+        """Takes the deploy requests: from the next heartbeat on, they are reported ACTIVE."""
+        known = {node_id for node_id, _ in self.operators}
+        for info in infos:
+            if info.id not in known:
+                self.operators.append((info.id, info.type == plan_pb2.OPERATOR_TYPE_INPUT))
+        self.operators.sort()
+        if not self.next_window:
+            self.next_window = max(1, (now_ms - self.start_window_millis) // _WINDOW_MS)
+        self.deployed_at = self.deployed_at or at
+
+    def heartbeat(self, now_ms: int) -> umbilical_pb2.ContainerHeartbeat:
+        """The next heartbeat: process figures and, per operator, the windows since the last."""
+        rng = self.rng
+        self.gc_count += rng.randint(0, 3)
+        self.gc_time_ms += rng.randint(0, 2)
+        message = umbilical_pb2.ContainerHeartbeat(
+            container_id=self.id, buffer_server_host=_HOST, buffer_server_port=self.port,
+            jvm_name=self.process_name, memory_mb_free=self.memory_mb_free - rng.randint(0, 64),
+            gc_collection_time_ms=self.gc_time_ms, gc_collection_count=self.gc_count,
+            sent_tms=now_ms, cpu_percent=round(rng.uniform(5.0, 40.0), 1),
+            memory_rss_mb=180 + rng.randint(0, 40))
+        stats = message.stats
+        stats.id = self.id
+        if not self.operators:
+            return message
+        first = self.next_window
+        self.next_window += self.windows_per_heartbeat
+        counters = range(first, first + self.windows_per_heartbeat)
+        extra = {"ready": True} if _HAS_READY else {}
+        for position, (node_id, is_input) in enumerate(self.operators):
+            windows = []
+            for counter in counters:
+                end_ms = self.start_window_millis + (counter + 1) * _WINDOW_MS + position
+                rows = _ROWS_PER_WINDOW + rng.randint(-50, 50)
+                inputs = [] if is_input else [umbilical_pb2.PortStats(
+                    id="input", tuple_count=rows, end_window_timestamp=end_ms,
+                    buffer_server_bytes=rows * 24, queue_size=rng.randint(0, 3))]
+                windows.append(umbilical_pb2.OperatorStats(
+                    window_id=make_window_id(self.base_seconds, counter), input_ports=inputs,
+                    output_ports=[umbilical_pb2.PortStats(
+                        id="output", tuple_count=rows, end_window_timestamp=end_ms,
+                        buffer_server_bytes=rows * 24)],
+                    cpu_time_used_ns=rng.randint(200_000, 2_000_000)))
+            stats.operators.append(umbilical_pb2.OperatorHeartbeat(
+                node_id=node_id, generated_tms=now_ms, interval_ms=self.interval_ms,
+                state=umbilical_pb2.OPERATOR_STATE_ACTIVE, window_stats=windows, **extra))
+        return message
+
+
+@dataclasses.dataclass
+class _Tally:
+    """What the load generator saw, for heartbeats sent in the measured period."""
+
+    measure_from: float = math.inf
+    measure_to: float = math.inf
+    sent: int = 0
+    answered: int = 0
+    measured: int = 0
+    rtts_s: list[float] = dataclasses.field(default_factory=list)
+    lags_s: list[float] = dataclasses.field(default_factory=list)
+    errors: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    measured_errors: int = 0
+    aborts: int = 0
+
+    def in_period(self, at: float) -> bool:
+        return self.measure_from <= at < self.measure_to
+
+
+class _LoadGenerator:
+    """Plays every container from this process's event loop over a few channels."""
+
+    def __init__(self, address: str, containers: list[_Container], interval_s: float,
+                 channels: int, rpc_timeout_s: float) -> None:
+        self.address = address
+        self.containers = containers
+        self.interval_s = interval_s
+        self.rpc_timeout_s = rpc_timeout_s
+        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channels = [grpc.aio.insecure_channel(address, options=options)
+                         for _ in range(max(1, channels))]
+        self.stubs = [umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+                      for channel in self.channels]
+        self.tally = _Tally()
+        self.started = 0.0
+
+    def _stub(self, container: _Container) -> umbilical_pb2_grpc.StreamingContainerUmbilicalStub:
+        return self.stubs[container.index % len(self.stubs)]
+
+    async def init_all(self, concurrency: int = 64) -> None:
+        """GetInitContext for every container (raises on the first failure)."""
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(container: _Container) -> None:
+            async with gate:
+                context = await self._stub(container).GetInitContext(
+                    umbilical_pb2.GetInitContextRequest(container_id=container.id),
+                    timeout=self.rpc_timeout_s)
+            container.init(context)
+
+        await asyncio.gather(*(one(c) for c in self.containers))
+
+    async def play(self, container: _Container, first_at: float) -> None:
+        """Heartbeats every interval from ``first_at`` until cancelled or told ABORT."""
+        loop = asyncio.get_running_loop()
+        stub, tally, interval = self._stub(container), self.tally, self.interval_s
+        due = first_at
+        while True:
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            sent = loop.time()
+            if container.last_sent and tally.in_period(sent):
+                container.max_gap_s = max(container.max_gap_s, sent - container.last_sent)
+            container.last_sent = sent
+            request = container.heartbeat(time.time_ns() // 1_000_000)
+            tally.sent += 1
+            start = time.perf_counter()
+            try:
+                response = await stub.ProcessHeartbeat(request, timeout=self.rpc_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                tally.errors[exc.code().name] += 1
+                tally.measured_errors += tally.in_period(sent)
+                due = max(due + interval, loop.time())
+                continue
+            rtt = time.perf_counter() - start
+            tally.answered += 1
+            if tally.in_period(sent):
+                tally.measured += 1
+                tally.rtts_s.append(rtt)
+                tally.lags_s.append(sent - due)
+            if response.shutdown == _ABORT:
+                tally.aborts += 1
+                if tally.aborts <= 3:
+                    _LOGGER.warning("container %s: the master answered ABORT", container.id)
+                return  # a real container exits
+            if response.deploy_request:
+                container.deploy(response.deploy_request, time.time_ns() // 1_000_000,
+                                 loop.time() - self.started)
+            if response.deploy_request or response.has_pending_requests:
+                due = loop.time() + _EARLY_HEARTBEAT_S
+            else:
+                due = max(due + interval, loop.time())
+
+    async def close(self) -> None:
+        for channel in self.channels:
+            await channel.close(grace=None)
+
+
+# -- the run ------------------------------------------------------------------------------------
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _runqueue_wait_s(pid: int) -> float:
+    """Time the process's threads spent runnable but waiting for a CPU (Linux schedstat)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"{task.path}/schedstat") as file:
+                    total += int(file.read().split()[1])
+    return total / 1e9
+
+
+def _busy_s() -> float:
+    """CPU time the whole machine spent busy, all cores."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def _ms(values_s: list[float], q: float) -> float:
+    return round(percentile(values_s, q) * 1000.0, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    """One run's parameters (see ``run``)."""
+
+    containers: int
+    operators_per_container: int
+    interval_s: float
+    duration_s: float
+    warmup_s: float
+    containers_per_app: int
+    heartbeat_timeout_ms: int
+    channels: int
+    rpc_timeout_s: float
+    profile_path: str | None
+    gc_path: str | None
+
+    @property
+    def interval_ms(self) -> int:
+        return max(1, round(self.interval_s * 1000))
+
+
+def _submit(address: str, settings: _Settings) -> list[_Container]:
+    """Submits the applications; returns their containers in launch order (an app's together)."""
+    containers, per_app = settings.containers, settings.containers_per_app
+    operators_per_container, interval_ms = settings.operators_per_container, settings.interval_ms
+    sizes = [per_app] * (containers // per_app) + ([containers % per_app]
+                                                    if containers % per_app else [])
+    descriptors: dict[int, plan_pb2.DagDescriptor] = {}
+    windows = max(1, round(interval_ms / _WINDOW_MS))
+    free_mb = psutil.virtual_memory().available // (1024 * 1024)
+    played: list[_Container] = []
+    with WeirClient(address, timeout_s=60.0) as client:
+        for size in sizes:
+            if size not in descriptors:
+                descriptors[size] = _dag("bench-control-plane", size, operators_per_container,
+                                         interval_ms, settings.heartbeat_timeout_ms)
+            app_id = client.submit(descriptors[size])
+            planned = client.containers(app_id)
+            if len(planned) != size or any(len(c.operator_ids) != operators_per_container
+                                           for c in planned):
+                raise RuntimeError(f"{app_id}: planned {len(planned)} containers of "
+                                   f"{[len(c.operator_ids) for c in planned]} operators, "
+                                   f"expected {size} of {operators_per_container}")
+            for info in sorted(planned, key=lambda c: int(c.id.rsplit("-c", 1)[1])):
+                played.append(_Container(info.id, len(played), windows, free_mb))
+    return played
+
+
+async def _drive(master: _Master, played: list[_Container], settings: _Settings
+                 ) -> dict[str, Any]:
+    """Plays the containers for ``duration_s``; measures after ``warmup_s``."""
+    loop = asyncio.get_running_loop()
+    interval_s, duration_s = settings.interval_s, settings.duration_s
+    generator = _LoadGenerator(master.address, played, interval_s, settings.channels,
+                               settings.rpc_timeout_s)
+    own = psutil.Process()
+    tasks: list[asyncio.Task[None]] = []
+    result: dict[str, Any] = {}
+    try:
+        await asyncio.wait_for(generator.init_all(), timeout=120.0)
+        generator.started = started = loop.time()
+        count = len(played)
+        for container in played:
+            first_at = started + interval_s * container.index / count
+            tasks.append(asyncio.create_task(generator.play(container, first_at)))
+        await asyncio.sleep(settings.warmup_s)
+        master_cpu0, own_cpu0, wall0 = _cpu_s(master.process), _cpu_s(own), loop.time()
+        wait0, busy0 = _runqueue_wait_s(master.popen.pid), _busy_s()
+        rss_start_mb = master.process.memory_info().rss / 2**20
+        generator.tally.measure_from = wall0
+        epoch0 = time.time()
+        with PeakMemory(master.popen.pid, interval_s=0.25) as memory:
+            await asyncio.sleep(max(0.0, started + duration_s - loop.time()))
+            generator.tally.measure_to = wall1 = loop.time()
+            epoch1 = time.time()
+            master_cpu1, own_cpu1 = _cpu_s(master.process), _cpu_s(own)
+            wait1, busy1 = _runqueue_wait_s(master.popen.pid), _busy_s()
+            rss_end_mb = memory.sample_mb()
+        measured_s = wall1 - wall0
+        # Asked while the containers still heartbeat: anything not ACTIVE was given up on.
+        with WeirClient(master.address, timeout_s=60.0) as client:
+            listed, apps = await asyncio.wait_for(asyncio.gather(
+                asyncio.to_thread(client.containers), asyncio.to_thread(client.applications)),
+                timeout=90.0)
+            operator_states = await asyncio.wait_for(
+                asyncio.to_thread(_operator_states, client, [a.id for a in apps]), timeout=120.0)
+        tally = generator.tally
+        deployed = [c.deployed_at for c in played if c.deployed_at]
+        states = collections.Counter(c.state for c in listed)
+        app_states = collections.Counter(a.state for a in apps)
+        result = {
+            "heartbeats_sent": tally.sent,
+            "heartbeats_answered": tally.answered,
+            "heartbeats_measured": tally.measured,
+            "measured_s": round(measured_s, 2),
+            "heartbeats_per_s": round(tally.measured / measured_s, 1),
+            "target_heartbeats_per_s": round(len(played) / interval_s, 1),
+            "rtt_p50_ms": _ms(tally.rtts_s, 50),
+            "rtt_p99_ms": _ms(tally.rtts_s, 99),
+            "rtt_max_ms": round(max(tally.rtts_s, default=0.0) * 1000.0, 2),
+            "rtts_over_100ms": sum(rtt > 0.1 for rtt in tally.rtts_s),
+            "send_lag_p99_ms": _ms(tally.lags_s, 99),
+            "max_heartbeat_gap_s": round(max((c.max_gap_s for c in played), default=0.0), 2),
+            "rpc_errors": dict(tally.errors),
+            "rpc_errors_measured": tally.measured_errors,
+            "master_cpu_percent": round(100.0 * (master_cpu1 - master_cpu0) / measured_s, 1),
+            "master_peak_rss_mb": round(max(memory.peak_mb, rss_end_mb), 1),
+            "master_rss_growth_mb_per_min": round((rss_end_mb - rss_start_mb) * 60 / measured_s,
+                                                  1),
+            "master_runqueue_wait_percent": round(100.0 * (wait1 - wait0) / measured_s, 1),
+            "generator_cpu_percent": round(100.0 * (own_cpu1 - own_cpu0) / measured_s, 1),
+            "machine_busy_percent": round(100.0 * (busy1 - busy0) / measured_s, 1),
+            "others_cpu_percent": round(max(0.0, 100.0 * (
+                (busy1 - busy0) - (master_cpu1 - master_cpu0) - (own_cpu1 - own_cpu0))
+                / measured_s), 1),
+            "all_deployed_after_s": round(max(deployed), 2) if len(deployed) == count else None,
+            "containers_deployed": len(deployed),
+            "operators_reported": sum(len(c.operators) for c in played),
+            "containers_listed": len(listed),
+            "container_states": dict(states),
+            "containers_not_active": len(listed) - states.get("ACTIVE", 0),
+            "containers_killed": states.get("KILLED", 0),
+            "applications": len(apps),
+            "application_states": dict(app_states),
+            "applications_not_running": len(apps) - app_states.get("RUNNING", 0),
+            "operator_states": dict(operator_states),
+            "operators_not_active": (sum(operator_states.values())
+                                     - operator_states.get("ACTIVE", 0)),
+            "aborts": tally.aborts,
+            "killed_diagnostics": sorted({c.diagnostics for c in listed
+                                          if c.state == "KILLED"})[:5],
+            "_measured_epoch": (epoch0, epoch1),
+        }
+    finally:
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10.0)
+        await asyncio.wait_for(generator.close(), timeout=10.0)
+    return result
+
+
+def _operator_states(client: WeirClient, app_ids: list[str]) -> collections.Counter[str]:
+    """How many operators of the applications are in each state, as the master sees them."""
+    return collections.Counter(op.state for app_id in app_ids
+                               for op in client.operators(app_id))
+
+
+def _gc_figures(path: str, measured: tuple[float, float]) -> dict[str, Any]:
+    """The master's garbage collections in the measured period, per generation."""
+    with open(path) as file:
+        events = [e for e in json.load(file) if measured[0] <= e[0] < measured[1]]
+    figures: dict[str, Any] = {}
+    for generation in (0, 1, 2):
+        pauses = [pause for _, gen, pause in events if gen == generation]
+        figures[f"gen{generation}"] = {
+            "collections": len(pauses),
+            "pause_total_ms": round(sum(pauses) * 1000, 1),
+            "pause_max_ms": round(max(pauses, default=0.0) * 1000, 1)}
+    return figures
+
+
+def _profile_top(path: str, heartbeats: int, limit: int = 25) -> list[dict[str, Any]]:
+    """The master's functions by own time, with µs per heartbeat answered."""
+    stats = pstats.Stats(path)
+    rows = []
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    for (file, line, name), (_, calls, tottime, cumtime, _) in entries:
+        rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls,
+                     "tottime_s": round(tottime, 3), "cumtime_s": round(cumtime, 3),
+                     "tottime_us_per_heartbeat": round(tottime * 1e6 / max(1, heartbeats), 1),
+                     "cumtime_us_per_heartbeat": round(cumtime * 1e6 / max(1, heartbeats), 1)})
+    rows.sort(key=lambda row: row["tottime_s"], reverse=True)
+    return rows[:limit]
+
+
+def run(containers: int = 1000, operators_per_container: int = 10, interval_s: float = 1.0,
+        duration_s: float = 30.0, *, warmup_s: float = 5.0, containers_per_app: int = 10,
+        heartbeat_timeout_ms: int = 10_000, channels: int = 4, rpc_timeout_s: float = 10.0,
+        profile_path: str | None = None, gc_log: bool = False) -> dict[str, Any]:
+    """Plays ``containers`` containers against a real master and measures its control plane.
+
+    The master is a ``weir master --launcher recording`` subprocess on 127.0.0.1 (its CPU
+    and memory measured alone); applications of ``containers_per_app`` containers with
+    ``operators_per_container`` operators each are submitted through the client API, and
+    this process plays every container over grpc.aio: GetInitContext, then a heartbeat
+    every ``interval_s`` (starts spread over one interval) with process figures and, once
+    deployed, every operator ACTIVE with its windows' port stats. Figures cover the
+    heartbeats sent after ``warmup_s``, until ``duration_s`` after the first.
+
+    Args:
+        profile_path: if set (or ``$WEIR_BENCH_PROFILE``), the master runs under cProfile
+            (every thread) and its top functions are returned under ``profile``; its
+            figures are then the profiler's, not the master's.
+        gc_log: time the master's garbage collections (a ``gc.callbacks`` hook) and
+            return them under ``master_gc``.
+
+    Returns:
+        A JSON-serialisable dict: the parameters; ``heartbeats_*`` (sent, answered,
+        measured, achieved per second against ``target_heartbeats_per_s``); ``rtt_*_ms``
+        (round trips as this process saw them; ``send_lag_p99_ms`` tells how late this
+        process sent, i.e. whether it was itself the bottleneck); ``master_cpu_percent``
+        (100 = one core), ``master_peak_rss_mb``, ``master_runqueue_wait_percent`` (its
+        threads runnable but without a CPU), ``generator_cpu_percent``,
+        ``others_cpu_percent`` (the rest of the machine); the false losses as the master
+        lists them after the run (``containers_not_active``, ``applications_not_running``,
+        ``operators_not_active``) and ``aborts`` (heartbeats answered ABORT); and
+        ``meets_targets``: p99 < 100 ms, the target rate reached, no false loss.
+    """
+    if containers < 1 or operators_per_container < 1 or containers_per_app < 1:
+        raise ValueError("containers, operators_per_container and containers_per_app must "
+                         "be at least 1")
+    if not 0 <= warmup_s < duration_s:
+        raise ValueError(f"warmup_s ({warmup_s}) must be below duration_s ({duration_s})")
+    profile_path = profile_path or os.environ.get("WEIR_BENCH_PROFILE") or None
+    figures: dict[str, Any] = {
+        "benchmark": "control_plane", "containers": containers,
+        "operators_per_container": operators_per_container,
+        "operators": containers * operators_per_container,
+        "containers_per_app": containers_per_app, "interval_s": interval_s,
+        "duration_s": duration_s, "warmup_s": warmup_s,
+        "heartbeat_timeout_ms": heartbeat_timeout_ms, "channels": channels,
+        "windows_per_heartbeat": max(1, round(interval_s * 1000 / _WINDOW_MS)),
+        "profiled": bool(profile_path), "cpus": os.cpu_count(),
+    }
+    gc_path = ""
+    if gc_log:
+        descriptor, gc_path = tempfile.mkstemp(prefix="weir-bench-gc-", suffix=".json")
+        os.close(descriptor)
+    settings = _Settings(containers, operators_per_container, interval_s, duration_s, warmup_s,
+                         containers_per_app, heartbeat_timeout_ms, channels, rpc_timeout_s,
+                         profile_path, gc_path or None)
+    try:
+        figures.update(_measure(settings))
+    finally:
+        if gc_path:
+            with contextlib.suppress(OSError):
+                os.unlink(gc_path)
+    figures["false_losses"] = (figures["containers_not_active"]
+                               + figures["applications_not_running"] + figures["aborts"])
+    figures["meets_targets"] = (figures["rtt_p99_ms"] < 100.0
+                                and figures["heartbeats_per_s"]
+                                >= 0.98 * figures["target_heartbeats_per_s"]
+                                and figures["false_losses"] == 0
+                                and figures["operators_not_active"] == 0
+                                and figures["rpc_errors_measured"] == 0)
+    return figures
+
+
+def _measure(settings: _Settings) -> dict[str, Any]:
+    """Starts the master, submits, plays the containers; returns the figures."""
+    figures: dict[str, Any] = {}
+    with _master(settings.profile_path, settings.gc_path) as master:
+        figures["master_idle_rss_mb"] = round(master.process.memory_info().rss / 2**20, 1)
+        began = time.monotonic()
+        played = _submit(master.address, settings)
+        figures["submit_s"] = round(time.monotonic() - began, 2)
+        try:
+            figures.update(asyncio.run(_drive(master, played, settings)))
+        except BaseException:
+            _LOGGER.error("master stderr: %s", master.stderr_tail())
+            raise
+        figures["master_log_tail"] = master.stderr_tail(5)
+    measured = figures.pop("_measured_epoch")
+    profile_path, gc_path = settings.profile_path, settings.gc_path
+    if profile_path and Path(profile_path).exists():
+        figures["profile"] = _profile_top(profile_path, figures.get("heartbeats_answered", 0))
+    if gc_path and Path(gc_path).exists() and Path(gc_path).stat().st_size:
+        figures["master_gc"] = _gc_figures(gc_path, measured)
+    return figures
+
+
+def _summary(figures: dict[str, Any]) -> str:
+    f = figures
+    lines = [
+        f"control plane: {f['containers']} containers x {f['operators_per_container']} "
+        f"operators ({f['operators']} operators, {f['applications']} applications), "
+        f"a heartbeat every {f['interval_s']:g} s, measured {f['measured_s']:g} s after a "
+        f"{f['warmup_s']:g} s warm-up{' (master under cProfile)' if f['profiled'] else ''}",
+        f"  heartbeats    {f['heartbeats_sent']} sent, {f['heartbeats_measured']} measured: "
+        f"{f['heartbeats_per_s']:g}/s of {f['target_heartbeats_per_s']:g}/s target; "
+        f"errors {f['rpc_errors'] or 'none'}",
+        f"  round trip    p50 {f['rtt_p50_ms']:g} ms, p99 {f['rtt_p99_ms']:g} ms, "
+        f"max {f['rtt_max_ms']:g} ms, {f['rtts_over_100ms']} over 100 ms (send lag p99 "
+        f"{f['send_lag_p99_ms']:g} ms, longest silence {f['max_heartbeat_gap_s']:g} s)",
+        f"  master        {f['master_cpu_percent']:g} % of one core, peak RSS "
+        f"{f['master_peak_rss_mb']:g} MB (idle {f['master_idle_rss_mb']:g} MB, growing "
+        f"{f['master_rss_growth_mb_per_min']:g} MB/min); its threads waited for a CPU "
+        f"{f['master_runqueue_wait_percent']:g} % of the time",
+        f"  generator     {f['generator_cpu_percent']:g} % of one core; the machine "
+        f"({f['cpus']} cores) was busy {f['machine_busy_percent']:g} %, "
+        f"{f['others_cpu_percent']:g} % of it other processes",
+        f"  startup       submit {f['submit_s']:g} s; all deployed "
+        f"{f['all_deployed_after_s'] if f['all_deployed_after_s'] is not None else 'NEVER'} "
+        f"s after the first heartbeat",
+        f"  false losses  {f['containers_not_active']} containers not ACTIVE "
+        f"{f['container_states']}, {f['applications_not_running']} applications not RUNNING "
+        f"{f['application_states']}, {f['aborts']} ABORT answers; "
+        f"{f['operators_not_active']} operators not ACTIVE {f['operator_states']}",
+        f"  targets       {'met' if f['meets_targets'] else 'NOT met'} "
+        "(p99 < 100 ms, target rate, no false loss)",
+    ]
+    for generation, gc in f.get("master_gc", {}).items():
+        lines.append(f"  master gc     {generation}: {gc['collections']} collections, pauses "
+                     f"{gc['pause_total_ms']:g} ms in all, longest {gc['pause_max_ms']:g} ms")
+    if f.get("killed_diagnostics"):
+        lines.append(f"  killed because {f['killed_diagnostics']}")
+    for row in f.get("profile", [])[:15]:
+        lines.append(f"  profile  {row['tottime_us_per_heartbeat']:8.1f} us/hb own "
+                     f"{row['cumtime_us_per_heartbeat']:9.1f} us/hb cum  {row['calls']:>9} "
+                     f"calls  {row['function']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.control_plane``: runs once, prints the summary (or JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.control_plane",
+                                     description=__doc__)
+    parser.add_argument("--containers", type=int, default=1000)
+    parser.add_argument("--operators", type=int, default=10, help="operators per container")
+    parser.add_argument("--interval", type=float, default=1.0, help="heartbeat interval, s")
+    parser.add_argument("--duration", type=float, default=30.0,
+                        help="heartbeating time, warm-up included, s")
+    parser.add_argument("--warmup", type=float, default=5.0, help="excluded from figures, s")
+    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--profile", metavar="FILE",
+                        help="run the master under cProfile, write its stats to FILE")
+    parser.add_argument("--gc", action="store_true",
+                        help="time the master's garbage collections (a gc callback)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    figures = run(args.containers, args.operators, args.interval, args.duration,
+                  warmup_s=args.warmup, channels=args.channels, profile_path=args.profile,
+                  gc_log=args.gc)
+    print(json.dumps(figures, indent=2) if args.json else _summary(figures))
+    return 0 if figures["meets_targets"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
