@@ -489,6 +489,10 @@ async def _drive(master: _Master, played: list[_Container], settings: _Settings
             wait1, busy1 = _runqueue_wait_s(master.popen.pid), _busy_s()
             rss_end_mb = memory.sample_mb()
         measured_s = wall1 - wall0
+        crashed = [t.exception() for t in tasks if t.done() and not t.cancelled()
+                   and t.exception() is not None]
+        if crashed:  # a silent container would be blamed on the master
+            raise RuntimeError(f"{len(crashed)} played containers crashed") from crashed[0]
         # Asked while the containers still heartbeat: anything not ACTIVE was given up on.
         with WeirClient(master.address, timeout_s=60.0) as client:
             listed, apps = await asyncio.wait_for(asyncio.gather(
