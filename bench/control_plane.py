@@ -222,6 +222,7 @@ class _Container:
         self.interval_ms = 0
         self.start_window_millis = 0
         self.base_seconds = 0
+        self.checkpoint_window_count = 20
         self.next_window = 0
         self.operators: list[tuple[int, bool]] = []  # (node id, is input), deployed
         self.deployed_at = 0.0
@@ -232,6 +233,7 @@ class _Container:
         self.interval_ms = context.heartbeat_interval_millis
         self.start_window_millis = context.start_window_millis
         self.base_seconds = context.start_window_millis // 1000
+        self.checkpoint_window_count = max(1, context.checkpoint_window_count)
 
     def deploy(self, infos: Iterable[plan_pb2.OperatorDeployInfo], now_ms: int,
                at: float) -> None:
@@ -245,8 +247,14 @@ class _Container:
             self.next_window = max(1, (now_ms - self.start_window_millis) // _WINDOW_MS)
         self.deployed_at = self.deployed_at or at
 
+    def undeploy(self, node_ids: Iterable[int]) -> None:
+        """Stops reporting ``node_ids``."""
+        gone = set(node_ids)
+        self.operators = [op for op in self.operators if op[0] not in gone]
+
     def heartbeat(self, now_ms: int) -> umbilical_pb2.ContainerHeartbeat:
-        """The next heartbeat: process figures and, per operator, the windows since the last."""
+        """The next heartbeat: process figures and, per operator, the windows since the last
+        (with a checkpoint every CHECKPOINT_WINDOW_COUNT windows, as a real container)."""
         rng = self.rng
         self.gc_count += rng.randint(0, 3)
         self.gc_time_ms += rng.randint(0, 2)
@@ -272,12 +280,20 @@ class _Container:
                 inputs = [] if is_input else [umbilical_pb2.PortStats(
                     id="input", tuple_count=rows, end_window_timestamp=end_ms,
                     buffer_server_bytes=rows * 24, queue_size=rng.randint(0, 3))]
-                windows.append(umbilical_pb2.OperatorStats(
-                    window_id=make_window_id(self.base_seconds, counter), input_ports=inputs,
+                window_id = make_window_id(self.base_seconds, counter)
+                window = umbilical_pb2.OperatorStats(
+                    window_id=window_id, input_ports=inputs,
                     output_ports=[umbilical_pb2.PortStats(
                         id="output", tuple_count=rows, end_window_timestamp=end_ms,
                         buffer_server_bytes=rows * 24)],
-                    cpu_time_used_ns=rng.randint(200_000, 2_000_000)))
+                    cpu_time_used_ns=rng.randint(200_000, 2_000_000))
+                if (counter + 1) % self.checkpoint_window_count == 0:
+                    window.checkpoint.window_id = window_id
+                    window.checkpoint.application_window_count = 1
+                    window.checkpoint.checkpoint_window_count = self.checkpoint_window_count
+                    window.checkpoint_stats.checkpoint_start_time = end_ms
+                    window.checkpoint_stats.checkpoint_time_ms = rng.randint(1, 20)
+                windows.append(window)
             stats.operators.append(umbilical_pb2.OperatorHeartbeat(
                 node_id=node_id, generated_tms=now_ms, interval_ms=self.interval_ms,
                 state=umbilical_pb2.OPERATOR_STATE_ACTIVE, window_stats=windows, **extra))
@@ -370,10 +386,12 @@ class _LoadGenerator:
                 if tally.aborts <= 3:
                     _LOGGER.warning("container %s: the master answered ABORT", container.id)
                 return  # a real container exits
+            if response.undeploy_request:
+                container.undeploy(response.undeploy_request)
             if response.deploy_request:
                 container.deploy(response.deploy_request, time.time_ns() // 1_000_000,
                                  loop.time() - self.started)
-            if response.deploy_request or response.has_pending_requests:
+            if response.deploy_request or response.has_pending_requests:  # as a real one
                 due = loop.time() + _EARLY_HEARTBEAT_S
             else:
                 due = max(due + interval, loop.time())
@@ -539,6 +557,7 @@ async def _drive(master: _Master, played: list[_Container], settings: _Settings
             "applications": len(apps),
             "application_states": dict(app_states),
             "applications_not_running": len(apps) - app_states.get("RUNNING", 0),
+            "applications_committing": sum(a.committed_window_id >= 0 for a in apps),
             "operator_states": dict(operator_states),
             "operators_not_active": (sum(operator_states.values())
                                      - operator_states.get("ACTIVE", 0)),
