@@ -101,22 +101,6 @@ class TextFileSource(InputOperator):
             self._file.close()
             self._file = None
 
-    def batches(self, n: int | None = None, event_time_ms: int = 0) -> Iterator[pa.RecordBatch]:
-        """The first ``n`` events (default ``total``) as record batches, without pacing.
-
-        The same events the operator emits, for feeding another system the same input
-        (benchmarks) or checking results; ``event_time_ms`` fills that column.
-        """
-        n = self.total if n is None else n
-        if n is None:
-            raise ValueError("EventGenerator is unbounded (total=None): pass n")
-        for start in range(0, n, self.batch_rows):
-            keys, values = self._rows(start, min(self.batch_rows, n - start))
-            yield pa.record_batch(
-                [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
-                 pa.array(np.full(len(keys), event_time_ms, dtype=np.int64))],
-                schema=EVENT_SCHEMA)
-
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for name in self.NON_STATE:
@@ -251,12 +235,7 @@ class EventGenerator(InputOperator):
         if self.rate_per_second is not None:
             n = min(n, int(self._allowance))
         if n > 0:
-            keys, values = self._rows(self.emitted, n)
-            now_ms = time.time_ns() // 1_000_000
-            self.output.emit(pa.record_batch(
-                [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
-                 pa.array(np.full(n, now_ms, dtype=np.int64))],
-                schema=EVENT_SCHEMA))
+            self.output.emit(self._batch(self.emitted, n, time.time_ns() // 1_000_000))
             self.emitted += n
             if self.rate_per_second is not None:
                 self._allowance -= n
@@ -287,11 +266,15 @@ class EventGenerator(InputOperator):
         if n is None:
             raise ValueError("EventGenerator is unbounded (total=None): pass n")
         for start in range(0, n, self.batch_rows):
-            keys, values = self._rows(start, min(self.batch_rows, n - start))
-            yield pa.record_batch(
-                [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
-                 pa.array(np.full(len(keys), event_time_ms, dtype=np.int64))],
-                schema=EVENT_SCHEMA)
+            yield self._batch(start, min(self.batch_rows, n - start), event_time_ms)
+
+    def _batch(self, start: int, n: int, event_time_ms: int) -> pa.RecordBatch:
+        """Events ``start .. start + n`` (within one block) as a record batch."""
+        keys, values = self._rows(start, n)
+        return pa.record_batch(
+            [self._key_names().take(pa.array(keys)), pa.array(values, pa.int64()),
+             pa.array(np.full(n, event_time_ms, dtype=np.int64))],
+            schema=EVENT_SCHEMA)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
