@@ -47,7 +47,8 @@ _ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
 
 # Runs `weir master` instrumented: argv[1], if not empty, receives cProfile stats of every
 # thread (cProfile alone sees only the main thread, where the master does nothing), on each
-# thread's CPU clock so that waits (queues, locks, the GIL) count for nothing; argv[2], if
+# thread's CPU clock so that waits (queues, locks, the GIL) count for nothing, and calls
+# only once they returned (a blocked worker's pending call is left out); argv[2], if
 # not empty, receives every garbage collection as JSON [epoch s, generation, pause s].
 _INSTRUMENTED_MASTER = """
 import cProfile, gc, json, pstats, sys, threading, time
@@ -71,10 +72,16 @@ try:
     code = main(sys.argv[3:])
 finally:
     threading.setprofile(None)
+    class Completed:  # calls still running in other threads would get bogus times
+        def __init__(self, profile):
+            self.profile = profile
+        def create_stats(self):
+            self.profile.snapshot_stats()
+            self.stats = self.profile.stats
     total = None
     for profile in profiles:
         try:
-            stats = pstats.Stats(profile)
+            stats = pstats.Stats(Completed(profile))
         except TypeError:
             continue
         total = stats if total is None else total.add(stats)
@@ -601,6 +608,8 @@ def _profile_top(path: str, heartbeats: int, limit: int = 25) -> list[dict[str, 
     rows = []
     entries = stats.stats.items()  # type: ignore[attr-defined]
     for (file, line, name), (_, calls, tottime, cumtime, _) in entries:
+        if tottime < 0 or cumtime < 0:  # a call cut short by the dump
+            continue
         rows.append({"function": f"{Path(file).name}:{line}({name})", "calls": calls,
                      "tottime_s": round(tottime, 3), "cumtime_s": round(cumtime, 3),
                      "tottime_us_per_heartbeat": round(tottime * 1e6 / max(1, heartbeats), 1),
@@ -757,6 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0,
                         help="heartbeating time, warm-up included, s")
     parser.add_argument("--warmup", type=float, default=5.0, help="excluded from figures, s")
+    parser.add_argument("--containers-per-app", type=int, default=10,
+                        help="containers of each submitted application")
     parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--profile", metavar="FILE",
                         help="run the master under cProfile, write its stats to FILE")
@@ -767,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     figures = run(args.containers, args.operators, args.interval, args.duration,
-                  warmup_s=args.warmup, channels=args.channels, profile_path=args.profile,
+                  warmup_s=args.warmup, containers_per_app=args.containers_per_app,
+                  channels=args.channels, profile_path=args.profile,
                   gc_log=args.gc)
     print(json.dumps(figures, indent=2) if args.json else _summary(figures))
     return 0 if figures["meets_targets"] else 1
