@@ -132,34 +132,50 @@ def recovery_checkpoints(nodes: Mapping[int, RecoveryNode]) -> dict[int, int]:
         ValueError: the operators form a cycle, or name an unknown downstream operator.
     """
     result: dict[int, int] = {}
-    visiting: set[int] = set()
-
-    def visit(op_id: int) -> int:
-        if op_id in result:
-            return result[op_id]
-        if op_id not in nodes:
-            raise ValueError(f"unknown downstream operator {op_id}")
-        if op_id in visiting:
-            raise ValueError(f"operator {op_id} is in a cycle; checkpoint groups are not "
-                             "supported")
-        visiting.add(op_id)
+    for op_id in _downstream_first(nodes):
         node = nodes[op_id]
-        bounds = [visit(d) for d in node.downstream]
-        visiting.discard(op_id)
         if node.frozen:
             result[op_id] = node.previous
-            return node.previous
+            continue
+        bounds = [result[d] for d in node.downstream]
         bound = min(bounds) if bounds else None
         candidates = [NO_WINDOW, *node.checkpoints]
         if node.ended_window is not None:
             candidates.append(node.ended_window)
         best = max(c for c in candidates if bound is None or c <= bound)
         result[op_id] = max(best, node.previous)
-        return result[op_id]
-
-    for op_id in nodes:
-        visit(op_id)
     return result
+
+
+def _downstream_first(nodes: Mapping[int, RecoveryNode]) -> list[int]:
+    """Operator ids, each after all its downstream operators (iterative: any DAG depth).
+
+    Raises:
+        ValueError: a cycle, or an unknown downstream operator.
+    """
+    order: list[int] = []
+    state: dict[int, int] = {}  # 1 = on the path, 2 = done
+    for root in nodes:
+        if root in state:
+            continue
+        stack = [(root, iter(nodes[root].downstream))]
+        state[root] = 1
+        while stack:
+            op_id, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                state[op_id] = 2
+                order.append(op_id)
+            elif child not in nodes:
+                raise ValueError(f"unknown downstream operator {child}")
+            elif state.get(child) == 1:
+                raise ValueError(f"operator {child} is in a cycle; checkpoint groups are not "
+                                 "supported")
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter(nodes[child].downstream)))
+    return order
 
 
 def committed_window(recovery: Mapping[int, int]) -> int:

@@ -76,13 +76,19 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
                        now_ms)
         return abort_response()
     response = umbilical_pb2.ContainerHeartbeatResponse()
-    reported, failed = _apply_operator_reports(app, container, heartbeat, now_ms, response)
+    states_before = [op.state for op in app.plan.operators_in(container)]
+    reported, failed, checkpointed = _apply_operator_reports(app, container, heartbeat,
+                                                             now_ms, response)
     if failed is not None and not app.terminal:
         lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
                                        f"{failed.error}", now_ms, blamed=[failed])
         return abort_response()
     _undeployed(app, container, reported)
-    update_recovery(app)
+    states_after = [op.state for op in app.plan.operators_in(container)]
+    if checkpointed or states_after != states_before:
+        # The recovery checkpoints depend only on checkpoints and operator states: most
+        # heartbeats change neither, and the computation walks the whole application.
+        update_recovery(app)
     response.committed_window_id = app.committed_window_id
     if not app.terminal and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
@@ -142,10 +148,15 @@ def _activate(app: Application, container: PTContainer,
 def _apply_operator_reports(app: Application, container: PTContainer,
                             heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int,
                             response: umbilical_pb2.ContainerHeartbeatResponse
-                            ) -> tuple[set[int], PTOperator | None]:
-    """Moves operators to their reported states; returns the ids reported and one FAILED."""
+                            ) -> tuple[set[int], PTOperator | None, bool]:
+    """Moves operators to their reported states.
+
+    Returns:
+        The ids reported, one FAILED operator (or None), and whether a checkpoint was new.
+    """
     reported: set[int] = set()
     failed: PTOperator | None = None
+    checkpointed = False
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
         if op is None or op.container_id != container.id:
@@ -163,10 +174,10 @@ def _apply_operator_reports(app: Application, container: PTContainer,
         if tracker.record(report, now_ms):
             _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
                           format_window_id(tracker.current_window_id))
-        record_checkpoints(app, op, report)
+        checkpointed |= record_checkpoints(app, op, report)
         if _apply_state(app, container, op, report) and failed is None:
             failed = op
-    return reported, failed
+    return reported, failed, checkpointed
 
 
 def _apply_state(app: Application, container: PTContainer, op: PTOperator,

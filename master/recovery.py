@@ -65,13 +65,14 @@ def max_restarts(op: PTOperator) -> int:
 
 # -- checkpoints and the committed window ---------------------------------------------------
 def record_checkpoints(app: Application, op: PTOperator,
-                       report: umbilical_pb2.OperatorHeartbeat) -> None:
+                       report: umbilical_pb2.OperatorHeartbeat) -> bool:
     """Adds the checkpoints reported in ``report``'s window stats to ``op``'s book.
 
     A checkpoint newer than any the operator ever saved is progress: its failures in a
-    row start over.
+    row start over. Returns whether any checkpoint was new.
     """
     book = app.checkpoints[op.id]
+    added = False
     for window in report.window_stats:
         if not window.HasField("checkpoint"):
             continue
@@ -80,6 +81,7 @@ def record_checkpoints(app: Application, op: PTOperator,
         if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
                         window.checkpoint_stats.checkpoint_start_time):
             continue
+        added = True
         _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,
                       format_window_id(window_id), window.checkpoint_stats.checkpoint_time_ms)
         if window_id > high_water and op.failures_in_a_row:
@@ -87,6 +89,7 @@ def record_checkpoints(app: Application, op: PTOperator,
                          "are forgiven", app.id, op.name, op.id, format_window_id(window_id),
                          op.failures_in_a_row)
             op.failures_in_a_row = 0
+    return added
 
 
 def _recovery_nodes(app: Application) -> dict[int, RecoveryNode]:

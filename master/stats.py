@@ -28,7 +28,7 @@ _LOGGER = logging.getLogger(__name__)
 RECENT_WINDOWS = 100
 """How many recent windows each operator keeps (the ``weir stats`` ring)."""
 
-_END_WINDOW_HISTORY = 1_000  # END_WINDOW times kept for downstream latency lookups
+_END_WINDOW_HISTORY = 200  # END_WINDOW times kept for downstream latency lookups
 
 
 @dataclasses.dataclass(frozen=True)

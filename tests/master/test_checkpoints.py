@@ -164,3 +164,10 @@ def test_cycles_and_unknown_operators_are_errors():
         recovery_checkpoints({1: node(2), 2: node(1)})
     with pytest.raises(ValueError, match="unknown downstream operator 9"):
         recovery_checkpoints({1: node(9)})
+
+
+def test_a_very_long_chain_does_not_exhaust_the_stack():
+    n = 3_000  # deeper than Python's recursion limit
+    nodes = {i: RecoveryNode(downstream=(i + 1,) if i < n - 1 else (), checkpoints=(5, 10))
+             for i in range(n)}
+    assert set(recovery_checkpoints(nodes).values()) == {10}
