@@ -64,11 +64,14 @@ class PortTotals:
     recent: collections.deque[tuple[int, float]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
 
-    def record(self, stats: umbilical_pb2.PortStats) -> None:
-        self.total_tuples += stats.tuple_count
+    def record(self, stats: umbilical_pb2.PortStats) -> tuple[int, int]:
+        """Adds one window's figures; returns its tuple count and END_WINDOW time."""
+        count, end = stats.tuple_count, stats.end_window_timestamp
+        self.total_tuples += count
         self.buffer_server_bytes += stats.buffer_server_bytes
         self.queue_size = stats.queue_size
-        self.recent.append((stats.end_window_timestamp, float(stats.tuple_count)))
+        self.recent.append((end, float(count)))
+        return count, end
 
     @property
     def tuples_per_second(self) -> float:
@@ -111,19 +114,19 @@ class OperatorStatsTracker:
         return added
 
     def _record_window(self, window: umbilical_pb2.OperatorStats) -> None:
-        processed = emitted = 0
-        end_ms = 0
-        for kind, ports in (("input", window.input_ports), ("output", window.output_ports)):
-            for port in ports:
-                totals = self.ports.get((kind, port.id))
-                if totals is None:
-                    totals = self.ports[(kind, port.id)] = PortTotals(port.id, kind)
-                totals.record(port)
-                if kind == "input":
-                    processed += port.tuple_count
-                else:
-                    emitted += port.tuple_count
-                end_ms = max(end_ms, port.end_window_timestamp)
+        # Runs for every window of every operator in every heartbeat: kept lean.
+        ports = self.ports
+        processed = emitted = end_ms = 0
+        for port in window.input_ports:
+            totals = ports.get(("input", port.id)) or self._port("input", port.id)
+            count, end = totals.record(port)
+            processed += count
+            end_ms = end if end > end_ms else end_ms
+        for port in window.output_ports:
+            totals = ports.get(("output", port.id)) or self._port("output", port.id)
+            count, end = totals.record(port)
+            emitted += count
+            end_ms = end if end > end_ms else end_ms
         self.total_tuples_processed += processed
         self.total_tuples_emitted += emitted
         self.current_window_id = window.window_id
@@ -134,6 +137,10 @@ class OperatorStatsTracker:
             self._end_window_ms[window.window_id] = end_ms
             while len(self._end_window_ms) > _END_WINDOW_HISTORY:
                 self._end_window_ms.popitem(last=False)
+
+    def _port(self, kind: str, name: str) -> PortTotals:
+        totals = self.ports[(kind, name)] = PortTotals(name, kind)
+        return totals
 
     def restarted(self, now_ms: int) -> None:
         """A new instance of the operator is on its way: its own windows start over."""
