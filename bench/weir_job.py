@@ -37,7 +37,7 @@ def build_dag(spec: JobSpec, out_dir: Path, app_window_count: int,
     """Source in container 0; the Spark aggregation and a Parquet sink in container 1."""
     dag = Dag("bench", STREAMING_WINDOW_SIZE_MILLIS=spec.window_ms, CONTAINERS=2,
               HEARTBEAT_INTERVAL_MILLIS=500, SPARK_MASTER=spark_master,
-              SPARK_SHUFFLE_PARTITIONS=2, SPARK_DRIVER_MEMORY="2g")
+              SPARK_SHUFFLE_PARTITIONS=2, SPARK_DRIVER_MEMORY="2g", SPARK_WARMUP_ROWS=1_000_000)
     gen = dag.add_operator("events", spec.generator(), CONTAINER=0)
     agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"), CONTAINER=1,
                            APPLICATION_WINDOW_COUNT=app_window_count, QUEUE_CAPACITY=256)

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     buffer_server.start()
     spark = SparkSessionBridge.from_attributes(
         {name: resolve(name, attributes)
-         for name in ("SPARK_MASTER", "SPARK_SHUFFLE_PARTITIONS", "SPARK_DRIVER_MEMORY")},
+         for name in ("SPARK_MASTER", "SPARK_SHUFFLE_PARTITIONS", "SPARK_DRIVER_MEMORY",
+                      "SPARK_WARMUP_ROWS")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
     process_stats = ProcessStats()
     loop: HeartbeatLoop | None = None

@@ -83,6 +83,9 @@ _ALL = [
     Attribute("SPARK_SHUFFLE_PARTITIONS", _positive_int, 2, Scope.DAG,
               "spark.sql.shuffle.partitions: small, for small frequent jobs."),
     Attribute("SPARK_DRIVER_MEMORY", _str, "1g", Scope.DAG, "spark.driver.memory."),
+    Attribute("SPARK_WARMUP_ROWS", _positive_int, 200_000, Scope.DAG,
+              "Rows of the aggregations a Spark container runs before its sources start, "
+              "until their time settles: the JIT is warm before the first window."),
     Attribute("STATE_DIR", _str, "", Scope.DAG,
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,

@@ -26,7 +26,7 @@ def write_app(tmp_path) -> tuple[str, list[str]]:
 
         dag = Dag("wordcount", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
                   HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER="local[1]",
-                  SPARK_SHUFFLE_PARTITIONS=1)
+                  SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000)
         source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},
                                                              lines_per_window=600), CONTAINER=0)
         tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=0)
