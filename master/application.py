@@ -86,6 +86,7 @@ class Application:
         # Window ids count from whole seconds: base seconds = start_window_millis // 1000.
         self.start_window_millis = submitted_ms - submitted_ms % 1000
         self.committed_window_id = -1
+        self.blocked_checked_ms = 0  # when the master loop last looked for blocked operators
         self.shutdown_requested = False
         self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
         self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}

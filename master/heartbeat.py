@@ -85,15 +85,16 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         return abort_response()
     _undeployed(app, container, reported)
     states_after = [op.state for op in app.plan.operators_in(container)]
-    if checkpointed or states_after != states_before:
+    changed = states_after != states_before
+    if checkpointed or changed:
         # The recovery checkpoints depend only on checkpoints and operator states: most
         # heartbeats change neither, and the computation walks the whole application.
         update_recovery(app)
     response.committed_window_id = app.committed_window_id
     if not app.terminal and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
-    if not app.terminal and all(op.state == OperatorState.SHUTDOWN
-                                for op in app.plan.operators.values()):
+    if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
+                                            for op in app.plan.operators.values()):
         app.transition(ApplicationState.FINISHED, now_ms)
     if app.terminal:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_ABORT
@@ -105,10 +106,10 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
             response.deploy_request.append(deploy_info(app, op))
         _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])
     response.has_pending_requests = bool(pending or response.undeploy_request)
-    if _all_ready(app):
-        response.activate_request.extend(
-            op.id for op in app.plan.operators_in(container)
-            if op.is_input and op.state == OperatorState.ACTIVE)
+    inputs = [op.id for op in app.plan.operators_in(container)
+              if op.is_input and op.state == OperatorState.ACTIVE]
+    if inputs and _all_ready(app):  # only containers with sources need the app-wide look
+        response.activate_request.extend(inputs)
     if app.shutdown_requested:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
     return response

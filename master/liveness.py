@@ -35,6 +35,7 @@ __all__ = [
 _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_WINDOW_COUNT = 120
+BLOCKED_CHECK_INTERVAL_MS = 1_000
 """Windows an operator's window may stand still while its input has data (Apex's default).
 
 The operator's resolved TIMEOUT_WINDOW_COUNT attribute decides; this is the fallback for
@@ -68,6 +69,11 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
                        stop_grace_ms)
         if cause:
             losses.append(lose_container(app, container, cause, now_ms))
+    # Blocked means still for TIMEOUT_WINDOW_COUNT windows (a minute by default): one look
+    # a second is plenty, and the look walks every operator of the application.
+    if now_ms - app.blocked_checked_ms < BLOCKED_CHECK_INTERVAL_MS:
+        return losses
+    app.blocked_checked_ms = now_ms
     for op, cause in blocked_operators(app, now_ms):
         container = app.plan.container_of(op.id)
         if app.terminal or container.state == ContainerState.KILLED:

@@ -266,6 +266,8 @@ def test_liveness_by_window_timeout_blames_the_stuck_operator():
     cluster.clock.advance(6000)
     assert cluster.liveness() == []  # nothing waits for the relay: it is not blocked
     cluster.report(SOURCE, *(window(w) for w in range(11, 21)))  # now data waits for it
+    assert cluster.liveness() == []  # blocked operators are looked for once a second
+    cluster.clock.advance(1000)
     [loss] = cluster.liveness()
     assert loss.container_id == C1 and loss.replacement_id == C3
     assert "operator 'relay1' (2) is blocked: its window 0:10 has not moved" in loss.cause
