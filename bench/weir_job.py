@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import JobResult, JobSpec, check_totals
@@ -47,6 +48,25 @@ def build_dag(spec: JobSpec, out_dir: Path, app_window_count: int,
     return dag
 
 
+def _master(work: Path) -> MasterServer:
+    """A master whose containers are local processes logging under ``work``."""
+    return MasterServer("127.0.0.1", 0,
+                        lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
+                        container_stop_grace_ms=5_000)
+
+
+def _totals(out_dir: Path) -> dict[str, tuple[int, int]]:
+    """Per key, count and sum added up over every window the sink wrote."""
+    files = sorted(out_dir.glob("*.parquet"))
+    if not files:
+        return {}
+    table = pa.concat_tables(pq.read_table(f, columns=["key", "count", "sum"]) for f in files)
+    summed = table.group_by("key").aggregate([("count", "sum"), ("sum", "sum")])
+    return dict(zip(summed["key"].to_pylist(),
+                    zip(summed["count_sum"].to_pylist(), summed["sum_sum"].to_pylist(),
+                        strict=True), strict=True))
+
+
 class _Windows:
     """Per-operator END_WINDOW times and tuple counts, gathered from the master's stats."""
 
@@ -64,9 +84,7 @@ class _Windows:
 
 def _run_app(dag: Dag, work: Path, timeout_s: float) -> tuple[_Windows, str, float]:
     windows = _Windows()
-    server = MasterServer("127.0.0.1", 0,
-                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
-                          container_stop_grace_ms=5_000)
+    server = _master(work)
     started = time.monotonic()
     try:
         server.start()
@@ -99,15 +117,7 @@ def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
         f"weir @ {spec.rate_per_second / 1e6:g} M/s"
     if error:
         return JobResult(name, spec.events, 0.0, [], False, error)
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for file in sorted(out_dir.glob("*.parquet")):
-        table = pq.read_table(file, columns=["key", "count", "sum"])
-        for key, count, total in zip(*(table.column(c).to_pylist()
-                                       for c in ("key", "count", "sum")), strict=True):
-            totals[key][0] += count
-            totals[key][1] += total
-    correct, detail = check_totals({k: (c, s) for k, (c, s) in totals.items()},
-                                   spec.expected())
+    correct, detail = check_totals(_totals(out_dir), spec.expected())
     src, sink = windows.end_ms["events"], windows.end_ms["sink"]
     result_windows = [w for w, n in windows.processed["sink"].items() if n > 0]
     latencies = [sink[w] - src[w] for w in sorted(result_windows) if w in src]
@@ -138,9 +148,7 @@ def startup(timeout_s: float = 180.0) -> dict[str, float]:
     dag.add_stream("events", gen.output, agg.input)
     dag.add_stream("counts", agg.output, sink.input)
     started = time.monotonic()
-    server = MasterServer("127.0.0.1", 0,
-                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
-                          container_stop_grace_ms=5_000)
+    server = _master(work)
     try:
         server.start()
         app_id = server.core.submit(dag.to_descriptor(), {})
@@ -176,9 +184,7 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
     work = Path(tempfile.mkdtemp(prefix="weir-recovery-"))
     dag = build_dag(spec, work / "out", app_window_count=2)
     dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000)
-    server = MasterServer("127.0.0.1", 0,
-                          lambda a: LocalProcessLauncher(a, log_dir=work / "containers"),
-                          container_stop_grace_ms=5_000)
+    server = _master(work)
     try:
         server.start()
         core = server.core
@@ -200,14 +206,7 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
         moving_s = time.monotonic() - killed_at
         after = core.operator_info(app_id, "aggregate")
         info = core.wait_for_application(app_id, max(1.0, deadline - time.monotonic()))
-        totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for file in sorted((work / "out").glob("*.parquet")):
-            table = pq.read_table(file, columns=["key", "count", "sum"])
-            for key, count, total in zip(*(table.column(c).to_pylist()
-                                           for c in ("key", "count", "sum")), strict=True):
-                totals[key][0] += count
-                totals[key][1] += total
-        got = {k: (c, s) for k, (c, s) in totals.items()}
+        got = _totals(work / "out")
         want = spec.expected()
         at_least_once = all(got.get(k, (0, 0))[0] >= c for k, (c, _) in want.items())
         return {

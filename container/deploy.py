@@ -17,7 +17,7 @@ from container.control import Kind, Message
 from container.operator_state import capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
-from container.window_loop import OperatorRunner, RunnerState
+from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES
 from operators.operator import Operator, OperatorContext
 from operators.windows import format_window_id
@@ -119,8 +119,8 @@ class Deployment:
             runner = OperatorRunner(info.id, operator, context, publishers, inputs,
                                     self.start_window_millis, self.on_change,
                                     wait_for_activation=True, checkpointer=self.checkpointer,
-                                    resume_window=resume, skip_missed_windows=at_most_once)
-            runner.stopped = stopped
+                                    resume_window=resume, skip_missed_windows=at_most_once,
+                                    stopped=stopped)
             self.runners[info.id] = runner
         _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
                      info.name, info.id, info.class_name,
@@ -195,8 +195,6 @@ class Deployment:
     def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
         return [r.heartbeat(interval_ms) for r in list(self.runners.values())]
 
-    def failed(self) -> list[OperatorRunner]:
-        return [r for r in self.runners.values() if r.state == RunnerState.FAILED]
 
     def stop_all(self) -> None:
         with self._lock:

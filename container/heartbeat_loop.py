@@ -36,7 +36,6 @@ class HeartbeatLoop:
         self.committed_window_id = -1
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self.heartbeats_sent = 0
 
     def wake(self) -> None:
         self._wake.set()
@@ -71,7 +70,6 @@ class HeartbeatLoop:
             except MasterUnreachable as exc:
                 _LOGGER.error("container %s: %s; exiting", self.container_id, exc)
                 return "master unreachable"
-            self.heartbeats_sent += 1
             outcome = self.apply(response)
             if outcome:
                 return outcome

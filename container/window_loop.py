@@ -91,13 +91,15 @@ class OperatorRunner:
             first window it processes is the one after it.
         skip_missed_windows: an input operator restored from a checkpoint resumes at the
             current window, not the one after the checkpoint (AT_MOST_ONCE).
+        stopped: the stop event, shared with the input ports' subscribers.
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
                  publishers: Mapping[str, Publisher], inputs: Mapping[str, PortInput],
                  start_window_millis: int, on_change: Callable[[], None], *,
                  wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
-                 resume_window: int = -1, skip_missed_windows: bool = False) -> None:
+                 resume_window: int = -1, skip_missed_windows: bool = False,
+                 stopped: threading.Event | None = None) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -116,7 +118,8 @@ class OperatorRunner:
         self.state = RunnerState.ACTIVE
         self.error = ""
         self._on_change = on_change
-        self.stopped = threading.Event()
+        self.stopped = stopped if stopped is not None else threading.Event()
+        self._unconnected = set(operator.output_ports()) - set(self.publishers)
         self.end_requested = threading.Event()
         self.ready = False  # setup() done
         self.activated = threading.Event()
@@ -211,7 +214,7 @@ class OperatorRunner:
     def _emit(self, port: str, batch: pa.RecordBatch) -> None:
         publisher = self.publishers.get(port)
         if publisher is None:
-            if port in self.operator.output_ports():
+            if port in self._unconnected:
                 return  # an unconnected output: nothing subscribes, nothing to keep
             raise KeyError(f"{self.context.name} has no output port {port!r}")
         if self._window < 0:

@@ -175,14 +175,7 @@ class LocalProcessLauncher(Launcher):
         if child is None:
             return
         _LOGGER.info("container=%s killing process group %d", container_id, child.popen.pid)
-        _signal_group(child.popen.pid, signal.SIGKILL)
-        child.swept = True
-        try:
-            child.popen.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            _LOGGER.error("container=%s pid %d survived SIGKILL for 5 s", container_id,
-                          child.popen.pid)
-        self._close(child)
+        self._kill_group(container_id, child)
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         with self._lock:
@@ -200,14 +193,18 @@ class LocalProcessLauncher(Launcher):
             if child.popen.poll() is None:
                 _LOGGER.warning("container=%s did not stop within %.1f s; killing it", cid,
                                 grace_s)
-            _signal_group(child.popen.pid, signal.SIGKILL)  # also what it started
-            child.swept = True
-            try:
-                child.popen.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                _LOGGER.error("container=%s pid %d survived SIGKILL for 5 s", cid,
-                              child.popen.pid)
-            self._close(child)
+            self._kill_group(cid, child)  # also what it started
+
+    def _kill_group(self, container_id: str, child: _Child) -> None:
+        """SIGKILLs the container's process group, reaps it and closes its log."""
+        _signal_group(child.popen.pid, signal.SIGKILL)
+        child.swept = True
+        try:
+            child.popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            _LOGGER.error("container=%s pid %d survived SIGKILL for 5 s", container_id,
+                          child.popen.pid)
+        self._close(child)
 
     @staticmethod
     def _close(child: _Child) -> None:

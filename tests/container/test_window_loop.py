@@ -89,8 +89,7 @@ def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int =
                                               "STREAMING_WINDOW_SIZE_MILLIS": 20})
     runner = OperatorRunner(1, operator, context, {"output": publisher}, ports,
                             start_window_millis=time.time_ns() // 1_000_000,
-                            on_change=lambda: None)
-    runner.stopped = stopped
+                            on_change=lambda: None, stopped=stopped)
     runner.start()
     assert runner.join(10), "operator thread did not finish within 10 s"
     return runner, publisher
@@ -180,8 +179,7 @@ def test_stop_ends_a_blocked_operator_without_end_stream():
     publisher = RecordingPublisher()
     runner = OperatorRunner(1, SumPerAppWindow(), OperatorContext("op", 1, "c1", {}),
                             {"output": publisher}, {"a": PortInput("a", subscribe, 4, stopped)},
-                            0, lambda: None)
-    runner.stopped = stopped
+                            0, lambda: None, stopped=stopped)
     runner.start()
     runner.stop(timeout_s=3)
     assert runner.join(0.1)
@@ -238,8 +236,7 @@ def test_input_resubscribes_after_a_broken_connection_without_duplicates():
     runner = OperatorRunner(1, SumPerAppWindow(), OperatorContext("op", 1, "c1", {}),
                             {"output": publisher},
                             {"a": PortInput("a", subscribe, 4, stopped, retry_s=5)},
-                            time.time_ns() // 1_000_000, lambda: None)
-    runner.stopped = stopped
+                            time.time_ns() // 1_000_000, lambda: None, stopped=stopped)
     runner.start()
     assert runner.join(10)
     assert runner.state is RunnerState.SHUTDOWN, runner.error
@@ -249,3 +246,39 @@ def test_input_resubscribes_after_a_broken_connection_without_duplicates():
 
 def out_sums(publisher: RecordingPublisher) -> list[int]:
     return [x for _, xs in publisher.windows() for x in xs]
+
+
+def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails():
+    class TwoOutputs(Operator):
+        input = InputPort()
+        main = OutputPort()
+        debug = OutputPort()
+
+        def process(self, port, batch):
+            self.debug.emit(batch)  # nobody subscribed to debug
+            self.main.emit(batch)
+
+    runner, out = run_with_output("main", TwoOutputs(), stream({1: [[1, 2]]}))
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert out_sums(out) == [1, 2]
+
+    class Typo(TwoOutputs):
+        def process(self, port, batch):
+            self._weir_emit("mian", batch)
+
+    runner, _ = run_with_output("main", Typo(), stream({1: [[1]]}))
+    assert runner.state is RunnerState.FAILED
+    assert "has no output port 'mian'" in runner.error
+
+
+def run_with_output(port: str, operator: Operator, messages: list[Message]
+                    ) -> tuple[OperatorRunner, RecordingPublisher]:
+    stopped = threading.Event()
+    publisher = RecordingPublisher()
+    inputs = {"input": PortInput("input", lambda _w: (iter(messages), lambda: None), 4,
+                                 stopped, retry_s=0)}
+    runner = OperatorRunner(1, operator, OperatorContext("op", 1, "c1", {}), {port: publisher},
+                            inputs, time.time_ns() // 1_000_000, lambda: None, stopped=stopped)
+    runner.start()
+    assert runner.join(10)
+    return runner, publisher
