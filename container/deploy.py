@@ -101,7 +101,9 @@ class Deployment:
                                             **dict(info.context_attributes)})
             context = OperatorContext(name=info.name, operator_id=info.id,
                                       container_id=self.container_id,
-                                      attributes=attributes, spark=self.spark)
+                                      attributes=attributes, spark=self.spark,
+                                      state_dir=self._operator_dir(info.id),
+                                      recovered_window=resume)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE restarts skip what they missed; otherwise replay after the checkpoint
@@ -126,6 +128,13 @@ class Deployment:
                      info.name, info.id, info.class_name,
                      f"checkpoint {format_window_id(resume)}" if resume >= 0 else "scratch")
         runner.start()
+
+    def _operator_dir(self, operator_id: int) -> str:
+        """The operator's durable folder: local STATE_DIR only (logs need append and fsync)."""
+        if "://" in self.state_dir and not self.state_dir.startswith("file://"):
+            return ""
+        root = self.state_dir.removeprefix("file://")
+        return os.path.join(root, "operators", str(operator_id))
 
     def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int) -> Operator:
         try:

@@ -11,6 +11,8 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from operators.faults import parse_crash_points
+
 __all__ = [
     "ATTRIBUTES",
     "Attribute",
@@ -62,6 +64,11 @@ def _mode(text: str) -> str:
     return value
 
 
+def _crash_points(text: str) -> str:
+    parse_crash_points(text)
+    return str(text)
+
+
 _ALL = [
     Attribute("STREAMING_WINDOW_SIZE_MILLIS", _positive_int, 500, Scope.DAG,
               "Length of one streaming window."),
@@ -95,6 +102,9 @@ _ALL = [
               "has data is blocked, and its container is restarted."),
     Attribute("MAX_RESTARTS", _positive_int, 5, Scope.BOTH,
               "Restarts of an operator without a new checkpoint before the application fails."),
+    Attribute("CRASH_AT", _crash_points, "", Scope.BOTH,
+              "Kill the container on purpose at these named points, once each: "
+              "'point' or 'point@n', comma-separated (tests of recovery; see operators.faults)."),
     Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
 ]

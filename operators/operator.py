@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
 
+from operators.faults import CrashPoints
 from operators.ports import InputPort, OutputPort
 
 if TYPE_CHECKING:
@@ -64,6 +66,11 @@ class OperatorContext:
         container_id: the container running it.
         attributes: resolved attributes (operator over DAG over defaults), typed.
         spark: the container's Spark bridge, created on first use; None where Spark is off.
+        state_dir: this operator's own durable folder (local path, under ``STATE_DIR``),
+            the same for every instance of the physical operator: logs and stores that
+            must survive a crash live here (``operators.durable``). Empty in unit tests
+            that give none; ``durable_dir()`` then raises.
+        recovered_window: the checkpoint this instance was restored from; -1 = fresh.
     """
 
     name: str
@@ -71,6 +78,9 @@ class OperatorContext:
     container_id: str
     attributes: Mapping[str, Any]
     spark: SparkBridge | None = None
+    state_dir: str = ""
+    recovered_window: int = -1
+    _crash_points: CrashPoints | None = dataclasses.field(default=None, repr=False)
 
     @property
     def window_size_millis(self) -> int:
@@ -79,6 +89,22 @@ class OperatorContext:
     @property
     def application_window_count(self) -> int:
         return int(self.attributes.get("APPLICATION_WINDOW_COUNT", 1))
+
+    def durable_dir(self, *parts: str) -> str:
+        """A folder under ``state_dir`` (created), for what must survive a crash."""
+        if not self.state_dir:
+            raise RuntimeError(
+                f"operator {self.name!r} needs a local state folder (for its logs and commit "
+                "steps) but the runtime gave none; set STATE_DIR to a local path")
+        path = os.path.join(self.state_dir, *parts)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def crash_point(self, name: str) -> None:
+        """Dies like ``kill -9`` here if ``CRASH_AT`` arms point ``name`` (``operators.faults``)."""
+        if self._crash_points is None:
+            self._crash_points = CrashPoints(self.attributes, self.state_dir or None)
+        self._crash_points.reach(name)
 
 
 class Operator:
