@@ -1,0 +1,28 @@
+"""What must survive a crash: checksummed record logs, per-window source logs, commit steps.
+
+Operators keep these in their durable folder (``OperatorContext.durable_dir``).
+"""
+
+from operators.durable.commit_steps import (
+    AdvanceWatermark,
+    CommitError,
+    CommitStep,
+    CommitStepStore,
+    PublishFile,
+    register_step,
+)
+from operators.durable.records import CorruptLog, RecordLog, sync_folder
+from operators.durable.window_log import WindowLog
+
+__all__ = [
+    "AdvanceWatermark",
+    "CommitError",
+    "CommitStep",
+    "CommitStepStore",
+    "CorruptLog",
+    "PublishFile",
+    "RecordLog",
+    "WindowLog",
+    "register_step",
+    "sync_folder",
+]

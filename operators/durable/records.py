@@ -1,0 +1,262 @@
+"""An append-only log of checksummed records in segment files: the one durable primitive.
+
+Write-ahead logs of push sources, the window logs of replayable sources and the
+commit-step stores of exactly-once sinks are all this log. A record is durable once
+``sync()`` returned; a crash may leave a torn last record, which opening the log cuts
+off with a warning. Damage anywhere else is never guessed around: opening raises
+``CorruptLog`` naming the file and the byte offset.
+
+Layout: a folder of segments ``<sequence number of the first record, 20 digits>.log``.
+A segment is the 8 bytes ``WEIRLOG1`` followed by records:
+
+====== ===== =====================================================
+bytes  field
+====== ===== =====================================================
+4      payload length (little-endian)
+4      CRC32 of those 4 length bytes: a damaged length is caught
+n      payload
+4      CRC32 of the payload
+====== ===== =====================================================
+
+>>> import tempfile
+>>> log = RecordLog(tempfile.mkdtemp())
+>>> [log.append(p) for p in (b"a", b"bb")], log.sync()
+([0, 1], None)
+>>> list(RecordLog(log.folder).records())
+[(0, b'a'), (1, b'bb')]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+__all__ = ["CorruptLog", "RecordLog", "sync_folder"]
+
+_LOGGER = logging.getLogger(__name__)
+
+MAGIC = b"WEIRLOG1"
+_LENGTH = struct.Struct("<II")  # length, CRC32 of the length bytes
+_CRC = struct.Struct("<I")
+_NAME = re.compile(r"^(\d{20})\.log$")
+MAX_RECORD = 1 << 30
+
+
+class CorruptLog(Exception):
+    """A log segment is damaged before its end: its records cannot be trusted.
+
+    Attributes:
+        path: the segment file.
+        offset: byte offset in it of the first bad record.
+        reason: what is wrong, in a few words.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt log record in {path} at byte {offset}: {reason}; the log "
+                         "cannot be replayed past it (restore the file or remove the folder to "
+                         "start over, losing what it held)")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+def sync_folder(path: str) -> None:
+    """fsync a folder, so a file created or renamed in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class RecordLog:
+    """A durable append-only log in ``folder``; records are numbered from 0.
+
+    Opening scans every segment (checking every checksum) and repairs a torn tail of the
+    last one. Not thread-safe: one writer, in the operator's thread.
+
+    Args:
+        folder: where the segments live (created if missing).
+        segment_bytes: a segment is closed and a new one started past this size.
+    """
+
+    def __init__(self, folder: str, segment_bytes: int = 64 << 20) -> None:
+        self.folder = folder
+        self.segment_bytes = segment_bytes
+        os.makedirs(folder, exist_ok=True)
+        self._segments: list[int] = []  # first sequence number of each segment, ascending
+        self.next_seq = 0
+        self._file: BinaryIO | None = None
+        self._file_bytes = 0
+        self._new_segment = False
+        self._open()
+
+    # -- writing ------------------------------------------------------------------
+    def append(self, payload: bytes) -> int:
+        """Adds a record (buffered until ``sync``); returns its sequence number."""
+        if len(payload) > MAX_RECORD:
+            raise ValueError(f"a log record holds at most {MAX_RECORD} bytes, not {len(payload)}")
+        if self._file is None or self._file_bytes >= self.segment_bytes:
+            self.roll()
+        assert self._file is not None
+        length = _CRC.pack(len(payload))
+        self._file.write(length + _CRC.pack(zlib.crc32(length)) + payload
+                         + _CRC.pack(zlib.crc32(payload)))
+        self._file_bytes += _LENGTH.size + len(payload) + _CRC.size
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def sync(self) -> None:
+        """Makes every appended record durable (file and, for a new segment, folder)."""
+        if self._file is None:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._new_segment:
+            sync_folder(self.folder)
+            self._new_segment = False
+
+    def roll(self) -> None:
+        """Closes the current segment; the next record starts a new one."""
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+        path = self._path(self.next_seq)
+        self._file = open(path, "wb")  # noqa: SIM115 - kept open while appending
+        self._file.write(MAGIC)
+        self._file_bytes = len(MAGIC)
+        self._segments.append(self.next_seq)
+        self._new_segment = True
+
+    def delete_before(self, seq: int) -> int:
+        """Deletes the closed segments whose records all come before ``seq``; returns how many.
+
+        The segment being written is kept even when it is entirely older.
+        """
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[1] <= seq:
+            os.remove(self._path(self._segments.pop(0)))
+            deleted += 1
+        if deleted:
+            sync_folder(self.folder)
+        return deleted
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.sync()
+            self._file.close()
+            self._file = None
+
+    # -- reading ------------------------------------------------------------------
+    @property
+    def first_seq(self) -> int:
+        """The oldest record still kept (``next_seq`` when the log is empty)."""
+        return self._segments[0] if self._segments else self.next_seq
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def records(self, from_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``(sequence number, payload)`` of the synced or appended records from ``from_seq``."""
+        if self._file is not None:
+            self._file.flush()
+        for index, first in enumerate(self._segments):
+            following = (self._segments[index + 1] if index + 1 < len(self._segments)
+                         else self.next_seq)
+            if following <= from_seq:
+                continue
+            seq = first
+            for payload, _ in _read_segment(self._path(first), repair=False):
+                if seq >= following:
+                    break
+                if seq >= from_seq:
+                    yield seq, payload
+                seq += 1
+
+    # -- opening ------------------------------------------------------------------
+    def _path(self, first_seq: int) -> str:
+        return os.path.join(self.folder, f"{first_seq:020d}.log")
+
+    def _open(self) -> None:
+        names = sorted(n for n in os.listdir(self.folder) if _NAME.match(n))
+        self._segments = [int(_NAME.match(n).group(1)) for n in names]  # type: ignore[union-attr]
+        if not self._segments:
+            return
+        for index, first in enumerate(self._segments):
+            last = index == len(self._segments) - 1
+            count, end = 0, len(MAGIC)
+            for _, record_end in _read_segment(self._path(first), repair=last):
+                count, end = count + 1, record_end
+            if not last and first + count != self._segments[index + 1]:
+                raise CorruptLog(self._path(first), end,
+                                 f"it holds {count} records but the next segment starts at "
+                                 f"record {self._segments[index + 1]}, not {first + count}")
+            self.next_seq = first + count
+        path = self._path(self._segments[-1])
+        self._file = open(path, "ab")  # noqa: SIM115 - kept open while appending
+        self._file_bytes = self._file.tell()
+
+
+def _read_segment(path: str, *, repair: bool) -> Iterator[tuple[bytes, int]]:
+    """``(payload, end offset)`` of each good record; a torn tail is cut off when ``repair``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:len(MAGIC)] != MAGIC:
+        if repair and len(data) < len(MAGIC) and MAGIC.startswith(data):
+            _truncate(path, 0, "a torn segment header")
+            with open(path, "wb") as f:
+                f.write(MAGIC)
+            return
+        raise CorruptLog(path, 0, "not a Weir log segment (bad magic)")
+    offset = len(MAGIC)
+    while offset < len(data):
+        problem, torn = _check_record(data, offset)
+        if problem is None:
+            length = _CRC.unpack_from(data, offset)[0]
+            end = offset + _LENGTH.size + length + _CRC.size
+            yield data[offset + _LENGTH.size:end - _CRC.size], end
+            offset = end
+            continue
+        if not torn:
+            raise CorruptLog(path, offset, problem)
+        if not repair:
+            return  # a reader of a log being repaired elsewhere: stop at the tear
+        _truncate(path, offset, problem)
+        return
+
+
+def _check_record(data: bytes, offset: int) -> tuple[str | None, bool]:
+    """What is wrong with the record at ``offset`` (None = nothing), and whether that is a
+    torn tail (the crash of a writer) rather than damage."""
+    rest = len(data) - offset
+    if not any(data[offset:]):
+        return "zeros after the last record", True
+    if rest < _LENGTH.size:
+        return "a record header cut short", True
+    length, length_crc = _LENGTH.unpack_from(data, offset)
+    if zlib.crc32(data[offset:offset + 4]) != length_crc:
+        return "the record length fails its checksum", False
+    end = offset + _LENGTH.size + length + _CRC.size
+    if end > len(data):
+        return f"a record of {length} bytes cut short", True
+    (crc,) = _CRC.unpack_from(data, end - _CRC.size)
+    if zlib.crc32(data[offset + _LENGTH.size:end - _CRC.size]) != crc:
+        return "the payload fails its checksum", end == len(data)
+    return None, False
+
+
+def _truncate(path: str, offset: int, problem: str) -> None:
+    _LOGGER.warning("log %s: cutting off a torn last record at byte %d (%s): the writer "
+                    "crashed before syncing it, so nobody was told it was durable",
+                    path, offset, problem)
+    with open(path, "r+b") as f:
+        f.truncate(offset)
+        f.flush()
+        os.fsync(f.fileno())
