@@ -5,11 +5,13 @@
 
 import logging
 
+from operators.library.directory import DirectorySource
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from operators.library.transforms import Tokenize, WindowedCount
 
 __all__ = [
+    "DirectorySource",
     "EVENT_SCHEMA",
     "LINE_SCHEMA",
     "ConsoleSink",

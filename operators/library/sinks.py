@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from operators.durable import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
+from operators.durable.records import sync_folder
 from operators.operator import Operator, OperatorContext
 from operators.ports import InputPort
-from operators.windows import format_window_id, window_base_seconds, window_counter
+from operators.windows import (
+    format_window_id,
+    make_window_id,
+    window_base_seconds,
+    window_counter,
+)
 
 __all__ = ["ConsoleSink", "FileSink"]
 
@@ -162,34 +170,59 @@ class FileSink(_WindowBuffer):
 
     Use it to keep results. The file of window ``w`` is
     ``window-<base seconds>-<counter>.<jsonl|parquet>`` (see ``operators.windows``),
-    written under a temporary name and renamed, so readers never see a partial file and
-    a replayed window replaces its file with the same rows. Windows without rows write
-    nothing.
+    written under a temporary name, synced and renamed, so readers never see a partial
+    file. Windows without rows write nothing.
+
+    By default a window's file appears as soon as the window ends, and a window
+    replayed after a failure replaces its file (at least once, idempotent when the
+    window is replayed identically). With ``exactly_once=True`` (Gobblin's commit
+    steps) a window's file is staged in ``<path>/.staging`` and published only when the
+    window is committed: the sink records the steps (publish each staged file, advance
+    its high watermark) in its commit-step store, then runs them; a sink that starts
+    after a crash finishes a recorded commit before taking new data, and skips windows
+    at or below its watermark. Readers then only ever see output that will never be
+    taken back, one checkpoint interval later. Needs a local ``STATE_DIR`` and the
+    output folder on one filesystem with its staging folder (it is: it is inside it).
 
     Args:
         path: the folder (created if missing; made absolute when the operator is built).
         format: ``"jsonl"`` (one JSON object per row) or ``"parquet"``.
+        exactly_once: stage, then publish at commit (see above).
 
     Example:
-        >>> FileSink("/tmp/counts", format="parquet").format
+        >>> FileSink("/tmp/counts", format="parquet", exactly_once=True).format
         'parquet'
     """
 
     FORMATS: ClassVar[tuple[str, ...]] = ("jsonl", "parquet")
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_store", "_staged")
 
-    def __init__(self, path: str | os.PathLike[str], format: str = "jsonl") -> None:  # noqa: A002
+    def __init__(self, path: str | os.PathLike[str], format: str = "jsonl",  # noqa: A002
+                 exactly_once: bool = False) -> None:
         if format not in self.FORMATS:
             raise ValueError(f"FileSink format {format!r} is not one of {self.FORMATS}")
         self.path = os.path.abspath(os.fspath(path))
         self.format = format
+        self.exactly_once = exactly_once
         self.files_written = 0
+        self._store: CommitStepStore | None = None
+        self._staged: dict[int, str] = {}  # window id -> staged file, not yet published
+
+    @property
+    def staging(self) -> str:
+        return os.path.join(self.path, ".staging")
 
     def setup(self, context: OperatorContext) -> None:
         try:
-            os.makedirs(self.path, exist_ok=True)
+            os.makedirs(self.staging if self.exactly_once else self.path, exist_ok=True)
         except OSError as exc:
             raise OSError(f"operator {context.name!r}: FileSink cannot create folder "
                           f"{self.path!r}: {exc}") from None
+        if self.exactly_once:
+            self._store = CommitStepStore(context.durable_dir("commit-steps"),
+                                          context.crash_point)
+            self._store.recover()  # a commit a crash interrupted is finished first
+            self._staged = self._adopt_staged(context.recovered_window)
 
     def file_name(self, window_id: int) -> str:
         """The file name of a window's rows."""
@@ -200,20 +233,85 @@ class FileSink(_WindowBuffer):
         table = self.window_table()
         if table is None:
             return
-        final = os.path.join(self.path, self.file_name(self.window_id))
-        temp = os.path.join(self.path, f".{os.path.basename(final)}.{os.getpid()}.tmp")
-        try:
-            if self.format == "parquet":
-                pq.write_table(table, temp)
-            else:
-                with open(temp, "w", encoding="utf-8") as out:
-                    for batch in table.to_batches():
-                        out.writelines(json.dumps(row, ensure_ascii=False, default=str) + "\n"
-                                       for row in batch.to_pylist())
-            os.replace(temp, final)
-        except BaseException:
-            if os.path.exists(temp):
-                os.remove(temp)
-            raise
+        if self._store is None:
+            final = os.path.join(self.path, self.file_name(self.window_id))
+        elif self.window_id <= self._store.watermark:
+            _LOGGER.debug("window %s is published already: skipped",
+                          format_window_id(self.window_id))
+            return
+        else:
+            final = os.path.join(self.staging, self.file_name(self.window_id))
+            self._staged[self.window_id] = final
+        _write_atomically(table, final, self.format)
         self.files_written += 1
         _LOGGER.debug("wrote %d rows to %s", table.num_rows, final)
+
+    def committed(self, window_id: int) -> None:
+        if self._store is not None:
+            self._publish(window_id)
+
+    def teardown(self) -> None:
+        # The stream ended: every upstream operator finished, no window can come again.
+        if self._store is not None:
+            self._publish(max(self._staged, default=self._store.watermark))
+            self._store.close()
+
+    def _publish(self, window_id: int) -> None:
+        """Publishes the staged windows up to ``window_id`` through the commit-step store."""
+        assert self._store is not None
+        due = sorted(w for w in self._staged if w <= window_id)
+        if not due and window_id <= self._store.watermark:
+            return
+        steps: list[CommitStep] = [
+            PublishFile(self._staged[w], os.path.join(self.path, os.path.basename(
+                self._staged[w]))) for w in due]
+        self._store.commit([*steps, AdvanceWatermark(window_id)])
+        for w in due:
+            del self._staged[w]
+
+    def _adopt_staged(self, recovered_window: int) -> dict[int, str]:
+        """The staged files still to publish: those of windows the restored state covers.
+
+        Staged files of later windows were written by the lost instance and are written
+        again when those windows are replayed; those at or below the watermark are
+        published already (left over by a crash between steps): both are removed.
+        """
+        assert self._store is not None
+        staged: dict[int, str] = {}
+        for name in os.listdir(self.staging):
+            path = os.path.join(self.staging, name)
+            window_id = _window_of(name)
+            if window_id is None:
+                continue
+            if self._store.watermark < window_id <= max(recovered_window, -1):
+                staged[window_id] = path
+            else:
+                os.remove(path)
+        return staged
+
+
+def _window_of(file_name: str) -> int | None:
+    """The window id of a ``FileSink`` file name, or None for any other file."""
+    match = re.match(r"^window-(\d+)-(\d{10})\.(jsonl|parquet)$", file_name)
+    return make_window_id(int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _write_atomically(table: pa.Table, final: str, format: str) -> None:  # noqa: A002
+    """Writes ``table`` to ``final`` via a synced temporary file and a rename."""
+    temp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.tmp")
+    try:
+        if format == "parquet":
+            pq.write_table(table, temp)
+        else:
+            with open(temp, "w", encoding="utf-8") as out:
+                for batch in table.to_batches():
+                    out.writelines(json.dumps(row, ensure_ascii=False, default=str) + "\n"
+                                   for row in batch.to_pylist())
+        with open(temp, "rb") as written:
+            os.fsync(written.fileno())
+        os.replace(temp, final)
+        sync_folder(os.path.dirname(final))
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
