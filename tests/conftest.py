@@ -26,3 +26,11 @@ def bridge():
     bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
     yield bridge
     bridge.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn():
+    """A DSN to a real PostgreSQL server for the session (``tests/postgres.py``)."""
+    from tests.postgres import postgres_dsn_for_session
+
+    yield from postgres_dsn_for_session()

@@ -6,6 +6,7 @@
 import logging
 
 from operators.library.directory import DirectorySource
+from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from operators.library.transforms import Tokenize, WindowedCount
@@ -17,6 +18,7 @@ __all__ = [
     "ConsoleSink",
     "EventGenerator",
     "FileSink",
+    "PostgresSink",
     "TextFileSource",
     "Tokenize",
     "WindowedCount",

@@ -1,0 +1,331 @@
+"""An exactly-once PostgreSQL sink: each window's rows and a watermark in one transaction.
+
+The way Apex's ``JdbcTransactionalStore`` does it. A watermark table keeps, per sink
+partition, the id of the last window written. Every window is written in one transaction
+that locks that partition's watermark row, skips the window if the watermark already
+covers it (it was committed before a crash and is being replayed now), else copies the
+rows in and moves the watermark, and commits. Rows and watermark become visible together
+or not at all, so a window replayed after a recovery is never written twice, whatever
+point the crash came at.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from operators.library.sinks import _WindowBuffer
+from operators.operator import OperatorContext
+from operators.windows import format_window_id, window_base_seconds
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresSink", "mask_dsn", "postgres_type"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_STRING_VIEW = pa.string_view() if hasattr(pa, "string_view") else None  # pyarrow >= 16
+_COPY_CHUNK_ROWS = 65_536
+_CONNECT_TIMEOUT_SECONDS = 10
+_SUPPORTED = ("bool, int8-64, uint8-64, float16-64, decimal, string, large_string, "
+              "string_view, date, time, timestamp (with or without time zone), and "
+              "dictionaries of these")
+
+
+def postgres_type(field: pa.Field) -> str:
+    """The PostgreSQL column type for an Arrow field; TypeError names an unsupported one.
+
+    >>> postgres_type(pa.field("n", pa.int64()))
+    'BIGINT'
+    >>> postgres_type(pa.field("at", pa.timestamp("us", tz="UTC")))
+    'TIMESTAMPTZ'
+    """
+    kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+    for test, name in _TYPES:
+        if test(kind):
+            return name(kind) if callable(name) else name
+    raise TypeError(f"column {field.name!r} has Arrow type {field.type}, which PostgresSink "
+                    f"cannot write to PostgreSQL (supported: {_SUPPORTED}); cast or drop the "
+                    "column before the sink")
+
+
+_TYPES: list[tuple[Callable[[pa.DataType], bool], str | Callable[[pa.DataType], str]]] = [
+    (pa.types.is_boolean, "BOOLEAN"),
+    (lambda t: t in (pa.int8(), pa.int16(), pa.uint8()), "SMALLINT"),
+    (lambda t: t in (pa.int32(), pa.uint16()), "INTEGER"),
+    (lambda t: t in (pa.int64(), pa.uint32()), "BIGINT"),
+    (lambda t: t == pa.uint64(), "NUMERIC(20, 0)"),
+    (lambda t: t in (pa.float16(), pa.float32()), "REAL"),
+    (lambda t: t == pa.float64(), "DOUBLE PRECISION"),
+    (pa.types.is_decimal, lambda t: f"NUMERIC({t.precision}, {t.scale})"),
+    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
+     or (_STRING_VIEW is not None and t == _STRING_VIEW), "TEXT"),
+    (pa.types.is_date, "DATE"),
+    (pa.types.is_time, "TIME"),
+    (lambda t: pa.types.is_timestamp(t) and t.tz is not None, "TIMESTAMPTZ"),
+    (pa.types.is_timestamp, "TIMESTAMP"),
+]
+
+
+def mask_dsn(dsn: str) -> str:
+    """The DSN with its password hidden, fit for messages and logs.
+
+    >>> mask_dsn("host=db user=weir password=secret")
+    'host=db user=weir password=***'
+    >>> mask_dsn("postgresql://weir:secret@db:5432/app")
+    'postgresql://weir:***@db:5432/app'
+    """
+    masked = re.sub(r"((?:^|\s)password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
+    masked = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", masked)
+    return re.sub(r"([?&]password=)[^&\s]*", r"\1***", masked)
+
+
+class PostgresSink(_WindowBuffer):
+    """Writes each window's rows into a PostgreSQL table, exactly once.
+
+    Use it to keep results in a database that survives any failure of the application
+    without duplicates or gaps. Each application window is one transaction: lock this
+    partition's row in ``watermark_table``; if it already holds this window id or a later
+    one, the window was written before a crash and is skipped; otherwise the rows go in
+    with ``COPY`` and the row is set to the window id; commit. Windows without rows write
+    nothing. Rows land when their window ends, not when it is committed.
+
+    The watermark row's key is ``<table>/<sink_id or the operator name>/<operator id>``,
+    so each partition of a sink has its own. Two applications that write one table
+    through one database with sinks of the same name share those rows and skip each
+    other's windows: give them different ``sink_id``.
+
+    Args:
+        dsn: libpq connection string (``"host=db dbname=app user=weir"``) or URI
+            (``"postgresql://weir@db/app"``); without ``connect_timeout`` 10 s is used.
+        table: target table, optionally schema-qualified (``"reports.counts"``).
+        create_table: create the table from the first window's Arrow schema if it is
+            missing (columns as in the rows, see ``postgres_type``); else it must exist.
+        watermark_table: where the watermarks live (created if missing).
+        sink_id: the watermark key's middle part instead of the operator name.
+
+    Example:
+        >>> PostgresSink("host=localhost dbname=app", "counts").table
+        'counts'
+    """
+
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_conn", "_context", "_key", "_table_ready")
+
+    def __init__(self, dsn: str, table: str, create_table: bool = True,
+                 watermark_table: str = "weir_sink_watermarks",
+                 sink_id: str | None = None) -> None:
+        for label, name in (("table", table), ("watermark_table", watermark_table)):
+            if not name or not all(part.strip() for part in name.split(".")) \
+                    or name.count(".") > 1:
+                raise ValueError(f"PostgresSink {label} {name!r} is not 'name' or "
+                                 "'schema.name'")
+        self.dsn = dsn
+        self.table = table
+        self.create_table = create_table
+        self.watermark_table = watermark_table
+        self.sink_id = sink_id
+        self.windows_written = 0
+        self.windows_skipped = 0
+        self.rows_written = 0
+        self._init_non_state()
+
+    def _init_non_state(self) -> None:
+        self._conn: psycopg.Connection[Any] | None = None
+        self._context: OperatorContext | None = None
+        self._key = ""
+        self._table_ready = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self.NON_STATE:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_non_state()
+
+    @property
+    def sink_key(self) -> str:
+        """This partition's key in the watermark table (known after ``setup``)."""
+        return self._key
+
+    # -- lifecycle -------------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        """Connects and makes sure this partition's watermark row exists."""
+        psycopg = _psycopg()
+        self._context = context
+        self._key = f"{self.table}/{self.sink_id or context.name}/{context.operator_id}"
+        self._table_ready = False
+        options: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in self.dsn:
+            options["connect_timeout"] = _CONNECT_TIMEOUT_SECONDS
+        if "application_name" not in self.dsn:
+            options["application_name"] = f"weir {context.name}"[:63]
+        try:
+            conn = psycopg.connect(self.dsn, **options)
+        except psycopg.Error as exc:
+            detail = " ".join(str(exc).split())
+            raise ConnectionError(
+                f"operator {context.name!r}: PostgresSink cannot connect to PostgreSQL at "
+                f"{mask_dsn(self.dsn)!r}: {detail}. Check that the server is running and "
+                "reachable from this container, and that the DSN's host, port, dbname, user "
+                "and password are right") from exc
+        self._conn = conn
+        sql = psycopg.sql
+        watermarks = _identifier(self.watermark_table)
+        try:
+            with conn.transaction():
+                self._lock_name(self.watermark_table)
+                conn.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (sink TEXT PRIMARY KEY, window_id BIGINT "
+                    "NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                ).format(watermarks))
+                conn.execute(sql.SQL(
+                    "INSERT INTO {} (sink, window_id) VALUES (%s, -1) "
+                    "ON CONFLICT (sink) DO NOTHING").format(watermarks), (self._key,))
+        except BaseException:
+            self.teardown()  # a failed setup gets no teardown from the runtime
+            raise
+        _LOGGER.info("PostgresSink %s writes into %s at %s (watermark %s)", context.name,
+                     self.table, mask_dsn(self.dsn), self._key)
+
+    def end_window(self) -> None:
+        """Writes the window's rows and moves the watermark in one transaction."""
+        data = self.window_table()
+        if data is None:
+            return
+        if getattr(self, "_conn", None) is None or self._context is None:
+            raise RuntimeError("PostgresSink.end_window before setup()")
+        name = self._context.name
+        try:
+            columns = [postgres_type(f) for f in data.schema]
+        except TypeError as exc:
+            raise TypeError(f"operator {name!r}: {exc}") from None
+        if not self._table_ready:
+            self._prepare_table(data.schema, columns)
+        sql = _psycopg().sql
+        window_id = self.window_id
+        with self._conn.transaction():
+            mark = self._conn.execute(sql.SQL(
+                "SELECT window_id FROM {} WHERE sink = %s FOR UPDATE"
+            ).format(_identifier(self.watermark_table)), (self._key,)).fetchone()
+            if mark is None:
+                raise RuntimeError(f"operator {name!r}: the watermark row {self._key!r} in "
+                                   f"{self.watermark_table} is gone; was it deleted by hand?")
+            if window_id <= mark[0]:
+                if window_base_seconds(window_id) != window_base_seconds(mark[0]):
+                    _LOGGER.warning(
+                        "PostgresSink %s: window %s is at or below watermark %s of another "
+                        "application run and is skipped; if another application writes with "
+                        "key %r, give the sinks different sink_id", name,
+                        format_window_id(window_id), format_window_id(mark[0]), self._key)
+                _LOGGER.debug("PostgresSink %s: window %s is at or below the watermark %s: "
+                              "written before, skipped", name, format_window_id(window_id),
+                              format_window_id(mark[0]))
+                self.windows_skipped += 1
+                return
+            self._copy(data)
+            self._conn.execute(sql.SQL(
+                "UPDATE {} SET window_id = %s, updated_at = now() WHERE sink = %s"
+            ).format(_identifier(self.watermark_table)), (window_id, self._key))
+            self._context.crash_point("postgres.before_commit")
+        self.windows_written += 1
+        self.rows_written += data.num_rows
+        _LOGGER.debug("PostgresSink %s: window %s, %d rows into %s", name,
+                      format_window_id(window_id), data.num_rows, self.table)
+
+    def teardown(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
+            self._conn = None
+
+    # -- helpers ---------------------------------------------------------------------
+    def _lock_name(self, name: str) -> None:
+        """Serialises creating ``name`` among partitions (CREATE IF NOT EXISTS can race)."""
+        assert self._conn is not None
+        self._conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"weir:{name}",))
+
+    def _prepare_table(self, schema: pa.Schema, types: list[str]) -> None:
+        """Creates the table from the schema, or checks that it exists."""
+        assert self._conn is not None and self._context is not None
+        sql = _psycopg().sql
+        with self._conn.transaction():
+            if self.create_table:
+                self._lock_name(self.table)
+                self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                    _identifier(self.table),
+                    sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(f.name),
+                                                               sql.SQL(t))
+                                       for f, t in zip(schema, types, strict=True))))
+            else:
+                found = self._conn.execute("SELECT to_regclass(%s)",
+                                           (_quoted(self.table),)).fetchone()
+                if found is None or found[0] is None:
+                    raise RuntimeError(
+                        f"operator {self._context.name!r}: table {self.table!r} does not exist; "
+                        "create it or build the PostgresSink with create_table=True")
+        self._table_ready = True
+
+    def _copy(self, data: pa.Table) -> None:
+        """Streams the rows in with ``COPY ... (FORMAT csv)``, encoded by Arrow's CSV writer.
+
+        Arrow quotes every string and leaves nulls empty, which is what PostgreSQL's CSV
+        format reads as text and NULL; the encoding runs in C++, not per row in Python.
+        """
+        assert self._conn is not None
+        sql = _psycopg().sql
+        data = _plain_columns(data)
+        statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+            _identifier(self.table),
+            sql.SQL(", ").join(sql.Identifier(n) for n in data.column_names))
+        options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+        with self._conn.cursor() as cursor, cursor.copy(statement) as copy:
+            for batch in data.to_batches(max_chunksize=_COPY_CHUNK_ROWS):
+                chunk = io.BytesIO()
+                pacsv.write_csv(batch, chunk, options)
+                copy.write(chunk.getbuffer())
+
+
+def _plain_columns(data: pa.Table) -> pa.Table:
+    """Decodes dictionaries and casts the types Arrow's CSV writer lacks."""
+    for i, field in enumerate(data.schema):
+        kind = field.type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if _STRING_VIEW is not None and kind == _STRING_VIEW:
+            kind = pa.large_string()
+        elif kind == pa.float16():
+            kind = pa.float32()
+        if kind != field.type:
+            data = data.set_column(i, field.name, data.column(i).cast(kind))
+    return data
+
+
+def _identifier(name: str) -> Any:
+    """``"table"`` or ``"schema.table"`` as a quoted SQL identifier."""
+    return _psycopg().sql.Identifier(*name.split("."))
+
+
+def _quoted(name: str) -> str:
+    """``"schema.table"`` quoted for ``to_regclass``."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
+
+
+def _psycopg() -> Any:
+    """psycopg 3, imported when a sink first needs it."""
+    try:
+        import psycopg
+        import psycopg.sql  # noqa: F401 - makes psycopg.sql available
+    except ImportError as exc:
+        raise ImportError("PostgresSink needs psycopg 3: pip install 'psycopg[binary]>=3.1'"
+                          ) from exc
+    return psycopg
