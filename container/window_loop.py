@@ -115,6 +115,8 @@ class OperatorRunner:
         self._checkpoint_due = False
         self._committed_pending = -1
         self._committed_delivered = -1
+        self._committed_arrived = threading.Event()
+        self._last_checkpoint = -1
         self.state = RunnerState.ACTIVE
         self.error = ""
         self._on_change = on_change
@@ -152,6 +154,7 @@ class OperatorRunner:
         """The master's committed window; ``committed()`` reaches the operator at the next
         window boundary, in its own thread."""
         self._committed_pending = max(self._committed_pending, window_id)
+        self._committed_arrived.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (undeploy / abort) without END_STREAM."""
@@ -184,6 +187,9 @@ class OperatorRunner:
                 self._run_input()
             else:
                 self._run_generic()
+            if self.stopped.is_set():
+                return
+            self._await_final_commit()
             if self.stopped.is_set():
                 return
             self.operator.teardown()
@@ -244,7 +250,7 @@ class OperatorRunner:
         self._cpu_ns += time.thread_time_ns() - cpu_start
         stats = umbilical_pb2.OperatorStats(window_id=window_id)
         self._checkpoint_due |= (window_counter(window_id) + 1) % self.checkpoint_window_count == 0
-        if self._checkpoint_due and self._app_position == 0 and not last:
+        if (self._checkpoint_due or last) and self._app_position == 0:
             self._checkpoint(window_id, stats)
         self._record_stats(window_id, stats)
         self._deliver_committed()
@@ -254,6 +260,7 @@ class OperatorRunner:
         self._checkpoint_due = False
         if self.checkpointer is None:
             return
+        self._last_checkpoint = window_id
         started_ms, started = _now_ms(), time.perf_counter()
         self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
         took_ms = round((time.perf_counter() - started) * 1000)
@@ -265,6 +272,27 @@ class OperatorRunner:
         _LOGGER.debug("operator %s (%d) checkpointed window %s in %d ms", self.context.name,
                       self.operator_id, format_window_id(window_id), took_ms)
         self.operator.checkpointed(window_id)
+
+    def _await_final_commit(self) -> None:
+        """The stream ended: checkpoint the last window and wait until it is committed.
+
+        Teardown waits for it so that ``committed`` reaches the operator for every one of
+        its windows: a source frees the input it read, an exactly-once sink publishes what
+        it staged. The master commits the end of the stream once every operator checkpointed
+        it (operators that ended earlier and are done hold nothing back).
+        """
+        if self.checkpointer is None or self._window < 0:
+            return
+        if self._last_checkpoint != self._window:
+            stats = umbilical_pb2.OperatorStats(window_id=self._window)  # a repeat: the
+            self._checkpoint(self._window, stats)  # master takes its checkpoint only
+            with self._stats_lock:
+                self._stats.append(stats)
+            self._on_change()
+        while not self.stopped.is_set() and self._committed_delivered < self._window:
+            self._committed_arrived.wait(0.5)
+            self._committed_arrived.clear()
+            self._deliver_committed()
 
     def _deliver_committed(self) -> None:
         committed = self._committed_pending

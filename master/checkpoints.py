@@ -178,9 +178,20 @@ def _downstream_first(nodes: Mapping[int, RecoveryNode]) -> list[int]:
     return order
 
 
-def committed_window(recovery: Mapping[int, int]) -> int:
-    """The minimum recovery checkpoint over all operators; -1 before any."""
-    return min(recovery.values(), default=NO_WINDOW)
+def committed_window(recovery: Mapping[int, int],
+                     nodes: Mapping[int, RecoveryNode] | None = None) -> int:
+    """The minimum recovery checkpoint over the operators that are not done; -1 before any.
+
+    A done operator (``is_done``) is never rerun, so it holds nothing back: the windows
+    after its end can still be committed for the operators downstream of it, which wait
+    for that to deliver ``committed`` before they tear down. Once every operator is
+    done, the newest recovery checkpoint is committed.
+    """
+    live = [w for op_id, w in recovery.items()
+            if nodes is None or not is_done(nodes[op_id], w)]
+    if not live and recovery:
+        return max(recovery.values())
+    return min(live, default=NO_WINDOW)
 
 
 def is_done(node: RecoveryNode, recovery: int) -> bool:

@@ -115,7 +115,8 @@ def update_recovery(app: Application) -> None:
     Checkpoints older than an operator's recovery checkpoint are forgotten here (never
     needed again); the files are the containers' to delete once committed.
     """
-    recovery = recovery_checkpoints(_recovery_nodes(app))
+    nodes = _recovery_nodes(app)
+    recovery = recovery_checkpoints(nodes)
     for op_id, window_id in recovery.items():
         op = app.plan.operators[op_id]
         if window_id != op.recovery_window_id:
@@ -123,7 +124,7 @@ def update_recovery(app: Application) -> None:
                           op.id, format_window_id(window_id))
             op.recovery_window_id = window_id
         app.checkpoints[op_id].prune_before(window_id)
-    committed = committed_window(recovery)
+    committed = committed_window(recovery, nodes)
     if committed > app.committed_window_id:
         _LOGGER.info("app=%s committed window %s", app.id, format_window_id(committed))
         app.committed_window_id = committed

@@ -42,6 +42,8 @@ class DirectorySource(ReplayableSource):
             file has been read (a bounded source).
         delete_consumed: delete each file once committed.
         move_consumed_to: instead of deleting, move each committed file to this folder.
+        bytes_per_window: read at most about this many bytes per streaming window (whole
+            lines; None = as fast as possible), to spread input over windows.
 
     Example:
         >>> DirectorySource("incoming", pattern="*.log", delete_consumed=True).pattern
@@ -51,11 +53,14 @@ class DirectorySource(ReplayableSource):
     output = OutputPort(LINE_SCHEMA)
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_file", "_ranges",
-                                            "_next_scan", "_context")
+                                            "_next_scan", "_window_bytes")
 
     def __init__(self, path: str | os.PathLike[str], pattern: str = "*", watch: bool = False,
                  delete_consumed: bool = False,
-                 move_consumed_to: str | os.PathLike[str] | None = None) -> None:
+                 move_consumed_to: str | os.PathLike[str] | None = None,
+                 bytes_per_window: int | None = None) -> None:
+        if bytes_per_window is not None and bytes_per_window <= 0:
+            raise ValueError(f"bytes_per_window must be positive or None, not {bytes_per_window}")
         if delete_consumed and move_consumed_to is not None:
             raise ValueError("DirectorySource: choose delete_consumed or move_consumed_to, "
                              "not both")
@@ -65,6 +70,7 @@ class DirectorySource(ReplayableSource):
         self.delete_consumed = delete_consumed
         self.move_consumed_to = (os.path.abspath(os.fspath(move_consumed_to))
                                  if move_consumed_to is not None else None)
+        self.bytes_per_window = bytes_per_window
         self.done: list[str] = []  # files read to the end
         self.current: str | None = None  # the file being read
         self.offset = 0  # the next byte of ``current``
@@ -75,6 +81,7 @@ class DirectorySource(ReplayableSource):
     def _reset(self) -> None:
         self._file: BinaryIO | None = None
         self._ranges: list[list[Any]] = []
+        self._window_bytes = 0
         self._next_scan = 0.0
 
     def __getstate__(self) -> dict[str, Any]:
@@ -96,6 +103,7 @@ class DirectorySource(ReplayableSource):
 
     def begin_window(self, window_id: int) -> None:
         self._ranges = []
+        self._window_bytes = 0
         super().begin_window(window_id)
 
     def teardown(self) -> None:
@@ -116,12 +124,20 @@ class DirectorySource(ReplayableSource):
             self.offset = 0
             if self.current is None:
                 return self.watch
-        data = self._handle().read(_READ_BYTES)
+        want = _READ_BYTES
+        if self.bytes_per_window is not None:
+            if self._window_bytes >= self.bytes_per_window:
+                return True
+            want = min(want, self.bytes_per_window - self._window_bytes)
+        data = self._handle().read(want)
         if not data:
             self._record(self.current, self.offset, self.offset, finished=True)
             return True
-        if len(data) == _READ_BYTES and b"\n" in data:
+        if len(data) == want and b"\n" in data:
             data = data[:data.rindex(b"\n") + 1]  # whole lines; the rest comes next
+        elif len(data) == want:  # one line longer than the budget: take it whole
+            data += self._handle().readline()
+        self._window_bytes += len(data)
         self._handle().seek(self.offset + len(data))
         self._emit(self.current, data)
         self._record(self.current, self.offset, self.offset + len(data), finished=False)

@@ -171,3 +171,14 @@ def test_exactly_once_file_sink_needs_a_state_folder(tmp_path):
     with pytest.raises(RuntimeError, match="needs a local state folder"):
         sink.setup(OperatorContext(name="files", operator_id=1, container_id="c0",
                                    attributes={}))
+
+
+def test_directory_source_spreads_input_over_windows_with_bytes_per_window(tmp_path, inbox):
+    src = DirectorySource(inbox, bytes_per_window=30)
+    emitted = started(src, tmp_path / "state")
+    counter = 0
+    while source_window(src, emitted, counter := counter + 1, calls=20):
+        pass
+    windows = lines_by_window(emitted)
+    assert all(1 <= len(lines) <= 3 for lines in windows.values())  # 12-byte lines, 30 bytes
+    assert sum(len(lines) for lines in windows.values()) == 15

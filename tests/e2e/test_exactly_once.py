@@ -1,0 +1,131 @@
+"""Exactly once end to end: containers killed at random moments, and a crash in the middle of
+a sink's commit, and the published word counts still equal the reference exactly."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+from master.client import WeirClient
+from operators.app import load_app
+from tests.e2e.conftest import container_logs
+from tests.e2e.test_recovery import wait_finished
+from tests.harness import poll_for
+
+FILES, LINES_PER_FILE = 6, 400
+
+APP = """
+    from operators import Dag
+    from operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
+
+    dag = Dag("exactly-once", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
+              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
+              CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000, MAX_RESTARTS=8)
+    source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
+                                                        bytes_per_window=2500), CONTAINER=0)
+    tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=1)
+    count = dag.add_operator("count", WindowedCount(key="word"), CONTAINER=1,
+                             APPLICATION_WINDOW_COUNT=2)
+    sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=2,
+                            CRASH_AT={crash!r})
+    dag.add_stream("lines", source.output, tokenize.input)
+    dag.add_stream("words", tokenize.output, count.input)
+    dag.add_stream("counts", count.output, sink.input)
+"""
+
+
+def write_input(inbox: Path) -> collections.Counter[str]:
+    """Files of lines of words; returns the reference count of every word."""
+    inbox.mkdir()
+    rng = random.Random(1234)
+    vocabulary = [f"w{''.join(rng.choices('abcdefgh', k=3))}" for _ in range(300)]
+    expected: collections.Counter[str] = collections.Counter()
+    for f in range(FILES):
+        lines = []
+        for _ in range(LINES_PER_FILE):
+            words = rng.choices(vocabulary, k=rng.randint(1, 12))
+            expected.update(words)
+            lines.append(" ".join(words))
+        (inbox / f"part-{f:03d}.txt").write_text("\n".join(lines) + "\n")
+    return expected
+
+
+def start(master, tmp_path: Path, crash: str = "") -> tuple[WeirClient, str, collections.Counter]:
+    expected = write_input(tmp_path / "inbox")
+    app = tmp_path / "exactly_once_app.py"
+    app.write_text(textwrap.dedent(APP.format(
+        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"),
+        out=str(tmp_path / "out"), crash=crash)))
+    client = WeirClient(master.address)
+    return client, client.submit(load_app(app).to_descriptor()), expected
+
+
+def published_counts(out: Path) -> tuple[collections.Counter[str], int]:
+    """Word counts summed over every published window file, and how many rows they hold."""
+    counted: collections.Counter[str] = collections.Counter()
+    rows = 0
+    for file in sorted(out.glob("*.jsonl")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            counted[row["word"]] += row["count"]
+            rows += 1
+    return counted, rows
+
+
+def assert_exactly_once(tmp_path: Path, expected: collections.Counter, note: str) -> None:
+    counted, rows = published_counts(tmp_path / "out")
+    missing = {w: n - counted[w] for w, n in expected.items() if counted[w] < n}
+    extra = {w: counted[w] - expected[w] for w in counted if counted[w] > expected[w]}
+    assert not missing and not extra, (
+        f"{note}: {len(missing)} words short (e.g. {dict(list(missing.items())[:5])}), "
+        f"{len(extra)} counted too often (e.g. {dict(list(extra.items())[:5])}), {rows} rows")
+    assert os.listdir(tmp_path / "out" / ".staging") == [], "staged output left unpublished"
+    assert os.listdir(tmp_path / "inbox") == [], "consumed input files must be freed at commit"
+
+
+def live_container_pids(client: WeirClient, app_id: str) -> dict[str, int]:
+    return {c.id: int(c.process_name.split("@")[0]) for c in client.containers(app_id)
+            if c.state == "ACTIVE" and c.process_name}
+
+
+def test_random_sigkills_publish_every_count_exactly_once(master, tmp_path):
+    seed = int(os.environ.get("WEIR_CHAOS_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    note = f"chaos seed {seed} (rerun with WEIR_CHAOS_SEED={seed})"
+    client, app_id, expected = start(master, tmp_path)
+    kills: list[str] = []
+    with client:
+        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
+                 f"a first committed window\n{container_logs(master)}")
+        for _ in range(3):
+            committed = client.application(app_id).committed_window_id
+            time.sleep(rng.uniform(0.2, 2.5))
+            if client.application(app_id).state != "RUNNING":
+                break
+            victim, pid = rng.choice(sorted(live_container_pids(client, app_id).items()))
+            os.kill(pid, signal.SIGKILL)
+            kills.append(victim)
+            # the next kill comes once the application moved on (a new committed window)
+            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
+                     or client.application(app_id).state != "RUNNING", 90,
+                     f"progress after killing {victim}; {note}\n{container_logs(master)}")
+        wait_finished(client, master, app_id, timeout_s=240)
+    assert len(kills) >= 2, f"only {len(kills)} kills happened during the run; {note}"
+    assert_exactly_once(tmp_path, expected, f"{note}, killed {kills}")
+
+
+def test_a_crash_between_commit_steps_is_finished_on_restart(master, tmp_path):
+    client, app_id, expected = start(master, tmp_path, crash="commit.between_steps@2")
+    with client:
+        wait_finished(client, master, app_id, timeout_s=240)
+        sink = next(o for o in client.operators(app_id) if o.name == "sink")
+        assert sink.failure_count >= 1, "the crash point did not fire"
+    assert list((tmp_path / "state").rglob("crashed-at-commit.between_steps"))
+    assert_exactly_once(tmp_path, expected, "crash between commit steps")
