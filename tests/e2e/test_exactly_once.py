@@ -22,7 +22,8 @@ FILES, LINES_PER_FILE = 6, 400
 
 APP = """
     from operators import Dag
-    from operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
+    from operators.library import (DirectorySource, FileSink, PostgresSink, Tokenize,
+                                   WindowedCount)
 
     dag = Dag("exactly-once", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
@@ -33,8 +34,7 @@ APP = """
     tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=1)
     count = dag.add_operator("count", WindowedCount(key="word"), CONTAINER=1,
                              APPLICATION_WINDOW_COUNT=2)
-    sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=2,
-                            CRASH_AT={crash!r})
+    sink = dag.add_operator("sink", {sink}, CONTAINER=2, CRASH_AT={crash!r})
     dag.add_stream("lines", source.output, tokenize.input)
     dag.add_stream("words", tokenize.output, count.input)
     dag.add_stream("counts", count.output, sink.input)
@@ -57,12 +57,14 @@ def write_input(inbox: Path) -> collections.Counter[str]:
     return expected
 
 
-def start(master, tmp_path: Path, crash: str = "") -> tuple[WeirClient, str, collections.Counter]:
+def start(master, tmp_path: Path, crash: str = "",
+          sink: str = "") -> tuple[WeirClient, str, collections.Counter]:
     expected = write_input(tmp_path / "inbox")
     app = tmp_path / "exactly_once_app.py"
+    sink = sink or f"FileSink({str(tmp_path / 'out')!r}, exactly_once=True)"
     app.write_text(textwrap.dedent(APP.format(
-        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"),
-        out=str(tmp_path / "out"), crash=crash)))
+        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"), sink=sink,
+        crash=crash)))
     client = WeirClient(master.address)
     return client, client.submit(load_app(app).to_descriptor()), expected
 
@@ -79,14 +81,28 @@ def published_counts(out: Path) -> tuple[collections.Counter[str], int]:
     return counted, rows
 
 
-def assert_exactly_once(tmp_path: Path, expected: collections.Counter, note: str) -> None:
-    counted, rows = published_counts(tmp_path / "out")
+def table_counts(dsn: str, table: str) -> tuple[collections.Counter[str], int]:
+    """Word counts summed over the rows the PostgreSQL sink committed, and the row count."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT word, count FROM {table}").fetchall()
+    counted: collections.Counter[str] = collections.Counter()
+    for word, count in rows:
+        counted[word] += count
+    return counted, len(rows)
+
+
+def assert_exactly_once(tmp_path: Path, expected: collections.Counter, note: str,
+                        counts: tuple[collections.Counter[str], int] | None = None) -> None:
+    counted, rows = counts or published_counts(tmp_path / "out")
     missing = {w: n - counted[w] for w, n in expected.items() if counted[w] < n}
     extra = {w: counted[w] - expected[w] for w in counted if counted[w] > expected[w]}
     assert not missing and not extra, (
         f"{note}: {len(missing)} words short (e.g. {dict(list(missing.items())[:5])}), "
         f"{len(extra)} counted too often (e.g. {dict(list(extra.items())[:5])}), {rows} rows")
-    assert os.listdir(tmp_path / "out" / ".staging") == [], "staged output left unpublished"
+    if counts is None:
+        assert os.listdir(tmp_path / "out" / ".staging") == [], "staged output left unpublished"
     assert os.listdir(tmp_path / "inbox") == [], "consumed input files must be freed at commit"
 
 
@@ -95,30 +111,55 @@ def live_container_pids(client: WeirClient, app_id: str) -> dict[str, int]:
             if c.state == "ACTIVE" and c.process_name}
 
 
-def test_random_sigkills_publish_every_count_exactly_once(master, tmp_path):
-    seed = int(os.environ.get("WEIR_CHAOS_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
-    note = f"chaos seed {seed} (rerun with WEIR_CHAOS_SEED={seed})"
-    client, app_id, expected = start(master, tmp_path)
+def kill_randomly(master, client: WeirClient, app_id: str, note: str,
+                  rng: random.Random) -> list[str]:
+    """SIGKILLs three random live containers at random moments, each once the application
+    moved on from the previous kill; returns the victims."""
     kills: list[str] = []
+    poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
+             f"a first committed window\n{container_logs(master)}")
+    for _ in range(3):
+        committed = client.application(app_id).committed_window_id
+        time.sleep(rng.uniform(0.2, 2.5))
+        if client.application(app_id).state != "RUNNING":
+            break
+        victim, pid = rng.choice(sorted(live_container_pids(client, app_id).items()))
+        os.kill(pid, signal.SIGKILL)
+        kills.append(victim)
+        # the next kill comes once the application moved on (a new committed window)
+        poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
+                 or client.application(app_id).state != "RUNNING", 90,
+                 f"progress after killing {victim}; {note}\n{container_logs(master)}")
+    return kills
+
+
+def chaos_seed() -> tuple[random.Random, str]:
+    seed = int(os.environ.get("WEIR_CHAOS_SEED", time.time_ns() % 100_000))
+    return random.Random(seed), f"chaos seed {seed} (rerun with WEIR_CHAOS_SEED={seed})"
+
+
+def test_random_sigkills_publish_every_count_exactly_once(master, tmp_path):
+    rng, note = chaos_seed()
+    client, app_id, expected = start(master, tmp_path)
     with client:
-        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
-                 f"a first committed window\n{container_logs(master)}")
-        for _ in range(3):
-            committed = client.application(app_id).committed_window_id
-            time.sleep(rng.uniform(0.2, 2.5))
-            if client.application(app_id).state != "RUNNING":
-                break
-            victim, pid = rng.choice(sorted(live_container_pids(client, app_id).items()))
-            os.kill(pid, signal.SIGKILL)
-            kills.append(victim)
-            # the next kill comes once the application moved on (a new committed window)
-            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
-                     or client.application(app_id).state != "RUNNING", 90,
-                     f"progress after killing {victim}; {note}\n{container_logs(master)}")
+        kills = kill_randomly(master, client, app_id, note, rng)
         wait_finished(client, master, app_id, timeout_s=240)
     assert len(kills) >= 2, f"only {len(kills)} kills happened during the run; {note}"
     assert_exactly_once(tmp_path, expected, f"{note}, killed {kills}")
+
+
+def test_random_sigkills_with_the_postgres_sink_write_every_count_once(master, tmp_path,
+                                                                      postgres_dsn):
+    rng, note = chaos_seed()
+    table = f"chaos_counts_{os.getpid()}_{time.time_ns() % 10**9}"
+    client, app_id, expected = start(master, tmp_path, crash="postgres.before_commit@5",
+                                     sink=f"PostgresSink({postgres_dsn!r}, {table!r})")
+    with client:
+        kills = kill_randomly(master, client, app_id, note, rng)
+        wait_finished(client, master, app_id, timeout_s=240)
+    assert list((tmp_path / "state").rglob("crashed-at-postgres.before_commit"))
+    assert_exactly_once(tmp_path, expected, f"{note}, killed {kills} and the sink mid-commit",
+                        counts=table_counts(postgres_dsn, table))
 
 
 def test_a_crash_between_commit_steps_is_finished_on_restart(master, tmp_path):
