@@ -245,7 +245,7 @@ def _verify(path: str, blob: bytes, window_id: int) -> bytes:
 
 def _write_local(path: str, blob: bytes) -> None:
     folder, name = os.path.split(path)
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # state is private to its owner
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:

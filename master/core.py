@@ -20,6 +20,7 @@ from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.launcher import Launcher
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
+from master.state_owner import StateClaim, claim_state_dir, new_run_id, release_state_dir
 from operators.dag import DagError, validate_descriptor
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
@@ -55,6 +56,7 @@ class MasterCore:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._apps: dict[str, Application] = {}
+        self._claims: dict[str, StateClaim] = {}  # app id -> its claim on its state folder
         self._container_apps: dict[str, str] = {}
         self._next_app_number = 1
         self._stop = threading.Event()
@@ -97,10 +99,12 @@ class MasterCore:
             raise InvalidArgument(str(exc)) from None
         with self._lock:
             app_id = f"app-{self._next_app_number:04d}"
+            run_id = new_run_id()
             try:
-                plan = build_physical_plan(dag, dict(overrides), app_id)
+                plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
             except (PlanError, DagError) as exc:
                 raise InvalidArgument(str(exc)) from None
+            self._claims[app_id] = claim_state_dir(plan.attributes["STATE_DIR"], app_id, run_id)
             self._next_app_number += 1
             app = Application(app_id, dag, plan, self.clock())
             self._apps[app_id] = app
@@ -288,6 +292,8 @@ class MasterCore:
         actions: list[tuple[Application, LauncherAction]] = []
         with self._lock:
             now_ms = self.clock()
+            ended = [self._claims.pop(a.id) for a in self._apps.values()
+                     if a.terminal and a.id in self._claims]
             for app in self._apps.values():
                 live = app.plan.live_containers()
                 if not live:
@@ -298,6 +304,8 @@ class MasterCore:
             if losses:
                 self._changed.notify_all()
         self._carry_out(actions)
+        for claim in ended:
+            release_state_dir(claim)
         return [loss.container_id for loss in losses]
 
     def start(self) -> None:

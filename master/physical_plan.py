@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from master.errors import InvalidTransition
+from master.state_owner import default_state_dir, new_run_id
 from operators.attributes import ATTRIBUTES, InvalidAttribute, Scope, parse_attributes, resolve
 from operators.dag import topological_order
 from proto import plan_pb2
@@ -30,7 +29,6 @@ __all__ = [
     "PlanError",
     "build_physical_plan",
     "container_id_for",
-    "default_state_dir",
     "place_operators",
     "resolve_attributes",
 ]
@@ -249,16 +247,6 @@ def container_id_for(app_id: str, index: int) -> str:
     return f"{app_id}-c{index}"
 
 
-def default_state_dir(app_id: str) -> str:
-    """Where an application's checkpoints live when STATE_DIR is empty.
-
-    A folder per application under the system's temporary folder; the containers
-    compute the same path, but the master resolves it at submit so every container of
-    the application is told the one value.
-    """
-    return os.path.join(tempfile.gettempdir(), "weir-state", app_id)
-
-
 def _split_overrides(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
                      ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """Plain overrides and per-operator ones (``<operator>.<ATTR>``), checked."""
@@ -348,7 +336,7 @@ def place_operators(order: list[str], pinned: Mapping[str, int], containers: int
 
 
 def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str],
-                        app_id: str) -> PhysicalPlan:
+                        app_id: str, run_id: str = "") -> PhysicalPlan:
     """The physical plan of a DAG already checked by ``validate_descriptor``.
 
     Raises:
@@ -367,7 +355,7 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     placement = place_operators(order, pinned, dag_attributes["CONTAINERS"])
     _check_processing_modes(order, operator_attributes)
     if not dag_attributes["STATE_DIR"]:
-        dag_attributes["STATE_DIR"] = default_state_dir(app_id)
+        dag_attributes["STATE_DIR"] = default_state_dir(app_id, run_id or new_run_id())
     for attributes in operator_attributes.values():
         attributes["STATE_DIR"] = dag_attributes["STATE_DIR"]
     descriptors = {op.name: op for op in dag.operators}

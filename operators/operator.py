@@ -97,7 +97,7 @@ class OperatorContext:
                 f"operator {self.name!r} needs a local state folder (for its logs and commit "
                 "steps) but the runtime gave none; set STATE_DIR to a local path")
         path = os.path.join(self.state_dir, *parts)
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)  # state is private to its owner
         return path
 
     def crash_point(self, name: str) -> None:

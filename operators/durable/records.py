@@ -88,7 +88,7 @@ class RecordLog:
     def __init__(self, folder: str, segment_bytes: int = 64 << 20) -> None:
         self.folder = folder
         self.segment_bytes = segment_bytes
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         self._segments: list[int] = []  # first sequence number of each segment, ascending
         self.next_seq = 0
         self._file: BinaryIO | None = None
@@ -128,7 +128,8 @@ class RecordLog:
             self.sync()
             self._file.close()
         path = self._path(self.next_seq)
-        self._file = open(path, "wb")  # noqa: SIM115 - kept open while appending
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._file = os.fdopen(fd, "wb")
         self._file.write(MAGIC)
         self._file_bytes = len(MAGIC)
         self._segments.append(self.next_seq)

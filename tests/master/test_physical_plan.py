@@ -155,10 +155,13 @@ def test_downstream_and_next_container():
     assert plan.operators_in(c1) == [] and c1.operator_ids == [2]
 
 
-def test_state_dir_is_resolved_per_application_when_empty(tmp_path):
-    plan = build_physical_plan(chain_descriptor(3), {}, "app-0007")
-    expected = os.path.join(tempfile.gettempdir(), "weir-state", "app-0007")
+def test_state_dir_is_resolved_per_application_run_when_empty(tmp_path):
+    plan = build_physical_plan(chain_descriptor(3), {}, "app-0007", "20261123T100000-abcdef")
+    expected = os.path.join(tempfile.gettempdir(), f"weir-state-{os.getuid()}",
+                            "app-0007-20261123T100000-abcdef")
     assert plan.attributes["STATE_DIR"] == expected
+    other_run = build_physical_plan(chain_descriptor(3), {}, "app-0007")
+    assert other_run.attributes["STATE_DIR"] != expected  # another master's app-0007
     assert all(op.attributes["STATE_DIR"] == expected for op in plan.operators.values())
     plan = build_physical_plan(chain_descriptor(3), {"STATE_DIR": str(tmp_path)}, "app-0008")
     assert plan.attributes["STATE_DIR"] == str(tmp_path)

@@ -334,7 +334,10 @@ def test_restart_limit_fails_the_application_visibly(server, client, umbilical):
 
 def test_state_dir_travels_to_every_container(server, client, umbilical):
     app_id = client.submit(chain_descriptor(2), {"CONTAINERS": "2"})
-    state_dir = os.path.join(tempfile.gettempdir(), "weir-state", app_id)
+    state_dir = client.application(app_id).attributes["STATE_DIR"]
+    assert state_dir.startswith(os.path.join(tempfile.gettempdir(),
+                                              f"weir-state-{os.getuid()}", f"{app_id}-"))
+    assert os.path.isfile(os.path.join(state_dir, "OWNER.json"))  # claimed at submit
     context = umbilical.GetInitContext(umbilical_pb2.GetInitContextRequest(container_id=C1),
                                        timeout=5)
     assert context.attributes["STATE_DIR"] == state_dir

@@ -1,0 +1,154 @@
+"""Which application run owns a state folder: one folder, one live application, never two.
+
+Containers delete checkpoints older than the committed window and purge what they
+consider theirs; two applications writing into one folder would delete each other's
+recovery state. So every application run gets its own default folder (the application
+id plus a run id), and a folder given explicitly with ``STATE_DIR`` is claimed with an
+``OWNER.json`` file at submit: a folder claimed by a live run of another application on
+this host is refused, and the claim is released when the application ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import secrets
+import socket
+import tempfile
+
+import pyarrow.fs as pafs
+
+from master.errors import InvalidArgument
+
+__all__ = [
+    "OWNER_FILE", "StateClaim", "claim_state_dir", "default_state_dir", "new_run_id",
+    "release_state_dir",
+]
+
+_LOGGER = logging.getLogger(__name__)
+
+OWNER_FILE = "OWNER.json"
+
+
+def new_run_id() -> str:
+    """A run id, readable and unique: ``20261123T104500-1a2b3c``."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{now}-{secrets.token_hex(3)}"
+
+
+def default_state_dir(app_id: str, run_id: str) -> str:
+    """Where a run keeps its state when STATE_DIR is empty: private to the user, its own.
+
+    ``$TMPDIR/weir-state-<uid>/<app id>-<run id>``: two masters both numbering their
+    applications from ``app-0001`` never meet, nor do two users of one machine.
+    """
+    return os.path.join(tempfile.gettempdir(), f"weir-state-{os.getuid()}",
+                        f"{app_id}-{run_id}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StateClaim:
+    """A run's claim on its state folder (the content of ``OWNER.json``)."""
+
+    state_dir: str
+    app_id: str
+    run_id: str
+    host: str
+    pid: int
+
+    def record(self) -> dict[str, object]:
+        return {"app_id": self.app_id, "run_id": self.run_id, "host": self.host,
+                "pid": self.pid}
+
+
+def claim_state_dir(state_dir: str, app_id: str, run_id: str) -> StateClaim:
+    """Creates the folder (owner-only on a local disk) and claims it for this run.
+
+    Raises:
+        InvalidArgument: a live run of another application owns the folder.
+    """
+    fs, root = _filesystem(state_dir)
+    if isinstance(fs, pafs.LocalFileSystem):
+        os.makedirs(root, mode=0o700, exist_ok=True)
+    else:
+        fs.create_dir(root, recursive=True)
+    claim = StateClaim(state_dir, app_id, run_id, socket.gethostname(), os.getpid())
+    owner = _read_owner(fs, f"{root}/{OWNER_FILE}")
+    if owner is not None and owner.get("run_id") != run_id and _alive(owner):
+        raise InvalidArgument(
+            f"STATE_DIR {state_dir} is in use by application {owner.get('app_id')} (run "
+            f"{owner.get('run_id')}, master pid {owner.get('pid')} on {owner.get('host')}); "
+            "two applications must not share a state folder: give this one its own STATE_DIR "
+            "(or leave it empty for a fresh private folder), or stop the other one")
+    if owner is not None and owner.get("run_id") != run_id:
+        _LOGGER.warning("STATE_DIR %s belonged to application %s (run %s), which is no longer "
+                        "running; application %s takes it over", state_dir,
+                        owner.get("app_id"), owner.get("run_id"), app_id)
+    _write_owner(fs, f"{root}/{OWNER_FILE}", claim.record())
+    return claim
+
+
+def release_state_dir(claim: StateClaim) -> None:
+    """Removes the claim if it is still this run's (the application ended)."""
+    try:
+        fs, root = _filesystem(claim.state_dir)
+        path = f"{root}/{OWNER_FILE}"
+        owner = _read_owner(fs, path)
+        if owner is not None and owner.get("run_id") == claim.run_id:
+            fs.delete_file(path)
+    except OSError as exc:
+        _LOGGER.warning("could not release the claim on STATE_DIR %s: %s", claim.state_dir, exc)
+
+
+def _filesystem(state_dir: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in state_dir:
+        fs, path = pafs.FileSystem.from_uri(state_dir)
+        return fs, path.rstrip("/")
+    return pafs.LocalFileSystem(), os.path.abspath(state_dir)
+
+
+def _read_owner(fs: pafs.FileSystem, path: str) -> dict[str, object] | None:
+    try:
+        with fs.open_input_stream(path) as stream:
+            owner = json.loads(stream.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _LOGGER.warning("state folder owner file %s is unreadable (%s): treated as unowned",
+                        path, exc)
+        return None
+    return owner if isinstance(owner, dict) else None
+
+
+def _write_owner(fs: pafs.FileSystem, path: str, record: dict[str, object]) -> None:
+    data = json.dumps(record).encode()
+    if isinstance(fs, pafs.LocalFileSystem):
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(path + ".tmp", path)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def _alive(owner: dict[str, object]) -> bool:
+    """Whether the owning master still runs; a master on another host is assumed alive."""
+    if owner.get("host") != socket.gethostname():
+        return True
+    try:
+        pid = int(owner.get("pid", 0))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
