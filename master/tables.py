@@ -127,13 +127,15 @@ def container_rows(containers: Iterable[client_pb2.ContainerInfo], now_ms: int
                    ) -> list[list[str]]:
     rows = []
     for c in containers:
+        measured = c.heartbeats and c.state != "KILLED"  # a dead process has no current figures
         gc = (f"{c.gc_collection_count} / {c.gc_collection_time_ms} ms"
               if c.heartbeats else "-")
         rows.append([
             c.id, c.application_id, c.state, c.process_name or "-",
             c.buffer_server_address or "-", ",".join(str(i) for i in c.operator_ids) or "-",
-            f"{c.cpu_percent:.1f}" if c.heartbeats else "-", format_mb(c.memory_rss_mb),
-            format_mb(c.memory_mb_free), gc, str(c.heartbeats),
+            f"{c.cpu_percent:.1f}" if measured else "-",
+            format_mb(c.memory_rss_mb) if measured else "-",
+            format_mb(c.memory_mb_free) if measured else "-", gc, str(c.heartbeats),
             format_ago(c.last_heartbeat_ms, now_ms), _container_diagnostics(c),
         ])
     return rows

@@ -9,6 +9,7 @@ import re
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from operators.durable import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
@@ -104,7 +105,7 @@ class ConsoleSink(_WindowBuffer):
         if self.sort_by is not None:
             shown = shown.sort_by([(self.sort_by, self._order)])
         shown = shown.slice(0, self.limit)
-        header = f"window {format_window_id(self.window_id)}"
+        header = f"window {format_window_id(_rows_window(table, self.window_id))}"
         if self.title:
             header = f"{self.title} | {header}"
         more = f", first {shown.num_rows}" if shown.num_rows < table.num_rows else ""
@@ -135,6 +136,15 @@ class ConsoleSink(_WindowBuffer):
         summed = part.group_by(key).aggregate([(value, "sum")])
         self.totals = summed.rename_columns([value if n == f"{value}_sum" else n
                                              for n in summed.column_names])
+
+
+def _rows_window(table: pa.Table, default: int) -> int:
+    """The window the rows say they belong to (a ``window_id`` column with one value, as
+    upstream application windows write it), else the window they arrived in."""
+    if "window_id" not in table.column_names:
+        return default
+    ids = pc.unique(table.column("window_id"))
+    return int(ids[0].as_py()) if len(ids) == 1 and ids[0].is_valid else default
 
 
 def _format(table: pa.Table) -> str:

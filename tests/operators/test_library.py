@@ -273,3 +273,12 @@ def test_event_generator_batches_are_the_emitted_events() -> None:
                                         summed["value_sum"].to_pylist(),
                                         summed["key_count"].to_pylist(), strict=True)}
     assert got == gen.expected_counts()
+
+
+def test_console_sink_header_names_the_window_its_rows_belong_to(capsys) -> None:
+    sink = ConsoleSink(title="counts")
+    start(sink)
+    rows = pa.record_batch({"word": ["a"], "count": [3], "window_id": [wid(4)]})
+    run_window(sink, Emitted(), wid(5), [rows])  # an application window of wid(4) ends in 5
+    assert capsys.readouterr().out.splitlines()[0] == \
+        f"-- counts | window {format_window_id(wid(4))} -- 1 rows"
