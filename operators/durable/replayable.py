@@ -15,6 +15,7 @@ committed window is durable downstream (Chukwa's asynchronous acknowledgements).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from operators.durable.window_log import WindowLog
@@ -23,6 +24,8 @@ from operators.windows import format_window_id
 
 __all__ = ["ReplayableSource"]
 
+_LOGGER = logging.getLogger(__name__)
+
 
 class ReplayableSource(InputOperator):
     """Base class of a source whose windows replay identically; subclasses implement
@@ -30,7 +33,9 @@ class ReplayableSource(InputOperator):
 
     The runtime's hooks are taken here (``setup``, ``begin_window``, ``emit_tuples``,
     ``end_window``, ``committed``); a subclass that overrides one calls ``super()``.
-    Needs a local ``STATE_DIR`` (the window log is kept in the operator's durable folder).
+    The window log lives in the operator's durable folder (a local ``STATE_DIR``); without
+    one the source still seeks back to its checkpointed position, but a restarted source
+    cuts its windows anew (at least once, not exactly once), and it says so at setup.
     """
 
     NON_STATE: ClassVar[tuple[str, ...]] = ("_window_log", "_replay", "_limit",
@@ -60,8 +65,14 @@ class ReplayableSource(InputOperator):
 
     # -- runtime hooks -----------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
-        self._window_log = WindowLog(context.durable_dir("window-log"))
-        self._replay = self._window_log.after(context.recovered_window)
+        self._window_log: WindowLog | None = None
+        self._replay: dict[int, Any] = {}
+        if context.state_dir:
+            self._window_log = WindowLog(context.durable_dir("window-log"))
+            self._replay = self._window_log.after(context.recovered_window)
+        else:
+            _LOGGER.warning("operator %s: no local state folder, so no window log: after a "
+                            "restart its windows are cut anew (at least once)", context.name)
         self._limit: Any | None = None
         self._limit_read = False
         self._window_id = -1
@@ -88,12 +99,15 @@ class ReplayableSource(InputOperator):
         return self.read(self._limit)
 
     def end_window(self) -> None:
-        if self._limit is None and self._window_id >= 0:
-            self._window_log.save(self._window_id, self.window_record())
+        log = self.__dict__.get("_window_log")
+        if log is not None and self._limit is None and self._window_id >= 0:
+            log.save(self._window_id, self.window_record())
 
     def committed(self, window_id: int) -> None:
         self.release(window_id)
-        self._window_log.committed(window_id)
+        log = self.__dict__.get("_window_log")
+        if log is not None:
+            log.committed(window_id)
 
     def teardown(self) -> None:
         log = self.__dict__.get("_window_log")

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators.durable.replayable import ReplayableSource
 from operators.operator import InputOperator, OperatorContext
 from operators.ports import OutputPort
 
@@ -29,13 +30,14 @@ EVENT_SCHEMA = pa.schema([
 _READ_BYTES = 1 << 20
 
 
-class TextFileSource(InputOperator):
+class TextFileSource(ReplayableSource):
     """Emits the lines of a UTF-8 text file, then ends the stream (a bounded source).
 
     Use it for demos and batch-like jobs over a file. Lines lose their line break
     (``\\n`` or ``\\r\\n``). The read position (``position``, a byte offset, and
-    ``line_number``, lines emitted) is the operator's state: a restored operator resumes
-    after the last line it emitted.
+    ``line_number``, lines emitted) is the operator's state, and each window's byte range
+    is logged (``ReplayableSource``): a restored operator re-reads exactly the windows
+    after its checkpoint, then carries on.
 
     Args:
         path: the file (made absolute when the operator is built).
@@ -51,7 +53,9 @@ class TextFileSource(InputOperator):
 
     output = OutputPort(LINE_SCHEMA)
 
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_file", "_buffer", "_newlines", "_eof")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_file", "_buffer",
+                                            "_newlines", "_next_nl", "_start", "_eof",
+                                            "_window_start")
 
     def __init__(self, path: str | os.PathLike[str], lines_per_window: int | None = None,
                  batch_lines: int = 10_000) -> None:
@@ -77,11 +81,19 @@ class TextFileSource(InputOperator):
         self._file = open(self.path, "rb")  # noqa: SIM115 - kept open across windows
         self._file.seek(self.position)
         self._reset_buffer()
+        super().setup(context)
 
     def begin_window(self, window_id: int) -> None:
         self._window_lines = 0
+        self._window_start = self.position
+        super().begin_window(window_id)
 
-    def emit_tuples(self) -> bool:
+    def window_record(self) -> list[int]:
+        return [self._window_start, self.position]
+
+    def read(self, limit: list[int] | None) -> bool:
+        if limit is not None:
+            return self._read_range(*limit)
         want = self.batch_lines
         if self.lines_per_window is not None:
             want = min(want, self.lines_per_window - self._window_lines)
@@ -100,6 +112,7 @@ class TextFileSource(InputOperator):
         if self._file is not None:
             self._file.close()
             self._file = None
+        super().teardown()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -111,6 +124,28 @@ class TextFileSource(InputOperator):
         self.__dict__.update(state)
         self._file = None
         self._reset_buffer()
+
+    def _read_range(self, start: int, end: int) -> bool:
+        """Re-reads bytes ``start..end`` (a replayed window) and emits their lines."""
+        if self._file is None:
+            raise RuntimeError("TextFileSource: setup() was not called")
+        if start != self.position:
+            raise RuntimeError(f"TextFileSource: the window log replays bytes {start}..{end} "
+                               f"of {self.path} but the read position is {self.position}")
+        self._file.seek(start)
+        data = self._file.read(end - start)
+        if len(data) != end - start:
+            raise RuntimeError(f"TextFileSource: {self.path} is shorter than when this window "
+                               f"was first read (bytes {start}..{end}); it must not change")
+        self._reset_buffer()
+        if data:
+            lines = _lines(data, self.path, self.line_number)
+            for offset in range(0, len(lines), self.batch_lines):
+                self.output.emit(pa.record_batch([lines.slice(offset, self.batch_lines)],
+                                                 schema=LINE_SCHEMA))
+            self.line_number += len(lines)
+        self.position = end
+        return True
 
     # -- reading -----------------------------------------------------------------------
     def _reset_buffer(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from container.operator_state import capture, restore
 from operators.durable import CorruptLog
-from operators.library import DirectorySource, FileSink
+from operators.library import DirectorySource, FileSink, TextFileSource
 from operators.operator import Operator, OperatorContext
 from tests.operators.test_library import Emitted, run_window, wid
 
@@ -182,3 +182,24 @@ def test_directory_source_spreads_input_over_windows_with_bytes_per_window(tmp_p
     windows = lines_by_window(emitted)
     assert all(1 <= len(lines) <= 3 for lines in windows.values())  # 12-byte lines, 30 bytes
     assert sum(len(lines) for lines in windows.values()) == 15
+
+
+def test_text_file_source_replays_identical_windows_after_a_restore(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("".join(f"line {i}\n" for i in range(500)))
+    src = TextFileSource(book, batch_lines=7)
+    emitted = started(src, tmp_path / "state")
+    source_window(src, emitted, 1, calls=3)
+    checkpoint = capture(src)
+    for counter in range(2, 6):
+        source_window(src, emitted, counter, calls=1 + counter % 3)  # uneven windows
+    first_run = lines_by_window(emitted)
+
+    again = restore(TextFileSource(book), checkpoint)
+    replayed = started(again, tmp_path / "state", recovered=wid(1))
+    for counter in range(2, 6):
+        source_window(again, replayed, counter, calls=9)
+    assert lines_by_window(replayed) == {w: ls for w, ls in first_run.items() if w > wid(1)}
+    source_window(again, replayed, 6, calls=200)  # then it reads on from where it was
+    assert sum(len(ls) for w, ls in lines_by_window(replayed).items()) + len(
+        first_run[wid(1)]) == 500
