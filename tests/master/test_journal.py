@@ -1,0 +1,74 @@
+"""The master's journal: newest value per key, compaction, torn and corrupt records."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from master.journal import Journal
+from operators.durable import CorruptLog
+
+
+def segments(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.endswith(".log"))
+
+
+def test_the_newest_value_of_each_key_survives_reopening(tmp_path):
+    journal = Journal(str(tmp_path))
+    for i in range(5):
+        journal.put("app-0001", f"state {i}".encode())
+    journal.put("app-0002", b"other")
+    journal.put("gone", b"x")
+    journal.delete("gone")
+    journal.close()
+    assert Journal(str(tmp_path)).load() == {"app-0001": b"state 4", "app-0002": b"other"}
+
+
+def test_compaction_keeps_the_state_and_drops_old_segments(tmp_path):
+    journal = Journal(str(tmp_path), segment_bytes=512, compact_ratio=2)
+    for i in range(400):
+        journal.put(f"app-{i % 3}", f"state {i}".encode() * 5)
+    assert journal.compactions > 0
+    assert len(segments(tmp_path)) <= 4
+    assert Journal(str(tmp_path), segment_bytes=512).load() == {
+        f"app-{k}": f"state {i}".encode() * 5 for k, i in ((0, 399), (1, 397), (2, 398))}
+
+
+def test_a_crash_during_compaction_leaves_a_usable_state(tmp_path):
+    journal = Journal(str(tmp_path))
+    journal.put("a", b"1")
+    journal.put("b", b"2")
+    journal.put("a", b"3")
+    # compaction wrote its snapshot segment, then the process died before deleting the old
+    journal._log.roll()
+    journal._log.append(b"\x01\x00\x00\x00\x00a3")
+    journal._log.sync()
+    assert Journal(str(tmp_path)).load() == {"a": b"3", "b": b"2"}
+
+
+def test_a_torn_last_record_is_cut_off_and_the_rest_loads(tmp_path, caplog):
+    journal = Journal(str(tmp_path))
+    journal.put("app-0001", b"acknowledged")
+    journal.put("app-0001", b"being written when the master died")
+    journal.close()
+    path = tmp_path / segments(tmp_path)[-1]
+    path.write_bytes(path.read_bytes()[:-7])
+    with caplog.at_level(logging.WARNING):
+        assert Journal(str(tmp_path)).load() == {"app-0001": b"acknowledged"}
+    assert "torn last record" in caplog.text
+
+
+def test_a_corrupt_record_in_the_middle_stops_with_the_file_and_offset(tmp_path):
+    journal = Journal(str(tmp_path))
+    for i in range(3):
+        journal.put("app-0001", f"state {i}".encode())
+    journal.close()
+    path = tmp_path / segments(tmp_path)[-1]
+    data = bytearray(path.read_bytes())
+    data[8 + 8 + 3] ^= 0x40  # inside the first record's payload
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptLog) as info:
+        Journal(str(tmp_path))
+    assert info.value.path == str(path) and info.value.offset == 8
