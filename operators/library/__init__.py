@@ -9,6 +9,7 @@ from operators.library.directory import DirectorySource
 from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
+from operators.library.tcp import TcpLineSource
 from operators.library.transforms import Tokenize, WindowedCount
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "EventGenerator",
     "FileSink",
     "PostgresSink",
+    "TcpLineSource",
     "TextFileSource",
     "Tokenize",
     "WindowedCount",
