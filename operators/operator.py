@@ -162,6 +162,12 @@ class InputOperator(Operator):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement emit_tuples()")
 
+    def first_window(self) -> int | None:
+        """The window to start at when there is no checkpoint, or None to start at the
+        current window. A source that logged its windows before it was lost, before
+        any checkpoint, returns the first logged one so they replay (after ``setup``)."""
+        return None
+
 
 def _class_ports(cls: type) -> dict[str, InputPort | OutputPort]:
     ports: dict[str, InputPort | OutputPort] = {}

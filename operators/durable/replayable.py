@@ -77,6 +77,10 @@ class ReplayableSource(InputOperator):
         self._limit_read = False
         self._window_id = -1
 
+    def first_window(self) -> int | None:
+        replay = self.__dict__.get("_replay") or {}
+        return next(iter(replay), None)
+
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id
         replay = self.__dict__.get("_replay") or {}

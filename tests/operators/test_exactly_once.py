@@ -203,3 +203,18 @@ def test_text_file_source_replays_identical_windows_after_a_restore(tmp_path):
     source_window(again, replayed, 6, calls=200)  # then it reads on from where it was
     assert sum(len(ls) for w, ls in lines_by_window(replayed).items()) + len(
         first_run[wid(1)]) == 500
+
+
+def test_a_source_lost_before_its_first_checkpoint_replays_from_its_first_logged_window(
+        tmp_path, inbox):
+    src = DirectorySource(inbox, bytes_per_window=50)
+    emitted = started(src, tmp_path / "state")
+    assert src.first_window() is None  # nothing logged: start at the current window
+    for counter in range(7, 10):
+        source_window(src, emitted, counter)
+    again = DirectorySource(inbox, bytes_per_window=50)  # no checkpoint: the initial state
+    replayed = started(again, tmp_path / "state")
+    assert again.first_window() == wid(7)
+    for counter in range(7, 10):
+        source_window(again, replayed, counter)
+    assert lines_by_window(replayed) == lines_by_window(emitted)
