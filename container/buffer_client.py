@@ -4,6 +4,7 @@ An input port pulls its upstream stream with ``Subscription`` (or ``subscribe``)
 messages of every window after ``from_window``, in order, then new ones as the publisher
 emits them, ending after ``END_STREAM``. ``Subscription.close()`` cancels the Flight call
 from any thread, so a runtime can stop a subscriber thread that is blocked waiting.
+A container's buffer server wants the master's secret on every call: pass ``secret``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from container.control import Kind, Message, from_envelope
 __all__ = ["BufferServerUnavailable", "Subscription", "subscribe"]
 
 _LOGGER = logging.getLogger(__name__)
+
+AUTH_HEADER = b"authorization"
 
 
 class BufferServerUnavailable(ConnectionError):
@@ -38,14 +41,21 @@ class Subscription:
     also where connection errors surface. ``timeout_s`` bounds the whole subscription
     (a gRPC deadline): past it, iteration raises ``TimeoutError``; None waits forever.
 
+    ``secret`` (the master's) goes with the call; ``tls_root_certs`` (PEM) makes it a TLS
+    call trusting them.
+
     Raises (while iterating):
         BufferServerUnavailable: the server is unreachable, or closed the stream
             without END_STREAM (it shut down).
         TimeoutError: ``timeout_s`` elapsed before END_STREAM.
+        pyarrow.flight.FlightUnauthenticatedError: the server refused the secret.
     """
 
     def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, *, secret: str | None = None,
+                 tls_root_certs: bytes | None = None) -> None:
+        self.secret = secret
+        self.tls_root_certs = tls_root_certs
         self.host = host
         self.port = port
         self.stream_id = stream_id
@@ -96,8 +106,13 @@ class Subscription:
     def _open(self) -> tuple[flight.FlightClient, flight.FlightStreamReader] | None:
         ticket = flight.Ticket(json.dumps(
             {"stream": self.stream_id, "from_window": self.from_window}).encode())
-        options = flight.FlightCallOptions(timeout=self.timeout_s)
-        client = flight.FlightClient(f"grpc+tcp://{self.host}:{self.port}")
+        headers = [(AUTH_HEADER, f"Bearer {self.secret}".encode())] if self.secret else []
+        options = flight.FlightCallOptions(timeout=self.timeout_s, headers=headers)
+        if self.tls_root_certs is None:
+            client = flight.FlightClient(f"grpc+tcp://{self.host}:{self.port}")
+        else:
+            client = flight.FlightClient(f"grpc+tls://{self.host}:{self.port}",
+                                         tls_root_certs=self.tls_root_certs)
         try:
             reader = client.do_get(ticket, options)
         except flight.FlightError as exc:
@@ -151,10 +166,12 @@ class Subscription:
 
 
 def subscribe(host: str, port: int, stream_id: str, from_window: int = -1,
-              timeout_s: float | None = None) -> Iterator[Message]:
+              timeout_s: float | None = None, *, secret: str | None = None,
+              tls_root_certs: bytes | None = None) -> Iterator[Message]:
     """The messages of ``stream_id`` after window ``from_window``, ending after END_STREAM.
 
     See ``Subscription`` for errors and ``timeout_s``; use a ``Subscription`` directly to
     cancel from another thread.
     """
-    return iter(Subscription(host, port, stream_id, from_window, timeout_s))
+    return iter(Subscription(host, port, stream_id, from_window, timeout_s, secret=secret,
+                             tls_root_certs=tls_root_certs))

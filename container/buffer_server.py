@@ -5,7 +5,9 @@ One per container. Publishers live in the same process and append messages direc
 ``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``. A subscription first
 receives every retained message of the windows after ``from_window``, in order, then
 stays open and receives new messages as they are published (long poll), until
-``END_STREAM`` or the server closes.
+``END_STREAM`` or the server closes. Every Flight call must carry the master's secret
+(``authorization: Bearer <secret>``): a stream is the application's data, and nobody
+else may read it. TLS is optional.
 
 Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to the
 committed window. Each stream is addressed by absolute sequence numbers, so purging the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import hmac
 import json
 import logging
 import os
@@ -40,6 +43,7 @@ from container.control import ENVELOPE_SCHEMA, Kind, Message, to_envelope
 from container.spill import Budget, SpillStore, read_block
 
 __all__ = [
+    "AUTH_HEADER",
     "LATEST_WINDOW",
     "DISK_BUDGET_BYTES",
     "MAX_BLOCK_BYTES",
@@ -71,6 +75,9 @@ _POLL_S = 0.2
 
 _SHUTDOWN_WAIT_S = 2.0
 """How long ``close()`` waits for gRPC to finish open calls before leaving it to a thread."""
+
+AUTH_HEADER = "authorization"
+"""Subscribers send ``authorization: Bearer <secret>`` with every Flight call."""
 
 
 class PublishAborted(RuntimeError):
@@ -480,11 +487,29 @@ class Publisher:
         self.messages_published += 1
 
 
+class _SecretCheck(flight.ServerMiddlewareFactory):
+    """Refuses every Flight call (``do_get``, ``list_flights``, any) without the secret."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._expected = f"Bearer {secret}".encode()
+
+    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> None:
+        for value in headers.get(AUTH_HEADER, ()):
+            if isinstance(value, str) and hmac.compare_digest(value.encode(), self._expected):
+                return None
+        raise flight.FlightUnauthenticatedError(
+            "this buffer server needs the master's secret on every call")
+
+
 class _FlightService(flight.FlightServerBase):
     """The Flight face of a ``BufferServer``: ``do_get`` only."""
 
-    def __init__(self, owner: BufferServer, location: str) -> None:
-        super().__init__(location)
+    def __init__(self, owner: BufferServer, location: str, secret: str | None,
+                 tls: tuple[bytes, bytes] | None) -> None:
+        super().__init__(
+            location, middleware={"auth": _SecretCheck(secret)} if secret else None,
+            tls_certificates=[flight.CertKeyPair(cert=tls[0], key=tls[1])] if tls else None)
         self._owner = owner
 
     def do_get(self, context: flight.ServerCallContext,
@@ -527,6 +552,9 @@ class BufferServer:
             system's temporary folder if None); the spill folder is removed at close.
         block_bytes: payload bytes per spill file (default: an eighth of the memory
             budget, at most ``MAX_BLOCK_BYTES``).
+        secret: the master's secret, required on every call; None accepts anyone (for
+            in-process tests: a container always passes its master's secret).
+        tls: serve TLS with this (certificate, private key), PEM; plaintext if None.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -534,7 +562,8 @@ class BufferServer:
                  memory_budget_bytes: int = MEMORY_BUDGET_BYTES,
                  disk_budget_bytes: int = DISK_BUDGET_BYTES,
                  spill_dir: str | os.PathLike[str] | None = None,
-                 block_bytes: int | None = None) -> None:
+                 block_bytes: int | None = None, secret: str | None = None,
+                 tls: tuple[bytes, bytes] | None = None) -> None:
         if memory_budget_bytes < 0 or disk_budget_bytes < 0:
             raise ValueError("buffer-server budgets must not be negative")
         if block_bytes is not None and block_bytes <= 0:
@@ -542,6 +571,8 @@ class BufferServer:
         self._host = host
         self._port = port
         self._max_envelope_bytes = max_envelope_bytes
+        self._secret = secret
+        self._tls = tls
         self._budget = Budget(memory_budget_bytes, disk_budget_bytes)
         self._store = SpillStore(spill_dir)
         self._block_bytes = block_bytes or max(1, min(memory_budget_bytes // 8,
@@ -559,7 +590,9 @@ class BufferServer:
             if self._closed.is_set():
                 raise RuntimeError("buffer server already closed")
             if self._service is None:
-                self._service = _FlightService(self, f"grpc+tcp://{self._host}:{self._port}")
+                scheme = "grpc+tls" if self._tls else "grpc+tcp"
+                self._service = _FlightService(self, f"{scheme}://{self._host}:{self._port}",
+                                               self._secret, self._tls)
                 self._port = self._service.port
                 self._started = True
                 _LOGGER.info("buffer server listening on %s:%d", self._host, self._port)

@@ -74,12 +74,17 @@ class Deployment:
         start_window_millis: the application's first window time.
         base_attributes: the application's resolved attributes (from the init context).
         on_change: called when any operator changes state.
+        secret: the master's secret, which other containers' buffer servers want.
+        tls_root_certs: subscribe over TLS trusting these PEM certificates.
     """
 
     def __init__(self, application_id: str, container_id: str, buffer_server: BufferServer,
                  spark: SparkSessionBridge, start_window_millis: int,
-                 base_attributes: dict[str, str], on_change: Callable[[], None]) -> None:
+                 base_attributes: dict[str, str], on_change: Callable[[], None], *,
+                 secret: str | None = None, tls_root_certs: bytes | None = None) -> None:
         self.container_id = container_id
+        self.secret = secret
+        self.tls_root_certs = tls_root_certs
         self.buffer_server = buffer_server
         self.spark = spark
         self.start_window_millis = start_window_millis
@@ -109,8 +114,9 @@ class Deployment:
             # AT_MOST_ONCE restarts skip what they missed; otherwise replay after the checkpoint
             at_most_once = resume >= 0 and attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE"
             inputs = {
-                i.port_name: PortInput(i.port_name, self._subscriber(i), capacity, stopped,
-                                       from_window=LATEST_WINDOW if at_most_once else resume)
+                i.port_name: PortInput(
+                    i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),
+                    capacity, stopped, from_window=LATEST_WINDOW if at_most_once else resume)
                 for i in info.inputs
             }
             publishers = {  # windows after the checkpoint are published again
@@ -156,7 +162,8 @@ class Deployment:
         return operator
 
     @staticmethod
-    def _subscriber(info: plan_pb2.InputDeployInfo):
+    def _subscriber(info: plan_pb2.InputDeployInfo, secret: str | None = None,
+                    tls_root_certs: bytes | None = None):
         ended = info.context_attributes.get("UPSTREAM_END_WINDOW")
 
         def subscribe(from_window: int):
@@ -164,7 +171,8 @@ class Deployment:
                 return iter([Message(Kind.END_STREAM, int(ended))]), lambda: None
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
-                                        from_window=from_window)
+                                        from_window=from_window, secret=secret,
+                                        tls_root_certs=tls_root_certs)
             return subscription, subscription.close
         return subscribe
 

@@ -1,16 +1,21 @@
 """The container process: join the master, serve a buffer server, run operators until told to stop.
 
 Started by the master's launcher as ``python -m container --master HOST:PORT --id ID``
-(or by hand as ``weir container ...``).
+(or by hand as ``weir container ...``). The master's secret comes in the environment
+(``WEIR_SECRET``, never on the command line, which ``ps`` shows everyone) or from
+``--secret-file``; TLS files from ``WEIR_TLS_CERT``/``WEIR_TLS_KEY`` (this container's
+buffer server) and ``WEIR_TLS_CA`` (what it trusts: the master, other buffer servers).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import grpc
 
@@ -26,6 +31,50 @@ __all__ = ["main"]
 
 _LOGGER = logging.getLogger("container")
 
+SECRET_ENV = "WEIR_SECRET"
+TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"
+
+
+class _Credentials:
+    """The master's secret and this container's TLS material, read once at start."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.secret = (_read_secret(args.secret_file) if args.secret_file
+                       else os.environ.get(SECRET_ENV, "").strip())
+        if not self.secret:
+            raise ValueError(f"no secret for master {args.master}: set {SECRET_ENV} or pass "
+                             "--secret-file (`weir container` finds the secret of a master "
+                             "on this machine)")
+        # Operators and Spark's processes need not see it.
+        os.environ.pop(SECRET_ENV, None)
+        cert, key = args.tls_cert or None, args.tls_key or None
+        if bool(cert) != bool(key):
+            raise ValueError("TLS needs both a certificate and a key "
+                             f"({TLS_CERT_ENV}, {TLS_KEY_ENV})")
+        self.server_tls = (_read(cert), _read(key)) if cert and key else None
+        ca = args.tls_ca or cert
+        self.tls_root_certs = _read(ca) if ca else None
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _read_secret(path: str) -> str:
+    """A master's secret file (JSON with ``secret``) or a file holding just the secret."""
+    text = _read(path).decode().strip()
+    if text.startswith("{"):
+        try:
+            text = str(json.loads(text).get("secret") or "")
+        except (ValueError, AttributeError):
+            pass
+    if not text:
+        raise ValueError(f"secret file {path} holds no secret")
+    return text
+
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="weir container",
@@ -35,6 +84,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="the container id the master assigned")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address the buffer server binds and advertises")
+    parser.add_argument("--secret-file", metavar="FILE",
+                        help=f"the master's secret (default: ${SECRET_ENV})")
+    parser.add_argument("--tls-cert", default=os.environ.get(TLS_CERT_ENV), metavar="PEM",
+                        help=f"serve the buffer server over TLS (default: ${TLS_CERT_ENV})")
+    parser.add_argument("--tls-key", default=os.environ.get(TLS_KEY_ENV), metavar="PEM",
+                        help=f"the certificate's key (default: ${TLS_KEY_ENV})")
+    parser.add_argument("--tls-ca", default=os.environ.get(TLS_CA_ENV), metavar="PEM",
+                        help="talk TLS to the master and other buffer servers, trusting these "
+                             f"(default: ${TLS_CA_ENV}, else --tls-cert)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     return parser.parse_args(argv)
 
@@ -48,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"weir container: error: bad master address {args.master!r}: expected HOST:PORT",
               file=sys.stderr)
         return 2
-    client = UmbilicalClient(args.master, retry_window_s=30.0)
+    try:
+        credentials = _Credentials(args)
+    except ValueError as exc:
+        print(f"weir container: error: {exc}", file=sys.stderr)
+        return 2
+    client = UmbilicalClient(args.master, retry_window_s=30.0, secret=credentials.secret,
+                             tls_root_certs=credentials.tls_root_certs)
     try:
         context = client.get_init_context(args.container_id)
     except MasterUnreachable as exc:
@@ -60,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     attributes = dict(context.attributes)
     client.retry_window_s = max(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000, 5.0)
-    buffer_server = BufferServer(host=args.host, port=0)
+    buffer_server = BufferServer(host=args.host, port=0, secret=credentials.secret,
+                                 tls=credentials.server_tls)
     buffer_server.start()
     spark = SparkSessionBridge.from_attributes(
         {name: resolve(name, attributes)
@@ -71,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     loop: HeartbeatLoop | None = None
     deployment = Deployment(context.application_id, args.container_id, buffer_server, spark,
                             context.start_window_millis, attributes,
-                            on_change=lambda: loop.wake() if loop else None)
+                            on_change=lambda: loop.wake() if loop else None,
+                            secret=credentials.secret,
+                            tls_root_certs=credentials.tls_root_certs)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,
                          buffer_server.address, context.heartbeat_interval_millis)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())

@@ -1,4 +1,5 @@
-"""The container's side of the umbilical: gRPC calls with deadlines and retry with backoff."""
+"""The container's side of the umbilical: gRPC calls with deadlines and retry with backoff,
+each carrying the master's secret."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ __all__ = ["MasterUnreachable", "UmbilicalClient"]
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-# Deploy requests carry pickled operators: allow large messages; never go through a proxy.
+# Deploy requests carry pickled operators: allow large answers; never go through a proxy.
+# (The master refuses requests above its own limits, with a message naming them.)
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.enable_http_proxy", 0),
 ]
+AUTH_HEADER = "authorization"
+"""The master wants ``authorization: Bearer <secret>`` on every call (``master.auth``)."""
 
 
 class MasterUnreachable(ConnectionError):
@@ -35,14 +39,23 @@ class UmbilicalClient:
         address: the master's ``host:port``.
         call_timeout_s: deadline of one call.
         retry_window_s: how long a call keeps retrying an unreachable master before giving up.
+        secret: the master's secret, sent with every call (a master refuses calls without).
+        tls_root_certs: talk TLS, trusting these PEM certificates; plaintext if None.
     """
 
     def __init__(self, address: str, *, call_timeout_s: float = 5.0,
-                 retry_window_s: float = 30.0) -> None:
+                 retry_window_s: float = 30.0, secret: str | None = None,
+                 tls_root_certs: bytes | None = None) -> None:
         self.address = address
         self.call_timeout_s = call_timeout_s
         self.retry_window_s = retry_window_s
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._metadata = ((AUTH_HEADER, f"Bearer {secret}"),) if secret else ()
+        if tls_root_certs is None:
+            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=tls_root_certs),
+                options=_CHANNEL_OPTIONS)
         self._stub = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(self._channel)
 
     def _call(self, what: str, fn: Callable[..., _T], request: object) -> _T:
@@ -50,7 +63,7 @@ class UmbilicalClient:
         delay_s = 0.1
         while True:
             try:
-                return fn(request, timeout=self.call_timeout_s)
+                return fn(request, timeout=self.call_timeout_s, metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code not in _RETRYABLE or time.monotonic() + delay_s > deadline:

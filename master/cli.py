@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from master import tables
+from master import auth, tables
 from master.client import WeirClient, WeirClientError, default_master, parse_address
 from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
@@ -40,7 +40,7 @@ _LOGGER = logging.getLogger(__name__)
 
 _USER_ERRORS = (WeirClientError, AppLoadError, DagError, PlanError, InvalidAttribute,
                 MasterError, MasterStartError, OSError, ValueError, TimeoutError)
-_VALUE_OPTIONS = {"--master", "--config", "-D", "--timeout"}
+_VALUE_OPTIONS = {"--master", "--config", "-D", "--timeout", "--secret-file", "--tls-ca"}
 
 
 class ConfigError(ValueError):
@@ -121,23 +121,36 @@ def _print_json(value: Message | dict[str, Any]) -> None:
 
 
 def _client(args: argparse.Namespace) -> WeirClient:
-    return WeirClient(args.master, timeout_s=args.timeout)
+    return WeirClient(args.master, timeout_s=args.timeout, secret_file=args.secret_file,
+                      tls_ca=args.tls_ca)
+
+
+def _tls(args: argparse.Namespace) -> auth.TlsFiles | None:
+    return auth.TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
 
 
 # -- commands ---------------------------------------------------------------------------
 def _cmd_master(args: argparse.Namespace) -> int:
     factory = launcher_factory(args.launcher, **({"log_dir": args.log_dir}
                                                  if args.launcher == "local" else {}))
-    server = MasterServer(args.host, args.port, factory)
+    secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
+              else os.environ.get(auth.SECRET_ENV) or None)
+    server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
                                                                       signal.SIGTERM)}
     try:
         address = server.start()
+        secret_file = str(server.secret_file or "")
         if args.json:
-            _print_json({"address": address})
+            _print_json({"address": address, "secret_file": secret_file,
+                         "tls": server.tls is not None})
         else:
             print(address)
+            print(f"weir: the master's secret is in {secret_file} (mode 0600): `weir` finds "
+                  f"it on this machine; elsewhere set {auth.SECRET_ENV} or pass --secret-file"
+                  if secret_file else f"weir: clients need the master's secret: set "
+                  f"{auth.SECRET_ENV} or pass --secret-file", file=sys.stderr)
         sys.stdout.flush()
         while not stop.wait(0.5):
             pass
@@ -168,7 +181,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     def factory(address: str) -> LocalProcessLauncher:
         return LocalProcessLauncher(address, log_dir=log_dir)
 
-    server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000)
+    server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000,
+                          tls=_tls(args))
     app_id = ""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -348,7 +362,22 @@ def _common() -> argparse.ArgumentParser:
                              "wins over --config")
     common.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
                         help="submit/run: a file of NAME=VALUE lines; wins over the DAG's code")
+    common.add_argument("--secret-file", default=argparse.SUPPRESS, metavar="FILE",
+                        help="the master's secret (default: $WEIR_SECRET, else the file a "
+                             "master on this machine wrote); master: use it, not a new one")
+    common.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM",
+                        help="talk TLS to the master, trusting these certificates (default: "
+                             "$WEIR_TLS_CA); master/run: what containers and clients trust "
+                             "(default: --tls-cert, for a self-signed certificate)")
     return common
+
+
+def _tls_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-cert", metavar="PEM",
+                        help="serve TLS with this certificate (default: $WEIR_TLS_CERT); "
+                             "containers serve their buffer servers with it too")
+    parser.add_argument("--tls-key", metavar="PEM",
+                        help="the certificate's private key (default: $WEIR_TLS_KEY)")
 
 
 def _attribute_options(parser: argparse.ArgumentParser) -> None:
@@ -374,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--launcher", default="local", choices=launcher_names(),
                    help="how containers start (recording: start none; run them by hand)")
+    _tls_options(p)
     sub.add_parser("container", help="run a container (python -m container ...)",
                    add_help=False)
     p = command("submit", _cmd_submit, "submit an application to a running master")
@@ -384,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--run-timeout", type=float, metavar="S",
                    help="stop the application if it has not ended after S seconds")
+    _tls_options(p)
     command("apps", _cmd_apps, "list the applications")
     p = command("containers", _cmd_containers, "list the containers")
     p.add_argument("--app", metavar="APP_ID", help="only this application's")
@@ -419,15 +450,34 @@ def _split_command(argv: list[str]) -> tuple[list[str], str, list[str]]:
     return argv, "", []
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in ``argv``, if there."""
+    value = next((argv[i + 1] for i, t in enumerate(argv[:-1]) if t == name), None)
+    return value or next((t.split("=", 1)[1] for t in argv if t.startswith(name + "=")), None)
+
+
 def _exec_container(head: list[str], tail: list[str]) -> int:
-    """``weir container ...`` is ``python -m container ...`` (the master never imports it)."""
-    master = next((head[i + 1] for i, t in enumerate(head[:-1]) if t == "--master"), None)
-    master = master or next((t.split("=", 1)[1] for t in head if t.startswith("--master=")),
-                            None)
-    if not any(t == "--master" or t.startswith("--master=") for t in tail):
-        tail = ["--master", master or default_master(), *tail]
+    """``weir container ...`` is ``python -m container ...`` (the master never imports it).
+
+    The master's secret goes to the container in its environment (never its command
+    line): ``--secret-file`` is passed on as it is, else ``$WEIR_SECRET`` is, else the
+    secret file of a master on this machine (``auth.client_credentials``) is read here.
+    """
+    master = _option(tail, "--master") or _option(head, "--master") or default_master()
+    if _option(tail, "--master") is None:
+        tail = ["--master", master, *tail]
     if any(t in ("-v", "--verbose") or t.startswith("-vv") for t in head):
         tail = [*tail, "-v"]
+    for name in ("--secret-file", "--tls-ca"):
+        value = _option(head, name)
+        if value is not None and _option(tail, name) is None:
+            tail = [*tail, name, value]
+    if _option(tail, "--secret-file") is None and not os.environ.get(auth.SECRET_ENV):
+        found = auth.client_credentials(master)
+        if found.secret:
+            os.environ[auth.SECRET_ENV] = found.secret
+            if found.tls_ca and _option(tail, "--tls-ca") is None:
+                os.environ.setdefault(auth.TLS_CA_ENV, str(found.tls_ca))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "container", *tail])
@@ -487,6 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.timeout = getattr(args, "timeout", 10.0)
     args.define = getattr(args, "define", None) or []
     args.config = getattr(args, "config", None)
+    args.secret_file = getattr(args, "secret_file", None)
+    args.tls_ca = getattr(args, "tls_ca", None)
     if (args.define or args.config) and args.command not in ("submit", "run"):
         return _fail(f"-D and --config apply to submit and run, not to {args.command}", 2)
     configure_logging(args.verbose)

@@ -1,4 +1,5 @@
-"""A small client of the master's client API: deadlines on every call, one-line errors.
+"""A small client of the master's client API: deadlines on every call, the master's secret
+on every call, one-line errors.
 
 >>> parse_address("localhost:5151")
 ('localhost', 5151)
@@ -9,10 +10,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
+from master import auth
 from master.rpc import GRPC_OPTIONS
 from proto import client_pb2, client_pb2_grpc, plan_pb2
 
@@ -52,21 +55,36 @@ class WeirClient:
     Args:
         address: the master's ``HOST:PORT``.
         timeout_s: deadline of each call.
+        secret, secret_file: the master's secret, or a file holding it; by default
+            ``$WEIR_SECRET``, else the secret file of a master on this machine
+            (``auth.client_credentials``).
+        tls_ca: talk TLS, trusting these certificates (PEM); by default ``$WEIR_TLS_CA``
+            or what the master's secret file names; plaintext without any.
 
     Raises:
-        WeirClientError: on a malformed address (here) or any failed call (later).
+        WeirClientError: on a malformed address or unreadable secret file (here) or any
+            failed call (later).
     """
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 10.0, secret: str | None = None,
+                 secret_file: str | Path | None = None,
+                 tls_ca: str | Path | None = None) -> None:
         host, port = parse_address(address)
         self.address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(self.address, options=GRPC_OPTIONS)
+        try:
+            self.credentials = auth.client_credentials(self.address, secret=secret,
+                                                       secret_file=secret_file, tls_ca=tls_ca)
+            self._channel = auth.open_channel(self.address, self.credentials.tls_ca,
+                                              GRPC_OPTIONS)
+        except (OSError, ValueError) as exc:
+            raise WeirClientError(str(exc)) from None
+        self._metadata = auth.bearer_metadata(self.credentials.secret)
         self._stub = client_pb2_grpc.WeirClientStub(self._channel)
 
     def _call(self, method: Callable[..., _T], request: Any) -> _T:
         try:
-            return method(request, timeout=self.timeout_s)
+            return method(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
@@ -80,6 +98,11 @@ class WeirClient:
             return WeirClientError(f"no answer from the master at {self.address} within "
                                    f"{self.timeout_s:g} s; is it running there? start one "
                                    "with `weir master` or pass --master", code)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            have = (f"the secret from {self.credentials.source} was refused"
+                    if self.credentials.secret else "no secret for it was found")
+            return WeirClientError(f"the master at {self.address} refused the call: {have}; "
+                                   f"{auth.SECRET_ENV} or --secret-file give it", code)
         return WeirClientError(details.splitlines()[0] if details else str(code), code)
 
     def submit(self, dag: plan_pb2.DagDescriptor,

@@ -17,12 +17,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
     "CONTAINER_ID_ENV",
+    "CREDENTIAL_ENV",
     "Launcher",
     "LauncherFactory",
     "LocalProcessLauncher",
@@ -38,6 +39,10 @@ _LOGGER = logging.getLogger(__name__)
 CONTAINER_ID_ENV = "WEIR_CONTAINER_ID"
 """Set in every launched container's environment: its container id (for leak checks)."""
 
+CREDENTIAL_ENV = ("WEIR_SECRET", "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA")
+"""The variables that carry the master's secret and TLS files to a container: set from
+the master's credentials, never inherited from the master's own environment."""
+
 
 class Launcher(abc.ABC):
     """Starts container processes for one master and tracks them until ``stop_all``.
@@ -45,6 +50,13 @@ class Launcher(abc.ABC):
     ``launch`` must not wait for the container to call the master: the master may hold
     its lock while launching.
     """
+
+    credential_env: Mapping[str, str] = {}
+    """What a container needs in its environment to call the master (its secret, TLS)."""
+
+    def set_credentials(self, env: Mapping[str, str]) -> None:
+        """Called by the master before any launch: hand ``env`` to every container."""
+        self.credential_env = dict(env)
 
     @abc.abstractmethod
     def launch(self, container_id: str) -> None:
@@ -109,7 +121,9 @@ class LocalProcessLauncher(Launcher):
 
     Each container gets its own process group (``start_new_session``), so killing the
     group also kills what it started (Spark's JVM). The working directory and the
-    environment are inherited; ``WEIR_CONTAINER_ID`` is added.
+    environment are inherited; ``WEIR_CONTAINER_ID`` and the master's credentials
+    (``set_credentials``: its secret, TLS files) are added, in the environment rather than
+    on the command line, which every local user can read with ``ps``.
 
     Args:
         master_address: the master's ``host:port`` the containers call.
@@ -134,7 +148,9 @@ class LocalProcessLauncher(Launcher):
         return [*self.command, "--master", self.master_address, "--id", container_id]
 
     def launch(self, container_id: str) -> None:
-        env = {**os.environ, **self.env, CONTAINER_ID_ENV: container_id}
+        env = {name: value for name, value in os.environ.items()
+               if name not in CREDENTIAL_ENV}
+        env.update({**self.env, **self.credential_env, CONTAINER_ID_ENV: container_id})
         log_file: IO[bytes] | None = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)

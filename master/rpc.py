@@ -1,4 +1,5 @@
-"""gRPC plumbing shared by the master's services, server and client: options and error mapping."""
+"""gRPC plumbing shared by the master's services, server and client: options, message-size
+limits and error mapping."""
 
 from __future__ import annotations
 
@@ -11,23 +12,104 @@ import grpc
 
 from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound
 
-__all__ = ["GRPC_OPTIONS", "MAX_MESSAGE_BYTES", "SERVER_OPTIONS", "rpc_errors"]
+__all__ = [
+    "GRPC_OPTIONS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_REQUEST_BYTES",
+    "MAX_SUBMIT_BYTES",
+    "SERVER_OPTIONS",
+    "SizeLimitInterceptor",
+    "rpc_errors",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-"""Submitted DAGs and deploy requests carry pickled operators: allow large messages."""
+"""Largest message the master sends and clients receive: heartbeat answers carry deploy
+requests with pickled operators."""
+
+MAX_SUBMIT_BYTES = 64 * 1024 * 1024
+"""Largest request the master reads: a submitted DAG with its pickled operators."""
+
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Largest request of every other call (heartbeats, logs, queries): far above a real one
+(a heartbeat of a container with dozens of operators is a few kB)."""
+
+_REQUEST_LIMITS = {"/weir.v1.WeirClient/SubmitApplication": MAX_SUBMIT_BYTES}
 
 GRPC_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SUBMIT_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_http_proxy", 0),  # the master is reached directly, never through a proxy
 ]
+"""Options of clients' channels to the master."""
 
 SERVER_OPTIONS: list[tuple[str, Any]] = [
-    *GRPC_OPTIONS,
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_SUBMIT_BYTES),  # gRPC refuses more unread
     ("grpc.so_reuseport", 0),  # a second master on a busy port must fail, not share it
 ]
+
+
+class _Oversized:
+    """Stands in for a request too large to parse; its handler refuses it."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class SizeLimitInterceptor(grpc.ServerInterceptor):
+    """Refuses, with RESOURCE_EXHAUSTED, requests above their method's limit, unparsed.
+
+    gRPC's own receive limit is one number for the whole server and must admit a large
+    submitted DAG; this holds every other call (a heartbeat above all, which the master
+    would otherwise parse and store) to ``MAX_REQUEST_BYTES``.
+    """
+
+    def __init__(self, limits: dict[str, int] | None = None,
+                 default_limit: int = MAX_REQUEST_BYTES) -> None:
+        self._limits = dict(_REQUEST_LIMITS if limits is None else limits)
+        self._default = default_limit
+        self._wrapped: dict[str, tuple[Any, Any]] = {}  # method -> (handler, wrapped)
+
+    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
+                          handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(method, handler, self._limits.get(method, self._default))
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    @staticmethod
+    def _wrap(method: str, handler: Any, limit: int) -> Any:
+        parse = handler.request_deserializer
+        behaviour = handler.unary_unary
+
+        def deserialize(raw: bytes) -> Any:
+            if len(raw) > limit:
+                return _Oversized(len(raw))
+            return parse(raw) if parse else raw
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, _Oversized):
+                _LOGGER.warning("refused %s: request of %d bytes from %s (limit %d)", method,
+                                request.nbytes, context.peer(), limit)
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{method.rsplit('/', 1)[-1]} request of {request.nbytes} bytes "
+                              f"is over the master's limit of {limit} bytes")
+            return behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            call, request_deserializer=deserialize,
+            response_serializer=handler.response_serializer)
+
 
 _CODES: list[tuple[type[MasterError], grpc.StatusCode]] = [
     (NotFound, grpc.StatusCode.NOT_FOUND),

@@ -1,6 +1,7 @@
 """The master process's server: one gRPC port for the umbilical and client services.
 
 Used by ``weir master`` (until a signal) and ``weir run`` (embedded, port 0, for one app).
+Every call must carry the master's secret (``master.auth``); TLS is optional.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ import gc
 import logging
 import socket
 import threading
+from pathlib import Path
 
 import grpc
 
+from master import auth
 from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
-from master.rpc import SERVER_OPTIONS
+from master.rpc import SERVER_OPTIONS, SizeLimitInterceptor
 from master.umbilical_service import UmbilicalService
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
 
@@ -64,13 +67,20 @@ class MasterServer:
         container_stop_grace_ms: how long containers of an ended application may linger.
         loop_interval_s: period of the liveness loop.
         max_workers: gRPC handler threads.
+        secret: what every call must carry; a fresh random one if None.
+        tls: serve over TLS with this certificate and key (containers get them too).
+        publish_secret: write the address and secret to ``auth.secret_path(port)``
+            (0600) while running, so ``weir`` on this machine finds them.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
                  launcher_factory: LauncherFactory | None = None, *,
                  clock: Clock = system_clock, stop_grace_s: float = 5.0,
                  container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
-                 max_workers: int = 16) -> None:
+                 max_workers: int = 16, secret: str | None = None,
+                 tls: auth.TlsFiles | None = None, publish_secret: bool = True) -> None:
+        if secret is not None and not secret.strip():
+            raise ValueError("the master's secret must not be empty")
         self.host = host
         self.port = port
         self.launcher_factory: LauncherFactory = launcher_factory or LocalProcessLauncher
@@ -79,6 +89,10 @@ class MasterServer:
         self.container_stop_grace_ms = container_stop_grace_ms
         self.loop_interval_s = loop_interval_s
         self.max_workers = max_workers
+        self.secret = secret.strip() if secret else auth.new_secret()
+        self.tls = tls
+        self.publish_secret = publish_secret
+        self._secret_file: Path | None = None
         self._server: grpc.Server | None = None
         self._core: MasterCore | None = None
         self._address = ""
@@ -89,6 +103,11 @@ class MasterServer:
     def address(self) -> str:
         """The bound ``host:port`` containers and clients use (empty before ``start``)."""
         return self._address
+
+    @property
+    def secret_file(self) -> Path | None:
+        """Where the running master published its secret (None if it did not)."""
+        return self._secret_file
 
     @property
     def core(self) -> MasterCore:
@@ -112,10 +131,13 @@ class MasterServer:
             server = grpc.server(
                 concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
                                                       thread_name_prefix="weir-master-rpc"),
-                options=SERVER_OPTIONS)
+                options=SERVER_OPTIONS,
+                interceptors=[auth.AuthInterceptor(self.secret), SizeLimitInterceptor()])
             self._probe_port()
+            credentials = self.tls.server_credentials() if self.tls else None
             try:
-                bound = server.add_insecure_port(f"{self.host}:{self.port}")
+                bound = (server.add_secure_port(f"{self.host}:{self.port}", credentials)
+                         if credentials else server.add_insecure_port(f"{self.host}:{self.port}"))
             except RuntimeError:
                 bound = 0
             if not bound:
@@ -123,6 +145,7 @@ class MasterServer:
             advertised = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
             self._address = f"{advertised}:{bound}"
             launcher = self.launcher_factory(self._address)
+            launcher.set_credentials(auth.container_env(self.secret, self.tls))
             core = MasterCore(launcher, clock=self.clock,
                               stop_grace_ms=self.container_stop_grace_ms,
                               loop_interval_s=self.loop_interval_s)
@@ -133,9 +156,23 @@ class MasterServer:
             server.start()
             core.start()
             self._server, self._core = server, core
-            _LOGGER.info("master listening on %s (launcher %s)", self._address,
-                         type(launcher).__name__)
+            if self.publish_secret:
+                self._publish(bound)
+            _LOGGER.info("master listening on %s%s (launcher %s)", self._address,
+                         " with TLS" if self.tls else "", type(launcher).__name__)
             return self._address
+
+    def _publish(self, port: int) -> None:
+        """Writes the secret file; without one, clients need the secret given to them."""
+        path = auth.secret_path(port)
+        try:
+            auth.write_secret_file(path, self._address, self.secret,
+                                   self.tls.trusted if self.tls else None)
+        except OSError as exc:
+            _LOGGER.warning("cannot write the secret file %s (%s); clients need %s",
+                            path, exc.strerror or exc, auth.SECRET_ENV)
+            return
+        self._secret_file = path
 
     def _probe_port(self) -> None:
         """Fails early, in one line, where gRPC would log a bind error to stderr."""
@@ -172,6 +209,8 @@ class MasterServer:
         try:
             core.launcher.stop_all(self.stop_grace_s)
         finally:
+            if self._secret_file is not None:
+                auth.remove_secret_file(self._secret_file, self.secret)
             server.stop(grace=0.5).wait(5.0)
             _LOGGER.info("master at %s stopped", self._address)
 

@@ -10,11 +10,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+import grpc
 import psutil
 
-__all__ = ["TAG_ENV", "WeirProcess", "poll_for", "tagged_env", "tagged_processes"]
+from master.auth import bearer_metadata
+
+__all__ = ["TAG_ENV", "WeirProcess", "master_channel", "poll_for", "tagged_env",
+           "tagged_processes"]
 
 _T = TypeVar("_T")
 TAG_ENV = "WEIR_TEST_TAG"
@@ -32,6 +36,32 @@ def poll_for(condition: Callable[[], _T], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+class _CallDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: Any
+    compression: Any
+
+
+class _WithSecret(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self, secret: str) -> None:
+        self.metadata = bearer_metadata(secret)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        call = _CallDetails(details.method, details.timeout,
+                            (*(details.metadata or ()), *self.metadata), details.credentials,
+                            details.wait_for_ready, details.compression)
+        return continuation(call, request)
+
+
+def master_channel(address: str, secret: str) -> grpc.Channel:
+    """A plain channel to a master that sends its secret with every call, as containers do
+    (for tests that play containers with the generated stubs)."""
+    return grpc.intercept_channel(grpc.insecure_channel(address), _WithSecret(secret))
 
 
 def tagged_env(**extra: str) -> tuple[dict[str, str], str]:

@@ -18,7 +18,7 @@ from master.client import WeirClient, WeirClientError
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
-from tests.harness import poll_for
+from tests.harness import master_channel, poll_for
 from tests.master.fakes import (
     ManualClock,
     chain_descriptor,
@@ -55,7 +55,7 @@ def client(server):
 
 @pytest.fixture
 def umbilical(server):
-    channel = grpc.insecure_channel(server.address)
+    channel = master_channel(server.address, server.secret)
     try:
         yield umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
     finally:
@@ -217,7 +217,7 @@ def test_exited_container_is_replaced_by_the_master_loop(server, client, umbilic
 
 
 def test_errors_are_status_codes_with_one_line(server, client, umbilical):
-    channel = grpc.insecure_channel(server.address)
+    channel = master_channel(server.address, server.secret)
     stub = client_pb2_grpc.WeirClientStub(channel)
     with pytest.raises(grpc.RpcError) as caught:
         stub.GetApplicationInfo(client_pb2.GetApplicationInfoRequest(application_id="app-0042"),
@@ -398,7 +398,7 @@ def test_a_blocked_operator_is_found_by_the_master_loop():
     master.start()
     try:
         with WeirClient(master.address, timeout_s=5) as weir:
-            channel = grpc.insecure_channel(master.address)
+            channel = master_channel(master.address, master.secret)
             umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
             app_id = weir.submit(chain_descriptor(3), {"CONTAINERS": "3",
                                                        "relay1.TIMEOUT_WINDOW_COUNT": "4"})

@@ -1,0 +1,96 @@
+"""The master's secret and TLS with real container processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import time
+
+import grpc
+import pytest
+
+from master import auth
+from master.client import WeirClient, WeirClientError
+from master.launcher import LocalProcessLauncher
+from master.server import MasterServer
+from operators import Dag
+from operators.library import FileSink
+from operators.testing import ListSource
+from proto import client_pb2, client_pb2_grpc
+from tests.e2e.conftest import container_logs
+from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+from tests.master.fakes import chain_descriptor
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Marker:
+    """Unpickling it creates a file: proof that someone ran the payload."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_a_payload_runs_only_when_sent_with_the_secret(master, tmp_path):
+    marker = tmp_path / "ran"
+    dag = chain_descriptor(2)
+    dag.operators[0].payload = pickle.dumps(Marker(str(marker)))
+    request = client_pb2.SubmitApplicationRequest(dag=dag, attribute_overrides={
+        "CONTAINERS": "1", "MAX_RESTARTS": "1"})
+    with grpc.insecure_channel(master.address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            client_pb2_grpc.WeirClientStub(channel).SubmitApplication(request, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with WeirClient(master.address) as client:
+        assert client.applications() == [] and client.containers() == []
+        assert not marker.exists()
+        # The same request with the secret: a container unpickles it, so the marker is
+        # a real test of "never runs" above.
+        app_id = client.submit(dag, dict(request.attribute_overrides))
+        poll_for(marker.exists, 60, "the container to unpickle the payload")
+        with contextlib.suppress(WeirClientError):  # it may have failed already
+            client.kill(app_id)
+
+
+@pytest.fixture
+def tls_master(tmp_path, monkeypatch, tls_files):
+    cert, key = tls_files
+    env, tag = tagged_env()
+    monkeypatch.setenv(TAG_ENV, tag)
+    log_dir = tmp_path / "containers"
+    server = MasterServer("127.0.0.1", 0,
+                          lambda address: LocalProcessLauncher(address, log_dir=log_dir),
+                          container_stop_grace_ms=2_000, tls=auth.TlsFiles(cert, key))
+    server.start()
+    server.log_dir = log_dir
+    try:
+        yield server
+    finally:
+        server.stop()
+        poll_for(lambda: not tagged_processes(tag), 15, "every container to exit")
+
+
+def test_an_application_runs_over_tls(tls_master, tmp_path):
+    """Containers call the master and each other's buffer servers over TLS."""
+    out = tmp_path / "out"
+    dag = Dag("tls", CONTAINERS=2, HEARTBEAT_INTERVAL_MILLIS=200,
+              STREAMING_WINDOW_SIZE_MILLIS=100)
+    source = dag.add_operator("source", ListSource([[{"x": i} for i in range(k, k + 5)]
+                                                    for k in range(0, 50, 5)]), CONTAINER=0)
+    sink = dag.add_operator("sink", FileSink(str(out)), CONTAINER=1)
+    dag.add_stream("xs", source.output, sink.input)
+    with WeirClient(tls_master.address) as client:
+        assert client.credentials.tls_ca is not None
+        app_id = client.submit(dag.to_descriptor())
+        deadline = time.monotonic() + 120
+        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
+            assert time.monotonic() < deadline, container_logs(tls_master)
+            time.sleep(0.2)
+    assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(tls_master)}"
+    rows = [json.loads(line)["x"] for file in sorted(out.glob("*.jsonl"))
+            for line in file.read_text().splitlines()]
+    assert sorted(rows) == list(range(50))

@@ -1,0 +1,251 @@
+"""The master's secret: every gRPC call needs it, clients find it, containers get it; TLS;
+message-size limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from master import auth, cli
+from master.client import WeirClient, WeirClientError
+from master.launcher import LocalProcessLauncher, RecordingLauncher
+from master.rpc import MAX_REQUEST_BYTES, MAX_SUBMIT_BYTES
+from master.server import MasterServer
+from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
+from tests.harness import master_channel, poll_for
+from tests.master.fakes import chain_descriptor, container_heartbeat
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def server():
+    master = MasterServer(launcher_factory=RecordingLauncher, loop_interval_s=0.05)
+    master.start()
+    try:
+        yield master
+    finally:
+        master.stop()
+
+
+class Marker:
+    """Unpickling it creates a file: proof that someone ran the payload."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def marker_descriptor(path) -> client_pb2.SubmitApplicationRequest:
+    dag = chain_descriptor(2)
+    dag.operators[0].payload = pickle.dumps(Marker(str(path)))
+    return client_pb2.SubmitApplicationRequest(dag=dag, attribute_overrides={"CONTAINERS": "1"})
+
+
+def _refused(call, *args, **kwargs) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, timeout=5, **kwargs)
+    return caught.value
+
+
+@pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer wrong"),),
+                                      (("authorization", "not-even-bearer"),)])
+def test_calls_without_the_secret_are_refused_on_both_services(server, metadata):
+    with grpc.insecure_channel(server.address) as channel:
+        client = client_pb2_grpc.WeirClientStub(channel)
+        umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+        for call, request in [
+            (client.ListApplications, client_pb2.ListApplicationsRequest()),
+            (client.KillApplication, client_pb2.KillApplicationRequest(application_id="x")),
+            (umbilical.GetInitContext, umbilical_pb2.GetInitContextRequest(container_id="c")),
+            (umbilical.ProcessHeartbeat, container_heartbeat("app-0001-c0", port=1)),
+        ]:
+            error = _refused(call, request, metadata=metadata)
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "WEIR_SECRET" in error.details() and "--secret-file" in error.details()
+    # with the secret, the same calls are answered
+    with master_channel(server.address, server.secret) as channel:
+        stub = client_pb2_grpc.WeirClientStub(channel)
+        assert stub.ListApplications(client_pb2.ListApplicationsRequest(), timeout=5)
+
+
+def test_a_pickled_payload_sent_without_the_secret_never_runs(server, tmp_path):
+    """The master refuses it unparsed and starts nothing (the e2e test shows a container
+    would have run it, had it been sent with the secret)."""
+    marker = tmp_path / "ran"
+    with grpc.insecure_channel(server.address) as channel:
+        stub = client_pb2_grpc.WeirClientStub(channel)
+        error = _refused(stub.SubmitApplication, marker_descriptor(marker))
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    with WeirClient(server.address, timeout_s=5) as client:
+        assert client.applications() == []
+    assert server.launcher.launched == []
+    assert not marker.exists()
+    # the master itself never unpickles payloads, even accepted ones
+    with master_channel(server.address, server.secret) as channel:
+        stub = client_pb2_grpc.WeirClientStub(channel)
+        assert stub.SubmitApplication(marker_descriptor(marker), timeout=5).application_id
+    assert server.launcher.launched == ["app-0001-c0"] and not marker.exists()
+
+
+def test_the_secret_file_is_the_owners_only_and_goes_with_the_master(tmp_path, monkeypatch):
+    monkeypatch.setenv(auth.HOME_ENV, str(tmp_path / "home"))
+    master = MasterServer(launcher_factory=RecordingLauncher, secret="given-secret")
+    address = master.start()
+    try:
+        path = master.secret_file
+        assert path == tmp_path / "home" / f"master-{address.rsplit(':', 1)[1]}.secret"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert json.loads(path.read_text()) == {"address": address, "secret": "given-secret",
+                                                "tls_ca": None}
+        assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+        with WeirClient(address, timeout_s=5) as client:  # found with no setup at all
+            assert client.credentials.source == str(path)
+            assert client.applications() == []
+    finally:
+        master.stop()
+    assert not path.exists()
+
+
+def test_where_clients_find_the_secret(server, tmp_path, monkeypatch):
+    port = int(server.address.rsplit(":", 1)[1])
+    found = auth.client_credentials(f"localhost:{port}")
+    assert (found.secret, found.source) == (server.secret, str(server.secret_file))
+    # a local master's secret is never sent to another host on the same port
+    assert auth.client_credentials(f"10.1.2.3:{port}").secret is None
+    monkeypatch.setenv(auth.SECRET_ENV, "from-env")
+    assert auth.client_credentials(server.address).secret == "from-env"
+    plain = tmp_path / "plain.secret"
+    plain.write_text("from-file\n")
+    assert auth.client_credentials(server.address, secret_file=plain).secret == "from-file"
+    assert auth.client_credentials(server.address, secret_file=server.secret_file,
+                                   secret="explicit").secret == "explicit"
+    with WeirClient(server.address, timeout_s=5) as client, pytest.raises(
+            WeirClientError, match=r"refused the call: the secret from WEIR_SECRET was refused"
+    ) as caught:
+        client.applications()
+    assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with WeirClient(server.address, timeout_s=5, secret_file=server.secret_file) as client:
+        assert client.applications() == []
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(WeirClientError, match="holds no secret"):
+        WeirClient(server.address, secret_file=empty)
+
+
+def test_cli_uses_the_secret_and_says_how_to_give_it(server, tmp_path, monkeypatch, capsys):
+    assert cli.main(["--master", server.address, "apps"]) == 0
+    assert "no applications" in capsys.readouterr().out
+    monkeypatch.setenv(auth.SECRET_ENV, "wrong")
+    assert cli.main(["--master", server.address, "apps"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("weir: error: the master at ") and "WEIR_SECRET" in err
+    secret = tmp_path / "s"
+    secret.write_text(server.secret)
+    secret.chmod(0o600)
+    assert cli.main(["--master", server.address, "--secret-file", str(secret), "apps"]) == 0
+
+
+def test_weir_container_passes_the_secret_in_the_environment(server, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
+    monkeypatch.setenv(auth.SECRET_ENV, "placeholder")
+    monkeypatch.delenv(auth.SECRET_ENV)  # restored (absent) after the test
+    cli.main(["--master", server.address, "container", "--id", "c0"])
+    assert calls == [[sys.executable, "-m", "container", "--master", server.address,
+                      "--id", "c0"]]
+    assert os.environ[auth.SECRET_ENV] == server.secret
+
+
+def test_launched_containers_get_the_secret_in_their_environment_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("WEIR_TLS_CERT", "/inherited/cert.pem")  # must not reach containers
+    out = tmp_path / "seen.json"
+    script = ("import json, os, sys; json.dump({'argv': sys.argv, 'env': {k: v for k, v in "
+              "os.environ.items() if k.startswith('WEIR_')}}, open(sys.argv[1], 'w'))")
+    launcher = LocalProcessLauncher("127.0.0.1:1", command=[sys.executable, "-c", script,
+                                                            str(out)])
+    launcher.set_credentials(auth.container_env("s3cret", None))
+    launcher.launch("c0")
+    try:
+        poll_for(lambda: launcher.exit_code("c0") is not None, 20, "the fake container")
+    finally:
+        launcher.stop_all(grace_s=1)
+    seen = json.loads(out.read_text())
+    assert seen["env"]["WEIR_SECRET"] == "s3cret" and "WEIR_TLS_CERT" not in seen["env"]
+    assert not any("s3cret" in arg for arg in seen["argv"])
+
+
+def test_a_container_without_the_secret_refuses_to_start():
+    env = {k: v for k, v in os.environ.items() if k != auth.SECRET_ENV}
+    result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
+                             "--id", "c0"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "no secret for master 127.0.0.1:1: set WEIR_SECRET or pass --secret-file" in (
+        result.stderr)
+
+
+def test_oversized_heartbeat_is_refused_and_the_master_goes_on(server):
+    big = container_heartbeat("app-0001-c0", port=1)
+    big.jvm_name = "x" * (10 * 1024 * 1024)
+    with master_channel(server.address, server.secret) as channel:
+        umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+        client = client_pb2_grpc.WeirClientStub(channel)
+        error = _refused(umbilical.ProcessHeartbeat, big)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"over the master's limit of {MAX_REQUEST_BYTES} bytes" in error.details()
+        # a DAG larger than that is fine to submit: the limit is per method
+        dag = chain_descriptor(2)
+        dag.operators[1].attributes["BLOB"] = "y" * (6 * 1024 * 1024)
+        request = client_pb2.SubmitApplicationRequest(dag=dag)
+        error = _refused(client.SubmitApplication, request)
+        assert "unknown attribute 'BLOB'" in error.details()  # parsed and judged
+        dag.operators[1].attributes["BLOB"] = "y" * (MAX_SUBMIT_BYTES + 1)
+        error = _refused(client.SubmitApplication, client_pb2.SubmitApplicationRequest(dag=dag))
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        app_id = client.SubmitApplication(client_pb2.SubmitApplicationRequest(
+            dag=chain_descriptor(2), attribute_overrides={"CONTAINERS": "1"}),
+            timeout=5).application_id
+        reply = umbilical.ProcessHeartbeat(container_heartbeat(f"{app_id}-c0", port=1),
+                                           timeout=5)
+        assert [d.name for d in reply.deploy_request] == ["source", "sink"]
+
+
+def test_tls_master_and_client(tls_files, tmp_path):
+    cert, key = tls_files
+    master = MasterServer(launcher_factory=RecordingLauncher,
+                          tls=auth.TlsFiles(cert, key))
+    address = master.start()
+    try:
+        assert master.launcher.credential_env == {
+            "WEIR_SECRET": master.secret, "WEIR_TLS_CERT": str(cert),
+            "WEIR_TLS_KEY": str(key), "WEIR_TLS_CA": str(cert)}
+        with WeirClient(address, timeout_s=5) as client:  # the secret file names the CA
+            assert client.credentials.tls_ca == cert
+            assert client.applications() == []
+        with WeirClient(address, timeout_s=5, tls_ca=cert, secret=master.secret) as client:
+            client.submit(chain_descriptor(2))
+        with grpc.insecure_channel(address) as channel:  # plaintext gets nowhere
+            stub = client_pb2_grpc.WeirClientStub(channel)
+            error = _refused(stub.ListApplications, client_pb2.ListApplicationsRequest(),
+                             metadata=auth.bearer_metadata(master.secret))
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+        with grpc.secure_channel(address, grpc.ssl_channel_credentials(cert.read_bytes())
+                                 ) as channel:  # TLS without the secret: still refused
+            stub = client_pb2_grpc.WeirClientStub(channel)
+            error = _refused(stub.ListApplications, client_pb2.ListApplicationsRequest())
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        master.stop()
+    with pytest.raises(ValueError, match="needs both"):
+        auth.TlsFiles.from_options(str(cert), None)
