@@ -27,6 +27,7 @@ import grpc
 import psutil
 
 from bench.common import PeakMemory, percentile
+from master import auth
 from master.client import WeirClient
 from master.rpc import GRPC_OPTIONS
 from operators import Dag, InputOperator, InputPort, Operator, OutputPort
@@ -340,6 +341,8 @@ class _LoadGenerator:
                          for _ in range(max(1, channels))]
         self.stubs = [umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
                       for channel in self.channels]
+        # the master this bench starts wrote its secret file: play containers that know it
+        self.metadata = auth.bearer_metadata(auth.client_credentials(address).secret)
         self.tally = _Tally()
         self.started = 0.0
 
@@ -354,7 +357,7 @@ class _LoadGenerator:
             async with gate:
                 context = await self._stub(container).GetInitContext(
                     umbilical_pb2.GetInitContextRequest(container_id=container.id),
-                    timeout=self.rpc_timeout_s)
+                    timeout=self.rpc_timeout_s, metadata=self.metadata)
             container.init(context)
 
         await asyncio.gather(*(one(c) for c in self.containers))
@@ -376,7 +379,8 @@ class _LoadGenerator:
             tally.sent += 1
             start = time.perf_counter()
             try:
-                response = await stub.ProcessHeartbeat(request, timeout=self.rpc_timeout_s)
+                response = await stub.ProcessHeartbeat(request, timeout=self.rpc_timeout_s,
+                                                       metadata=self.metadata)
             except grpc.aio.AioRpcError as exc:
                 tally.errors[exc.code().name] += 1
                 tally.measured_errors += tally.in_period(sent)

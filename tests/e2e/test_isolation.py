@@ -49,7 +49,8 @@ def test_two_masters_with_default_state_dirs_both_recover(master, tmp_path):
             with client:
                 wait_finished(client, server, app_id)
             assert final_totals(tmp_path / name / "out") == expected()
-        assert not any(os.path.exists(os.path.join(f, "OWNER.json")) for f in folders), \
-            "an ended application releases its state folder"
+        poll_for(lambda: not any(os.path.exists(os.path.join(f, "OWNER.json"))
+                                 for f in folders), 10,
+                 "the ended applications to release their state folders (next master loop pass)")
     finally:
         other.stop()
