@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from master import auth, tables
+from master import auth, live_view, tables
 from master.client import WeirClient, WeirClientError, default_master, parse_address
 from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
@@ -31,7 +31,6 @@ from master.server import MasterServer, MasterStartError
 from operators.app import AppLoadError, load_app
 from operators.attributes import InvalidAttribute
 from operators.dag import DagError
-from operators.windows import format_window_id
 from proto import client_pb2, plan_pb2
 
 __all__ = ["ConfigError", "main", "parse_defines", "read_config"]
@@ -190,7 +189,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         app_id = server.core.submit(descriptor, overrides)
         _LOGGER.info("running %s as %s on the embedded master %s", args.app, app_id,
                      server.address)
-        info = _follow(server, app_id, args.run_timeout)
+        info = _follow(server, app_id, args.run_timeout, args.quiet)
         operators = server.core.list_operators(app_id)
         _print_run_result(args, info, operators)
         return 0 if info.state == "FINISHED" else 1
@@ -212,40 +211,23 @@ def _raise_interrupt(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def _follow(server: MasterServer, app_id: str, timeout_s: float | None
+def _follow(server: MasterServer, app_id: str, timeout_s: float | None, quiet: bool = False
             ) -> client_pb2.ApplicationInfo:
-    """Waits for the app to end, with a quiet progress line on stderr."""
+    """Waits for the app to end, with a progress line on stderr (live on a terminal)."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    tty = sys.stderr.isatty()
-    shown = ""
-    while True:
-        try:
-            return _finish_progress(server.wait_for_application(app_id, 0.5), tty, shown)
-        except TimeoutError:
-            pass
-        if deadline is not None and time.monotonic() > deadline:
-            _finish_progress(None, tty, shown)
-            raise TimeoutError(f"application {app_id} did not end within {timeout_s:g} s "
-                               "(--timeout); it was stopped")
-        info = server.core.application_info(app_id)
-        line = (f"{info.id} {info.state}: containers {info.containers_active}/"
-                f"{info.containers_planned}, window {format_window_id(info.current_window_id)}, "
-                f"{tables.format_count(info.total_tuples_processed)} tuples processed")
-        if tty:
-            sys.stderr.write("\r" + line.ljust(len(shown)))
-            sys.stderr.flush()
-            shown = line
-        elif info.state != shown:
-            print(f"{info.id} {info.state}", file=sys.stderr)
-            shown = info.state
-
-
-def _finish_progress(info: client_pb2.ApplicationInfo | None, tty: bool, shown: str
-                     ) -> client_pb2.ApplicationInfo | None:
-    if tty and shown:
-        sys.stderr.write("\r" + " " * len(shown) + "\r")
-        sys.stderr.flush()
-    return info
+    progress = live_view.ProgressLine(sys.stderr, quiet=quiet)
+    try:
+        while True:
+            try:
+                return server.wait_for_application(app_id, 0.5)
+            except TimeoutError:
+                pass
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"application {app_id} did not end within {timeout_s:g} s "
+                                   "(--timeout); it was stopped")
+            progress.show(server.core.application_info(app_id))
+    finally:
+        progress.clear()
 
 
 def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo,
@@ -272,12 +254,40 @@ def _cmd_apps(args: argparse.Namespace) -> int:
         print(tables.render_table(tables.APPLICATION_HEADERS,
                                   tables.application_rows(apps, _now_ms()),
                                   tables.APPLICATION_RIGHT))
+        if apps[0].dashboard_url:
+            print(f"\ndashboard: {apps[0].dashboard_url} (the master's secret opens it: "
+                  "add ?token=SECRET)")
     return 0
+
+
+def _cmd_app(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        info = client.application(args.app_id)
+    if args.json:
+        _print_json(info)
+    else:
+        print(tables.application_details(info, _now_ms()))
+    return 0
+
+
+def _cmd_top(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise ValueError(f"--interval must be positive, not {args.interval:g}")
+    with _client(args) as client:
+        client.application(args.app_id)  # an unknown application fails here, in one line
+
+        def read() -> live_view.Snapshot:
+            return live_view.Snapshot(client.application(args.app_id),
+                                      client.operators(args.app_id),
+                                      client.containers(args.app_id))
+
+        return live_view.run_top(read, interval_s=args.interval, count=args.count,
+                                 as_json=args.json)
 
 
 def _cmd_containers(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        containers = client.containers(args.app or "")
+        containers = client.containers(args.app_id or args.app or "")
     if args.json:
         _print_json(client_pb2.ListContainersResponse(containers=containers))
     elif not containers:
@@ -414,10 +424,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--run-timeout", type=float, metavar="S",
                    help="stop the application if it has not ended after S seconds")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress line while the application runs")
     _tls_options(p)
     command("apps", _cmd_apps, "list the applications")
+    p = command("app", _cmd_app, "one application: totals, rates, latency, operators, failures")
+    p.add_argument("app_id", metavar="APP_ID")
+    p = command("top", _cmd_top, "a live view of an application, refreshed until Ctrl-C "
+                "(--json: one document per line)")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="seconds between refreshes (default 1)")
+    p.add_argument("--count", type=int, metavar="N", help="stop after N refreshes")
     p = command("containers", _cmd_containers, "list the containers")
-    p.add_argument("--app", metavar="APP_ID", help="only this application's")
+    p.add_argument("app_id", nargs="?", metavar="APP_ID", help="only this application's")
+    p.add_argument("--app", metavar="APP_ID", help="only this application's (same)")
     p = command("operators", _cmd_operators, "list an application's operators and stats")
     p.add_argument("app_id", metavar="APP_ID")
     p = command("stats", _cmd_stats, "one operator's stats and recent windows")

@@ -61,6 +61,7 @@ class MasterCore:
         self._next_app_number = 1
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
+        self.dashboard_url = ""  # the master's web dashboard (no secret), shown by `weir apps`
 
     # -- lookups (call with the lock held) ----------------------------------------------
     def _app(self, app_id: str) -> Application:
@@ -157,11 +158,17 @@ class MasterCore:
 
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:
-            return [views.application_info(app) for app in self._apps.values()]
+            return [views.application_info(app, self.dashboard_url)
+                    for app in self._apps.values()]
 
     def application_info(self, app_id: str) -> client_pb2.ApplicationInfo:
         with self._lock:
-            return views.application_info(self._app(app_id))
+            return views.application_info(self._app(app_id), self.dashboard_url)
+
+    def application_plan(self, app_id: str) -> client_pb2.ApplicationPlan:
+        """The application's DAG as deployed, with each operator's figures."""
+        with self._lock:
+            return views.application_plan(self._app(app_id))
 
     def list_containers(self, app_id: str = "") -> list[client_pb2.ContainerInfo]:
         with self._lock:

@@ -21,6 +21,7 @@ __all__ = [
     "PortTotals",
     "WindowRecord",
     "latency_ms",
+    "window_latency_ms",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -40,10 +41,28 @@ class WindowRecord:
     tuples_emitted: int
     end_window_ms: int
     cpu_time_ns: int
+    metrics: dict[str, float] | None = None  # user metrics at the window's end, if any
 
 
-def _rate_per_second(points: Sequence[tuple[int, float]]) -> float:
-    """Sum of values after the first point over the time the points span, per second."""
+def _within(points: Sequence[tuple[int, float]], interval_ms: int | None
+            ) -> Sequence[tuple[int, float]]:
+    """The points of the last ``interval_ms`` before the newest one (all if None)."""
+    if interval_ms is None or len(points) < 2:
+        return points
+    since = points[-1][0] - interval_ms
+    recent = [point for point in points if point[0] > since]
+    # the point just before the interval opens it, so a window-long interval has a rate
+    first = len(points) - len(recent)
+    return [points[first - 1], *recent] if first > 0 else recent
+
+
+def _rate_per_second(points: Sequence[tuple[int, float]], interval_ms: int | None = None
+                     ) -> float:
+    """Sum of values after the first point over the time the points span, per second.
+
+    A moving average: with ``interval_ms``, only over the points of that last interval.
+    """
+    points = _within(points, interval_ms)
     if len(points) < 2:
         return 0.0
     span_ms = points[-1][0] - points[0][0]
@@ -63,6 +82,8 @@ class PortTotals:
     queue_size: int = 0
     recent: collections.deque[tuple[int, float]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
+    recent_bytes: collections.deque[tuple[int, float]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
 
     def record(self, stats: umbilical_pb2.PortStats) -> tuple[int, int]:
         """Adds one window's figures; returns its tuple count and END_WINDOW time."""
@@ -71,11 +92,17 @@ class PortTotals:
         self.buffer_server_bytes += stats.buffer_server_bytes
         self.queue_size = stats.queue_size
         self.recent.append((end, float(count)))
+        self.recent_bytes.append((end, float(stats.buffer_server_bytes)))
         return count, end
 
     @property
     def tuples_per_second(self) -> float:
         return _rate_per_second(self.recent)
+
+    def rates(self, interval_ms: int | None = None) -> tuple[float, float]:
+        """(tuples/s, buffer-server bytes/s) over the last ``interval_ms``."""
+        return (_rate_per_second(self.recent, interval_ms),
+                _rate_per_second(self.recent_bytes, interval_ms))
 
 
 class OperatorStatsTracker:
@@ -96,6 +123,7 @@ class OperatorStatsTracker:
         self.last_window_id = -1
         self.window_moved_ms = 0
         self.ports: dict[tuple[str, str], PortTotals] = {}
+        self.metrics: dict[str, float] = {}  # user metrics as of the newest window
         self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
         self._end_window_ms: collections.OrderedDict[int, int] = collections.OrderedDict()
 
@@ -131,8 +159,11 @@ class OperatorStatsTracker:
         self.total_tuples_emitted += emitted
         self.current_window_id = window.window_id
         self.windows_processed += 1
+        metrics = dict(window.metrics) if window.metrics else None
+        if metrics:
+            self.metrics = metrics
         self.recent.append(WindowRecord(window.window_id, processed, emitted, end_ms,
-                                        window.cpu_time_used_ns))
+                                        window.cpu_time_used_ns, metrics))
         if end_ms:
             self._end_window_ms[window.window_id] = end_ms
             while len(self._end_window_ms) > _END_WINDOW_HISTORY:
@@ -153,35 +184,53 @@ class OperatorStatsTracker:
 
     @property
     def tuples_processed_per_second(self) -> float:
-        return _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in self.recent])
+        return self.rates()[0]
 
     @property
     def tuples_emitted_per_second(self) -> float:
-        return _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in self.recent])
+        return self.rates()[1]
 
     @property
     def cpu_percent(self) -> float:
         """CPU of the operator's thread over the recent windows; 100 = one core."""
-        per_second_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in self.recent])
-        return per_second_ns / 1e9 * 100.0
+        return self.rates()[2]
+
+    def rates(self, interval_ms: int | None = None) -> tuple[float, float, float]:
+        """(processed/s, emitted/s, CPU %) as moving averages over the last ``interval_ms``
+        of windows (every recent window if None)."""
+        recent = self.recent
+        processed = _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in recent],
+                                     interval_ms)
+        emitted = _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in recent],
+                                   interval_ms)
+        cpu_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in recent],
+                                  interval_ms)
+        return processed, emitted, cpu_ns / 1e9 * 100.0
 
 
-def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTracker]) -> float:
-    """Mean of END_WINDOW here minus the latest upstream END_WINDOW, over recent windows.
+def window_latency_ms(window: WindowRecord, upstream: Sequence[OperatorStatsTracker]
+                      ) -> int | None:
+    """END_WINDOW of ``window`` here minus the latest upstream END_WINDOW of the same
+    window; None for an input operator or while upstream's is unknown."""
+    if not window.end_window_ms:
+        return None
+    known = [t for u in upstream if (t := u.end_window_ms(window.window_id)) is not None]
+    return max(0, window.end_window_ms - max(known)) if known else None
+
+
+def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTracker],
+               interval_ms: int | None = None) -> float:
+    """Mean of END_WINDOW here minus the latest upstream END_WINDOW, over recent windows
+    (those that ended in the last ``interval_ms``, if given).
 
     Zero for an input operator, or while no window is known on both sides.
     """
     upstream = list(upstream)
-    if not upstream:
+    if not upstream or not tracker.recent:
         return 0.0
-    gaps: list[int] = []
-    for window in tracker.recent:
-        if not window.end_window_ms:
-            continue
-        times = [u.end_window_ms(window.window_id) for u in upstream]
-        known = [t for t in times if t is not None]
-        if known:
-            gaps.append(max(0, window.end_window_ms - max(known)))
+    since = tracker.recent[-1].end_window_ms - interval_ms if interval_ms is not None else -1
+    gaps = [gap for window in tracker.recent if window.end_window_ms > since
+            and (gap := window_latency_ms(window, upstream)) is not None]
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from operators.windows import format_window_id
 from proto import client_pb2
 
 __all__ = [
+    "application_details",
     "application_rows",
     "container_rows",
     "format_ago",
@@ -61,6 +62,19 @@ def format_count(n: int) -> str:
 
 def format_rate(per_second: float) -> str:
     return f"{per_second:,.1f}"
+
+
+def format_bytes_rate(per_second: float) -> str:
+    """Bytes per second, readable: ``1.5 MB/s``."""
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if per_second >= size:
+            return f"{per_second / size:.1f} {unit}/s"
+    return f"{per_second:.0f} B/s"
+
+
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """User metrics as ``name=value`` pairs, sorted; ``-`` if none."""
+    return " ".join(f"{k}={v:g}" for k, v in sorted(metrics.items())) or "-"
 
 
 def format_mb(mb: float) -> str:
@@ -192,12 +206,14 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
                            f"({format_rate(op.tuples_emitted_per_second)}/s)"),
         ("cpu", f"{op.cpu_percent:.1f} %"),
         ("latency", f"{op.latency_ms:.0f} ms"),
+        ("metrics", format_metrics(op.metrics)),
         ("processing mode", op.processing_mode or "-"),
         ("latest checkpoint", format_window_id(op.checkpoint_window_id)),
         ("checkpoints", f"{format_count(op.checkpoints)} (last {op.checkpoint_time_ms} ms, "
                         f"average {op.checkpoint_time_avg_ms:.1f} ms)" if op.checkpoints
          else "0"),
         ("recovery window", format_window_id(op.recovery_window_id)),
+        ("committed window", format_window_id(op.committed_window_id)),
         ("started from", format_window_id(op.deploy_window_id)
          if op.deploy_window_id >= 0 else "scratch"),
         ("failures", f"{op.failure_count} ({op.failures_in_a_row} in a row, "
@@ -210,18 +226,21 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
     parts = ["\n".join(f"{name + ':':<{width + 1}} {value}" for name, value in fields)]
     if op.ports:
         parts.append(render_table(
-            ["PORT", "TYPE", "TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "QUEUE"],
+            ["PORT", "TYPE", "TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "BYTES/S", "QUEUE"],
             [[p.name, p.type, format_count(p.total_tuples), format_rate(p.tuples_per_second),
-              format_count(p.buffer_server_bytes), str(p.queue_size)] for p in op.ports],
-            right={"TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "QUEUE"}))
+              format_count(p.buffer_server_bytes),
+              format_bytes_rate(p.buffer_server_bytes_per_second), str(p.queue_size)]
+             for p in op.ports],
+            right={"TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "BYTES/S", "QUEUE"}))
     recent = list(op.recent_windows)[-windows:] if windows > 0 else []
     if recent:
         parts.append(f"last {len(recent)} windows:\n" + render_table(
-            ["WINDOW", "PROCESSED", "EMITTED", "END WINDOW", "CPU"],
+            ["WINDOW", "PROCESSED", "EMITTED", "END WINDOW", "LATENCY", "CPU", "METRICS"],
             [[format_window_id(w.window_id), format_count(w.tuples_processed),
               format_count(w.tuples_emitted), _clock_ms(w.end_window_ms),
-              f"{w.cpu_time_ns / 1e6:.1f} ms"] for w in recent],
-            right={"PROCESSED", "EMITTED", "CPU"}))
+              f"{w.latency_ms:.0f} ms" if w.latency_ms >= 0 else "-",
+              f"{w.cpu_time_ns / 1e6:.1f} ms", format_metrics(w.metrics)] for w in recent],
+            right={"PROCESSED", "EMITTED", "LATENCY", "CPU"}))
     return "\n\n".join(parts)
 
 
@@ -230,3 +249,44 @@ def _clock_ms(ms: int) -> str:
         return "-"
     moment = datetime.datetime.fromtimestamp(ms / 1000)
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
+
+
+def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
+    """``weir app``: the application's figures, its logical operators and recent failures."""
+    end_ms = app.finished_ms or now_ms
+    fields = [
+        ("application", f"{app.id} ({app.name})"),
+        ("state", app.state + (f": {app.diagnostics}" if app.diagnostics else "")),
+        ("submitted", f"{format_time(app.submitted_ms)} "
+                      f"({format_duration_ms(end_ms - app.submitted_ms)})"),
+        ("containers", f"{app.containers_active} active of {app.containers_planned}"
+                       f" ({app.containers_replaced} replaced)"),
+        ("operators", f"{app.operators} ({app.operators_failed} failed)"),
+        ("current window", format_window_id(app.current_window_id)),
+        ("committed window", format_window_id(app.committed_window_id)),
+        ("tuples processed", f"{format_count(app.total_tuples_processed)} "
+                             f"({format_rate(app.tuples_processed_per_second)}/s)"),
+        ("tuples emitted", f"{format_count(app.total_tuples_emitted)} "
+                           f"({format_rate(app.tuples_emitted_per_second)}/s)"),
+        ("latency", f"{app.latency_ms:.0f} ms along {' -> '.join(app.critical_path) or '-'}"),
+        ("failures", f"{app.operator_failures} of operators, {app.recoveries} recoveries"),
+    ]
+    if app.dashboard_url:
+        fields.append(("dashboard", app.dashboard_url))
+    width = max(len(name) for name, _ in fields)
+    parts = ["\n".join(f"{name + ':':<{width + 1}} {value}" for name, value in fields)]
+    if app.logical_operators:
+        parts.append(render_table(
+            ["OPERATOR", "PARTITIONS", "PROCESSED", "EMITTED", "IN/S", "OUT/S", "LATENCY",
+             "METRICS"],
+            [[op.name, str(len(op.partition_ids)), format_count(op.total_tuples_processed),
+              format_count(op.total_tuples_emitted), format_rate(op.tuples_processed_per_second),
+              format_rate(op.tuples_emitted_per_second), f"{op.latency_ms:.0f} ms",
+              format_metrics(op.metrics)] for op in app.logical_operators],
+            right={"PARTITIONS", "PROCESSED", "EMITTED", "IN/S", "OUT/S", "LATENCY"}))
+    if app.recent_failures:
+        parts.append("recent failures:\n" + render_table(
+            ["WHEN", "KIND", "WHAT", "MESSAGE"],
+            [[format_time(f.time_ms), f.kind, f.subject, f.message]
+             for f in app.recent_failures]))
+    return "\n\n".join(parts)

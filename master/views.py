@@ -1,29 +1,69 @@
-"""The client API's messages built from the master's state (called under the master's lock)."""
+"""The client API's messages built from the master's state (called under the master's lock).
+
+One source of truth for every way of looking at a running application: the gRPC client
+API (``weir``), the HTTP JSON API and dashboard (``master.http_api``) and the Prometheus
+collector (``master.metrics``) all read these messages.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from master.application import Application
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import max_restarts
-from master.stats import latency_ms
+from master.stats import latency_ms, window_latency_ms
+from operators.attributes import ATTRIBUTES
 from proto import client_pb2
 
-__all__ = ["application_info", "container_info", "operator_info"]
+__all__ = ["application_info", "application_plan", "container_info", "operator_info",
+           "operator_infos"]
 
 _LOGGER = logging.getLogger(__name__)
 
+_INTERVAL = "THROUGHPUT_CALCULATION_INTERVAL_MILLIS"
+_FAILURES_SHOWN = 20
 
-def application_info(app: Application) -> client_pb2.ApplicationInfo:
-    """Summary of one application: state, sizes, windows, failures and tuple totals."""
+
+@dataclasses.dataclass(frozen=True)
+class _Figures:
+    """One operator's moving averages, computed once per view."""
+
+    processed_per_second: float
+    emitted_per_second: float
+    cpu_percent: float
+    latency_ms: float
+
+
+def _interval_ms(app: Application) -> int:
+    return int(app.plan.attributes.get(_INTERVAL, ATTRIBUTES[_INTERVAL].default))
+
+
+def _figures(app: Application, op: PTOperator) -> _Figures:
+    tracker = app.operator_stats[op.id]
+    interval = _interval_ms(app)
+    upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
+    processed, emitted, cpu = tracker.rates(interval)
+    return _Figures(processed, emitted, cpu, latency_ms(tracker, upstream, interval))
+
+
+def _logical_name(op: PTOperator) -> str:
+    """The logical operator a partition belongs to (one partition per operator today)."""
+    return str(getattr(op, "logical_name", "") or op.name)
+
+
+def application_info(app: Application, dashboard_url: str = "") -> client_pb2.ApplicationInfo:
+    """Summary of one application: state, sizes, windows, failures, totals, rates, latency."""
     ops = list(app.plan.operators.values())
     stats = app.operator_stats
+    figures = {op.id: _figures(app, op) for op in ops}
     active_windows = [stats[op.id].current_window_id for op in ops
                       if op.state == OperatorState.ACTIVE and stats[op.id].current_window_id >= 0]
     all_windows = [stats[op.id].current_window_id for op in ops]
     current = min(active_windows) if active_windows else max(all_windows, default=-1)
-    return client_pb2.ApplicationInfo(
+    path_latency, path = _critical_path(app, figures)
+    info = client_pb2.ApplicationInfo(
         id=app.id, name=app.name, state=app.state.value, diagnostics=app.diagnostics,
         submitted_ms=app.submitted_ms, finished_ms=app.finished_ms,
         containers_planned=sum(not c.replaced_by for c in app.plan.containers.values()),
@@ -41,7 +81,76 @@ def application_info(app: Application) -> client_pb2.ApplicationInfo:
         operator_failures=sum(op.failure_count for op in ops),
         last_recovery=app.last_recovery, last_recovery_ms=app.last_recovery_ms,
         containers_replaced=sum(bool(c.replaced_by) for c in app.plan.containers.values()),
+        tuples_processed_per_second=sum(f.processed_per_second for f in figures.values()),
+        tuples_emitted_per_second=sum(f.emitted_per_second for f in figures.values()),
+        latency_ms=path_latency, critical_path=path, dashboard_url=dashboard_url,
     )
+    _add_logical_operators(app, figures, info)
+    info.recent_failures.extend(_recent_failures(app))
+    return info
+
+
+def _critical_path(app: Application, figures: dict[int, _Figures]) -> tuple[float, list[str]]:
+    """The slowest source-to-sink path: its summed operator latencies and operator names.
+
+    Physical ids are in topological order, so one pass in id order sees every upstream
+    operator before its downstream ones.
+    """
+    best: dict[int, tuple[float, int | None]] = {}  # id -> (path latency, previous id)
+    for op_id in sorted(app.plan.operators):
+        upstream = [(best[u][0], u) for u in app.plan.upstream_ids(op_id) if u in best]
+        before, previous = max(upstream) if upstream else (0.0, None)
+        best[op_id] = (before + figures[op_id].latency_ms, previous)
+    if not best:
+        return 0.0, []
+    end = max(best, key=lambda i: (best[i][0], i))
+    total, path, cursor = best[end][0], [], end
+    while cursor is not None:
+        path.append(app.plan.operators[cursor].name)
+        cursor = best[cursor][1]
+    return total, path[::-1]
+
+
+def _add_logical_operators(app: Application, figures: dict[int, _Figures],
+                           info: client_pb2.ApplicationInfo) -> None:
+    """One entry per logical operator, its partitions' figures added up."""
+    groups: dict[str, list[PTOperator]] = {}
+    for op in app.plan.operators.values():
+        groups.setdefault(_logical_name(op), []).append(op)
+    for name, partitions in groups.items():
+        trackers = [app.operator_stats[op.id] for op in partitions]
+        metrics: dict[str, float] = {}
+        for tracker in trackers:
+            for key, value in tracker.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
+        info.logical_operators.add(
+            name=name, class_name=partitions[0].class_name,
+            partition_ids=[op.id for op in partitions],
+            total_tuples_processed=sum(t.total_tuples_processed for t in trackers),
+            total_tuples_emitted=sum(t.total_tuples_emitted for t in trackers),
+            tuples_processed_per_second=sum(figures[op.id].processed_per_second
+                                            for op in partitions),
+            tuples_emitted_per_second=sum(figures[op.id].emitted_per_second
+                                          for op in partitions),
+            latency_ms=max(figures[op.id].latency_ms for op in partitions),
+            metrics=metrics)
+
+
+def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
+    """Lost containers, failed operators and reported errors, newest first."""
+    failures = [client_pb2.FailureInfo(time_ms=c.finished_ms, kind="container", subject=c.id,
+                                       message=c.diagnostics or "lost")
+                for c in app.plan.containers.values()
+                if c.state == ContainerState.KILLED and c.diagnostics]
+    failures += [client_pb2.FailureInfo(
+        time_ms=app.operator_stats[op.id].last_heartbeat_ms, kind="operator", subject=op.name,
+        message=f"{op.error} (failures: {op.failure_count})") for op in app.plan.operators.values()
+        if op.error]
+    failures.sort(key=lambda f: -f.time_ms)
+    failures += [client_pb2.FailureInfo(kind="error", subject=text.split(" ", 1)[0],
+                                        message=text)
+                 for text in reversed(app.reported_errors)]
+    return failures[:_FAILURES_SHOWN]
 
 
 def container_info(app: Application, container: PTContainer) -> client_pb2.ContainerInfo:
@@ -60,7 +169,13 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         heartbeats=stats.heartbeats, started_ms=container.allocated_ms,
         finished_ms=container.finished_ms, diagnostics=container.diagnostics,
         replaces=container.replaces, replaced_by=container.replaced_by,
+        host=stats.process_name.partition("@")[2],
     )
+
+
+def operator_infos(app: Application) -> list[client_pb2.OperatorInfo]:
+    """Every operator of ``app`` in id order, without recent windows."""
+    return [operator_info(app, op) for op in app.plan.operators.values()]
 
 
 def operator_info(app: Application, op: PTOperator, *, with_windows: bool = False
@@ -68,24 +183,27 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
     """One operator's state and statistics; ``with_windows`` adds the recent windows."""
     tracker = app.operator_stats[op.id]
     book = app.checkpoints[op.id]
-    upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
+    figures = _figures(app, op)
     info = client_pb2.OperatorInfo(
         id=op.id, name=op.name, application_id=app.id, container_id=op.container_id,
         class_name=op.class_name, state=op.state.value,
         current_window_id=tracker.current_window_id,
         total_tuples_processed=tracker.total_tuples_processed,
         total_tuples_emitted=tracker.total_tuples_emitted,
-        tuples_processed_per_second=tracker.tuples_processed_per_second,
-        tuples_emitted_per_second=tracker.tuples_emitted_per_second,
-        cpu_percent=tracker.cpu_percent, failure_count=op.failure_count,
+        tuples_processed_per_second=figures.processed_per_second,
+        tuples_emitted_per_second=figures.emitted_per_second,
+        cpu_percent=figures.cpu_percent, failure_count=op.failure_count,
         recovery_window_id=op.recovery_window_id, last_heartbeat_ms=tracker.last_heartbeat_ms,
         error=op.error, windows_processed=tracker.windows_processed,
-        latency_ms=latency_ms(tracker, upstream),
+        latency_ms=figures.latency_ms,
         checkpoint_window_id=book.latest, checkpoint_time_ms=book.last_time_ms,
         checkpoint_time_avg_ms=book.average_time_ms, checkpoints=book.count,
         failures_in_a_row=op.failures_in_a_row, max_restarts=max_restarts(op),
         deploy_window_id=op.deploy_window_id, processing_mode=op.processing_mode,
+        committed_window_id=app.committed_window_id, metrics=tracker.metrics,
+        logical_name=_logical_name(op),
     )
+    interval = _interval_ms(app)
     keys = [("input", link.port_name) for link in op.inputs]
     keys += [("output", link.port_name) for link in op.outputs]
     keys += sorted(key for key in tracker.ports if key not in keys)
@@ -94,13 +212,33 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         if port is None:
             info.ports.add(name=name, type=kind)
             continue
+        tuples_per_second, bytes_per_second = port.rates(interval)
         info.ports.add(name=name, type=kind, total_tuples=port.total_tuples,
-                       tuples_per_second=port.tuples_per_second,
-                       buffer_server_bytes=port.buffer_server_bytes, queue_size=port.queue_size)
+                       tuples_per_second=tuples_per_second,
+                       buffer_server_bytes=port.buffer_server_bytes, queue_size=port.queue_size,
+                       buffer_server_bytes_per_second=bytes_per_second)
     if with_windows:
+        upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
         for window in tracker.recent:
+            latency = window_latency_ms(window, upstream)
             info.recent_windows.add(
                 window_id=window.window_id, tuples_processed=window.tuples_processed,
                 tuples_emitted=window.tuples_emitted, end_window_ms=window.end_window_ms,
-                cpu_time_ns=window.cpu_time_ns)
+                cpu_time_ns=window.cpu_time_ns, latency_ms=-1 if latency is None else latency,
+                metrics=window.metrics or {})
     return info
+
+
+def application_plan(app: Application) -> client_pb2.ApplicationPlan:
+    """The DAG as deployed: operators and the streams between them, for drawing it."""
+    plan = client_pb2.ApplicationPlan(application_id=app.id, operators=operator_infos(app))
+    interval = _interval_ms(app)
+    for op in app.plan.operators.values():
+        tracker = app.operator_stats[op.id]
+        for link in op.inputs:
+            port = tracker.ports.get(("input", link.port_name))
+            plan.streams.add(name=link.stream_name, source_operator_id=link.source_operator_id,
+                             source_port=link.source_port_name, sink_operator_id=op.id,
+                             sink_port=link.port_name,
+                             tuples_per_second=port.rates(interval)[0] if port else 0.0)
+    return plan

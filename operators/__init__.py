@@ -4,6 +4,7 @@
 """
 
 from operators.dag import Dag, DagError
+from operators.metrics import metric
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
 from operators.windows import NO_WINDOW, format_window_id, make_window_id
@@ -19,4 +20,5 @@ __all__ = [
     "OutputPort",
     "format_window_id",
     "make_window_id",
+    "metric",
 ]

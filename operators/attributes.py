@@ -105,6 +105,9 @@ _ALL = [
     Attribute("CRASH_AT", _crash_points, "", Scope.BOTH,
               "Kill the container on purpose at these named points, once each: "
               "'point' or 'point@n', comma-separated (tests of recovery; see operators.faults)."),
+    Attribute("THROUGHPUT_CALCULATION_INTERVAL_MILLIS", _positive_int, 10_000, Scope.DAG,
+              "Rates (tuples/s, bytes/s, CPU %) and latencies are moving averages over the "
+              "windows that ended in this interval (at most the last 100 windows)."),
     Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
 ]

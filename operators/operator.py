@@ -116,6 +116,9 @@ class Operator:
 
     #: instance attributes that are not state (connections, caches): not checkpointed.
     NON_STATE: ClassVar[tuple[str, ...]] = ()
+    #: instance attributes reported as user metrics after every window (``operators.metrics``;
+    #: methods marked ``@metric`` are too).
+    METRICS: ClassVar[tuple[str, ...]] = ()
 
     def setup(self, context: OperatorContext) -> None:
         """Called once before the first window."""

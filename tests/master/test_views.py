@@ -1,0 +1,80 @@
+"""The views every monitoring surface shares: rates, latency, critical path, user metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from master import views
+from master.stats import OperatorStatsTracker
+from tests.master.fakes import operator_report, window
+from tests.master.monitoring import WINDOWS, monitored_core
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_application_totals_rates_and_critical_path():
+    core, app_id = monitored_core()
+    info = core.application_info(app_id)
+    assert (info.total_tuples_processed, info.total_tuples_emitted) == (
+        WINDOWS * 150, WINDOWS * 150)
+    # 200/s out of the source, 200 in and 100 out of the relay, 100 into the sink
+    assert round(info.tuples_emitted_per_second) == 300
+    assert round(info.tuples_processed_per_second) == 300
+    assert info.latency_ms == pytest.approx(50.0)
+    assert list(info.critical_path) == ["source", "relay1", "sink"]
+    relay = next(op for op in info.logical_operators if op.name == "relay1")
+    assert relay.metrics["dropped"] == 50.0 * WINDOWS and list(relay.partition_ids) == [2]
+    assert relay.latency_ms == pytest.approx(20.0)
+
+
+def test_operator_ports_windows_and_metrics():
+    core, app_id = monitored_core()
+    relay = core.operator_info(app_id, "relay1")
+    assert relay.metrics["dropped"] == 50.0 * WINDOWS and relay.logical_name == "relay1"
+    assert relay.committed_window_id == -1
+    out = next(p for p in relay.ports if p.type == "output")
+    assert out.buffer_server_bytes == WINDOWS * 50 * 8
+    assert round(out.buffer_server_bytes_per_second) == 800  # 400 bytes per 500 ms
+    assert round(out.tuples_per_second) == 100
+    assert [w.latency_ms for w in relay.recent_windows] == [20] * WINDOWS
+    assert relay.recent_windows[-1].metrics["dropped"] == 50.0 * WINDOWS
+    source = core.operator_info(app_id, "source")
+    assert [w.latency_ms for w in source.recent_windows] == [-1] * WINDOWS
+
+
+def test_plan_has_streams_and_operators():
+    core, app_id = monitored_core()
+    plan = core.application_plan(app_id)
+    assert [op.name for op in plan.operators] == ["source", "relay1", "sink"]
+    assert [(s.source_operator_id, s.sink_operator_id) for s in plan.streams] == [(1, 2), (2, 3)]
+    assert round(plan.streams[0].tuples_per_second) == 200
+
+
+def test_containers_show_host():
+    core, app_id = monitored_core()
+    [container] = core.list_containers(app_id)
+    assert container.host == "testhost" and container.process_name == "7000@testhost"
+
+
+def test_moving_average_follows_the_interval():
+    tracker = OperatorStatsTracker()
+    # 10 tuples per 100 ms window for 20 windows, then 40 per window for 5 windows
+    counts = [10] * 20 + [40] * 5
+    tracker.record(operator_report(1, windows=[
+        window(i, tuples_in=n, end_ms=1000 + 100 * i) for i, n in enumerate(counts)]), 0)
+    assert round(tracker.rates(500)[0]) == 400
+    assert round(tracker.rates(None)[0]) == round(sum(counts[1:]) / 2.4)
+
+
+def test_failures_list_newest_first():
+    core, app_id = monitored_core()
+    core.kill_container(f"{app_id}-c0")
+    failures = core.application_info(app_id).recent_failures
+    assert failures[0].kind == "container" and "killed by the user" in failures[0].message
+
+
+def test_critical_path_of_an_empty_plan_is_zero():
+    core, app_id = monitored_core()
+    with core.lock:
+        app = core.application(app_id)
+        assert views.application_plan(app).application_id == app_id
