@@ -25,7 +25,7 @@ import os
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -185,15 +185,17 @@ def secret_path(port: int) -> Path:
     return weir_home() / f"master-{port}.secret"
 
 
-def write_secret_file(path: Path, address: str, secret: str, tls_ca: Path | None) -> None:
+def write_secret_file(path: Path, address: str, secret: str, tls_ca: Path | None,
+                      extra: Mapping[str, str] | None = None) -> None:
     """Writes the secret file atomically, readable by its owner only (0600, folder 0700).
 
     The file is created 0600 before anything is written to it, then renamed into place,
-    so the secret is never readable by others, not even for a moment.
+    so the secret is never readable by others, not even for a moment. ``extra``: more
+    fields (the dashboard's URL).
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     text = json.dumps({"address": address, "secret": secret,
-                       "tls_ca": str(tls_ca) if tls_ca else None})
+                       "tls_ca": str(tls_ca) if tls_ca else None, **(extra or {})})
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "w") as file:

@@ -134,18 +134,24 @@ def _cmd_master(args: argparse.Namespace) -> int:
                                                  if args.launcher == "local" else {}))
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
               else os.environ.get(auth.SECRET_ENV) or None)
-    server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args))
+    server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
+                          **_http_options(args))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
                                                                       signal.SIGTERM)}
     try:
         address = server.start()
         secret_file = str(server.secret_file or "")
+        dashboard = server.core.dashboard_url
         if args.json:
             _print_json({"address": address, "secret_file": secret_file,
-                         "tls": server.tls is not None})
+                         "tls": server.tls is not None, "dashboard": dashboard})
         else:
             print(address)
+            if dashboard:
+                print(f"weir: dashboard, JSON API and /metrics on {dashboard} (the secret "
+                      "opens them: ?token=SECRET or 'Authorization: Bearer SECRET')",
+                      file=sys.stderr)
             print(f"weir: the master's secret is in {secret_file} (mode 0600): `weir` finds "
                   f"it on this machine; elsewhere set {auth.SECRET_ENV} or pass --secret-file"
                   if secret_file else f"weir: clients need the master's secret: set "
@@ -181,7 +187,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return LocalProcessLauncher(address, log_dir=log_dir)
 
     server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000,
-                          tls=_tls(args))
+                          tls=_tls(args), **_http_options(args))
     app_id = ""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -189,6 +195,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         app_id = server.core.submit(descriptor, overrides)
         _LOGGER.info("running %s as %s on the embedded master %s", args.app, app_id,
                      server.address)
+        if server.dashboard_url and not args.quiet:
+            print(f"weir: {app_id} dashboard: {server.dashboard_url}", file=sys.stderr)
         info = _follow(server, app_id, args.run_timeout, args.quiet)
         operators = server.core.list_operators(app_id)
         _print_run_result(args, info, operators)
@@ -205,6 +213,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.stop()
+
+
+def _http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """MasterServer's HTTP settings from ``--http-port``, ``--http-open``, ``--metrics-open``."""
+    return {"http_port": None if args.http_port < 0 else args.http_port,
+            "http_open": args.http_open, "metrics_open": args.metrics_open}
 
 
 def _raise_interrupt(*_: object) -> NoReturn:
@@ -254,9 +268,9 @@ def _cmd_apps(args: argparse.Namespace) -> int:
         print(tables.render_table(tables.APPLICATION_HEADERS,
                                   tables.application_rows(apps, _now_ms()),
                                   tables.APPLICATION_RIGHT))
-        if apps[0].dashboard_url:
-            print(f"\ndashboard: {apps[0].dashboard_url} (the master's secret opens it: "
-                  "add ?token=SECRET)")
+        if apps[0].dashboard_url:  # a hint for people, kept off the table's stream
+            print(f"weir: dashboard on {apps[0].dashboard_url} (add ?token=SECRET, the "
+                  "master's secret)", file=sys.stderr)
     return 0
 
 
@@ -390,6 +404,16 @@ def _tls_options(parser: argparse.ArgumentParser) -> None:
                         help="the certificate's private key (default: $WEIR_TLS_KEY)")
 
 
+def _http_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http-port", type=int, default=0, metavar="PORT",
+                        help="the dashboard, JSON API and /metrics on this port of the "
+                             "master's host (default 0: any free port, printed; -1: none)")
+    parser.add_argument("--http-open", action="store_true",
+                        help="serve the dashboard and JSON API without the master's secret")
+    parser.add_argument("--metrics-open", action="store_true",
+                        help="serve /metrics without the master's secret")
+
+
 def _attribute_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("app", metavar="APP.py", help="the application file (defines `dag`)")
 
@@ -414,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--launcher", default="local", choices=launcher_names(),
                    help="how containers start (recording: start none; run them by hand)")
     _tls_options(p)
+    _http_arguments(p)
     sub.add_parser("container", help="run a container (python -m container ...)",
                    add_help=False)
     p = command("submit", _cmd_submit, "submit an application to a running master")
@@ -425,8 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-timeout", type=float, metavar="S",
                    help="stop the application if it has not ended after S seconds")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress line while the application runs")
+                   help="no progress line (nor dashboard URL) while the application runs")
     _tls_options(p)
+    _http_arguments(p)
     command("apps", _cmd_apps, "list the applications")
     p = command("app", _cmd_app, "one application: totals, rates, latency, operators, failures")
     p.add_argument("app_id", metavar="APP_ID")

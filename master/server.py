@@ -18,6 +18,7 @@ import grpc
 from master import auth
 from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
+from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
 from master.rpc import SERVER_OPTIONS, SizeLimitInterceptor
 from master.umbilical_service import UmbilicalService
@@ -71,6 +72,10 @@ class MasterServer:
         tls: serve over TLS with this certificate and key (containers get them too).
         publish_secret: write the address and secret to ``auth.secret_path(port)``
             (0600) while running, so ``weir`` on this machine finds them.
+        http_port: the dashboard, JSON API and ``/metrics`` (``master.http_api``) on this
+            port of ``host``; 0 = any free port, None = no HTTP server.
+        http_open, metrics_open: serve the API and dashboard, or ``/metrics``, without
+            the secret.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -78,7 +83,9 @@ class MasterServer:
                  clock: Clock = system_clock, stop_grace_s: float = 5.0,
                  container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
                  max_workers: int = 16, secret: str | None = None,
-                 tls: auth.TlsFiles | None = None, publish_secret: bool = True) -> None:
+                 tls: auth.TlsFiles | None = None, publish_secret: bool = True,
+                 http_port: int | None = 0, http_open: bool = False,
+                 metrics_open: bool = False) -> None:
         if secret is not None and not secret.strip():
             raise ValueError("the master's secret must not be empty")
         self.host = host
@@ -92,6 +99,8 @@ class MasterServer:
         self.secret = secret.strip() if secret else auth.new_secret()
         self.tls = tls
         self.publish_secret = publish_secret
+        self._http_options = (http_port, http_open, metrics_open)
+        self._http: HttpApi | None = None
         self._secret_file: Path | None = None
         self._server: grpc.Server | None = None
         self._core: MasterCore | None = None
@@ -153,6 +162,11 @@ class MasterServer:
                 UmbilicalService(core), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
             _tune_gc()
+            try:
+                self._start_http(core)
+            except MasterStartError:
+                server.stop(None)
+                raise
             server.start()
             core.start()
             self._server, self._core = server, core
@@ -162,12 +176,32 @@ class MasterServer:
                          " with TLS" if self.tls else "", type(launcher).__name__)
             return self._address
 
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard's URL with the secret in it (empty without an HTTP server)."""
+        return self._http.url_with_token if self._http else ""
+
+    def _start_http(self, core: MasterCore) -> None:
+        """Starts the dashboard, JSON API and /metrics (``master.http_api``)."""
+        port, open_api, open_metrics = self._http_options
+        if port is None:
+            return
+        http = HttpApi(core, self.secret, self.host, port, open_api=open_api,
+                       open_metrics=open_metrics, tls=self.tls)
+        try:
+            core.dashboard_url = http.start()
+        except OSError as exc:
+            raise MasterStartError(f"cannot serve the dashboard on {self.host}:{port} "
+                                   f"({exc.strerror or exc}); pass another --http-port") from None
+        self._http = http
+
     def _publish(self, port: int) -> None:
         """Writes the secret file; without one, clients need the secret given to them."""
         path = auth.secret_path(port)
         try:
             auth.write_secret_file(path, self._address, self.secret,
-                                   self.tls.trusted if self.tls else None)
+                                   self.tls.trusted if self.tls else None,
+                                   {"dashboard": self._http.url} if self._http else None)
         except OSError as exc:
             _LOGGER.warning("cannot write the secret file %s (%s); clients need %s",
                             path, exc.strerror or exc, auth.SECRET_ENV)
@@ -212,6 +246,8 @@ class MasterServer:
             if self._secret_file is not None:
                 auth.remove_secret_file(self._secret_file, self.secret)
             server.stop(grace=0.5).wait(5.0)
+            if self._http is not None:
+                self._http.stop()
             _LOGGER.info("master at %s stopped", self._address)
 
     def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:

@@ -107,7 +107,8 @@ def test_the_secret_file_is_the_owners_only_and_goes_with_the_master(tmp_path, m
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert json.loads(path.read_text()) == {"address": address, "secret": "given-secret",
-                                                "tls_ca": None}
+                                                "tls_ca": None,
+                                                "dashboard": master.core.dashboard_url}
         assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
         with WeirClient(address, timeout_s=5) as client:  # found with no setup at all
             assert client.credentials.source == str(path)

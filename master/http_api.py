@@ -1,0 +1,264 @@
+"""The master's HTTP side: a JSON API, the web dashboard and Prometheus' ``/metrics``.
+
+Served from the master's process on a port of its own (``weir master --http-port``), with
+the standard library's threading HTTP server: a few requests a second from a browser and
+a scraper need nothing more. Every answer is built from the same messages as the gRPC
+client API (``master.views``, via ``MasterCore``), turned into JSON by protobuf's own
+mapping, so ``weir --json``, the API and the dashboard always agree.
+
+Security: the API and the dashboard need the master's secret unless ``open_api``
+(``--http-open``): ``Authorization: Bearer <secret>`` or ``?token=<secret>`` (the
+dashboard's URL carries it and the page sends it on as a header); ``/metrics`` needs it
+too unless ``open_metrics`` (``--metrics-open``). They show figures, never code or data,
+but they name hosts, operators and errors. With TLS the server speaks HTTPS with the
+master's certificate.
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import json
+import logging
+import re
+import socket
+import ssl
+import threading
+import urllib.parse
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from master import auth
+from master.core import MasterCore
+from master.errors import MasterError, NotFound
+from master.metrics import master_registry
+from proto import client_pb2
+
+__all__ = ["HttpApi"]
+
+_LOGGER = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+_SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+_PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                "form-action 'none'; frame-ancestors 'none'")
+_UNAUTHORIZED_PAGE = """<!doctype html><meta charset="utf-8"><title>Weir: secret needed</title>
+<p>This Weir master needs its secret: open the URL that <code>weir run</code> printed, or add
+<code>?token=SECRET</code> (the <code>secret</code> in the master's secret file,
+<code>~/.weir/master-PORT.secret</code>).</p>"""
+
+
+def _to_json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+class _Route:
+    def __init__(self, pattern: str, handler: Callable[..., Message], needs: str) -> None:
+        self.pattern = re.compile(pattern)
+        self.handler = handler
+        self.needs = needs  # which permission: "api" or "metrics"
+
+
+class HttpApi:
+    """The HTTP server; ``start`` binds and serves from a thread, ``stop`` ends it.
+
+    Args:
+        core: the master's state.
+        secret: the master's secret (what callers must present).
+        host, port: where to listen (port 0 = any free port).
+        open_api: serve the API and the dashboard without the secret.
+        open_metrics: serve ``/metrics`` without the secret.
+        tls: serve HTTPS with this certificate and key.
+    """
+
+    def __init__(self, core: MasterCore, secret: str, host: str = "127.0.0.1", port: int = 0,
+                 *, open_api: bool = False, open_metrics: bool = False,
+                 tls: auth.TlsFiles | None = None) -> None:
+        self.core = core
+        self._expected = secret.encode()
+        self.host, self.port = host, port
+        self.open_api, self.open_metrics = open_api, open_metrics
+        self.tls = tls
+        self.registry = master_registry(core)
+        self.url = ""
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.page = resources.files("master").joinpath("dashboard.html").read_bytes()
+        self.routes = [
+            _Route(r"/api/apps", lambda: client_pb2.ListApplicationsResponse(
+                applications=core.list_applications()), "api"),
+            _Route(r"/api/apps/(?P<app>[^/]+)", core.application_info, "api"),
+            _Route(r"/api/apps/(?P<app>[^/]+)/operators", lambda app: (
+                client_pb2.ListOperatorsResponse(operators=core.list_operators(app))), "api"),
+            _Route(r"/api/apps/(?P<app>[^/]+)/containers", lambda app: (
+                client_pb2.ListContainersResponse(containers=core.list_containers(app))),
+                "api"),
+            _Route(r"/api/apps/(?P<app>[^/]+)/operators/(?P<operator>[^/]+)/windows",
+                   core.operator_info, "api"),
+            _Route(r"/api/apps/(?P<app>[^/]+)/plan", core.application_plan, "api"),
+        ]
+
+    @property
+    def url_with_token(self) -> str:
+        """The dashboard's URL with the secret in it (for the person who started the master)."""
+        if not self.url or self.open_api:
+            return self.url
+        return f"{self.url}?token={urllib.parse.quote(self._expected.decode(), safe='')}"
+
+    def start(self) -> str:
+        """Binds and serves; returns the base URL (``http://host:port/``).
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
+        api = self
+
+        class Handler(_Handler):
+            pass
+
+        Handler.api = api
+        server_class = (_ThreadingHTTPServerV6 if ":" in self.host.strip("[]")
+                        else http.server.ThreadingHTTPServer)
+        server = server_class((self.host.strip("[]") or "0.0.0.0", self.port), Handler)
+        server.daemon_threads = True
+        scheme = "http"
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(self.tls.cert), str(self.tls.key))
+            # the handshake happens in the request's thread, not in the accepting one
+            server.socket = context.wrap_socket(server.socket, server_side=True,
+                                                do_handshake_on_connect=False)
+            scheme = "https"
+        host = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        host = f"[{host}]" if ":" in host else host
+        self.url = f"{scheme}://{host}:{server.server_address[1]}/"
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={
+            "poll_interval": 0.2}, name="weir-master-http", daemon=True)
+        self._thread.start()
+        _LOGGER.info("dashboard, JSON API and /metrics on %s", self.url)
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self._server = self._thread = None
+
+    def allowed(self, needs: str, header: str | None, token: str | None) -> bool:
+        """Whether a request for ``needs`` ("api" or "metrics") may be answered."""
+        if (needs == "api" and self.open_api) or (needs == "metrics" and self.open_metrics):
+            return True
+        offered = ""
+        if header and header.startswith("Bearer "):
+            offered = header[len("Bearer "):].strip()
+        elif token:
+            offered = token
+        return bool(offered) and hmac.compare_digest(offered.encode(), self._expected)
+
+
+class _ThreadingHTTPServerV6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    """One request: route, check the secret, answer JSON, HTML or metrics text."""
+
+    api: HttpApi
+    timeout = 30  # a silent client frees its thread
+    server_version = "weir"
+    sys_version = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except Exception:  # noqa: BLE001 - one bad request must not take the server down
+            _LOGGER.exception("HTTP %s failed", self.path)
+            self._json(500, {"error": "internal error; see the master's log"})
+
+    def _get(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        token = urllib.parse.parse_qs(url.query).get("token", [None])[0]
+        header = self.headers.get("Authorization")
+        path = url.path.rstrip("/") or "/"
+        if path in ("/", "/index.html"):
+            if not self.api.allowed("api", header, token):
+                self._send(401, _UNAUTHORIZED_PAGE.encode(), "text/html; charset=utf-8")
+                return
+            self._send(200, self.api.page, "text/html; charset=utf-8",
+                       {"Content-Security-Policy": _PAGE_POLICY})
+            return
+        if path == "/metrics":
+            if not self.api.allowed("metrics", header, token):
+                self._unauthorized()
+                return
+            self._send(200, generate_latest(self.api.registry), CONTENT_TYPE_LATEST)
+            return
+        for route in self.api.routes:
+            match = route.pattern.fullmatch(path)
+            if match is None:
+                continue
+            if not self.api.allowed(route.needs, header, token):
+                self._unauthorized()
+                return
+            args = {k: urllib.parse.unquote(v) for k, v in match.groupdict().items()}
+            try:
+                message = route.handler(*args.values())
+            except NotFound as exc:
+                self._json(404, {"error": str(exc)})
+                return
+            except MasterError as exc:
+                self._json(400, {"error": str(exc)})
+                return
+            self._json(200, _to_json(message))
+            return
+        self._json(404, {"error": f"no such resource {url.path!r}; see the README's REST API"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._json(405, {"error": "the HTTP API is read-only; use `weir` to act"},
+                   {"Allow": "GET"})
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    def _unauthorized(self) -> None:
+        self._json(401, {"error": "this master needs its secret: send 'Authorization: Bearer "
+                                  "<secret>' (or ?token=<secret>)"},
+                   {"WWW-Authenticate": 'Bearer realm="weir"'})
+
+    def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self._send(status, json.dumps(body).encode(), "application/json", headers)
+
+    def _send(self, status: int, body: bytes, content_type: str,
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**_SECURITY_HEADERS, **(headers or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
+        # The query string may hold the secret: log the path only.
+        _LOGGER.debug("HTTP %s %s", self.command, urllib.parse.urlsplit(self.path).path)
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        _LOGGER.debug("HTTP %s %s -> %s", self.command,
+                      urllib.parse.urlsplit(self.path).path, code)

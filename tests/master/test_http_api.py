@@ -1,0 +1,150 @@
+"""The master's HTTP side: the JSON API (the gRPC views as JSON), the page, /metrics, and
+the secret on each."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from google.protobuf import json_format
+from prometheus_client.parser import text_string_to_metric_families
+
+from master import auth
+from master.client import WeirClient
+from master.http_api import HttpApi
+from master.launcher import RecordingLauncher
+from master.server import MasterServer
+from tests.master.fakes import chain_descriptor
+from tests.master.monitoring import WINDOWS, monitored_core
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cret-for-the-test"
+
+
+@pytest.fixture
+def api():
+    core, app_id = monitored_core()
+    http = HttpApi(core, SECRET)
+    http.start()
+    try:
+        yield http, core, app_id
+    finally:
+        http.stop()
+
+
+def fetch(url: str, *, secret: str | None = SECRET, method: str = "GET"
+          ) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    request = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def get_json(url: str) -> dict:
+    status, _, body = fetch(url)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def test_json_is_the_grpc_views(api):
+    http, core, app_id = api
+    base = http.url + f"api/apps/{app_id}"
+
+    def as_dict(message):
+        return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                          always_print_fields_with_no_presence=True)
+
+    assert get_json(http.url + "api/apps")["applications"] == [
+        as_dict(info) for info in core.list_applications()]
+    app = get_json(base)
+    assert app == as_dict(core.application_info(app_id))
+    assert app["total_tuples_processed"] == str(WINDOWS * 150) and app["latency_ms"] == 50.0
+    operators = get_json(base + "/operators")["operators"]
+    assert [op["name"] for op in operators] == ["source", "relay1", "sink"]
+    assert get_json(base + "/containers")["containers"][0]["host"] == "testhost"
+    windows = get_json(base + "/operators/relay1/windows")["recent_windows"]
+    assert len(windows) == WINDOWS and windows[-1]["metrics"] == {"dropped": 500.0}
+    assert get_json(base + "/operators/2/windows")["name"] == "relay1"  # by id too
+    plan = get_json(base + "/plan")
+    assert [(s["source_operator_id"], s["sink_operator_id"]) for s in plan["streams"]] == [
+        (1, 2), (2, 3)]
+    assert get_json(base + "/")["id"] == app_id  # a trailing slash is the same resource
+
+
+def test_errors_are_json_with_a_status(api):
+    http, _, app_id = api
+    status, _, body = fetch(http.url + "api/apps/app-9999")
+    assert status == 404 and "unknown application" in json.loads(body)["error"]
+    status, _, body = fetch(http.url + f"api/apps/{app_id}/operators/nope/windows")
+    assert status == 404 and "no operator 'nope'" in json.loads(body)["error"]
+    assert fetch(http.url + "api/nothing")[0] == 404
+    status, headers, _ = fetch(http.url + "api/apps", method="POST")
+    assert status == 405 and headers["Allow"] == "GET"
+
+
+@pytest.mark.parametrize("path", ["", "api/apps", "metrics"])
+def test_everything_needs_the_secret_by_default(api, path):
+    http, _, _ = api
+    status, headers, _ = fetch(http.url + path, secret=None)
+    assert status == 401
+    assert fetch(http.url + path, secret="wrong")[0] == 401
+    assert fetch(http.url + path)[0] == 200
+    assert fetch(http.url + path + "?token=" + SECRET, secret=None)[0] == 200
+    if path:
+        assert headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_open_flags():
+    core, _ = monitored_core()
+    http = HttpApi(core, SECRET, open_metrics=True)
+    http.start()
+    try:
+        assert fetch(http.url + "metrics", secret=None)[0] == 200
+        assert fetch(http.url + "api/apps", secret=None)[0] == 401
+        assert http.url_with_token == f"{http.url}?token={SECRET}"
+    finally:
+        http.stop()
+    http = HttpApi(core, SECRET, open_api=True)
+    http.start()
+    try:
+        assert fetch(http.url + "api/apps", secret=None)[0] == 200
+        assert fetch(http.url, secret=None)[0] == 200
+        assert fetch(http.url + "metrics", secret=None)[0] == 401
+        assert http.url_with_token == http.url
+    finally:
+        http.stop()
+
+
+def test_page_and_metrics(api):
+    http, _, app_id = api
+    status, headers, body = fetch(http.url)
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert headers["Referrer-Policy"] == "no-referrer"
+    assert b'id="dag"' in body and b"/api/apps" in body
+    status, headers, body = fetch(http.url + "metrics")
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    names = {f.name for f in text_string_to_metric_families(body.decode())}
+    assert {"weir_application_latency_seconds", "weir_operator_tuples_processed",
+            "weir_port_queue_size", "weir_container_cpu_percent"} <= names
+
+
+def test_master_server_serves_it_and_tells_where(tmp_path):
+    with MasterServer(launcher_factory=RecordingLauncher) as server:
+        url = server.core.dashboard_url
+        assert url.startswith("http://127.0.0.1:") and server.dashboard_url.startswith(url)
+        assert server.secret in server.dashboard_url
+        _, fields = auth.read_secret_file(server.secret_file)
+        assert fields["dashboard"] == url
+        with WeirClient(server.address) as client:
+            client.submit(chain_descriptor(3), {})
+            assert client.applications()[0].dashboard_url == url
+        assert fetch(url + "api/apps", secret=server.secret)[0] == 200
+    with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as server:
+        assert server.core.dashboard_url == "" and server.dashboard_url == ""
