@@ -29,7 +29,17 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class DeployError(RuntimeError):
-    """A deploy request could not be carried out (bad payload, unknown port)."""
+    """A deploy request could not be carried out (bad payload, unknown port).
+
+    ``fatal``: a new container would fail the same way (the payload cannot be unpickled
+    in this environment, or is no operator), so the master should fail the application
+    rather than restart it; a checkpoint that cannot be read is not fatal (storage may
+    come back).
+    """
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
 
 
 def stream_id(operator_id: int, port_name: str) -> str:
@@ -91,6 +101,8 @@ class Deployment:
         self.base_attributes = base_attributes
         self.on_change = on_change
         self.runners: dict[int, OperatorRunner] = {}
+        # operator id -> its FAILED report, for deploys that failed in a way no retry fixes
+        self.failed_deploys: dict[int, umbilical_pb2.OperatorHeartbeat] = {}
         self._lock = threading.Lock()
         self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
         self.checkpointer = StoreCheckpointer(CheckpointStore(self.state_dir))
@@ -130,6 +142,7 @@ class Deployment:
                                     resume_window=resume, skip_missed_windows=at_most_once,
                                     stopped=stopped)
             self.runners[info.id] = runner
+            self.failed_deploys.pop(info.id, None)
         _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
                      info.name, info.id, info.class_name,
                      f"checkpoint {format_window_id(resume)}" if resume >= 0 else "scratch")
@@ -148,10 +161,11 @@ class Deployment:
         except Exception as exc:  # noqa: BLE001 - any unpickling error is a deploy error
             raise DeployError(f"operator {info.name} ({info.class_name}) cannot be rebuilt in "
                               f"container {self.container_id}: {type(exc).__name__}: {exc}; "
-                              "its class must be importable here or defined in the app file"
-                              ) from None
+                              "its class must be importable here or defined in the app file",
+                              fatal=True) from None
         if not isinstance(operator, Operator):
-            raise DeployError(f"operator {info.name}: payload is a {type(operator).__name__}")
+            raise DeployError(f"operator {info.name}: payload is a {type(operator).__name__}",
+                              fatal=True)
         if resume >= 0:
             try:
                 operator = restore(operator, self.checkpointer.store.load(info.id, resume))
@@ -176,9 +190,21 @@ class Deployment:
             return subscription, subscription.close
         return subscribe
 
+    def deploy_failed(self, info: plan_pb2.OperatorDeployInfo, error: DeployError) -> None:
+        """Reports ``info``'s operator FAILED and fatal in the heartbeats from now on.
+
+        The way a fatal deploy error reaches the master: the heartbeat carries the flag (a
+        ReportError would make the master restart the container for another try).
+        """
+        with self._lock:
+            self.failed_deploys[info.id] = umbilical_pb2.OperatorHeartbeat(
+                node_id=info.id, state=umbilical_pb2.OPERATOR_STATE_FAILED, error=str(error),
+                fatal=True)
+
     def undeploy(self, operator_ids: Iterable[int]) -> None:
         for operator_id in operator_ids:
             with self._lock:
+                self.failed_deploys.pop(operator_id, None)
                 runner = self.runners.pop(operator_id, None)
             if runner is not None:
                 _LOGGER.info("container %s undeploys operator %d", self.container_id,
@@ -210,7 +236,9 @@ class Deployment:
             runner.end_requested.set()
 
     def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
-        return [r.heartbeat(interval_ms) for r in list(self.runners.values())]
+        with self._lock:
+            failed = list(self.failed_deploys.values())
+        return [r.heartbeat(interval_ms) for r in list(self.runners.values())] + failed
 
 
     def stop_all(self) -> None:

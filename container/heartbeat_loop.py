@@ -88,8 +88,12 @@ class HeartbeatLoop:
             try:
                 self.deployment.deploy(info)
             except DeployError as exc:
-                _LOGGER.error("container %s: %s", self.container_id, exc)
-                self.client.report_error(self.container_id, [info.id], str(exc))
+                _LOGGER.error("container %s: %s%s", self.container_id, exc,
+                              " (fatal: it cannot succeed on retry)" if exc.fatal else "")
+                if exc.fatal:  # the next heartbeat says so: the master fails the application
+                    self.deployment.deploy_failed(info, exc)
+                else:  # the master restarts the container for another try
+                    self.client.report_error(self.container_id, [info.id], str(exc))
         if response.activate_request:
             self.deployment.activate(response.activate_request)
         if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from operators.ports import conform
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -187,9 +189,13 @@ class SparkSessionBridge:
                 previous = took
             _LOGGER.info("Spark session warm (%s)", self.master)
         except SparkBridgeStopped:
-            pass
-        except Exception:  # noqa: BLE001 - the first real job reports a real problem
-            _LOGGER.warning("warming up Spark failed", exc_info=True)
+            _LOGGER.info("Spark warm-up interrupted: the container is stopping")
+        except Exception as exc:  # noqa: BLE001 - the first real job reports a real problem
+            if self._stopped:  # stop() pulled the JVM from under the job: Ctrl-C, SIGTERM
+                _LOGGER.info("Spark warm-up interrupted: the container is stopping (%s)",
+                             type(exc).__name__)
+            else:
+                _LOGGER.warning("warming up Spark failed", exc_info=True)
 
     def _create_session(self) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -218,6 +224,7 @@ class SparkSessionBridge:
                      self.master, self.shuffle_partitions)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self.log_level)
+        _quiet_query_context_loggers()
         return session
 
     def _log4j_config(self) -> Path:
@@ -300,12 +307,23 @@ class SparkSessionBridge:
         _delete(files)
 
     def stop(self) -> None:
-        """Stops the SparkSession and removes the scratch folder; the bridge is done."""
+        """Stops the SparkSession and removes the scratch folder; the bridge is done.
+
+        Quietly, also while another thread runs a job (a container stopping during the
+        warm-up): the jobs are cancelled and Spark's log silenced first, else the JVM
+        prints a stack trace per task it interrupts and the job's thread gets a py4j
+        error, which ``warm_up`` then reports as an interruption in one line.
+        """
+        self._stopped = True  # seen at once by a job's thread, even while the JVM starts
         with self._lock:
-            self._stopped = True
             session, self._session = self._session, None
             scratch, self._scratch = self._scratch, None
         if session is not None:
+            try:
+                session.sparkContext.setLogLevel("OFF")
+                session.sparkContext.cancelAllJobs()
+            except Exception:  # noqa: BLE001 - the JVM may be gone already; stop() says so
+                pass
             try:
                 session.stop()
             except Exception:  # noqa: BLE001 - stopping must not fail the container's shutdown
@@ -357,6 +375,18 @@ class SparkSessionBridge:
             return self._scratch
 
 
+def _quiet_query_context_loggers() -> None:
+    """PySpark logs every analysis error once more, as JSON with the whole JVM stack trace,
+    on stderr: the operator's error already carries the message (its traceback goes to the
+    container log), so that copy only buries it."""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:  # PySpark before 4.0 has no such loggers
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def _default_parent() -> Path:
     if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK):
         return Path(_SHM)
@@ -369,7 +399,7 @@ def _row_group_rows(num_rows: int, parallelism: int) -> int:
 
 
 def _to_table(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    batches = [b if b.schema.equals(schema) else b.cast(schema) for b in batches]
+    batches = [conform(b, schema, "Spark input") for b in batches]
     table = pa.Table.from_batches(batches, schema=schema)
     # Parquet has no column type Spark reads for Arrow's null type: make such columns strings.
     nulls = [i for i, f in enumerate(table.schema) if pa.types.is_null(f.type)]

@@ -11,6 +11,8 @@ import collections
 import enum
 import logging
 import os
+import pickle
+import sys
 import threading
 import time
 import traceback
@@ -20,8 +22,10 @@ from typing import Protocol
 import pyarrow as pa
 
 from container.control import Kind
+from container.operator_state import OperatorStateError
 from container.port_input import InputClosed, PortInput
 from operators.operator import InputOperator, Operator, OperatorContext
+from operators.ports import SchemaMismatch, conform
 from operators.windows import (
     format_window_id,
     make_window_id,
@@ -30,11 +34,82 @@ from operators.windows import (
 )
 from proto import plan_pb2, umbilical_pb2
 
-__all__ = ["Checkpointer", "OperatorRunner", "Publisher", "RunnerState"]
+__all__ = [
+    "Checkpointer",
+    "OperatorRunner",
+    "Publisher",
+    "RunnerState",
+    "describe_error",
+    "is_fatal",
+]
 
 _LOGGER = logging.getLogger(__name__)
 _STATS_RING = 1024
 _IDLE_S = 0.002
+_ERROR_CHARS = 500  # the one-line error the master shows stays readable in `weir apps`
+
+# Errors the same code on the same (replayed) data raises again on every retry.
+_FATAL_TYPES: tuple[type[BaseException], ...] = (
+    pickle.PicklingError, pickle.UnpicklingError,  # the operator cannot be (un)pickled
+    OperatorStateError,  # its state cannot be checkpointed
+    SchemaMismatch,  # a batch does not fit its port's schema
+)
+# Spark analysis errors that may pass on retry: a file that is not there (yet, or any more).
+_RETRYABLE_SPARK_CONDITIONS = frozenset({"PATH_NOT_FOUND"})
+# Frames of these packages are not where an operator's error is: ``describe_error`` names
+# the innermost frame outside them.
+_LIBRARY_DIRS = frozenset({"pyspark", "py4j"})
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) cannot succeed on retry.
+
+    A restart replays the same windows into the same code, so an analysis error of a
+    Spark query (bad SQL: an unknown column, a syntax error), a batch that does not fit
+    its port's schema, or an operator whose state cannot be pickled fails again, each
+    time after a cold Spark start: the master fails the application at once instead.
+    Anything else (lost connections, full disks, a JVM that died) may pass and is retried.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _FATAL_TYPES) or _is_spark_analysis_error(current):
+            return True
+        current = current.__cause__  # ``raise X from analysis_error`` keeps it fatal
+    return False
+
+
+def _is_spark_analysis_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("pyspark.errors")  # not loaded: it cannot be a Spark error
+    analysis = getattr(errors, "AnalysisException", None) if errors is not None else None
+    if analysis is None or not isinstance(exc, analysis):
+        return False  # ParseException is an AnalysisException too
+    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    try:
+        name = condition() if condition is not None else None
+    except Exception:  # noqa: BLE001 - an exception without its error class is still one
+        name = None
+    return name not in _RETRYABLE_SPARK_CONDITIONS
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: first line of the message (at file:line in function)``, for the master.
+
+    One line, so that ``weir apps`` and ``weir operators`` stay tables: Spark's messages
+    carry the query plan on the following lines (the container log has them in full).
+    The place is the innermost frame outside pyspark and py4j: the operator's own call.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    if len(message) > _ERROR_CHARS:
+        message = message[:_ERROR_CHARS - 3] + "..."
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not _LIBRARY_DIRS.intersection(f.filename.split(os.sep))]
+    frame = (own or frames)[-1] if frames else None
+    where = f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})" \
+        if frame is not None else ""
+    return f"{type(exc).__name__}: {message}{where}"
 
 
 class Publisher(Protocol):
@@ -119,9 +194,13 @@ class OperatorRunner:
         self._last_checkpoint = -1
         self.state = RunnerState.ACTIVE
         self.error = ""
+        self.fatal = False  # the error cannot succeed on retry (``is_fatal``)
         self._on_change = on_change
         self.stopped = stopped if stopped is not None else threading.Event()
         self._unconnected = set(operator.output_ports()) - set(self.publishers)
+        declared = operator.input_ports()  # batches are cast to a declared schema, or fail
+        self._input_schemas = {name: declared[name].schema for name in self.inputs
+                               if name in declared and declared[name].schema is not None}
         self.end_requested = threading.Event()
         self.ready = False  # setup() done
         self.activated = threading.Event()
@@ -205,16 +284,16 @@ class OperatorRunner:
             self._on_change()
 
     def _fail(self, exc: BaseException) -> None:
-        """Records the failure in one line (where it happened included) for the master."""
-        frames = traceback.extract_tb(exc.__traceback__)
-        where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in " \
-                f"{frames[-1].name})" if frames else ""
-        self.error = f"{type(exc).__name__}: {exc}{where}"
+        """Records the failure for the master: one line (where it happened included), and
+        whether retrying can help; the container log gets the full traceback, written
+        before the state changes (so before any heartbeat reports the failure)."""
+        self.error = describe_error(exc)
+        self.fatal = is_fatal(exc)
+        _LOGGER.error("operator %s (%d) failed in window %s%s: %s", self.context.name,
+                      self.operator_id, format_window_id(self._window),
+                      " (fatal: it cannot succeed on retry)" if self.fatal else "", self.error,
+                      exc_info=exc)
         self.state = RunnerState.FAILED
-        _LOGGER.warning("operator %s (%d) failed in window %s: %s", self.context.name,
-                        self.operator_id, format_window_id(self._window), self.error)
-        _LOGGER.debug("operator %s traceback:\n%s", self.context.name,
-                      "".join(traceback.format_exception(exc)))
 
     # -- emitting ----------------------------------------------------------------
     def _emit(self, port: str, batch: pa.RecordBatch) -> None:
@@ -402,7 +481,12 @@ class OperatorRunner:
             message = port.get()
             if message.kind == Kind.DATA:
                 cpu_start = time.thread_time_ns()
-                self.operator.process(name, message.batch())
+                batch = message.batch()
+                schema = self._input_schemas.get(name)
+                if schema is not None:
+                    batch = conform(batch, schema, f"operator {self.context.name!r}, input "
+                                                   f"port {name!r}")
+                self.operator.process(name, batch)
                 self._cpu_ns += time.thread_time_ns() - cpu_start
                 self._in_counts[name] += message.rows
             elif message.kind == Kind.END_WINDOW:
@@ -420,4 +504,4 @@ class OperatorRunner:
         return umbilical_pb2.OperatorHeartbeat(
             node_id=self.operator_id, generated_tms=_now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
-            ready=self.ready)
+            ready=self.ready, fatal=self.fatal)

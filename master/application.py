@@ -14,6 +14,7 @@ from typing import Any
 
 from master.checkpoints import CheckpointBook
 from master.errors import InvalidTransition
+from master.log_limits import LogLimiter
 from master.physical_plan import ContainerState, PhysicalPlan
 from master.stats import ContainerStatsTracker, OperatorStatsTracker
 from proto import plan_pb2
@@ -97,6 +98,8 @@ class Application:
         self.last_recovery = ""
         self.last_recovery_ms = 0
         self.launcher_actions: list[LauncherAction] = []
+        # Warnings a container can trigger in every heartbeat are rate-limited per kind.
+        self.log_limits = LogLimiter()
 
     @property
     def name(self) -> str:

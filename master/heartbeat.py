@@ -7,22 +7,43 @@ tests step the protocol with hand-built heartbeats and a manual clock. Liveness 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from master.application import Application, ApplicationState
+from master.log_limits import LogLimiter
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import is_operator_done, lose_container, record_checkpoints, update_recovery
-from operators.windows import format_window_id
+from master.stats import OperatorStatsTracker
+from operators.windows import format_window_id, window_base_seconds, window_counter
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = [
+    "MAX_WINDOW_LEAD_MS",
     "UPSTREAM_END_WINDOW",
+    "WindowProblem",
     "abort_response",
+    "check_window_ids",
     "deploy_info",
     "process_heartbeat",
 ]
 
 _LOGGER = logging.getLogger(__name__)
+
+# Warnings about heartbeats that belong to no application: no application to hold a limiter.
+_UNKNOWN_LIMITS = LogLimiter()
+
+MAX_WINDOW_LEAD_MS = 600_000
+"""How far (in time) a reported window may be ahead of the master's clock.
+
+A window's counter is the number of streaming windows since the application's start,
+taken from the container's clock; sources never number windows faster than time passes.
+So a counter beyond ``(now - start) / window size`` can only come from a clock that is
+ahead of the master's, or from a bogus report. Ten minutes tolerates any realistic skew
+(NTP keeps hosts within a second; a resumed VM may lag until NTP steps it), while a
+report beyond it is rejected rather than allowed to run the operator's statistics ahead
+of every real window for longer than that.
+"""
 
 UPSTREAM_END_WINDOW = "UPSTREAM_END_WINDOW"
 """Key of an input's ``context_attributes``: its upstream operator ended at this window.
@@ -46,11 +67,14 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     Rules (Apex's ``processHeartbeat``): an unknown or killed container gets ABORT; the
     first heartbeat records the buffer-server address and makes the container ACTIVE;
     reported operator states and checkpoints move the plan's operators, their recovery
-    checkpoints and the committed window (in every answer); an operator reported FAILED
-    costs its container (ABORT; recovery takes over); operators pending undeploy are
-    undeployed until no longer reported; deploy requests go out only when every live
-    container is ACTIVE and no operator waits for its undeploy, and are repeated until
-    the operator is reported; a terminal application answers ABORT.
+    checkpoints and the committed window (in every answer), unless a report's window ids
+    cannot be right (``check_window_ids``: then its windows and checkpoints are ignored,
+    with a rate-limited warning); an operator reported FAILED costs its container (ABORT;
+    recovery takes over, or the application fails at once if the error is fatal, i.e.
+    cannot succeed on retry); operators pending undeploy are undeployed until no longer
+    reported; deploy requests go out only when every live container is ACTIVE and no
+    operator waits for its undeploy, and are repeated until the operator is reported; a
+    terminal application answers ABORT.
 
     Args:
         app: the application owning ``heartbeat.container_id``, or None if unknown.
@@ -60,7 +84,10 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     cid = heartbeat.container_id
     container = app.plan.container(cid) if app is not None else None
     if app is None or container is None:
-        _LOGGER.warning("container=%s heartbeat from an unknown container; answering ABORT", cid)
+        # one key for all: a sender inventing container ids must not get a line per id
+        _UNKNOWN_LIMITS.log(_LOGGER, logging.WARNING, "unknown container", now_ms,
+                            "container=%s heartbeat from an unknown container; answering ABORT",
+                            cid)
         return abort_response()
     if container.state == ContainerState.KILLED:
         _LOGGER.info("container=%s heartbeat from a killed container (%s); answering ABORT",
@@ -77,11 +104,12 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         return abort_response()
     response = umbilical_pb2.ContainerHeartbeatResponse()
     states_before = [op.state for op in app.plan.operators_in(container)]
-    reported, failed, checkpointed = _apply_operator_reports(app, container, heartbeat,
-                                                             now_ms, response)
-    if failed is not None and not app.terminal:
+    reported, failure, checkpointed = _apply_operator_reports(app, container, heartbeat,
+                                                              now_ms, response)
+    if failure is not None and not app.terminal:
+        failed, fatal = failure
         lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
-                                       f"{failed.error}", now_ms, blamed=[failed])
+                                       f"{failed.error}", now_ms, blamed=[failed], fatal=fatal)
         return abort_response()
     _undeployed(app, container, reported)
     states_after = [op.state for op in app.plan.operators_in(container)]
@@ -131,9 +159,10 @@ def _all_ready(app: Application) -> bool:
 def _activate(app: Application, container: PTContainer,
               heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int) -> None:
     if not heartbeat.buffer_server_host or not heartbeat.buffer_server_port:
-        _LOGGER.warning("app=%s container=%s heartbeat without a buffer-server address; the "
-                        "container stays %s until it sends one", app.id, container.id,
-                        container.state.value)
+        app.log_limits.log(_LOGGER, logging.WARNING, ("no buffer server", container.id), now_ms,
+                           "app=%s container=%s heartbeat without a buffer-server address; "
+                           "the container stays %s until it sends one", app.id, container.id,
+                           container.state.value)
         return
     if container.state == ContainerState.NEW:  # started by hand, not by our launcher
         container.transition(ContainerState.ALLOCATED)
@@ -149,20 +178,25 @@ def _activate(app: Application, container: PTContainer,
 def _apply_operator_reports(app: Application, container: PTContainer,
                             heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int,
                             response: umbilical_pb2.ContainerHeartbeatResponse
-                            ) -> tuple[set[int], PTOperator | None, bool]:
+                            ) -> tuple[set[int], tuple[PTOperator, bool] | None, bool]:
     """Moves operators to their reported states.
 
+    A report whose window ids cannot be right (``check_window_ids``) adds nothing to the
+    operator's statistics and checkpoints; its state still counts.
+
     Returns:
-        The ids reported, one FAILED operator (or None), and whether a checkpoint was new.
+        The ids reported, one FAILED operator with whether its error is fatal (or None),
+        and whether a checkpoint was new.
     """
     reported: set[int] = set()
-    failed: PTOperator | None = None
+    failed: tuple[PTOperator, bool] | None = None
     checkpointed = False
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
         if op is None or op.container_id != container.id:
-            _LOGGER.warning("app=%s container=%s reports operator %d that is not planned "
-                            "there; undeploying it", app.id, container.id, report.node_id)
+            app.log_limits.log(_LOGGER, logging.WARNING, ("not planned", container.id), now_ms,
+                               "app=%s container=%s reports operator %d that is not planned "
+                               "there; undeploying it", app.id, container.id, report.node_id)
             response.undeploy_request.append(report.node_id)
             continue
         reported.add(op.id)
@@ -172,13 +206,95 @@ def _apply_operator_reports(app: Application, container: PTContainer,
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
         tracker = app.operator_stats[op.id]
-        if tracker.record(report, now_ms):
-            _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
-                          format_window_id(tracker.current_window_id))
-        checkpointed |= record_checkpoints(app, op, report)
+        problem = check_window_ids(app, op, tracker, report, now_ms) if report.window_stats \
+            else None
+        if problem is not None:
+            tracker.last_heartbeat_ms = now_ms
+            app.log_limits.log(
+                _LOGGER, logging.WARNING, (problem.kind, container.id, op.id), now_ms,
+                "app=%s container=%s operator=%s (%d) reported window %s (id %d): %s; its "
+                "window stats and checkpoints in this heartbeat are ignored", app.id,
+                container.id, op.name, op.id, format_window_id(problem.window_id),
+                problem.window_id, problem.reason)
+        else:
+            if tracker.record(report, now_ms):
+                _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
+                              format_window_id(tracker.current_window_id))
+            checkpointed |= record_checkpoints(app, op, report)
         if _apply_state(app, container, op, report) and failed is None:
-            failed = op
+            failed = (op, report.fatal)
     return reported, failed, checkpointed
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowProblem:
+    """Why a report's window ids were rejected: ``kind`` (the rate-limit key), the id, why."""
+
+    kind: str
+    window_id: int
+    reason: str
+
+
+def check_window_ids(app: Application, op: PTOperator, tracker: OperatorStatsTracker,
+                     report: umbilical_pb2.OperatorHeartbeat, now_ms: int
+                     ) -> WindowProblem | None:
+    """The first impossible window id of ``report`` (window stats and checkpoints), or None.
+
+    Statistics ignore windows at or before the newest one recorded, so one bogus id far
+    ahead (say 2^63-1) would freeze them for good, and a bogus checkpoint would move the
+    committed window. A report is believed only if every id:
+
+    - has the application's base seconds (high half): window ids never change epoch
+      (a restored operator goes on with its checkpoint's ids, no source resets them);
+    - does not go backwards for the operator's current instance: not before the newest
+      window it reported (repeating that one is fine: the final checkpoint is sent with
+      a repeat of the last window), not at or before the checkpoint it was deployed from
+      (a redeployed instance starts after it; ``restarted`` forgets the old instance's
+      windows), and in order within the report;
+    - is not ahead of the master's clock by more than ``MAX_WINDOW_LEAD_MS``;
+    - for a checkpoint: is after the deploy checkpoint and not after its own window.
+    """
+    base = app.start_window_millis // 1000
+    elapsed_ms = now_ms - app.start_window_millis
+    window_ms = int(app.attribute("STREAMING_WINDOW_SIZE_MILLIS"))
+    previous = tracker.last_window_id
+    for window in report.window_stats:
+        window_id = window.window_id
+        problem = _impossible(window_id, base, elapsed_ms, window_ms)
+        if problem is not None:
+            return problem
+        if window_id < previous:
+            return WindowProblem("backwards", window_id,
+                                 f"it goes back from window {format_window_id(previous)}")
+        if window_id <= op.deploy_window_id:
+            return WindowProblem("backwards", window_id,
+                                 "it is not after the checkpoint the operator was deployed "
+                                 f"from ({format_window_id(op.deploy_window_id)})")
+        previous = window_id
+        if window.HasField("checkpoint"):
+            checkpoint = window.checkpoint.window_id
+            problem = _impossible(checkpoint, base, elapsed_ms, window_ms)
+            if problem is not None:
+                return dataclasses.replace(problem, reason=f"checkpoint: {problem.reason}")
+            if not op.deploy_window_id < checkpoint <= window_id:
+                return WindowProblem(
+                    "checkpoint", checkpoint,
+                    f"checkpoint outside its instance's windows "
+                    f"({format_window_id(op.deploy_window_id)}, {format_window_id(window_id)}]")
+    return None
+
+
+def _impossible(window_id: int, base: int, elapsed_ms: int,
+                window_ms: int) -> WindowProblem | None:
+    """The id has another epoch than the application, or lies too far in the future."""
+    if window_id < 0 or window_base_seconds(window_id) != base:
+        return WindowProblem("epoch", window_id, f"its base is not the application's ({base})")
+    lead_ms = window_counter(window_id) * window_ms - elapsed_ms
+    if lead_ms > MAX_WINDOW_LEAD_MS:
+        return WindowProblem("ahead", window_id,
+                             f"it is {lead_ms // 1000} s ahead of the master's clock (at most "
+                             f"{MAX_WINDOW_LEAD_MS // 1000} s allowed)")
+    return None
 
 
 def _apply_state(app: Application, container: PTContainer, op: PTOperator,

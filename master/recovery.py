@@ -173,13 +173,19 @@ def affected_operators(app: Application, container: PTContainer) -> list[PTOpera
 
 
 def lose_container(app: Application, container: PTContainer, cause: str, now_ms: int, *,
-                   blamed: Sequence[PTOperator] | None = None) -> ContainerLoss:
+                   blamed: Sequence[PTOperator] | None = None,
+                   fatal: bool = False) -> ContainerLoss:
     """Gives up on ``container``: KILLED, its process to be killed, its operators recovered.
 
     The operators it held are charged a failure (only ``blamed`` ones when the cause is
     an operator's own, e.g. FAILED; the caller has set their ``error``). An operator
     past MAX_RESTARTS failures in a row fails the application instead of recovering. A
     container whose operators are all done is not replaced.
+
+    ``fatal``: the blamed operator's error cannot succeed on retry (its container said
+    so: bad SQL, a schema mismatch, an operator that cannot be unpickled). Restarting
+    would only repeat it MAX_RESTARTS times, each with a cold Spark, so the application
+    fails at once with the error.
     """
     container.transition(ContainerState.KILLED)
     container.finished_ms = now_ms
@@ -203,11 +209,15 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
         op.failures_in_a_row += 1
         if blamed is None:
             op.error = f"container {container.id} lost: {cause}"
+    if fatal and blamed:
+        culprit = blamed[0]
+        _fail_operators(live)
+        app.fail(f"operator {culprit.name!r} ({culprit.id}) failed: {culprit.error} (not "
+                 "retried: this error cannot succeed on retry)", now_ms)
+        return ContainerLoss(container.id, cause)
     over = next((op for op in charged if op.failures_in_a_row > max_restarts(op)), None)
     if over is not None:
-        for op in live:
-            if op.state != OperatorState.SHUTDOWN:
-                op.transition(OperatorState.FAILED)
+        _fail_operators(live)
         app.fail(f"operator {over.name!r} ({over.id}) failed {over.failures_in_a_row} times in "
                  f"a row without a new checkpoint (MAX_RESTARTS={max_restarts(over)}); last "
                  f"error: {over.error}", now_ms)
@@ -222,6 +232,13 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     return ContainerLoss(container.id, cause, replacement.id)
 
 
+def _fail_operators(operators: Sequence[PTOperator]) -> None:
+    """The operators of a container given up on for good: FAILED (ended ones stay SHUTDOWN)."""
+    for op in operators:
+        if op.state != OperatorState.SHUTDOWN:
+            op.transition(OperatorState.FAILED)
+
+
 def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequence[int],
                   message: str, now_ms: int) -> ContainerLoss | None:
     """A container could not deploy an operator it was sent (it said so with ReportError).
@@ -230,7 +247,9 @@ def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequen
     repeated for ever: it counts as a failure of that operator, and its container is
     restarted like for any failed operator (a missing or corrupt checkpoint thus ends the
     application once past MAX_RESTARTS, with the container's message). Errors about
-    operators that are already running are only recorded, as before.
+    operators that are already running are only recorded, as before. A deploy error that
+    cannot succeed on retry (an operator payload that cannot be unpickled) does not come
+    here: the container reports the operator FAILED and fatal in its heartbeat instead.
     """
     if app.terminal or container.state == ContainerState.KILLED:
         return None

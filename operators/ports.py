@@ -1,6 +1,8 @@
 """Ports: typed endpoints of an operator, declared as class attributes.
 
-A port carries Arrow record batches. Its schema is declared or taken from the first batch.
+A port carries Arrow record batches. Its schema is declared or taken from the first batch;
+batches through a port with a declared schema are cast to it, and one that cannot be
+(other columns, types that do not cast) raises ``SchemaMismatch``.
 
 >>> import pyarrow as pa
 >>> from operators.operator import Operator
@@ -20,11 +22,56 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from operators.operator import Operator
 
-__all__ = ["BoundPort", "InputPort", "OutputPort", "PortNotConnected"]
+__all__ = ["BoundPort", "InputPort", "OutputPort", "PortNotConnected", "SchemaMismatch",
+           "conform"]
 
 
 class PortNotConnected(RuntimeError):
     """An operator emitted on a port before the runtime connected it."""
+
+
+class SchemaMismatch(pa.ArrowInvalid):
+    """Data does not fit the schema of the port it goes through.
+
+    The same data fails the same way on every retry, so the runtime fails the
+    application at once instead of restarting the operator. An ``ArrowInvalid``, so code
+    that catches Arrow's errors still catches it.
+    """
+
+
+def conform(data: pa.RecordBatch | pa.Table, schema: pa.Schema,
+            where: str) -> pa.RecordBatch | pa.Table:
+    """``data`` with ``schema``: as is when it has it, else cast to it.
+
+    Args:
+        data: a batch or a table.
+        schema: the port's schema.
+        where: names the port for the error message.
+
+    Raises:
+        SchemaMismatch: other column names, or a type that does not cast (or a value that
+            does not fit the target type).
+
+    >>> conform(pa.record_batch({"n": [1, 2]}), pa.schema([("n", pa.int32())]), "x").schema
+    n: int32
+    >>> conform(pa.record_batch({"m": [1]}), pa.schema([("n", pa.int64())]), "port 'in'")
+    Traceback (most recent call last):
+    ...
+    operators.ports.SchemaMismatch: port 'in': a batch with columns (m: int64) does not fit \
+the schema (n: int64): Target schema's field names are not matching the record batch's \
+field names: ['m'], ['n']
+    """
+    if data.schema.equals(schema):
+        return data
+    try:
+        return data.cast(schema)
+    except (ValueError, TypeError, NotImplementedError, pa.ArrowException) as exc:
+        raise SchemaMismatch(f"{where}: a batch with columns ({_columns(data.schema)}) does not "
+                             f"fit the schema ({_columns(schema)}): {exc}") from exc
+
+
+def _columns(schema: pa.Schema) -> str:
+    return ", ".join(f"{field.name}: {field.type}" for field in schema)
 
 
 class _Port:
@@ -82,6 +129,9 @@ class BoundPort:
                 f"output port {self.spec.name!r} emitted before the runtime connected it; "
                 "emit from the operator's window hooks, not from __init__"
             )
+        if self.spec.schema is not None:
+            data = conform(data, self.spec.schema, f"output port {type(self.operator).__name__}."
+                                                   f"{self.spec.name}")
         if isinstance(data, pa.Table):
             for batch in data.to_batches():
                 emit(self.spec.name, batch)

@@ -13,18 +13,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 
 from operators.operator import Operator, OperatorContext, SparkBridge
-from operators.ports import InputPort, OutputPort
+from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkOperator", "SparkOperatorError", "SparkSql"]
+__all__ = ["SparkOperator", "SparkOperatorError", "SparkSchemaMismatch", "SparkSql"]
 
 _LOGGER = logging.getLogger(__name__)
 
 
 class SparkOperatorError(RuntimeError):
     """A Spark operator is misused; the message names the operator and the fix."""
+
+
+class SparkSchemaMismatch(SparkOperatorError, SchemaMismatch):
+    """A Spark result does not fit its output port's schema (fatal: retrying cannot help)."""
 
 
 class SparkOperator(Operator):
@@ -137,6 +141,8 @@ class SparkOperator(Operator):
                         "and declares no schema, so Spark cannot know its columns; declare "
                         f"it as InputPort(pa.schema([...])) in {type(self).__name__}"
                     )
+                where = f"operator {self._name!r}, input port {port!r}"
+                batches = [conform(b, schema, where) for b in batches]
                 inputs[port] = spark.to_dataframe(batches, schema, **extra)
             outputs = self._outputs(self.transform(inputs, window_id))
             for port, df in outputs.items():
@@ -223,7 +229,9 @@ class SparkSql(SparkOperator):
 
     Each input port is a temporary view named like the port (``input`` by default); the
     named parameter ``:window_id`` is the application window's id. Each ``SparkSql`` gets
-    its own Spark session, so views of two operators never meet.
+    its own Spark session, so views of two operators never meet. A query Spark cannot
+    analyse (an unknown column, a syntax error) fails the application at its first window,
+    with Spark's message: a restart would only fail the same way.
 
     Args:
         query: a Spark SQL query.
@@ -276,13 +284,13 @@ def _job_scope(spark: SparkBridge) -> contextlib.AbstractContextManager[Any]:
 def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
-        raise SparkOperatorError(
+        raise SparkSchemaMismatch(
             f"{where}: the result has no column(s) {missing} of the output schema; its "
             f"columns are {table.column_names}: fix the query or the output schema"
         )
     try:
         return table.select(schema.names).cast(schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SparkOperatorError(
+        raise SparkSchemaMismatch(
             f"{where}: the result cannot be cast to the output schema: {exc}"
         ) from None

@@ -14,6 +14,7 @@ import pytest
 from master import cli
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
+from operators.windows import make_window_id
 from tests.harness import poll_for
 from tests.master.fakes import container_heartbeat, operator_report, window
 
@@ -193,7 +194,8 @@ def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
     assert info.attributes["HEARTBEAT_INTERVAL_MILLIS"] == "300"  # -D wins over the file
     core = master.core
     core.heartbeat(container_heartbeat("app-0001-c0", port=7000))
-    w5 = (1 << 32) | 5
+    base = info.start_window_millis // 1000  # window ids carry the application's epoch
+    w5, at5 = make_window_id(base, 5), f"{base}:5"
     core.heartbeat(container_heartbeat("app-0001-c0", port=7000, operators=[
         operator_report(1, windows=[window(w5, 0, 9, 1_000, in_port=None, checkpoint=w5,
                                            checkpoint_ms=12)]),
@@ -206,19 +208,19 @@ def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
     assert header.split()[:3] == ["ID", "NAME", "STATE"]
     assert row.split()[:3] == ["app-0001", "good", "RUNNING"]
     assert "COMMITTED" in header and "FAILURES" in header and "RECOVERIES" in header
-    assert row.split()[5:9] == ["1:5", "1:5", "0", "0"]  # window, committed, failures, recoveries
+    assert row.split()[5:9] == [at5, at5, "0", "0"]  # window, committed, failures, recoveries
 
     code, out, _ = run(capsys, "--master", master.address, "containers")
     assert code == 0 and "app-0001-c0" in out and "127.0.0.1:7000" in out and "ACTIVE" in out
 
     code, out, _ = run(capsys, "--master", master.address, "operators", "app-0001")
     lines = out.strip().splitlines()
-    assert code == 0 and len(lines) == 3 and "source" in lines[1] and "1:5" in lines[1]
+    assert code == 0 and len(lines) == 3 and "source" in lines[1] and at5 in lines[1]
     assert lines[0].split()[4:9] == ["WINDOW", "CHECKPOINT", "RECOVERY", "CKPT", "MS"]
-    assert lines[1].split()[4:9] == ["1:5", "1:5", "1:5", "12/12", "0"]
+    assert lines[1].split()[4:9] == [at5, at5, at5, "12/12", "0"]
 
     code, out, _ = run(capsys, "--master", master.address, "stats", "app-0001", "source")
-    assert code == 0 and "source (id 1)" in out and "last 1 windows" in out and "1:5" in out
+    assert code == 0 and "source (id 1)" in out and "last 1 windows" in out and at5 in out
     assert "latest checkpoint:" in out and "1 (last 12 ms, average 12.0 ms)" in out
     assert "failures:          0 (0 in a row, restart limit 5)" in out
 

@@ -32,6 +32,7 @@ def make_app(clock: ManualClock, n: int = 3, containers: int = 3, **overrides: s
     dag = chain_descriptor(n)
     plan = build_physical_plan(dag, {"CONTAINERS": str(containers), **overrides}, "app-0001")
     app = Application("app-0001", dag, plan, clock())
+    app.start_window_millis = 0  # epoch 0: the tests' window ids are plain counters
     for container in plan.containers.values():
         container.transition(ContainerState.ALLOCATED)
         container.allocated_ms = clock()

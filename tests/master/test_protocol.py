@@ -5,11 +5,13 @@ The launcher starts nothing (RecordingLauncher): each test is the containers.
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from master.client import WeirClient, WeirClientError
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
+from operators.windows import make_window_id, window_counter
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
 from tests.harness import master_channel, poll_for
 from tests.master.fakes import (
@@ -83,6 +86,11 @@ def states(client, app_id: str) -> dict[str, str]:
     return {op.name: op.state for op in client.operators(app_id)}
 
 
+def window_ids(client, app_id: str) -> Callable[[int], int]:
+    """Window ids of the application by counter, in its epoch (as its containers number them)."""
+    return functools.partial(make_window_id, client.application(app_id).start_window_millis // 1000)
+
+
 def test_submit_launches_and_init_context_has_the_configuration(server, client, umbilical):
     app_id = client.submit(chain_descriptor(3), {"CONTAINERS": "3",
                                                  "STREAMING_WINDOW_SIZE_MILLIS": "250"})
@@ -125,13 +133,14 @@ def test_reported_states_and_stats_show_in_the_client_api(client, umbilical):
     assert states(client, app_id) == {"source": "ACTIVE", "relay1": "ACTIVE", "sink": "ACTIVE"}
     info = client.application(app_id)
     assert (info.state, info.containers_active) == ("RUNNING", 3)
-    windows = [window(100 + i, tuples_in=10, tuples_out=7, end_ms=1_000 + 500 * i)
+    w = window_ids(client, app_id)
+    windows = [window(w(100 + i), tuples_in=10, tuples_out=7, end_ms=1_000 + 500 * i)
                for i in range(3)]
     beat(umbilical, C1, 7001, operator_report(2, windows=windows))
     relay = client.operator_stats(app_id, "relay1")
     assert (relay.total_tuples_processed, relay.total_tuples_emitted) == (30, 21)
-    assert relay.current_window_id == 102 and relay.windows_processed == 3
-    assert [w.window_id for w in relay.recent_windows] == [100, 101, 102]
+    assert relay.current_window_id == w(102) and relay.windows_processed == 3
+    assert [r.window_id for r in relay.recent_windows] == [w(100), w(101), w(102)]
     assert relay.tuples_processed_per_second == 20.0
     assert {p.name: p.total_tuples for p in relay.ports} == {"input": 30, "output": 21}
     assert client.operator_stats(app_id, 2).name == "relay1"
@@ -268,23 +277,24 @@ def test_stop_is_idempotent_and_stops_the_launcher():
 
 def checkpointed(umbilical, cid: str, port: int, op_id: int, *window_ids: int
                  ) -> umbilical_pb2.ContainerHeartbeatResponse:
-    windows = [window(w, checkpoint=w, checkpoint_ms=10 * (i + 1), end_ms=1_000 + w)
-               for i, w in enumerate(window_ids)]
+    windows = [window(w, checkpoint=w, checkpoint_ms=10 * (i + 1),
+                      end_ms=1_000 + window_counter(w)) for i, w in enumerate(window_ids)]
     return beat(umbilical, cid, port, operator_report(op_id, windows=windows))
 
 
 def test_checkpoints_committed_window_and_their_stats(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
-    checkpointed(umbilical, C0, 7000, 1, 20, 40, 60)
-    checkpointed(umbilical, C1, 7001, 2, 20, 40)
-    assert checkpointed(umbilical, C2, 7002, 3, 20).committed_window_id == 20
-    assert checkpointed(umbilical, C2, 7002, 3, 40).committed_window_id == 40
-    assert beat(umbilical, C0, 7000).committed_window_id == 40
+    w = window_ids(client, app_id)
+    checkpointed(umbilical, C0, 7000, 1, w(20), w(40), w(60))
+    checkpointed(umbilical, C1, 7001, 2, w(20), w(40))
+    assert checkpointed(umbilical, C2, 7002, 3, w(20)).committed_window_id == w(20)
+    assert checkpointed(umbilical, C2, 7002, 3, w(40)).committed_window_id == w(40)
+    assert beat(umbilical, C0, 7000).committed_window_id == w(40)
     info = client.application(app_id)
-    assert (info.committed_window_id, info.current_window_id) == (40, 40)
+    assert (info.committed_window_id, info.current_window_id) == (w(40), w(40))
     source = client.operator_stats(app_id, "source")
     assert (source.checkpoint_window_id, source.recovery_window_id, source.checkpoints) == (
-        60, 40, 3)
+        w(60), w(40), 3)
     assert (source.checkpoint_time_ms, source.checkpoint_time_avg_ms) == (30, 20.0)
     assert (source.processing_mode, source.max_restarts, source.deploy_window_id) == (
         "AT_LEAST_ONCE", 5, -1)
@@ -293,8 +303,9 @@ def test_checkpoints_committed_window_and_their_stats(server, client, umbilical)
 def test_deploy_after_recovery_names_the_new_containers_buffer_server(server, client,
                                                                       umbilical):
     app_id = deploy_all(client, umbilical)
+    w = window_ids(client, app_id)
     for cid, port, op_id in ((C0, 7000, 1), (C1, 7001, 2), (C2, 7002, 3)):
-        checkpointed(umbilical, cid, port, op_id, 20, 40)
+        checkpointed(umbilical, cid, port, op_id, w(20), w(40))
     client.kill_container(C1)
     assert server.launcher.launched == [C0, C1, C2, "app-0001-c3"]
     assert list(beat(umbilical, C2, 7002, operator_report(3)).undeploy_request) == [3]
@@ -302,9 +313,9 @@ def test_deploy_after_recovery_names_the_new_containers_buffer_server(server, cl
     assert not beat(umbilical, C2, 7002).deploy_request  # undeployed; c3 not there yet
     [relay] = beat(umbilical, "app-0001-c3", 7103).deploy_request
     assert (relay.id, relay.checkpoint.window_id, relay.inputs[0].buffer_server_port) == (
-        2, 40, 7000)
+        2, w(40), 7000)
     [sink] = beat(umbilical, C2, 7002).deploy_request
-    assert (sink.id, sink.checkpoint.window_id) == (3, 40)
+    assert (sink.id, sink.checkpoint.window_id) == (3, w(40))
     assert (sink.inputs[0].buffer_server_host, sink.inputs[0].buffer_server_port) == (
         "127.0.0.1", 7103)
     beat(umbilical, "app-0001-c3", 7103, operator_report(2))
@@ -312,7 +323,7 @@ def test_deploy_after_recovery_names_the_new_containers_buffer_server(server, cl
     assert states(client, app_id) == {"source": "ACTIVE", "relay1": "ACTIVE", "sink": "ACTIVE"}
     info = client.application(app_id)
     assert (info.state, info.containers_active, info.containers_planned) == ("RUNNING", 3, 3)
-    assert info.committed_window_id == 40 and info.operator_failures == 1
+    assert info.committed_window_id == w(40) and info.operator_failures == 1
 
 
 def test_restart_limit_fails_the_application_visibly(server, client, umbilical):
@@ -362,15 +373,16 @@ def test_the_master_deletes_nothing(server, client, umbilical, tmp_path, monkeyp
                          (shutil, "rmtree"), (pathlib.Path, "unlink"), (pathlib.Path, "rmdir")):
         monkeypatch.setattr(module, name, refuse)
     app_id = client.submit(chain_descriptor(3), {"CONTAINERS": "3", "STATE_DIR": str(tmp_path)})
+    w = window_ids(client, app_id)
     for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
         beat(umbilical, cid, port)
     for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
         beat(umbilical, cid, port)
-        checkpointed(umbilical, cid, port, op_id, 20, 40)
-    assert client.application(app_id).committed_window_id == 40
+        checkpointed(umbilical, cid, port, op_id, w(20), w(40))
+    assert client.application(app_id).committed_window_id == w(40)
     client.kill_container(C2)
     beat(umbilical, "app-0001-c3", 7003)
-    checkpointed(umbilical, "app-0001-c3", 7003, 3, 60)
+    checkpointed(umbilical, "app-0001-c3", 7003, 3, w(60))
     server.launcher.set_exit_code(C0, 9)
     poll_for(lambda: client.application(app_id).recoveries == 2, 5, "the second recovery")
     monkeypatch.undo()
@@ -402,13 +414,14 @@ def test_a_blocked_operator_is_found_by_the_master_loop():
             umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
             app_id = weir.submit(chain_descriptor(3), {"CONTAINERS": "3",
                                                        "relay1.TIMEOUT_WINDOW_COUNT": "4"})
+            w = window_ids(weir, app_id)
             for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
                 beat(umbilical, cid, port)
             for op_id, (cid, port) in enumerate(((C0, 7000), (C1, 7001), (C2, 7002)), start=1):
                 beat(umbilical, cid, port)
-                beat(umbilical, cid, port, operator_report(op_id, windows=[window(1)]))
+                beat(umbilical, cid, port, operator_report(op_id, windows=[window(w(1))]))
             clock.advance(1000)  # 2 windows of 500 ms: not yet
-            beat(umbilical, C0, 7000, operator_report(1, windows=[window(2), window(3)]))
+            beat(umbilical, C0, 7000, operator_report(1, windows=[window(w(2)), window(w(3))]))
             time.sleep(0.2)
             assert master.launcher.killed == []
             clock.advance(1500)  # the relay stood still 2.5 s > 4 x 500 ms, with data waiting

@@ -41,13 +41,20 @@ class Merge(Operator):
 
 
 class Cluster:
-    """An application and its containers, played by the test; ports are 7000 + index."""
+    """An application and its containers, played by the test; ports are 7000 + index.
 
-    def __init__(self, descriptor, containers: int, **overrides: str) -> None:
+    ``plain_window_ids``: the application's windows count from epoch 0, so the tests'
+    window ids are plain counters; else they carry the application's own epoch.
+    """
+
+    def __init__(self, descriptor, containers: int, *, plain_window_ids: bool = True,
+                 **overrides: str) -> None:
         self.clock = ManualClock()
         plan = build_physical_plan(descriptor, {"CONTAINERS": str(containers), **overrides},
                                    "app-0001")
         self.app = Application("app-0001", descriptor, plan, self.clock())
+        if plain_window_ids:
+            self.app.start_window_millis = 0
         for container in plan.containers.values():
             container.transition(ContainerState.ALLOCATED)
         self.launched: list[str] = []
@@ -68,10 +75,12 @@ class Cluster:
         return response
 
     def report(self, op_id: int, *windows: umbilical_pb2.OperatorStats, state: int = 1,
-               error: str = "") -> umbilical_pb2.ContainerHeartbeatResponse:
+               error: str = "", fatal: bool = False) -> umbilical_pb2.ContainerHeartbeatResponse:
         """One heartbeat of the operator's current container with the operator's report."""
         cid = self.ops[op_id].container_id
-        return self.beat(cid, operator_report(op_id, state=state, windows=windows, error=error))
+        report = operator_report(op_id, state=state, windows=windows, error=error)
+        report.fatal = fatal
+        return self.beat(cid, report)
 
     def liveness(self, exit_codes=None):
         losses = check_liveness(self.app, self.clock(), exit_codes or {}, stop_grace_ms=5000)
@@ -98,9 +107,9 @@ class Cluster:
         assert self.app.state == ApplicationState.RUNNING
 
 
-def chain(**overrides: str) -> Cluster:
+def chain(*, plain_window_ids: bool = True, **overrides: str) -> Cluster:
     """source (c0) -> relay1 (c1) -> sink (c2); overrides as -D gives them (``__`` for ``.``)."""
-    cluster = Cluster(chain_descriptor(3), 3,
+    cluster = Cluster(chain_descriptor(3), 3, plain_window_ids=plain_window_ids,
                       **{name.replace("__", "."): value for name, value in overrides.items()})
     cluster.deploy_all()
     return cluster
@@ -394,3 +403,48 @@ def test_a_failed_deploy_counts_as_a_failure_of_its_operator():
     c1 = cluster.app.plan.containers[C1]
     assert deploy_failed(cluster.app, c1, [RELAY], "boom", cluster.clock()) is None
     assert c1.state == ContainerState.ACTIVE
+
+
+# -- errors that cannot succeed on retry ------------------------------------------------------
+BAD_SQL = ("AnalysisException: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
+           "function parameter with name `nope` cannot be resolved. SQLSTATE: 42703; line 1 "
+           "pos 7; (at spark.py:275 in transform)")
+
+
+def test_a_fatal_failure_fails_the_application_at_once():
+    cluster = chain(MAX_RESTARTS="5")
+    response = cluster.report(RELAY, state=FAILED, error=BAD_SQL, fatal=True)
+    assert response.shutdown == ABORT
+    app, relay = cluster.app, cluster.ops[RELAY]
+    assert app.state == ApplicationState.FAILED
+    assert app.diagnostics == (f"operator 'relay1' (2) failed: {BAD_SQL} (not retried: this "
+                               "error cannot succeed on retry)")
+    assert (relay.state, relay.failure_count, relay.error) == (OperatorState.FAILED, 1, BAD_SQL)
+    assert cluster.killed == [C1] and cluster.launched == []  # no replacement, no restart
+    assert app.recoveries == 0
+    for cid in (C0, C2):  # everyone else is told to stop
+        assert cluster.beat(cid).shutdown == ABORT
+
+
+def test_a_failure_that_is_not_fatal_is_still_retried():
+    cluster = chain()
+    cluster.report(RELAY, state=FAILED, error="ConnectionResetError: peer went away")
+    assert cluster.app.state == ApplicationState.RUNNING
+    assert cluster.launched == [C3] and cluster.ops[RELAY].failure_count == 1
+
+
+def test_a_fatal_deploy_error_fails_the_application_at_once():
+    """The container reports the operator it could not build FAILED and fatal (no ReportError)."""
+    cluster = Cluster(chain_descriptor(3), 3)
+    for cid in (C0, C1, C2):
+        cluster.beat(cid)
+    [info] = cluster.beat(C1).deploy_request
+    assert cluster.ops[RELAY].state == OperatorState.PENDING_DEPLOY
+    error = ("operator relay1 (tests.Relay) cannot be rebuilt in container app-0001-c1: "
+             "ModuleNotFoundError: No module named 'tests'")
+    response = cluster.beat(C1, umbilical_pb2.OperatorHeartbeat(
+        node_id=info.id, state=FAILED, error=error, fatal=True))
+    assert response.shutdown == ABORT
+    assert cluster.app.state == ApplicationState.FAILED
+    assert cluster.app.diagnostics.startswith(f"operator 'relay1' (2) failed: {error}")
+    assert cluster.ops[RELAY].failure_count == 1 and cluster.launched == []

@@ -1,0 +1,99 @@
+"""Errors that cannot succeed on retry fail the application in one attempt, with the message.
+
+Real master, real containers: bad SQL in a SparkSql operator (Spark's analysis error), and
+an operator whose class the containers cannot import (a deploy error). Neither gets a
+replacement container: the failure count is 1 and no container replaces another.
+"""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+
+import pytest
+
+from master.client import WeirClient
+from operators import Dag
+from operators.library import EventGenerator
+from operators.spark import SparkSql
+from operators.testing import CollectSink
+from tests.e2e.conftest import container_logs
+from tests.harness import poll_for
+
+pytestmark = pytest.mark.timeout(240)
+
+ATTRIBUTES = {"STREAMING_WINDOW_SIZE_MILLIS": 200, "HEARTBEAT_INTERVAL_MILLIS": 200,
+              "SPARK_WARMUP_ROWS": 1_000}
+
+
+def run_until_ended(master, dag: Dag, timeout_s: float = 150):
+    """Submits ``dag``; returns the client, the application id and its final info."""
+    client = WeirClient(master.address)
+    app_id = client.submit(dag.to_descriptor())
+
+    def ended():
+        info = client.application(app_id)
+        return info if info.state not in ("ACCEPTED", "RUNNING") else None
+
+    info = poll_for(ended, timeout_s, f"{app_id} to end\n{container_logs(master)}", 0.2)
+    return client, app_id, info
+
+
+def assert_failed_in_one_attempt(client: WeirClient, app_id: str, info, operator: str,
+                                 master) -> None:
+    logs = container_logs(master)
+    assert info.state == "FAILED", f"{info.state}: {info.diagnostics}\n{logs}"
+    assert (info.recoveries, info.containers_replaced, info.operator_failures) == (0, 0, 1), (
+        f"{info}\n{logs}")
+    assert all(not c.replaces for c in client.containers(app_id)), "a replacement was launched"
+    op = client.operator_stats(app_id, operator)
+    assert (op.state, op.failure_count) == ("FAILED", 1)
+    assert info.diagnostics.startswith(f"operator {operator!r} ({op.id}) failed: ")
+    assert info.diagnostics.endswith("(not retried: this error cannot succeed on retry)")
+    assert "\n" not in info.diagnostics
+
+
+def test_bad_sql_fails_the_application_in_one_attempt_with_sparks_message(master):
+    dag = Dag("bad-sql", CONTAINERS=1, **ATTRIBUTES)  # MAX_RESTARTS stays 5
+    source = dag.add_operator("source", EventGenerator(rate_per_second=5_000, keys=10))
+    sql = dag.add_operator("sql", SparkSql("SELECT no_such_column, count(*) AS n FROM input "
+                                           "GROUP BY no_such_column"))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("events", source.output, sql.input)
+    dag.add_stream("counts", sql.output, sink.input)
+    client, app_id, info = run_until_ended(master, dag)
+    with client:
+        assert_failed_in_one_attempt(client, app_id, info, "sql", master)
+        # Spark's own message, one line, with where the operator called it
+        assert "AnalysisException: [UNRESOLVED_COLUMN" in info.diagnostics, info.diagnostics
+        assert "`no_such_column` cannot be resolved" in info.diagnostics
+        assert "(at spark.py:" in info.diagnostics and "in transform)" in info.diagnostics
+        # the container log has the whole Python traceback, the plan included
+        logs = container_logs(master)
+        assert "Traceback (most recent call last)" in logs and "in transform" in logs, logs
+        assert "fatal: it cannot succeed on retry" in logs
+
+
+def test_an_operator_the_containers_cannot_import_fails_the_application_at_once(
+        master, tmp_path, monkeypatch, caplog):
+    """Its class lives in a module only this process can import: unpickling fails there."""
+    caplog.set_level(logging.WARNING, "master")
+    module = tmp_path / "weir_only_here.py"
+    module.write_text(textwrap.dedent("""
+        from operators import Operator, InputPort
+
+        class LocalSink(Operator):
+            input = InputPort()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from weir_only_here import LocalSink  # type: ignore[import-not-found]
+
+    dag = Dag("not-importable", CONTAINERS=1, **ATTRIBUTES)
+    source = dag.add_operator("source", EventGenerator(rate_per_second=1_000, keys=10))
+    sink = dag.add_operator("sink", LocalSink())
+    dag.add_stream("events", source.output, sink.input)
+    client, app_id, info = run_until_ended(master, dag, timeout_s=60)
+    with client:
+        assert_failed_in_one_attempt(client, app_id, info, "sink", master)
+        assert "cannot be rebuilt" in info.diagnostics
+        assert "No module named 'weir_only_here'" in info.diagnostics
