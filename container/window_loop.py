@@ -410,6 +410,9 @@ class OperatorRunner:
             base_seconds = window_base_seconds(self.resume_window)
             after = window_counter(self.resume_window) + 1
             counter = max(after, counter) if self.skip_missed_windows else after
+        elif (replay := self.operator.first_window()) is not None:
+            # no checkpoint yet, but an earlier instance logged windows: replay them
+            base_seconds, counter = window_base_seconds(replay), window_counter(replay)
         while not self.stopped.is_set():
             window_id = make_window_id(base_seconds, counter)
             self._begin(window_id)
