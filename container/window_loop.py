@@ -24,6 +24,7 @@ import pyarrow as pa
 from container.control import Kind
 from container.operator_state import OperatorStateError
 from container.port_input import InputClosed, PortInput
+from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import SchemaMismatch, conform
 from operators.windows import (
@@ -384,6 +385,7 @@ class OperatorRunner:
     def _record_stats(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
         now = _now_ms()
         stats.cpu_time_used_ns = self._cpu_ns
+        stats.metrics.update(collect_metrics(self.operator))  # user metrics (@metric, METRICS)
         for port, count in self._in_counts.items():
             stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
                                   queue_size=self.inputs[port].queue_size)

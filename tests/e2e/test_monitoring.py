@@ -1,0 +1,147 @@
+"""Monitoring end to end: the master's figures for a run with known input, over the JSON API
+and Prometheus' /metrics, while it runs and after it ended. No Spark: pure-Python operators.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from master.client import WeirClient
+from operators.app import load_app
+from tests.e2e.conftest import container_logs
+from tests.harness import poll_for
+
+pytestmark = pytest.mark.timeout(240)
+
+EVENTS, RATE, WINDOW_MS, HEARTBEAT_MS = 24_000, 4_000, 200, 200
+# A window's end passes each operator within a few windows unless the machine stalls;
+# twenty windows leave room for a loaded two-core machine without hiding a wrong figure
+# (a latency measured against another window, or a clock mixed up, is seconds off or
+# negative).
+LATENCY_BOUND_MS = 20 * WINDOW_MS
+
+APP = """
+    import pyarrow.compute as pc
+    from operators import Dag, Operator, InputPort, OutputPort, metric
+    from operators.library import EventGenerator, FileSink
+
+    class Evens(Operator):
+        '''Keeps events with an even value; counts what it saw (user metrics).'''
+        input = InputPort()
+        output = OutputPort()
+        METRICS = ("rows_seen",)
+
+        def __init__(self):
+            self.rows_seen = 0
+            self.rows_kept = 0
+
+        def process(self, port, batch):
+            kept = batch.filter(pc.equal(pc.bit_wise_and(batch.column("value"), 1), 0))
+            self.rows_seen += batch.num_rows
+            self.rows_kept += kept.num_rows
+            self.output.emit(kept)
+
+        @metric
+        def rows_dropped(self):
+            return self.rows_seen - self.rows_kept
+
+    dag = Dag("monitored", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS={window},
+              HEARTBEAT_INTERVAL_MILLIS={heartbeat}, CHECKPOINT_WINDOW_COUNT=5,
+              THROUGHPUT_CALCULATION_INTERVAL_MILLIS=2000, STATE_DIR={state!r})
+    source = dag.add_operator("source", EventGenerator(rate_per_second={rate}, keys=20,
+                                                       total={events}, batch_rows=1000),
+                              CONTAINER=0)
+    evens = dag.add_operator("evens", Evens(), CONTAINER=0)
+    sink = dag.add_operator("sink", FileSink({out!r}), CONTAINER=1)
+    dag.add_stream("events", source.output, evens.input)
+    dag.add_stream("kept", evens.output, sink.input)
+"""
+
+
+def get(master, path: str) -> bytes:
+    request = urllib.request.Request(master.core.dashboard_url + path.lstrip("/"),
+                                     headers={"Authorization": f"Bearer {master.secret}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.read()
+
+
+def api(master, path: str) -> dict:
+    return json.loads(get(master, path))
+
+
+def scrape(master) -> dict[str, list]:
+    """/metrics parsed by Prometheus' own parser: samples by family name."""
+    text = get(master, "metrics").decode()
+    return {family.name: family.samples for family in text_string_to_metric_families(text)}
+
+
+def sample(families: dict, family: str, **labels: str) -> float:
+    found = [s.value for s in families[family]
+             if all(s.labels.get(k) == v for k, v in labels.items())
+             and not s.name.endswith("_created")]
+    assert len(found) == 1, (family, labels, found)
+    return found[0]
+
+
+def test_figures_of_a_run_with_known_input(master, tmp_path):
+    app_file = tmp_path / "monitored_app.py"
+    app_file.write_text(textwrap.dedent(APP.format(
+        window=WINDOW_MS, heartbeat=HEARTBEAT_MS, rate=RATE, events=EVENTS,
+        state=str(tmp_path / "state"), out=str(tmp_path / "out"))))
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app_file).to_descriptor())
+
+    def running_with_throughput() -> dict | None:
+        info = api(master, f"api/apps/{app_id}")
+        assert info["state"] in ("ACCEPTED", "RUNNING"), (info, container_logs(master))
+        return info if info["state"] == "RUNNING" and info["tuples_processed_per_second"] > 0 \
+            else None
+
+    running = poll_for(running_with_throughput, 120, "throughput while the app runs",
+                       interval_s=0.2)
+    assert int(running["total_tuples_processed"]) < 2 * EVENTS
+
+    families = scrape(master)  # while it runs
+    assert sample(families, "weir_application_state", app=app_id, state="RUNNING") == 1
+    assert sample(families, "weir_operator_tuples_emitted", app=app_id, operator="source") > 0
+    assert sample(families, "weir_application_tuples_processed_per_second", app=app_id) > 0
+    assert sample(families, "weir_container_memory_rss_bytes", app=app_id,
+                  container=f"{app_id}-c0") > 0
+
+    final = master.wait_for_application(app_id, 180)
+    assert final.state == "FINISHED", container_logs(master)
+    operators = {op["name"]: op for op in api(master, f"api/apps/{app_id}/operators")["operators"]}
+    source, evens, sink = operators["source"], operators["evens"], operators["sink"]
+    assert int(source["total_tuples_emitted"]) == EVENTS
+    assert int(evens["total_tuples_processed"]) == EVENTS
+    kept = int(evens["total_tuples_emitted"])
+    assert 0 < kept < EVENTS and int(sink["total_tuples_processed"]) == kept
+    assert evens["metrics"] == {"rows_seen": EVENTS, "rows_dropped": EVENTS - kept}
+
+    app = api(master, f"api/apps/{app_id}")
+    assert int(app["total_tuples_processed"]) == EVENTS + kept
+    assert int(app["committed_window_id"]) >= int(app["current_window_id"]) >= 0
+    assert app["critical_path"] == ["source", "evens", "sink"]
+    logical = {op["name"]: op for op in app["logical_operators"]}
+    assert logical["evens"]["metrics"]["rows_seen"] == EVENTS
+    for op in (evens, sink):
+        assert 0 <= op["latency_ms"] <= LATENCY_BOUND_MS, op
+        windows = api(master, f"api/apps/{app_id}/operators/{op['name']}/windows")
+        latencies = [w["latency_ms"] for w in windows["recent_windows"] if w["latency_ms"] >= 0]
+        assert latencies and all(0 <= ms <= LATENCY_BOUND_MS for ms in latencies), latencies
+    assert 0 <= app["latency_ms"] <= 2 * LATENCY_BOUND_MS
+    assert source["latency_ms"] == 0
+
+    families = scrape(master)  # after the end: totals stay
+    assert sample(families, "weir_application_state", app=app_id, state="FINISHED") == 1
+    assert sample(families, "weir_operator_tuples_processed", app=app_id,
+                  operator="evens") == EVENTS
+    assert sample(families, "weir_operator_user_metric", app=app_id, operator="evens",
+                  metric="rows_seen") == EVENTS
+    assert sample(families, "weir_operator_latency_seconds", app=app_id,
+                  operator="sink") <= LATENCY_BOUND_MS / 1000
