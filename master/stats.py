@@ -198,14 +198,32 @@ class OperatorStatsTracker:
     def rates(self, interval_ms: int | None = None) -> tuple[float, float, float]:
         """(processed/s, emitted/s, CPU %) as moving averages over the last ``interval_ms``
         of windows (every recent window if None)."""
-        recent = self.recent
-        processed = _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in recent],
-                                     interval_ms)
-        emitted = _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in recent],
-                                   interval_ms)
-        cpu_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in recent],
-                                  interval_ms)
+        recent = _last_windows(self.recent, interval_ms, opening=True)
+        processed = _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in recent])
+        emitted = _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in recent])
+        cpu_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in recent])
         return processed, emitted, cpu_ns / 1e9 * 100.0
+
+
+def _last_windows(recent: collections.deque[WindowRecord], interval_ms: int | None,
+                  opening: bool = False) -> list[WindowRecord]:
+    """The windows that ended in the last ``interval_ms`` (all if None), oldest first;
+    ``opening`` adds the one before, which opens the interval for a rate.
+
+    Walks back from the newest window only as far as needed: views ask for every
+    operator's figures at once, under the master's lock.
+    """
+    if interval_ms is None or not recent:
+        return list(recent)
+    since = recent[-1].end_window_ms - interval_ms
+    found: list[WindowRecord] = []
+    for window in reversed(recent):
+        if window.end_window_ms <= since:
+            if opening:
+                found.append(window)
+            break
+        found.append(window)
+    return found[::-1]
 
 
 def window_latency_ms(window: WindowRecord, upstream: Sequence[OperatorStatsTracker]
@@ -228,9 +246,8 @@ def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTr
     upstream = list(upstream)
     if not upstream or not tracker.recent:
         return 0.0
-    since = tracker.recent[-1].end_window_ms - interval_ms if interval_ms is not None else -1
-    gaps = [gap for window in tracker.recent if window.end_window_ms > since
-            and (gap := window_latency_ms(window, upstream)) is not None]
+    gaps = [gap for window in _last_windows(tracker.recent, interval_ms)
+            if (gap := window_latency_ms(window, upstream)) is not None]
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 
