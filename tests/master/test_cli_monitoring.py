@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
@@ -126,3 +132,32 @@ def test_progress_line_is_live_on_a_terminal_and_periodic_otherwise():
     quiet = io.StringIO()
     live_view.ProgressLine(quiet, quiet=True).show(app)
     assert quiet.getvalue() == ""
+
+
+def test_weir_master_serves_http_on_the_port_asked_and_can_go_without():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "master", "master", "--port", "0", "--json",
+                             "--launcher", "recording", "--http-port", str(port),
+                             "--metrics-open"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        lines = []
+        while not lines or lines[-1].strip() != "}":
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "weir master printed no JSON"
+        started = json.loads("".join(lines))
+        assert started["dashboard"] == f"http://127.0.0.1:{port}/"
+        with urllib.request.urlopen(started["dashboard"] + "metrics", timeout=10) as response:
+            assert b"process_cpu_seconds_total" in response.read()  # open: no secret needed
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        proc.stdout.close()
+    off = cli.build_parser().parse_args(["master", "--http-port", "-1"])
+    assert cli._http_options(off) == {"http_port": None, "http_open": False,
+                                      "metrics_open": False}

@@ -148,3 +148,21 @@ def test_master_server_serves_it_and_tells_where(tmp_path):
         assert fetch(url + "api/apps", secret=server.secret)[0] == 200
     with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as server:
         assert server.core.dashboard_url == "" and server.dashboard_url == ""
+
+
+def test_https_with_the_masters_certificate(tls_files):
+    import ssl
+
+    cert, key = tls_files
+    core, _ = monitored_core()
+    http = HttpApi(core, SECRET, tls=auth.TlsFiles(cert, key))
+    http.start()
+    try:
+        assert http.url.startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(cert))
+        request = urllib.request.Request(http.url + "api/apps",
+                                         headers={"Authorization": f"Bearer {SECRET}"})
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            assert json.loads(response.read())["applications"]
+    finally:
+        http.stop()
