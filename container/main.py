@@ -32,6 +32,7 @@ __all__ = ["main"]
 _LOGGER = logging.getLogger("container")
 
 SECRET_ENV = "WEIR_SECRET"
+MASTER_FILE_ENV = "WEIR_MASTER_FILE"  # set by a master with a state folder: its master.json
 TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"
 
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"weir container: error: {exc}", file=sys.stderr)
         return 2
     client = UmbilicalClient(args.master, retry_window_s=30.0, secret=credentials.secret,
-                             tls_root_certs=credentials.tls_root_certs)
+                             tls_root_certs=credentials.tls_root_certs,
+                             address_file=os.environ.get(MASTER_FILE_ENV))
     try:
         context = client.get_init_context(args.container_id)
     except MasterUnreachable as exc:

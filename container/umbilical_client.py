@@ -3,10 +3,10 @@ each carrying the master's secret."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 import grpc
 
@@ -15,7 +15,6 @@ from proto import umbilical_pb2, umbilical_pb2_grpc
 __all__ = ["MasterUnreachable", "UmbilicalClient"]
 
 _LOGGER = logging.getLogger(__name__)
-_T = TypeVar("_T")
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 # Deploy requests carry pickled operators: allow large answers; never go through a proxy.
 # (The master refuses requests above its own limits, with a message naming them.)
@@ -41,29 +40,54 @@ class UmbilicalClient:
         retry_window_s: how long a call keeps retrying an unreachable master before giving up.
         secret: the master's secret, sent with every call (a master refuses calls without).
         tls_root_certs: talk TLS, trusting these PEM certificates; plaintext if None.
+        address_file: the master's ``master.json`` (its state folder): re-read while the
+            master is away, since a restarted master may listen elsewhere.
     """
 
     def __init__(self, address: str, *, call_timeout_s: float = 5.0,
                  retry_window_s: float = 30.0, secret: str | None = None,
-                 tls_root_certs: bytes | None = None) -> None:
+                 tls_root_certs: bytes | None = None, address_file: str | None = None) -> None:
         self.address = address
         self.call_timeout_s = call_timeout_s
         self.retry_window_s = retry_window_s
+        self.address_file = address_file
         self._metadata = ((AUTH_HEADER, f"Bearer {secret}"),) if secret else ()
-        if tls_root_certs is None:
+        self._tls_root_certs = tls_root_certs
+        self._connect(address)
+
+    def _connect(self, address: str) -> None:
+        self.address = address
+        if self._tls_root_certs is None:
             self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         else:
             self._channel = grpc.secure_channel(
-                address, grpc.ssl_channel_credentials(root_certificates=tls_root_certs),
+                address, grpc.ssl_channel_credentials(root_certificates=self._tls_root_certs),
                 options=_CHANNEL_OPTIONS)
         self._stub = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(self._channel)
 
-    def _call(self, what: str, fn: Callable[..., _T], request: object) -> _T:
+    def _follow_address_file(self) -> None:
+        """Reconnects if the master's address file names another address (it restarted)."""
+        if not self.address_file:
+            return
+        try:
+            with open(self.address_file, encoding="utf-8") as f:
+                address = str(json.load(f)["address"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not written yet, or being replaced: try again on the next retry
+        if address and address != self.address:
+            _LOGGER.info("the master moved from %s to %s (its %s); reconnecting",
+                         self.address, address, self.address_file)
+            self._channel.close()
+            self._connect(address)
+
+    def _call(self, what: str, request: Any) -> Any:
+        """Calls method ``what`` of the umbilical (looked up on the current channel)."""
         deadline = time.monotonic() + self.retry_window_s
         delay_s = 0.1
         while True:
             try:
-                return fn(request, timeout=self.call_timeout_s, metadata=self._metadata)
+                return getattr(self._stub, what)(request, timeout=self.call_timeout_s,
+                                               metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
                 if code not in _RETRYABLE or time.monotonic() + delay_s > deadline:
@@ -76,24 +100,25 @@ class UmbilicalClient:
                 _LOGGER.debug("%s to %s failed (%s); retrying in %.1f s", what, self.address,
                               code, delay_s)
                 time.sleep(delay_s)
+                self._follow_address_file()
                 delay_s = min(delay_s * 2, 2.0)
 
     def get_init_context(self, container_id: str) -> umbilical_pb2.StreamingContainerContext:
         request = umbilical_pb2.GetInitContextRequest(container_id=container_id)
-        return self._call("GetInitContext", self._stub.GetInitContext, request)
+        return self._call("GetInitContext", request)
 
     def heartbeat(self, heartbeat: umbilical_pb2.ContainerHeartbeat
                   ) -> umbilical_pb2.ContainerHeartbeatResponse:
-        return self._call("ProcessHeartbeat", self._stub.ProcessHeartbeat, heartbeat)
+        return self._call("ProcessHeartbeat", heartbeat)
 
     def log(self, container_id: str, msg: str) -> None:
-        self._call("Log", self._stub.Log,
+        self._call("Log",
                    umbilical_pb2.LogRequest(container_id=container_id, msg=msg))
 
     def report_error(self, container_id: str, operators: list[int], msg: str) -> None:
         request = umbilical_pb2.ReportErrorRequest(container_id=container_id,
                                                    operators=operators, msg=msg)
-        self._call("ReportError", self._stub.ReportError, request)
+        self._call("ReportError", request)
 
     def close(self) -> None:
         self._channel.close()

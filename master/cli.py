@@ -121,7 +121,11 @@ def _print_json(value: Message | dict[str, Any]) -> None:
 
 def _client(args: argparse.Namespace) -> WeirClient:
     return WeirClient(args.master, timeout_s=args.timeout, secret_file=args.secret_file,
-                      tls_ca=args.tls_ca)
+                      tls_ca=args.tls_ca, on_loading=_say_loading)
+
+
+def _say_loading(message: str) -> None:
+    print(f"weir: {message} (retrying)", file=sys.stderr)
 
 
 def _tls(args: argparse.Namespace) -> auth.TlsFiles | None:
@@ -135,7 +139,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
               else os.environ.get(auth.SECRET_ENV) or None)
     server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
-                          **_http_options(args))
+                          state_dir=args.state_dir, **_http_options(args))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
                                                                       signal.SIGTERM)}
@@ -434,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("master", _cmd_master, "run a master until Ctrl-C or SIGTERM")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=int, default=5151, help="port (0 = any free port)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="the master's journal, secret and address: a master started again "
+                        "on the same DIR takes its running applications back")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--launcher", default="local", choices=launcher_names(),
                    help="how containers start (recording: start none; run them by hand)")

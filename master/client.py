@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 
 from master import auth
-from master.rpc import GRPC_OPTIONS
+from master.rpc import GRPC_OPTIONS, LOADING_MESSAGE
 from proto import client_pb2, client_pb2_grpc, plan_pb2
 
 __all__ = ["DEFAULT_MASTER", "WeirClient", "WeirClientError", "default_master", "parse_address"]
@@ -60,6 +61,8 @@ class WeirClient:
             (``auth.client_credentials``).
         tls_ca: talk TLS, trusting these certificates (PEM); by default ``$WEIR_TLS_CA``
             or what the master's secret file names; plaintext without any.
+        loading_wait_s: how long calls retry while a restarted master loads its journal.
+        on_loading: told each time a call is retried for that (the CLI prints a line).
 
     Raises:
         WeirClientError: on a malformed address or unreadable secret file (here) or any
@@ -68,8 +71,11 @@ class WeirClient:
 
     def __init__(self, address: str, *, timeout_s: float = 10.0, secret: str | None = None,
                  secret_file: str | Path | None = None,
-                 tls_ca: str | Path | None = None) -> None:
+                 tls_ca: str | Path | None = None, loading_wait_s: float = 60.0,
+                 on_loading: Callable[[str], None] | None = None) -> None:
         host, port = parse_address(address)
+        self.loading_wait_s = loading_wait_s
+        self.on_loading = on_loading
         self.address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
         self.timeout_s = timeout_s
         try:
@@ -83,14 +89,24 @@ class WeirClient:
         self._stub = client_pb2_grpc.WeirClientStub(self._channel)
 
     def _call(self, method: Callable[..., _T], request: Any) -> _T:
-        try:
-            return method(request, timeout=self.timeout_s, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
+        deadline = time.monotonic() + self.loading_wait_s
+        while True:
+            try:
+                return method(request, timeout=self.timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                details = exc.details() if hasattr(exc, "details") else ""
+                if details != LOADING_MESSAGE or time.monotonic() >= deadline:
+                    raise self._error(exc) from None
+                if self.on_loading is not None:
+                    self.on_loading(details)
+                time.sleep(0.5)
 
     def _error(self, exc: grpc.RpcError) -> WeirClientError:
         code = exc.code() if hasattr(exc, "code") else None
         details = (exc.details() if hasattr(exc, "details") else "") or str(code)
+        if details == LOADING_MESSAGE:
+            return WeirClientError(f"the master at {self.address} is still loading its journal "
+                                   f"after {self.loading_wait_s:g} s; try again", code)
         if code == grpc.StatusCode.UNAVAILABLE:
             return WeirClientError(f"no master answers at {self.address}; start one with "
                                    "`weir master` or pass --master", code)

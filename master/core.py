@@ -19,6 +19,7 @@ from master import liveness, recovery, views
 from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.launcher import Launcher
+from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
 from master.state_owner import StateClaim, claim_state_dir, new_run_id, release_state_dir
 from operators.dag import DagError, validate_descriptor
@@ -45,11 +46,15 @@ class MasterCore:
         stop_grace_ms: how long containers of an ended application may take to exit
             before the master kills them.
         loop_interval_s: period of the master loop.
+        journal: where every application is saved when it changes, to restart from
+            (``restore``); None = the master forgets everything when it stops.
     """
 
     def __init__(self, launcher: Launcher, *, clock: Clock = system_clock,
-                 stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2) -> None:
+                 stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
+                 journal: ApplicationJournal | None = None) -> None:
         self.launcher = launcher
+        self.journal = journal
         self.clock = clock
         self.stop_grace_ms = stop_grace_ms
         self.loop_interval_s = loop_interval_s
@@ -111,6 +116,7 @@ class MasterCore:
             self._apps[app_id] = app
             for cid in plan.containers:
                 self._container_apps[cid] = app_id
+            self._persist(app)
             _LOGGER.info("app=%s submitted: %r, %d operators in %d containers, state in %s",
                          app_id, app.name, len(plan.operators), len(plan.containers),
                          plan.attributes["STATE_DIR"])
@@ -202,6 +208,7 @@ class MasterCore:
                                          f"({container.diagnostics})")
             loss = recovery.lose_container(app, container, "killed by the user", self.clock())
             actions = self._take_actions(app)
+            self._persist(app)
             self._changed.notify_all()
         self._carry_out(actions)
         return loss.replacement_id
@@ -216,6 +223,7 @@ class MasterCore:
                 app.shutdown_requested = True
                 _LOGGER.info("app=%s shutdown requested: inputs end after their current "
                              "window", app_id)
+                self._persist(app)
             self._changed.notify_all()
 
     def kill_application(self, app_id: str, reason: str = "") -> None:
@@ -226,6 +234,7 @@ class MasterCore:
                 raise FailedPrecondition(f"application {app_id} is already {app.state.value}")
             app.transition(ApplicationState.KILLED, self.clock(),
                            reason or "killed by the user")
+            self._persist(app)
             self._changed.notify_all()
 
     def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:
@@ -269,6 +278,8 @@ class MasterCore:
             app = self._apps.get(app_id) if app_id else None
             response = rules.process_heartbeat(app, heartbeat, self.clock())
             actions = self._take_actions(app) if app is not None else []
+            if app is not None:
+                self._persist(app)  # before the container hears of what changed
             self._changed.notify_all()
         self._carry_out(actions)
         return response
@@ -289,6 +300,7 @@ class MasterCore:
                             container_id, names, msg)
             recovery.deploy_failed(app, container, operator_ids, msg, self.clock())
             actions = self._take_actions(app)
+            self._persist(app)
             self._changed.notify_all()
         self._carry_out(actions)
 
@@ -308,12 +320,63 @@ class MasterCore:
                 exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
                 losses += liveness.check_liveness(app, now_ms, exit_codes, self.stop_grace_ms)
                 actions += self._take_actions(app)
+                self._persist(app)
             if losses:
                 self._changed.notify_all()
         self._carry_out(actions)
         for claim in ended:
             release_state_dir(claim)
         return [loss.container_id for loss in losses]
+
+    # -- the journal ----------------------------------------------------------------------
+    def _persist(self, app: Application) -> None:
+        """Journals ``app`` if what recovery needs of it changed (lock held)."""
+        if self.journal is not None:
+            self.journal.save(app, self._claims.get(app.id))
+
+    def restore(self) -> int:
+        """Takes back every application of the journal; returns how many.
+
+        Running containers keep running while the master is away and re-register with
+        their heartbeats: the restored plan already knows them and their operators, so
+        nothing that still runs is redeployed. Each of them gets a fresh heartbeat
+        timeout from now; one that does not come back within it is recovered as usual.
+        """
+        if self.journal is None:
+            return 0
+        loaded = self.journal.load()
+        now_ms = self.clock()
+        with self._lock:
+            for app, claim in loaded:
+                self._apps[app.id] = app
+                for cid in app.plan.containers:
+                    self._container_apps[cid] = app.id
+                number = app.id.rsplit("-", 1)[-1]
+                if number.isdigit():
+                    self._next_app_number = max(self._next_app_number, int(number) + 1)
+                if app.terminal:
+                    continue
+                if claim is not None:
+                    self._claims[app.id] = claim_state_dir(claim.state_dir, app.id,
+                                                           claim.run_id)
+                self._resume(app, now_ms)
+                _LOGGER.info("app=%s restored from the journal: %s, committed window %s",
+                             app.id, app.state.value, app.committed_window_id)
+            self._changed.notify_all()
+        return len(loaded)
+
+    def _resume(self, app: Application, now_ms: int) -> None:
+        """A restored application's clocks start over, and its processes are adopted."""
+        for container in app.plan.live_containers():
+            stats = app.container_stats[container.id]
+            stats.last_heartbeat_ms = now_ms
+            container.allocated_ms = now_ms
+            pid, _, host = stats.process_name.partition("@")
+            if pid.isdigit():
+                self.launcher.adopt(container.id, int(pid), host)
+        for op_id, tracker in app.operator_stats.items():
+            tracker.window_moved_ms = now_ms
+            app.plan.operators[op_id].ready_ms = max(app.plan.operators[op_id].ready_ms, now_ms)
 
     def start(self) -> None:
         """Starts the master loop thread."""

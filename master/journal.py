@@ -62,6 +62,9 @@ class Journal:
         """The newest value of every key, as read at open and written since."""
         return dict(self._values)
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._values
+
     def put(self, key: str, value: bytes, *, sync: bool = True) -> None:
         """Records ``value`` for ``key``; durable when this returns (unless ``sync=False``)."""
         self._append(key, value, 0, sync)

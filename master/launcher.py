@@ -9,10 +9,12 @@ in-thread launcher takes the container's entry point from its caller.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+import psutil
 
 __all__ = [
     "CONTAINER_ID_ENV",
@@ -74,6 +78,11 @@ class Launcher(abc.ABC):
     def stop_all(self, grace_s: float = 5.0) -> None:
         """Asks every container to stop, waits up to ``grace_s``, then kills what is left."""
 
+    def adopt(self, container_id: str, pid: int, host: str) -> None:
+        """Takes charge of a container an earlier master process launched (after a restart);
+        a launcher that cannot reach it leaves it to the heartbeat timeout."""
+        return None
+
 
 LauncherFactory = Callable[[str], Launcher]
 """Builds a launcher for the master listening at the given ``host:port``."""
@@ -102,9 +111,43 @@ def launcher_factory(name: str, **options: Any) -> LauncherFactory:
     return lambda address: factory(address, **options)
 
 
+class _Adopted:
+    """A container process an earlier master launched: not our child, so watched by pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._process: psutil.Process | None = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            self._process = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and (
+                self._process is None or not self._process.is_running()
+                or self._process.status() == psutil.STATUS_ZOMBIE):
+            self.returncode = -1  # gone; its exit code went to the earlier master
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._process is not None:
+            try:
+                self._process.wait(timeout)
+            except psutil.TimeoutExpired:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0) from None
+            except psutil.NoSuchProcess:
+                pass
+        self.returncode = -1
+        return -1
+
+
 @dataclasses.dataclass
 class _Child:
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | _Adopted
     log_file: IO[bytes] | None
     swept: bool = False
 
@@ -167,6 +210,15 @@ class LocalProcessLauncher(Launcher):
             self._children[container_id] = _Child(popen, log_file)
         _LOGGER.info("container=%s launched: pid %d%s", container_id, popen.pid,
                      f", log {self.log_dir / (container_id + '.log')}" if self.log_dir else "")
+
+    def adopt(self, container_id: str, pid: int, host: str) -> None:
+        if host and host != socket.gethostname():
+            return
+        with self._lock:
+            if container_id not in self._children:
+                self._children[container_id] = _Child(_Adopted(pid), None)
+        _LOGGER.info("container=%s adopted: pid %d, launched by an earlier master",
+                     container_id, pid)
 
     def pid(self, container_id: str) -> int | None:
         child = self._children.get(container_id)

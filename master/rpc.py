@@ -13,6 +13,8 @@ import grpc
 from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound
 
 __all__ = [
+    "LOADING_MESSAGE",
+    "LoadingInterceptor",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
     "MAX_REQUEST_BYTES",
@@ -58,6 +60,29 @@ class _Oversized:
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
+
+
+LOADING_MESSAGE = "the master is loading its journal; retry in a moment"
+
+
+class LoadingInterceptor(grpc.ServerInterceptor):
+    """Answers UNAVAILABLE ("loading, retry") while the master reads its journal back.
+
+    Kafka's offset manager does the same while it loads its log: callers retry (the
+    containers' umbilical client and ``weir`` both do) instead of reading half a state.
+    """
+
+    def __init__(self, loading: Callable[[], bool]) -> None:
+        self._loading = loading
+        self._busy = grpc.unary_unary_rpc_method_handler(self._refuse)
+
+    def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
+                          handler_call_details: grpc.HandlerCallDetails) -> Any:
+        return self._busy if self._loading() else continuation(handler_call_details)
+
+    @staticmethod
+    def _refuse(request: bytes, context: grpc.ServicerContext) -> None:
+        context.abort(grpc.StatusCode.UNAVAILABLE, LOADING_MESSAGE)
 
 
 class SizeLimitInterceptor(grpc.ServerInterceptor):

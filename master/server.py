@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import json
 import logging
+import os
 import socket
 import threading
 from pathlib import Path
@@ -20,11 +22,16 @@ from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
 from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
-from master.rpc import SERVER_OPTIONS, SizeLimitInterceptor
+from master.persistence import ApplicationJournal
+from master.rpc import SERVER_OPTIONS, LoadingInterceptor, SizeLimitInterceptor
 from master.umbilical_service import UmbilicalService
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
 
-__all__ = ["MasterServer", "MasterStartError"]
+__all__ = ["MASTER_FILE_ENV", "MasterServer", "MasterStartError"]
+
+MASTER_FILE_ENV = "WEIR_MASTER_FILE"
+"""Set in launched containers when the master has a state folder: its ``master.json``,
+re-read by a container that lost the master (it may come back on another port)."""
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -76,6 +83,10 @@ class MasterServer:
             port of ``host``; 0 = any free port, None = no HTTP server.
         http_open, metrics_open: serve the API and dashboard, or ``/metrics``, without
             the secret.
+        state_dir: the master's own folder (local): its journal (every application, so a
+            master killed at any moment starts again from it), its secret (kept, so the
+            containers still running are let back in) and ``master.json`` (its address,
+            which containers re-read when they lose it). None = nothing survives a stop.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -85,7 +96,8 @@ class MasterServer:
                  max_workers: int = 16, secret: str | None = None,
                  tls: auth.TlsFiles | None = None, publish_secret: bool = True,
                  http_port: int | None = 0, http_open: bool = False,
-                 metrics_open: bool = False) -> None:
+                 metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None
+                 ) -> None:
         if secret is not None and not secret.strip():
             raise ValueError("the master's secret must not be empty")
         self.host = host
@@ -96,7 +108,11 @@ class MasterServer:
         self.container_stop_grace_ms = container_stop_grace_ms
         self.loop_interval_s = loop_interval_s
         self.max_workers = max_workers
-        self.secret = secret.strip() if secret else auth.new_secret()
+        self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
+        if self.state_dir is not None:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.secret = secret.strip() if secret else self._kept_secret()
+        self._loading = False
         self.tls = tls
         self.publish_secret = publish_secret
         self._http_options = (http_port, http_open, metrics_open)
@@ -141,7 +157,8 @@ class MasterServer:
                 concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
                                                       thread_name_prefix="weir-master-rpc"),
                 options=SERVER_OPTIONS,
-                interceptors=[auth.AuthInterceptor(self.secret), SizeLimitInterceptor()])
+                interceptors=[auth.AuthInterceptor(self.secret), SizeLimitInterceptor(),
+                              LoadingInterceptor(lambda: self._loading)])
             self._probe_port()
             credentials = self.tls.server_credentials() if self.tls else None
             try:
@@ -154,10 +171,15 @@ class MasterServer:
             advertised = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
             self._address = f"{advertised}:{bound}"
             launcher = self.launcher_factory(self._address)
-            launcher.set_credentials(auth.container_env(self.secret, self.tls))
+            env = dict(auth.container_env(self.secret, self.tls))
+            journal = None
+            if self.state_dir is not None:
+                env[MASTER_FILE_ENV] = str(self._write_address_file())
+                journal = ApplicationJournal(str(self.state_dir / "journal"))
+            launcher.set_credentials(env)
             core = MasterCore(launcher, clock=self.clock,
                               stop_grace_ms=self.container_stop_grace_ms,
-                              loop_interval_s=self.loop_interval_s)
+                              loop_interval_s=self.loop_interval_s, journal=journal)
             umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
                 UmbilicalService(core), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
@@ -167,7 +189,18 @@ class MasterServer:
             except MasterStartError:
                 server.stop(None)
                 raise
+            self._loading = journal is not None
             server.start()
+            try:
+                restored = core.restore()
+            except Exception:
+                server.stop(None)
+                raise
+            finally:
+                self._loading = False
+            if restored:
+                _LOGGER.info("master restored %d application(s) from %s", restored,
+                             self.state_dir)
             core.start()
             self._server, self._core = server, core
             if self.publish_secret:
@@ -207,6 +240,32 @@ class MasterServer:
                             path, exc.strerror or exc, auth.SECRET_ENV)
             return
         self._secret_file = path
+
+    def _kept_secret(self) -> str:
+        """The secret of an earlier run on this state folder, or a new one kept there."""
+        if self.state_dir is None:
+            return auth.new_secret()
+        path = self.state_dir / "secret"
+        if path.exists():
+            kept = path.read_text().strip()
+            if kept:
+                return kept
+        secret = auth.new_secret()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secret + "\n")
+        return secret
+
+    def _write_address_file(self) -> Path:
+        """``master.json`` in the state folder: where this master listens now."""
+        assert self.state_dir is not None
+        path = self.state_dir / "master.json"
+        temp = path.with_suffix(".tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"address": self._address, "pid": os.getpid()}, out)
+        os.replace(temp, path)
+        return path
 
     def _probe_port(self) -> None:
         """Fails early, in one line, where gRPC would log a bind error to stderr."""

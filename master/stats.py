@@ -85,6 +85,11 @@ class PortTotals:
     recent_bytes: collections.deque[tuple[int, float]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
 
+    def __getstate__(self) -> dict[str, object]:
+        """Without the recent-window rings (see ``OperatorStatsTracker.__getstate__``)."""
+        return {**self.__dict__, "recent": collections.deque(maxlen=RECENT_WINDOWS),
+                "recent_bytes": collections.deque(maxlen=RECENT_WINDOWS)}
+
     def record(self, stats: umbilical_pb2.PortStats) -> tuple[int, int]:
         """Adds one window's figures; returns its tuple count and END_WINDOW time."""
         count, end = stats.tuple_count, stats.end_window_timestamp
@@ -126,6 +131,13 @@ class OperatorStatsTracker:
         self.metrics: dict[str, float] = {}  # user metrics as of the newest window
         self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
         self._end_window_ms: collections.OrderedDict[int, int] = collections.OrderedDict()
+
+    def __getstate__(self) -> dict[str, object]:
+        """Without the recent-window rings: the master's journal keeps totals, not history."""
+        state = dict(self.__dict__)
+        state["recent"] = collections.deque(maxlen=self.recent.maxlen)
+        state["_end_window_ms"] = collections.OrderedDict()
+        return state
 
     def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
         """Adds the heartbeat's window stats; returns how many windows were new."""

@@ -1,0 +1,123 @@
+"""The master killed with SIGKILL mid-run and started again on its state folder: the running
+containers find it, nothing is redeployed, and the output is exactly the reference."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from master.client import WeirClient
+from operators.app import load_app
+from tests.e2e.test_exactly_once import published_counts, write_input
+from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
+
+APP = """
+    import collections
+    import pyarrow as pa
+    from operators import Dag, Operator, InputPort, OutputPort
+    from operators.library import DirectorySource, FileSink
+
+    class CountWords(Operator):
+        '''Words per window, in plain Python (no Spark: the test is about the master).'''
+        input = InputPort()
+        output = OutputPort()
+
+        def begin_window(self, window_id):
+            self.window = window_id
+            self.counts = collections.Counter()
+
+        def process(self, port, batch):
+            for line in batch.column("line").to_pylist():
+                self.counts.update(line.split())
+
+        def end_window(self):
+            if self.counts:
+                words = sorted(self.counts)
+                self.output.emit(pa.record_batch({{
+                    "word": words, "count": [self.counts[w] for w in words]}}))
+
+    dag = Dag("restart", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
+              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=10000,
+              CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r})
+    source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
+                                                        bytes_per_window=1500), CONTAINER=0)
+    count = dag.add_operator("count", CountWords(), CONTAINER=0)
+    sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=1)
+    dag.add_stream("lines", source.output, count.input)
+    dag.add_stream("counts", count.output, sink.input)
+"""
+
+
+class Master:
+    """``weir master --state-dir`` as a process of its own (it is SIGKILLed, not stopped)."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str], name: str) -> None:
+        self.process = WeirProcess(
+            ["master", "--port", "0", "--json", "--state-dir", str(tmp_path / "master-state"),
+             "--log-dir", str(tmp_path / "containers")], env, tmp_path, tmp_path / f"{name}.log")
+        self.address = poll_for(self._address, 60, f"{name} to start")
+
+    def _address(self) -> str | None:
+        lines = self.process.output().splitlines()
+        if "{" in lines and "}" in lines[lines.index("{"):]:
+            start = lines.index("{")
+            block = lines[start:lines.index("}", start) + 1]
+            return json.loads("\n".join(block))["address"]
+        if self.process.proc.poll() is not None:
+            raise AssertionError(f"the master exited:\n{self.process.output()}")
+        return None
+
+
+@pytest.fixture
+def env(tmp_path):
+    environment, tag = tagged_env(WEIR_HOME=str(tmp_path / "home"))
+    yield environment
+    poll_for(lambda: not tagged_processes(tag), 20, "every container to exit", 0.2)
+
+
+def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
+    expected: collections.Counter[str] = write_input(tmp_path / "inbox")
+    app = tmp_path / "restart_app.py"
+    app.write_text(textwrap.dedent(APP.format(state=str(tmp_path / "state"),
+                                              inbox=str(tmp_path / "inbox"),
+                                              out=str(tmp_path / "out"))))
+    first = Master(tmp_path, env, "master-1")
+    secret = (tmp_path / "master-state" / "secret").read_text().strip()
+    second = None
+    try:
+        with WeirClient(first.address, secret=secret) as client:
+            app_id = client.submit(load_app(app).to_descriptor())
+            poll_for(lambda: client.application(app_id).committed_window_id >= 0, 60,
+                     f"a first committed window\n{first.process.output()}")
+            before = {o.name: o for o in client.operators(app_id)}
+            containers_before = {c.id for c in client.containers(app_id)}
+        os.kill(first.process.proc.pid, signal.SIGKILL)
+        first.process.wait(10)
+
+        second = Master(tmp_path, env, "master-2")  # another port: containers re-read it
+        with WeirClient(second.address, secret=secret) as client:
+            assert client.application(app_id).state == "RUNNING"
+            info = poll_for(lambda: (i := client.application(app_id)).state not in (
+                "ACCEPTED", "RUNNING") and i, 180, f"{app_id} to end\n{second.process.output()}")
+            assert info.state == "FINISHED", f"{info.diagnostics}\n{second.process.output()}"
+            after = {o.name: o for o in client.operators(app_id)}
+            containers_after = {c.id for c in client.containers(app_id)}
+    finally:
+        for master in (second, first):
+            if master is not None and master.process.proc.poll() is None:
+                master.process.proc.send_signal(signal.SIGTERM)  # stops its containers too
+                master.process.wait(30)
+
+    counted, rows = published_counts(tmp_path / "out")
+    assert counted == expected, f"{rows} rows published"
+    assert containers_after == containers_before, "no container was replaced"
+    for name, op in after.items():
+        assert op.failure_count == 0 and op.deploy_window_id == before[name].deploy_window_id, (
+            f"{name} was redeployed after the master restarted")
+    assert os.listdir(tmp_path / "inbox") == []

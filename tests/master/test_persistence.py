@@ -1,0 +1,106 @@
+"""The master's journal of applications: what a restarted master takes back, and "loading"."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.client import WeirClient, WeirClientError
+from master.core import MasterCore
+from master.launcher import RecordingLauncher
+from master.persistence import ApplicationJournal
+from master.server import MasterServer
+from operators.windows import make_window_id
+from proto import umbilical_pb2
+from tests.master.fakes import (
+    ManualClock,
+    chain_descriptor,
+    container_heartbeat,
+    operator_report,
+    window,
+)
+
+
+def started_core(tmp_path, clock) -> MasterCore:
+    return MasterCore(RecordingLauncher(), clock=clock,
+                      journal=ApplicationJournal(str(tmp_path / "journal")))
+
+
+def test_a_restarted_core_takes_back_its_applications_as_they_were(tmp_path):
+    clock = ManualClock()
+    core = started_core(tmp_path, clock)
+    app_id = core.submit(chain_descriptor(2, CONTAINERS=1, STATE_DIR=str(tmp_path / "state")),
+                         {})
+    app = core.application(app_id)
+    (cid,) = app.plan.containers
+    core.heartbeat(container_heartbeat(cid))  # the container registers, operators deploy
+    base = app.start_window_millis // 1000
+    w = make_window_id(base, 3)
+    core.heartbeat(container_heartbeat(cid, operators=[
+        operator_report(op_id, windows=[window(w, checkpoint=w)])
+        for op_id in app.plan.operators]))
+    assert app.committed_window_id == w
+    core.journal.close()
+
+    clock.advance(60_000)  # a minute later, a new master process on the same journal
+    again = started_core(tmp_path, clock)
+    assert again.restore() == 1
+    restored = again.application(app_id)
+    assert restored.state == app.state and restored.committed_window_id == w
+    assert restored.dag == app.dag
+    assert [op.payload for op in restored.plan.operators.values()] == [
+        op.payload for op in app.plan.operators.values()]
+    assert {op.state for op in restored.plan.operators.values()} == {
+        op.state for op in app.plan.operators.values()}
+    # its containers get a fresh heartbeat timeout, not one that ran out while it was away
+    assert restored.container_stats[cid].last_heartbeat_ms == clock.now_ms
+    assert again.submit(chain_descriptor(2), {}) == "app-0002"
+    response = again.heartbeat(container_heartbeat(cid, operators=[
+        operator_report(op_id) for op_id in restored.plan.operators]))
+    assert not response.deploy_request and response.committed_window_id == w
+
+
+def test_an_unchanged_application_is_not_written_again(tmp_path):
+    core = started_core(tmp_path, ManualClock())
+    app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
+    (cid,) = core.application(app_id).plan.containers
+    core.heartbeat(container_heartbeat(cid))
+    writes = core.journal.writes
+    for _ in range(5):
+        core.heartbeat(container_heartbeat(cid, operators=[
+            operator_report(op_id, state=umbilical_pb2.OPERATOR_STATE_ACTIVE)
+            for op_id in core.application(app_id).plan.operators]))
+    assert core.journal.writes - writes <= 1  # the operators turned ACTIVE, then nothing
+
+
+def test_while_loading_calls_are_refused_as_retryable_and_the_client_retries(tmp_path):
+    server = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "master",
+                          publish_secret=False, http_port=None)
+    server.start()
+    try:
+        server._loading = True  # as while a long journal is read back
+        told: list[str] = []
+        with WeirClient(server.address, secret=server.secret, loading_wait_s=1.2,
+                        on_loading=told.append) as client:
+            with pytest.raises(WeirClientError, match="still loading its journal"):
+                client.applications()
+            assert told and "loading its journal" in told[0]
+            server._loading = False
+            assert client.applications() == []
+    finally:
+        server.stop()
+
+
+def test_a_restarted_server_keeps_its_secret_and_publishes_its_address(tmp_path):
+    first = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "master",
+                         publish_secret=False, http_port=None)
+    first.start()
+    first.stop()
+    second = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "master",
+                          publish_secret=False, http_port=None)
+    second.start()
+    try:
+        assert second.secret == first.secret
+        assert (tmp_path / "master" / "secret").stat().st_mode & 0o077 == 0
+        assert second.address in (tmp_path / "master" / "master.json").read_text()
+    finally:
+        second.stop()
