@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-seconds", type=float, default=30.0)
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "spark-streaming", "bytewax", "startup",
-                                 "recovery", "control-plane"])
+                                 "recovery", "master-restart", "control-plane"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
     args = parser.parse_args(argv)
@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     if "recovery" not in args.skip:
         paced = JobSpec(events=min(args.events, 8_000_000), rate_per_second=500_000)
         report["recovery"] = _run("recovery", paced, args.timeout)
+    if "master-restart" not in args.skip:
+        report["master_restart"] = _run("master-restart", spec, args.timeout)
     if "control-plane" not in args.skip:
         report["control_plane"] = _run("control-plane", spec, args.timeout, "--containers",
                                        str(args.containers), "--duration",
@@ -201,6 +203,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.get('windows_replayed', '?')} windows replayed, final state "
               f"{r.get('final_state', '?')}, every event counted at least once: "
               f"{r.get('every_event_counted_at_least_once', '?')}")
+    if "master_restart" in report:
+        m = report["master_restart"]
+        journal, back = m.get("journal", {}), m.get("restart", {})
+        print(f"master restart: SIGKILLed mid-run, answering again after "
+              f"{back.get('master_back_seconds', '?')} s, committed window moving after "
+              f"{back.get('committed_window_moving_again_seconds', '?')} s, "
+              f"{back.get('operators_redeployed', '?')} operators redeployed; journal "
+              f"{journal.get('journal_ms_per_heartbeat', '?')} ms per heartbeat "
+              f"({journal.get('operators', '?')} operators, "
+              f"{journal.get('journal_records_per_heartbeat', '?')} records per heartbeat)")
     if "control_plane" in report:
         c = report["control_plane"]
         flat = {k: v for k, v in c.items() if not isinstance(v, list | dict)}

@@ -17,7 +17,8 @@ from bench.common import JobSpec
 
 __all__ = ["SYSTEMS", "main"]
 
-SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "recovery", "control-plane")
+SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "recovery", "master-restart",
+           "control-plane")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +70,10 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         from bench import weir_job
 
         result = weir_job.recovery(spec)
+    elif args.system == "master-restart":
+        from bench import master_restart
+
+        result = master_restart.run()
     else:
         from bench import control_plane
 

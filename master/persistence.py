@@ -1,10 +1,10 @@
 """What of the master survives its restart: every application, journaled when it changes.
 
-Each application is two journal records: ``<app id>/plan`` (the DAG and the pickled
-operators, written once at submit: they can be large) and ``<app id>`` (everything else:
-state, plan assignments, operator and container states, checkpoint books, committed
-window, failures, statistics without their recent-window rings), rewritten whenever
-that state changes in a way that matters for recovery. The master saves before it
+Each application is a few journal records: ``<app id>/plan`` (the DAG and the pickled
+operators, written once at submit: they can be large), ``<app id>`` (state, containers,
+committed window, failures) and one per operator (its state, assignment, recovery and
+deploy windows, checkpoint book and totals without the recent-window rings), each
+rewritten when what recovery needs of it changes. The master saves before it
 answers the heartbeat or request that caused the change, so whatever a container or
 user was told survives a crash of the master.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 from master.application import Application
 from master.journal import Journal
+from master.physical_plan import PTOperator
 from master.state_owner import StateClaim
 
 __all__ = ["ApplicationJournal", "JournalError", "fingerprint"]
@@ -30,38 +31,58 @@ class JournalError(RuntimeError):
     """A journal record cannot be turned back into an application."""
 
 
+def _app_mark(app: Application) -> tuple[Any, ...]:
+    """What of the application itself must be journaled again when it changes."""
+    return (app.state, app.diagnostics, app.committed_window_id, app.shutdown_requested,
+            app.recoveries,
+            tuple((c.id, c.state, c.replaced_by, c.buffer_server_port)
+                  for c in app.plan.containers.values()))
+
+
+def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
+    book = app.checkpoints[op.id]
+    return (op.state, op.container_id, op.recovery_window_id, op.deploy_window_id,
+            op.failure_count, op.failures_in_a_row, op.ready, book.high_water,
+            len(book.windows))
+
+
 def fingerprint(app: Application) -> tuple[Any, ...]:
-    """What must be journaled again when it changes (cheap: runs on every heartbeat)."""
-    return (
-        app.state, app.diagnostics, app.committed_window_id, app.shutdown_requested,
-        app.recoveries,
-        tuple((op.state, op.container_id, op.recovery_window_id, op.deploy_window_id,
-               op.failure_count, op.failures_in_a_row, op.ready,
-               app.checkpoints[op.id].high_water, len(app.checkpoints[op.id].windows))
-              for op in app.plan.operators.values()),
-        tuple((c.id, c.state, c.replaced_by, c.buffer_server_port)
-              for c in app.plan.containers.values()),
-    )
+    """Everything recovery needs of ``app``, to compare (cheap: runs on every heartbeat)."""
+    return (_app_mark(app), tuple(_operator_mark(app, op) for op in app.plan.operators.values()))
 
 
 class ApplicationJournal:
-    """Saves and loads applications (with their state-folder claims) in a ``Journal``."""
+    """Saves and loads applications (with their state-folder claims) in a ``Journal``.
+
+    Records per application: ``<id>/plan`` (DAG and operator payloads, once), ``<id>``
+    (the application without its operators) and ``<id>/op/<n>`` per operator (its state,
+    checkpoint book and totals): a checkpoint of one operator rewrites one small record.
+    """
 
     def __init__(self, folder: str) -> None:
         self.journal = Journal(folder)
         self._saved: dict[str, tuple[Any, ...]] = {}
 
     def save(self, app: Application, claim: StateClaim | None) -> bool:
-        """Journals ``app`` if it changed since it was last saved; True if it wrote."""
-        mark = fingerprint(app)
-        if self._saved.get(app.id) == mark:
-            return False
+        """Journals what changed of ``app`` since it was last saved; True if it wrote."""
+        writes = []
         if f"{app.id}/plan" not in self.journal:
             payloads = {op.id: op.payload for op in app.plan.operators.values()}
-            self.journal.put(f"{app.id}/plan", pickle.dumps((app.dag, payloads)), sync=False)
-        self.journal.put(app.id, pickle.dumps((_without_plan(app), claim)))
-        self._saved[app.id] = mark
-        return True
+            writes.append((f"{app.id}/plan", pickle.dumps((app.dag, payloads))))
+        for op in app.plan.operators.values():
+            key, mark = f"{app.id}/op/{op.id}", _operator_mark(app, op)
+            if self._saved.get(key) != mark:
+                record = (dataclasses.replace(op, payload=b""), app.checkpoints[op.id],
+                          app.operator_stats[op.id])
+                writes.append((key, pickle.dumps(record)))
+                self._saved[key] = mark
+        mark = _app_mark(app)
+        if self._saved.get(app.id) != mark:
+            writes.append((app.id, pickle.dumps((_without_operators(app), claim))))
+            self._saved[app.id] = mark
+        for index, (key, value) in enumerate(writes):
+            self.journal.put(key, value, sync=index == len(writes) - 1)
+        return bool(writes)
 
     def load(self) -> list[tuple[Application, StateClaim | None]]:
         """Every journaled application, in id order, with its claim."""
@@ -71,16 +92,24 @@ class ApplicationJournal:
             try:
                 app, claim = pickle.loads(records[key])
                 dag, payloads = pickle.loads(records[f"{key}/plan"])
-            except KeyError:
+                operators = {op_id: pickle.loads(records[f"{key}/op/{op_id}"])
+                             for op_id in payloads}
+            except KeyError as exc:
                 raise JournalError(f"journal {self.journal.folder}: application {key} has no "
-                                   "plan record; the journal is incomplete") from None
+                                   f"record {exc}; the journal is incomplete") from None
             except Exception as exc:  # noqa: BLE001 - any unpickling error is a bad record
-                raise JournalError(f"journal {self.journal.folder}: the record of {key} cannot "
-                                   f"be read back: {type(exc).__name__}: {exc}") from None
+                raise JournalError(f"journal {self.journal.folder}: the records of {key} "
+                                   f"cannot be read back: {type(exc).__name__}: {exc}") from None
             app.dag = dag
+            for op_id, (op, book, stats) in operators.items():
+                op.payload = payloads[op_id]
+                app.plan.operators[op_id] = op
+                app.checkpoints[op_id] = book
+                app.operator_stats[op_id] = stats
+            app.plan.operators = dict(sorted(app.plan.operators.items()))
+            self._saved[app.id] = _app_mark(app)
             for op in app.plan.operators.values():
-                op.payload = payloads[op.id]
-            self._saved[app.id] = fingerprint(app)
+                self._saved[f"{app.id}/op/{op.id}"] = _operator_mark(app, op)
             apps.append((app, claim))
         return apps
 
@@ -96,12 +125,13 @@ class ApplicationJournal:
         self.journal.close()
 
 
-def _without_plan(app: Application) -> Application:
-    """A shallow copy of ``app`` without its DAG and operator payloads (journaled apart)."""
+def _without_operators(app: Application) -> Application:
+    """A shallow copy of ``app`` without its DAG and operators (journaled apart)."""
     light = copy.copy(app)
     light.dag = None  # type: ignore[assignment]
     light.plan = copy.copy(app.plan)
-    light.plan.operators = {i: dataclasses.replace(op, payload=b"")
-                            for i, op in app.plan.operators.items()}
+    light.plan.operators = {}
+    light.checkpoints = {}
+    light.operator_stats = {}
     light.launcher_actions = []
     return light

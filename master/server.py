@@ -22,9 +22,10 @@ from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
 from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
-from master.persistence import ApplicationJournal
+from master.persistence import ApplicationJournal, JournalError
 from master.rpc import SERVER_OPTIONS, LoadingInterceptor, SizeLimitInterceptor
 from master.umbilical_service import UmbilicalService
+from operators.durable import CorruptLog
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
 
 __all__ = ["MASTER_FILE_ENV", "MasterServer", "MasterStartError"]
@@ -175,7 +176,7 @@ class MasterServer:
             journal = None
             if self.state_dir is not None:
                 env[MASTER_FILE_ENV] = str(self._write_address_file())
-                journal = ApplicationJournal(str(self.state_dir / "journal"))
+                journal = self._open_journal()
             launcher.set_credentials(env)
             core = MasterCore(launcher, clock=self.clock,
                               stop_grace_ms=self.container_stop_grace_ms,
@@ -193,6 +194,10 @@ class MasterServer:
             server.start()
             try:
                 restored = core.restore()
+            except (CorruptLog, JournalError) as exc:
+                server.stop(None)
+                raise MasterStartError(f"cannot take back the applications of {self.state_dir}: "
+                                       f"{exc}") from None
             except Exception:
                 server.stop(None)
                 raise
@@ -240,6 +245,14 @@ class MasterServer:
                             path, exc.strerror or exc, auth.SECRET_ENV)
             return
         self._secret_file = path
+
+    def _open_journal(self) -> ApplicationJournal:
+        assert self.state_dir is not None
+        try:
+            return ApplicationJournal(str(self.state_dir / "journal"))
+        except CorruptLog as exc:
+            raise MasterStartError(f"cannot take back the applications of {self.state_dir}: "
+                                   f"{exc}") from None
 
     def _kept_secret(self) -> str:
         """The secret of an earlier run on this state folder, or a new one kept there."""

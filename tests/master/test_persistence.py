@@ -8,7 +8,7 @@ from master.client import WeirClient, WeirClientError
 from master.core import MasterCore
 from master.launcher import RecordingLauncher
 from master.persistence import ApplicationJournal
-from master.server import MasterServer
+from master.server import MasterServer, MasterStartError
 from operators.windows import make_window_id
 from proto import umbilical_pb2
 from tests.master.fakes import (
@@ -64,12 +64,14 @@ def test_an_unchanged_application_is_not_written_again(tmp_path):
     app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
     (cid,) = core.application(app_id).plan.containers
     core.heartbeat(container_heartbeat(cid))
+    active = container_heartbeat(cid, operators=[
+        operator_report(op_id, state=umbilical_pb2.OPERATOR_STATE_ACTIVE)
+        for op_id in core.application(app_id).plan.operators])
+    core.heartbeat(active)  # the operators turn ACTIVE: journaled
     writes = core.journal.writes
     for _ in range(5):
-        core.heartbeat(container_heartbeat(cid, operators=[
-            operator_report(op_id, state=umbilical_pb2.OPERATOR_STATE_ACTIVE)
-            for op_id in core.application(app_id).plan.operators]))
-    assert core.journal.writes - writes <= 1  # the operators turned ACTIVE, then nothing
+        core.heartbeat(active)
+    assert core.journal.writes == writes
 
 
 def test_while_loading_calls_are_refused_as_retryable_and_the_client_retries(tmp_path):
@@ -104,3 +106,18 @@ def test_a_restarted_server_keeps_its_secret_and_publishes_its_address(tmp_path)
         assert second.address in (tmp_path / "master" / "master.json").read_text()
     finally:
         second.stop()
+
+
+def test_a_corrupt_journal_stops_the_master_naming_the_file_and_offset(tmp_path):
+    journal = ApplicationJournal(str(tmp_path / "master" / "journal"))
+    for i in range(3):
+        journal.journal.put("app-0001", f"state {i}".encode())
+    journal.close()
+    (segment,) = (tmp_path / "master" / "journal").glob("*.log")
+    data = bytearray(segment.read_bytes())
+    data[20] ^= 0xFF  # inside the first of three records
+    segment.write_bytes(bytes(data))
+    server = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "master",
+                          publish_secret=False, http_port=None)
+    with pytest.raises(MasterStartError, match=rf"cannot take back .*{segment} at byte 8"):
+        server.start()
