@@ -242,7 +242,7 @@ def _follow(server: MasterServer, app_id: str, timeout_s: float | None, quiet: b
                 pass
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"application {app_id} did not end within {timeout_s:g} s "
-                                   "(--timeout); it was stopped")
+                                   "(--run-timeout); it was stopped")
             progress.show(server.core.application_info(app_id))
     finally:
         progress.clear()
@@ -384,12 +384,6 @@ def _common() -> argparse.ArgumentParser:
                         help="log at INFO (-vv: DEBUG)")
     common.add_argument("--timeout", type=float, default=argparse.SUPPRESS, metavar="S",
                         help="deadline of each call to the master, seconds (default 10)")
-    common.add_argument("-D", dest="define", action="append", default=argparse.SUPPRESS,
-                        metavar="NAME=VALUE",
-                        help="submit/run: set an attribute (NAME or OPERATOR.NAME); "
-                             "wins over --config")
-    common.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
-                        help="submit/run: a file of NAME=VALUE lines; wins over the DAG's code")
     common.add_argument("--secret-file", default=argparse.SUPPRESS, metavar="FILE",
                         help="the master's secret (default: $WEIR_SECRET, else the file a "
                              "master on this machine wrote); master: use it, not a new one")
@@ -418,20 +412,33 @@ def _http_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve /metrics without the master's secret")
 
 
-def _attribute_options(parser: argparse.ArgumentParser) -> None:
+def _app_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("app", metavar="APP.py", help="the application file (defines `dag`)")
+
+
+def _attribute_parent() -> argparse.ArgumentParser:
+    """-D and --config: only where an application is submitted (submit, run)."""
+    options = _Parser(add_help=False)
+    options.add_argument("-D", dest="define", action="append", default=argparse.SUPPRESS,
+                         metavar="NAME=VALUE",
+                         help="set an attribute (NAME or OPERATOR.NAME); wins over --config")
+    options.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
+                         help="a file of NAME=VALUE lines; wins over the DAG's code")
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = _Parser(prog="weir", parents=[common],
+    attributes = _attribute_parent()
+    parser = _Parser(prog="weir", parents=[common, attributes],
                      description="Weir: a stream-processing runtime (master, containers, CLI).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def command(name: str, func: Callable[[argparse.Namespace], int], text: str
                 ) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common], help=text, description=text)
+        parents = [common, attributes] if name in ("submit", "run") else [common]
+        p = sub.add_parser(name, parents=parents, help=text, description=text)
         p.set_defaults(func=func)
         return p
 
@@ -449,10 +456,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("container", help="run a container (python -m container ...)",
                    add_help=False)
     p = command("submit", _cmd_submit, "submit an application to a running master")
-    _attribute_options(p)
+    _app_argument(p)
     p = command("run", _cmd_run, "run an application here, with its own master and "
                 "containers, until it ends")
-    _attribute_options(p)
+    _app_argument(p)
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--run-timeout", type=float, metavar="S",
                    help="stop the application if it has not ended after S seconds")

@@ -171,6 +171,17 @@ OPERATOR_RIGHT = {"ID", "CKPT MS", "FAILURES", "WINDOWS", "PROCESSED", "EMITTED"
                   "OUT/S", "CPU %", "LATENCY"}
 
 
+def _latest_checkpoint(op: client_pb2.OperatorInfo) -> str:
+    """The newest checkpoint the current instance can restart from, and why there is none."""
+    if op.checkpoint_window_id >= 0:
+        return format_window_id(op.checkpoint_window_id)
+    if op.checkpoints:
+        start = format_window_id(op.deploy_window_id) if op.deploy_window_id >= 0 else "scratch"
+        return (f"- (its earlier checkpoints were dropped: it restarted from {start} and has "
+                "not checkpointed since)")
+    return "-"
+
+
 def _checkpoint_ms(op: client_pb2.OperatorInfo) -> str:
     """Last / average checkpoint time."""
     if not op.checkpoints:
@@ -208,10 +219,10 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
         ("latency", f"{op.latency_ms:.0f} ms"),
         ("metrics", format_metrics(op.metrics)),
         ("processing mode", op.processing_mode or "-"),
-        ("latest checkpoint", format_window_id(op.checkpoint_window_id)),
-        ("checkpoints", f"{format_count(op.checkpoints)} (last {op.checkpoint_time_ms} ms, "
-                        f"average {op.checkpoint_time_avg_ms:.1f} ms)" if op.checkpoints
-         else "0"),
+        ("latest checkpoint", _latest_checkpoint(op)),
+        ("checkpoints", f"{format_count(op.checkpoints)} saved over its life (last "
+                        f"{op.checkpoint_time_ms} ms, average {op.checkpoint_time_avg_ms:.1f} ms)"
+         if op.checkpoints else "0"),
         ("recovery window", format_window_id(op.recovery_window_id)),
         ("committed window", format_window_id(op.committed_window_id)),
         ("started from", format_window_id(op.deploy_window_id)

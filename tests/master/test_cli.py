@@ -221,7 +221,8 @@ def test_submit_then_tables_and_json(capsys, apps, master, tmp_path):
 
     code, out, _ = run(capsys, "--master", master.address, "stats", "app-0001", "source")
     assert code == 0 and "source (id 1)" in out and "last 1 windows" in out and at5 in out
-    assert "latest checkpoint:" in out and "1 (last 12 ms, average 12.0 ms)" in out
+    assert "latest checkpoint:" in out
+    assert "1 saved over its life (last 12 ms, average 12.0 ms)" in out
     assert "failures:          0 (0 in a row, restart limit 5)" in out
 
     code, out, _ = run(capsys, "--master", master.address, "--json", "operators", "app-0001")
@@ -312,3 +313,12 @@ def test_weir_master_serves_until_sigint_and_reports_busy_port(master):
         proc.stderr.close()
     poll_for(lambda: proc.poll() is not None, 5, "weir master to exit")
 
+
+
+def test_attribute_options_are_offered_only_where_an_application_is_submitted():
+    from master.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert "--config" in sub["run"].format_help() and "-D NAME=VALUE" in sub["submit"].format_help()
+    for name in ("apps", "operators", "master", "top"):
+        assert "--config" not in sub[name].format_help(), name
