@@ -185,11 +185,6 @@ class MasterServer:
                 UmbilicalService(core), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
             _tune_gc()
-            try:
-                self._start_http(core)
-            except MasterStartError:
-                server.stop(None)
-                raise
             self._loading = journal is not None
             server.start()
             try:
@@ -206,6 +201,11 @@ class MasterServer:
             if restored:
                 _LOGGER.info("master restored %d application(s) from %s", restored,
                              self.state_dir)
+            try:  # after the restore: a failed start leaves no HTTP server behind
+                self._start_http(core)
+            except MasterStartError:
+                server.stop(None)
+                raise
             core.start()
             self._server, self._core = server, core
             if self.publish_secret:
