@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pyarrow.flight as flight
 
 from container.control import Kind, Message, from_envelope
+from operators.partitioning import PartitionFilter
 
 __all__ = ["BufferServerUnavailable", "Subscription", "subscribe"]
 
@@ -42,7 +43,7 @@ class Subscription:
     (a gRPC deadline): past it, iteration raises ``TimeoutError``; None waits forever.
 
     ``secret`` (the master's) goes with the call; ``tls_root_certs`` (PEM) makes it a TLS
-    call trusting them.
+    call trusting them. ``partition`` asks the server for one partition's rows only.
 
     Raises (while iterating):
         BufferServerUnavailable: the server is unreachable, or closed the stream
@@ -53,8 +54,10 @@ class Subscription:
 
     def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
                  timeout_s: float | None = None, *, secret: str | None = None,
-                 tls_root_certs: bytes | None = None) -> None:
+                 tls_root_certs: bytes | None = None,
+                 partition: PartitionFilter | None = None) -> None:
         self.secret = secret
+        self.partition = partition
         self.tls_root_certs = tls_root_certs
         self.host = host
         self.port = port
@@ -104,8 +107,10 @@ class Subscription:
         return exc
 
     def _open(self) -> tuple[flight.FlightClient, flight.FlightStreamReader] | None:
-        ticket = flight.Ticket(json.dumps(
-            {"stream": self.stream_id, "from_window": self.from_window}).encode())
+        request: dict[str, object] = {"stream": self.stream_id, "from_window": self.from_window}
+        if self.partition is not None:
+            request["partition"] = self.partition.to_json()
+        ticket = flight.Ticket(json.dumps(request).encode())
         headers = [(AUTH_HEADER, f"Bearer {self.secret}".encode())] if self.secret else []
         options = flight.FlightCallOptions(timeout=self.timeout_s, headers=headers)
         if self.tls_root_certs is None:
@@ -167,11 +172,12 @@ class Subscription:
 
 def subscribe(host: str, port: int, stream_id: str, from_window: int = -1,
               timeout_s: float | None = None, *, secret: str | None = None,
-              tls_root_certs: bytes | None = None) -> Iterator[Message]:
+              tls_root_certs: bytes | None = None,
+              partition: PartitionFilter | None = None) -> Iterator[Message]:
     """The messages of ``stream_id`` after window ``from_window``, ending after END_STREAM.
 
     See ``Subscription`` for errors and ``timeout_s``; use a ``Subscription`` directly to
     cancel from another thread.
     """
     return iter(Subscription(host, port, stream_id, from_window, timeout_s, secret=secret,
-                             tls_root_certs=tls_root_certs))
+                             tls_root_certs=tls_root_certs, partition=partition))

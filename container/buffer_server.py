@@ -2,7 +2,10 @@
 
 One per container. Publishers live in the same process and append messages directly
 (``BufferServer.publisher``); subscribers, local or remote, pull over Arrow Flight with
-``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``. A subscription first
+``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``, plus ``"partition":
+{"column", "mask", "keys"}`` for one partition of a partitioned operator: that
+subscriber gets only its rows of each DATA batch (``operators.partitioning``; markers pass
+as they are). A subscription first
 receives every retained message of the windows after ``from_window``, in order, then
 stays open and receives new messages as they are published (long poll), until
 ``END_STREAM`` or the server closes. Every Flight call must carry the master's secret
@@ -17,8 +20,8 @@ the messages still in memory: past the memory budget the publisher that needs ro
 the oldest messages of the stream holding most memory to disk, a block at a time
 (``container.spill``), and subscribers that reach them read the block back. Past the disk
 budget too, publishing waits until a purge frees room: data is never dropped. Payloads
-are the publisher's Arrow IPC bytes, forwarded without re-encoding; nothing here touches
-rows.
+are the publisher's Arrow IPC bytes, forwarded without re-encoding; only a partition
+filter touches rows (and re-encodes what it keeps).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import pyarrow.flight as flight
 
 from container.control import ENVELOPE_SCHEMA, Kind, Message, to_envelope
 from container.spill import Budget, SpillStore, read_block
+from operators.partitioning import PartitionFilter
 
 __all__ = [
     "AUTH_HEADER",
@@ -514,23 +518,43 @@ class _FlightService(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext,
                ticket: flight.Ticket) -> flight.FlightDataStream:
-        stream_id, from_window = _parse_ticket(ticket.ticket)
-        _LOGGER.debug("subscriber %s: stream %s from window %d", context.peer(), stream_id,
-                      from_window)
+        stream_id, from_window, partition = _parse_ticket(ticket.ticket)
+        _LOGGER.debug("subscriber %s: stream %s from window %d%s", context.peer(), stream_id,
+                      from_window, f", partition {partition}" if partition else "")
         return flight.GeneratorStream(
-            ENVELOPE_SCHEMA, self._owner._serve(context, stream_id, from_window))
+            ENVELOPE_SCHEMA, self._owner._serve(context, stream_id, from_window, partition))
 
 
-def _parse_ticket(raw: bytes) -> tuple[str, int]:
+def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None]:
     try:
         request = json.loads(raw)
         stream_id = request["stream"]
         from_window = request.get("from_window", -1)
         if not isinstance(stream_id, str) or not isinstance(from_window, int):
             raise TypeError("'stream' must be a string and 'from_window' an integer")
+        partition = request.get("partition")
+        if partition is not None:
+            partition = PartitionFilter.from_json(partition)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise flight.FlightServerError(f"bad buffer-server ticket {raw[:200]!r}: {exc}") from exc
-    return stream_id, from_window
+    return stream_id, from_window, partition
+
+
+def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Message]:
+    """The partition's rows of each DATA message; markers as they are, empty batches
+    dropped (the same batches are dropped on every replay, so positions stay stable)."""
+    out: list[Message] = []
+    for message in messages:
+        if message.kind != Kind.DATA:
+            out.append(message)
+            continue
+        try:
+            batch = partition.select(message.batch())
+        except (KeyError, TypeError) as exc:
+            raise flight.FlightServerError(f"partition filter: {exc}") from exc
+        if batch.num_rows:
+            out.append(Message.data(message.window_id, batch))
+    return out
 
 
 class BufferServer:
@@ -821,8 +845,12 @@ class BufferServer:
         return rows
 
     def _serve(self, context: flight.ServerCallContext, stream_id: str,
-               from_window: int) -> Iterator[pa.RecordBatch]:
-        """One subscription: envelope batches until END_STREAM, cancellation or close."""
+               from_window: int, partition: PartitionFilter | None = None,
+               ) -> Iterator[pa.RecordBatch]:
+        """One subscription: envelope batches until END_STREAM, cancellation or close.
+
+        ``partition`` keeps only its rows of every DATA batch, filtered outside the
+        stream's lock (publishing goes on meanwhile)."""
         stream = self._stream(stream_id)  # a subscriber may come before its publisher
         cursor = _Cursor(from_window)
         loaded: dict[_Block, list[Message]] = {}  # the spilled block being read, if any
@@ -848,6 +876,10 @@ class BufferServer:
                     rows = self._load(stream, needed)
                     loaded = {} if rows is None else {needed: rows}
                     continue
+                if partition is not None:
+                    messages = _filtered(messages, partition)
+                    if not messages:
+                        continue
                 yield to_envelope(messages)
                 if messages[-1].kind == Kind.END_STREAM:
                     _LOGGER.debug("subscriber of %s reached END_STREAM", stream_id)

@@ -20,6 +20,7 @@ from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES
 from operators.operator import Operator, OperatorContext
+from operators.partitioning import PartitionFilter
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 
@@ -45,6 +46,22 @@ class DeployError(RuntimeError):
 def stream_id(operator_id: int, port_name: str) -> str:
     """The buffer-server identifier of an output port: ``<operator id>.<port>``."""
     return f"{operator_id}.{port_name}"
+
+
+def partition_filter(info: plan_pb2.InputDeployInfo) -> PartitionFilter | None:
+    """The input's share of its stream (one partition's hash buckets), or None for all.
+
+    Raises:
+        DeployError: the master sent buckets that do not fit the mask (fatal: it would
+            send the same again).
+    """
+    if not info.partition_key_column:
+        return None
+    try:
+        return PartitionFilter(info.partition_key_column, info.partition_mask,
+                               frozenset(info.partition_keys))
+    except ValueError as exc:
+        raise DeployError(f"input {info.port_name!r}: {exc}", fatal=True) from None
 
 
 def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
@@ -179,6 +196,7 @@ class Deployment:
     def _subscriber(info: plan_pb2.InputDeployInfo, secret: str | None = None,
                     tls_root_certs: bytes | None = None):
         ended = info.context_attributes.get("UPSTREAM_END_WINDOW")
+        partition = partition_filter(info)
 
         def subscribe(from_window: int):
             if ended is not None:  # the upstream finished before our checkpoint: just end
@@ -186,7 +204,7 @@ class Deployment:
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
                                         from_window=from_window, secret=secret,
-                                        tls_root_certs=tls_root_certs)
+                                        tls_root_certs=tls_root_certs, partition=partition)
             return subscription, subscription.close
         return subscribe
 

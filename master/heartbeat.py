@@ -337,8 +337,9 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
 
     The checkpoint is the one ``op`` starts from (-1 = fresh; after a recovery, chosen by
     its PROCESSING_MODE). Inputs name the CURRENT buffer server of the upstream
-    operator's container and the stream ``(source_node_id, source_port_name)``; outputs
-    name the operator's own container's.
+    operator's container and the stream ``(source_node_id, source_port_name)``, and a
+    partition's share of it (key column, mask and keys); outputs name the operator's own
+    container's.
     """
     own = app.plan.containers[op.container_id]
     info = plan_pb2.OperatorDeployInfo(
@@ -356,6 +357,10 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             source_node_id=link.source_operator_id, source_port_name=link.source_port_name,
             buffer_server_host=container.buffer_server_host,
             buffer_server_port=container.buffer_server_port)
+        if link.partition is not None:  # this partition's share: the buffer server filters
+            link_info.partition_key_column = link.partition.column
+            link_info.partition_mask = link.partition.mask
+            link_info.partition_keys.extend(link.partition.keys)
         end = app.operator_stats[upstream.id].current_window_id
         if is_operator_done(app, upstream) and end <= op.deploy_window_id:
             link_info.context_attributes[UPSTREAM_END_WINDOW] = str(end)

@@ -12,10 +12,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import cloudpickle
+
 from master.errors import InvalidTransition
 from master.state_owner import default_state_dir, new_run_id
 from operators.attributes import ATTRIBUTES, InvalidAttribute, Scope, parse_attributes, resolve
 from operators.dag import topological_order
+from operators.partitioning import partition_keys
+from operators.unifiers import ConcatUnifier, unifier_input
 from proto import plan_pb2
 
 __all__ = [
@@ -23,6 +27,7 @@ __all__ = [
     "InputLink",
     "OperatorState",
     "OutputLink",
+    "PartitionSpec",
     "PTContainer",
     "PTOperator",
     "PhysicalPlan",
@@ -87,13 +92,25 @@ _OPERATOR_NEXT: dict[OperatorState, frozenset[OperatorState]] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+    """One partition's share of a stream: rows whose ``column`` hashes (``& mask``) into
+    ``keys`` (Apex's partition mask and keys; ``operators.partitioning`` filters)."""
+
+    column: str
+    mask: int
+    keys: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class InputLink:
-    """One subscribed input port: which upstream operator's output port feeds it."""
+    """One subscribed input port: which upstream operator's output port feeds it, and the
+    partition of that stream it takes (None: all of it)."""
 
     port_name: str
     stream_name: str
     source_operator_id: int
     source_port_name: str
+    partition: PartitionSpec | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +145,9 @@ class PTOperator:
     deploy_window_id: int = -1  # the checkpoint its next (or current) instance starts from
     ready: bool = False  # its container reported setup() done
     ready_ms: int = 0  # when its current instance was deployed or reported ready
+    logical_name: str = ""  # the DAG's operator it is a partition (or the unifier) of
+    partition_index: int = 0
+    partition_count: int = 1
 
     @property
     def is_input(self) -> bool:
@@ -339,11 +359,22 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
                         app_id: str, run_id: str = "") -> PhysicalPlan:
     """The physical plan of a DAG already checked by ``validate_descriptor``.
 
+    An operator with ``PARTITIONS=N`` becomes N physical operators ``name#0`` ...
+    (``logical_name`` keeps the DAG's name), spread over different containers. Each
+    partition reads its share of an unpartitioned upstream stream (a ``PartitionSpec``
+    on ``PARTITION_KEY``), or, with ``PARALLEL_PARTITION``, partition i of its upstream.
+    Where a partitioned operator feeds one that is not its parallel partner, a unifier
+    (the operator's ``unifier()``, else ``ConcatUnifier``) is placed with each reading
+    instance and merges the partitions; it takes the reader's share when the reader is
+    partitioned. Physical ids stay in topological order (unifiers before their reader).
+
     Raises:
-        PlanError: bad overrides or placement.
+        PlanError: bad overrides, placement or partitioning.
     """
     dag_attributes, operator_attributes = resolve_attributes(dag, overrides)
     order = topological_order(dag)
+    descriptors = {op.name: op for op in dag.operators}
+    counts = _partition_counts(dag, order, descriptors, operator_attributes)
     pinned: dict[str, int] = {}
     for name in order:
         index = operator_attributes[name]["CONTAINER"]
@@ -351,33 +382,200 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
             raise PlanError(f"operator {name!r} has CONTAINER={index}; use a container number "
                             "from 0, or -1 to let the master place it")
         if index >= 0:
-            pinned[name] = index
-    placement = place_operators(order, pinned, dag_attributes["CONTAINERS"])
+            pinned.update((unit, index) for unit in _instance_names(name, counts[name]))
+    containers_wanted = dag_attributes["CONTAINERS"]
+    _spread_partitions(order, counts, pinned, containers_wanted)
+    units = [unit for name in order for unit in _instance_names(name, counts[name])]
+    placement = place_operators(units, pinned, containers_wanted)
     _check_processing_modes(order, operator_attributes)
     if not dag_attributes["STATE_DIR"]:
         dag_attributes["STATE_DIR"] = default_state_dir(app_id, run_id or new_run_id())
     for attributes in operator_attributes.values():
         attributes["STATE_DIR"] = dag_attributes["STATE_DIR"]
-    descriptors = {op.name: op for op in dag.operators}
-    ids = {name: number for number, name in enumerate(order, start=1)}
     containers: dict[str, PTContainer] = {}
     for index in sorted(set(placement.values())):
         cid = container_id_for(app_id, index)
         containers[cid] = PTContainer(id=cid, index=index)
-    operators: dict[int, PTOperator] = {}
+    builder = _Builder(dag, descriptors, operator_attributes, counts, app_id, placement)
     for name in order:
-        desc = descriptors[name]
-        cid = container_id_for(app_id, placement[name])
-        op = PTOperator(
-            id=ids[name], name=name, class_name=desc.class_name,
-            type=(plan_pb2.OPERATOR_TYPE_INPUT if desc.kind == plan_pb2.OPERATOR_KIND_INPUT
-                  else plan_pb2.OPERATOR_TYPE_GENERIC),
-            payload=desc.payload, attributes=operator_attributes[name], container_id=cid)
-        operators[op.id] = op
-        containers[cid].operator_ids.append(op.id)
-    _link_streams(dag, ids, operators)
+        builder.add(name)
+    for op in builder.operators.values():
+        containers[op.container_id].operator_ids.append(op.id)
     return PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
-                        operators=operators, containers=containers)
+                        operators=builder.operators, containers=containers)
+
+
+def _instance_names(name: str, count: int) -> list[str]:
+    """The physical names of a logical operator: itself, or ``name#0`` ... when partitioned."""
+    return [name] if count == 1 else [f"{name}#{i}" for i in range(count)]
+
+
+def _upstream(dag: plan_pb2.DagDescriptor, name: str) -> list[str]:
+    return list(dict.fromkeys(stream.source_operator for stream in dag.streams
+                              if any(sink.operator == name for sink in stream.sinks)))
+
+
+def _partition_counts(dag: plan_pb2.DagDescriptor, order: list[str],
+                      descriptors: Mapping[str, plan_pb2.OperatorDescriptor],
+                      operator_attributes: Mapping[str, dict[str, Any]]) -> dict[str, int]:
+    """Each operator's number of partitions; sets PARTITIONS of parallel partitions.
+
+    Raises:
+        PlanError: a partitioned source, a partitioned operator without PARTITION_KEY, or
+            PARALLEL_PARTITION without upstream partitions of one count.
+    """
+    counts: dict[str, int] = {}
+    for name in order:
+        attributes = operator_attributes[name]
+        count = attributes["PARTITIONS"]
+        if attributes["PARALLEL_PARTITION"]:
+            upstream = _upstream(dag, name)
+            upstream_counts = {counts[u] for u in upstream}
+            if not upstream or len(upstream_counts) != 1 or 1 in upstream_counts:
+                raise PlanError(
+                    f"operator {name!r} has PARALLEL_PARTITION=true but its upstream "
+                    f"operators {upstream} are not all partitioned alike (PARTITIONS "
+                    f"{[counts[u] for u in upstream]}); parallel partitions follow "
+                    "partitioned upstream operators of one count")
+            (parallel,) = upstream_counts
+            if count not in (1, parallel):
+                raise PlanError(f"operator {name!r} has PARALLEL_PARTITION=true and "
+                                f"PARTITIONS={count}, but its upstream has {parallel} "
+                                "partitions; leave PARTITIONS out (it follows the upstream)")
+            count = attributes["PARTITIONS"] = parallel
+        elif count > 1:
+            if descriptors[name].kind == plan_pb2.OPERATOR_KIND_INPUT:
+                raise PlanError(f"operator {name!r} is a source (input operator) with "
+                                f"PARTITIONS={count}: partitioning sources is not supported "
+                                "yet; partition the operators it feeds")
+            if not attributes["PARTITION_KEY"]:
+                raise PlanError(f"operator {name!r} has PARTITIONS={count} but no "
+                                "PARTITION_KEY: set it to the input column whose hash splits "
+                                f"its streams, e.g. -D {name}.PARTITION_KEY=word")
+        counts[name] = count
+    return counts
+
+
+def _spread_partitions(order: list[str], counts: Mapping[str, int], pinned: dict[str, int],
+                       containers: int) -> None:
+    """Pins the partitions of each partitioned operator to different containers, the least
+    loaded first, so that its partitions really run side by side."""
+    load = [0] * containers
+    for index in pinned.values():
+        if 0 <= index < containers:
+            load[index] += 1
+    for name in order:
+        units = _instance_names(name, counts[name])
+        if counts[name] == 1 or units[0] in pinned:
+            continue
+        for position, unit in enumerate(units):
+            if position % containers == 0:
+                targets = sorted(range(containers), key=lambda i: (load[i], i))
+            target = targets[position % containers]
+            pinned[unit] = target
+            load[target] += 1
+
+
+class _Builder:
+    """Makes the physical operators of one plan, numbering them in topological order."""
+
+    def __init__(self, dag: plan_pb2.DagDescriptor,
+                 descriptors: Mapping[str, plan_pb2.OperatorDescriptor],
+                 operator_attributes: Mapping[str, dict[str, Any]], counts: Mapping[str, int],
+                 app_id: str, placement: Mapping[str, int]) -> None:
+        self.dag = dag
+        self.descriptors = descriptors
+        self.attributes = operator_attributes
+        self.counts = counts
+        self.app_id = app_id
+        self.placement = placement
+        self.operators: dict[int, PTOperator] = {}
+        self.instances: dict[str, list[PTOperator]] = {}
+        self.port_order = {op.name: {p.name: i for i, p in enumerate([*op.inputs, *op.outputs])}
+                           for op in dag.operators}
+        # readers needing a unifier per partitioned operator: one unifier keeps a short name
+        self.unifiers_of: dict[str, int] = {}
+        for stream in dag.streams:
+            if counts[stream.source_operator] > 1:
+                for sink in stream.sinks:
+                    if not operator_attributes[sink.operator]["PARALLEL_PARTITION"]:
+                        self.unifiers_of[stream.source_operator] = (
+                            self.unifiers_of.get(stream.source_operator, 0)
+                            + counts[sink.operator])
+
+    def _new_id(self) -> int:
+        return len(self.operators) + 1
+
+    def add(self, name: str) -> None:
+        """Adds the operator's instances, each after the unifiers that feed it."""
+        desc = self.descriptors[name]
+        count = self.counts[name]
+        mask, keys = partition_keys(count) if count > 1 else (0, [])
+        key_column = self.attributes[name]["PARTITION_KEY"]
+        parallel = self.attributes[name]["PARALLEL_PARTITION"]
+        instances = []
+        for index, unit in enumerate(_instance_names(name, count)):
+            share = (PartitionSpec(key_column, mask, tuple(sorted(keys[index])))
+                     if count > 1 and not parallel else None)
+            container_id = container_id_for(self.app_id, self.placement[unit])
+            inputs = [link for stream in self.dag.streams for sink in stream.sinks
+                      if sink.operator == name
+                      for link in [self._input(stream, sink.port, unit, index, share,
+                                               parallel, container_id)]]
+            rank = self.port_order[name]
+            inputs.sort(key=lambda link: rank.get(link.port_name, 0))
+            outputs = [OutputLink(stream.source_port, stream.name) for stream in self.dag.streams
+                       if stream.source_operator == name]
+            outputs = list({link.port_name: link for link in outputs}.values())
+            outputs.sort(key=lambda link: rank.get(link.port_name, 0))
+            op = PTOperator(
+                id=self._new_id(), name=unit, class_name=desc.class_name,
+                type=(plan_pb2.OPERATOR_TYPE_INPUT if desc.kind == plan_pb2.OPERATOR_KIND_INPUT
+                      else plan_pb2.OPERATOR_TYPE_GENERIC),
+                payload=desc.payload, attributes=dict(self.attributes[name]),
+                container_id=container_id, inputs=inputs, outputs=outputs,
+                logical_name=name, partition_index=index, partition_count=count)
+            self.operators[op.id] = op
+            instances.append(op)
+        self.instances[name] = instances
+
+    def _input(self, stream: plan_pb2.StreamDescriptor, port: str, reader: str, index: int,
+               share: PartitionSpec | None, parallel: bool, container_id: str) -> InputLink:
+        """Where instance ``reader`` (partition ``index``) reads ``stream`` from."""
+        upstream = self.instances[stream.source_operator]
+        if len(upstream) == 1:
+            return InputLink(port, stream.name, upstream[0].id, stream.source_port, share)
+        if parallel:  # partition i reads all of upstream partition i
+            return InputLink(port, stream.name, upstream[index].id, stream.source_port)
+        unifier = self._unifier(stream, upstream, reader, port, share, container_id)
+        return InputLink(port, stream.name, unifier.id, "output")
+
+    def _unifier(self, stream: plan_pb2.StreamDescriptor, upstream: list[PTOperator],
+                 reader: str, port: str, share: PartitionSpec | None,
+                 container_id: str) -> PTOperator:
+        """A unifier of ``upstream``'s partitions in the reader's container."""
+        source = stream.source_operator
+        desc = self.descriptors[source]
+        name = f"{source}#unifier"
+        if self.unifiers_of.get(source, 0) > 1:
+            name += f"@{reader}.{port}"
+        if desc.unifier_payload:
+            payload, class_name = desc.unifier_payload, desc.unifier_class_name
+        else:
+            payload = cloudpickle.dumps(ConcatUnifier())
+            class_name = f"{ConcatUnifier.__module__}.{ConcatUnifier.__qualname__}"
+        attributes = dict(self.attributes[source])
+        attributes.update(APPLICATION_WINDOW_COUNT=1, PARTITIONS=1, PARTITION_KEY="",
+                          PARALLEL_PARTITION=False, CONTAINER=-1)
+        unifier = PTOperator(
+            id=self._new_id(), name=name, class_name=class_name,
+            type=plan_pb2.OPERATOR_TYPE_UNIFIER, payload=payload, attributes=attributes,
+            container_id=container_id,
+            inputs=[InputLink(unifier_input(i), stream.name, op.id, stream.source_port, share)
+                    for i, op in enumerate(upstream)],
+            outputs=[OutputLink("output", stream.name)], logical_name=name)
+        self.operators[unifier.id] = unifier
+        return unifier
 
 
 def _check_processing_modes(order: list[str],
@@ -396,23 +594,3 @@ def _check_processing_modes(order: list[str],
                 f"CHECKPOINT_WINDOW_COUNT={attributes['CHECKPOINT_WINDOW_COUNT']}; exactly-once "
                 "needs a checkpoint after every window: set "
                 f"-D {name}.CHECKPOINT_WINDOW_COUNT=1 (or use AT_LEAST_ONCE)")
-
-
-def _link_streams(dag: plan_pb2.DagDescriptor, ids: Mapping[str, int],
-                  operators: Mapping[int, PTOperator]) -> None:
-    port_order = {
-        op.name: {p.name: i for i, p in enumerate([*op.inputs, *op.outputs])}
-        for op in dag.operators
-    }
-    for stream in dag.streams:
-        source = operators[ids[stream.source_operator]]
-        if all(link.port_name != stream.source_port for link in source.outputs):
-            source.outputs.append(OutputLink(stream.source_port, stream.name))
-        for sink in stream.sinks:
-            operators[ids[sink.operator]].inputs.append(
-                InputLink(sink.port, stream.name, source.id, stream.source_port))
-    for op in operators.values():
-        rank = port_order[op.name]
-        op.inputs.sort(key=lambda link: rank.get(link.port_name, 0))
-        op.outputs.sort(key=lambda link: rank.get(link.port_name, 0))
-

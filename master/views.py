@@ -49,7 +49,7 @@ def _figures(app: Application, op: PTOperator) -> _Figures:
 
 
 def _logical_name(op: PTOperator) -> str:
-    """The logical operator a partition belongs to (one partition per operator today)."""
+    """The logical operator a partition (or unifier) belongs to: ``PTOperator.logical_name``."""
     return str(getattr(op, "logical_name", "") or op.name)
 
 

@@ -64,6 +64,15 @@ def _mode(text: str) -> str:
     return value
 
 
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not true or false")
+
+
 def _crash_points(text: str) -> str:
     parse_crash_points(text)
     return str(text)
@@ -110,6 +119,15 @@ _ALL = [
               "windows that ended in this interval (at most the last 100 windows)."),
     Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
+    Attribute("PARTITIONS", _positive_int, 1, Scope.OPERATOR,
+              "Run the operator as N partitions, each taking the rows whose PARTITION_KEY "
+              "hashes to its share; a unifier merges their output for an unpartitioned "
+              "downstream operator."),
+    Attribute("PARTITION_KEY", _str, "", Scope.OPERATOR,
+              "The input column a partitioned operator's streams are split by (hash)."),
+    Attribute("PARALLEL_PARTITION", _bool, False, Scope.OPERATOR,
+              "Partition i reads partition i of its partitioned upstream operators (same "
+              "count, no split, no unifier between them)."),
 ]
 
 ATTRIBUTES: dict[str, Attribute] = {a.name: a for a in _ALL}

@@ -124,14 +124,15 @@ class Dag:
                 op.outputs.add(name=port_name, optional=port.optional,
                                schema=_schema_bytes(port.schema))
             if with_payload:
-                try:
-                    op.payload = cloudpickle.dumps(operator)
-                except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
-                    raise DagError(
-                        f"operator {name!r} ({cls.__name__}) cannot be serialized: {exc}; "
-                        "keep open files, sockets and sessions out of __init__ and create them "
-                        "in setup()"
-                    ) from None
+                op.payload = _pickle(name, operator)
+                unifier = operator.unifier()
+                if unifier is not None:
+                    if not isinstance(unifier, Operator):
+                        raise DagError(f"operator {name!r}: unifier() returned a "
+                                       f"{type(unifier).__name__}, not an Operator")
+                    op.unifier_payload = _pickle(f"{name} (its unifier)", unifier)
+                    op.unifier_class_name = (f"{type(unifier).__module__}."
+                                             f"{type(unifier).__qualname__}")
         for stream_name, (source, sinks) in self._streams.items():
             descriptor.streams.add(
                 name=stream_name,
@@ -159,6 +160,17 @@ class Dag:
             return f"{self._operator_name(port)}.{port.name}"
         except DagError:
             return repr(port)
+
+
+def _pickle(name: str, operator: Operator) -> bytes:
+    try:
+        return cloudpickle.dumps(operator)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+        raise DagError(
+            f"operator {name!r} ({type(operator).__name__}) cannot be serialized: {exc}; "
+            "keep open files, sockets and sessions out of __init__ and create them "
+            "in setup()"
+        ) from None
 
 
 def _schema_bytes(schema: pa.Schema | None) -> bytes:

@@ -141,6 +141,19 @@ class Operator:
     def teardown(self) -> None:
         """Called once when the operator stops."""
 
+    def unifier(self) -> Operator | None:
+        """The operator that merges this operator's partitions' outputs, or None for the
+        default (``operators.unifiers.ConcatUnifier``: each window's batches, as they are).
+
+        Called when the DAG is serialised (on the client), never at run time. When the
+        operator runs as several partitions (``PARTITIONS``), the master puts a unifier
+        in front of every unpartitioned operator it feeds. A unifier receives each
+        partition's stream on its own input port (``input-0`` ... ``input-<N-1>``, not
+        declared: ``process`` sees those names) and emits on ``output``. Override this
+        when concatenating is not the answer, e.g. partial aggregates to combine.
+        """
+        return None
+
     @classmethod
     def input_ports(cls) -> dict[str, InputPort]:
         return {n: p for n, p in _class_ports(cls).items() if isinstance(p, InputPort)}

@@ -10,7 +10,7 @@ from operators.library.postgres import PostgresSink  # psycopg is imported in se
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from operators.library.tcp import TcpLineSource
-from operators.library.transforms import Tokenize, WindowedCount
+from operators.library.transforms import Tokenize, WindowedCount, WindowedCountUnifier
 
 __all__ = [
     "DirectorySource",
@@ -24,6 +24,7 @@ __all__ = [
     "TextFileSource",
     "Tokenize",
     "WindowedCount",
+    "WindowedCountUnifier",
 ]
 
 _LOGGER = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from operators.spark import SparkOperator
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Tokenize", "WindowedCount"]
+__all__ = ["Tokenize", "WindowedCount", "WindowedCountUnifier"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -93,6 +93,11 @@ class WindowedCount(SparkOperator):
             batch = batch.select(needed)
         super().process(port, batch)
 
+    def unifier(self) -> WindowedCountUnifier:
+        """Partitions count their own rows: the unifier adds up their counts per key and
+        window (a key split over partitions, when the partition key is another column)."""
+        return WindowedCountUnifier(key=self.key, value=self.value)
+
     def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
@@ -101,3 +106,38 @@ class WindowedCount(SparkOperator):
             aggregates.append(F.sum(F.col(self.value)).cast("long").alias("sum"))
         return (inputs["input"].groupBy(F.col(self.key)).agg(*aggregates)
                 .withColumn("window_id", F.lit(window_id).cast("long")))
+
+
+class WindowedCountUnifier(WindowedCount):
+    """Adds up the partial counts (and sums) of ``WindowedCount`` partitions per key and
+    window, in Spark like the count itself.
+
+    Every partition's port (``input-<i>``) feeds one DataFrame; the output has the
+    count's columns. Runs once per streaming window (the master gives unifiers
+    ``APPLICATION_WINDOW_COUNT=1``): all partitions emit an application window's counts in
+    the same streaming window, so each is added up whole.
+    """
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        if "_key_type" not in self.__dict__:
+            index = batch.schema.get_field_index(self.key)
+            if index >= 0:
+                self._key_type = batch.schema.field(index).type
+        columns = [c for c in (self.key, "count", "sum" if self.value else None,
+                               "window_id") if c is not None]
+        if all(batch.schema.get_field_index(c) >= 0 for c in columns):
+            batch = batch.select(columns)
+        SparkOperator.process(self, "input", batch)  # one DataFrame over all partitions
+
+    def unifier(self) -> None:
+        return None
+
+    def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        aggregates = [F.sum(F.col("count")).cast("long").alias("count")]
+        if self.value is not None:
+            aggregates.append(F.sum(F.col("sum")).cast("long").alias("sum"))
+        return (inputs["input"].groupBy(F.col(self.key), F.col("window_id")).agg(*aggregates)
+                .select(self.key, *(["count", "sum"] if self.value else ["count"]),
+                        "window_id"))
