@@ -22,6 +22,8 @@ class HeartbeatLoop:
 
     Runs in the container's main thread until the master answers ABORT, the master
     cannot be reached for the client's retry window, or ``stop()`` is called.
+    ``buffer_server_address`` is what the master hands to downstream containers: the
+    advertised host (``--advertise-host``), which need not be the address bound.
     """
 
     def __init__(self, container_id: str, client: UmbilicalClient, deployment: Deployment,

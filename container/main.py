@@ -1,7 +1,8 @@
 """The container process: join the master, serve a buffer server, run operators until told to stop.
 
 Started by the master's launcher as ``python -m container --master HOST:PORT --id ID``
-(or by hand as ``weir container ...``). The master's secret comes in the environment
+(or by hand as ``weir container ...``, possibly on another host: see ``--host`` and
+``--advertise-host``). The master's secret comes in the environment
 (``WEIR_SECRET``, never on the command line, which ``ps`` shows everyone) or from
 ``--secret-file``; TLS files from ``WEIR_TLS_CERT``/``WEIR_TLS_KEY`` (this container's
 buffer server) and ``WEIR_TLS_CA`` (what it trusts: the master, other buffer servers).
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -34,6 +36,7 @@ _LOGGER = logging.getLogger("container")
 SECRET_ENV = "WEIR_SECRET"
 MASTER_FILE_ENV = "WEIR_MASTER_FILE"  # set by a master with a state folder: its master.json
 TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"
+_WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
 
 class _Credentials:
@@ -83,8 +86,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", required=True, help="the master's HOST:PORT")
     parser.add_argument("--id", required=True, dest="container_id",
                         help="the container id the master assigned")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address the buffer server binds and advertises")
+    parser.add_argument("--host", metavar="ADDR",
+                        help="address the buffer server listens on (default: this host's "
+                             "address on the route to the master; 127.0.0.1 for a master "
+                             "on loopback)")
+    parser.add_argument("--advertise-host", metavar="ADDR",
+                        help="address other containers reach the buffer server at, sent to "
+                             "the master in heartbeats (default: --host, or the route "
+                             "address when --host is a wildcard such as 0.0.0.0)")
     parser.add_argument("--secret-file", metavar="FILE",
                         help=f"the master's secret (default: ${SECRET_ENV})")
     parser.add_argument("--tls-cert", default=os.environ.get(TLS_CERT_ENV), metavar="PEM",
@@ -96,6 +105,38 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              f"(default: ${TLS_CA_ENV}, else --tls-cert)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     return parser.parse_args(argv)
+
+
+def route_address(master: str) -> str:
+    """This host's address on the route to ``master`` (``HOST:PORT``).
+
+    The default for the buffer server, because the master's network is the one other
+    containers share: a UDP ``connect`` sends nothing but makes the kernel pick the
+    route and its source address. A master on loopback gives 127.0.0.1 (a local run
+    keeps everything on loopback).
+
+    Raises:
+        OSError: the master's host cannot be resolved or has no route.
+    """
+    host, _, port = master.rpartition(":")
+    infos = socket.getaddrinfo(host.strip("[]"), int(port) if port.isdigit() else 0,
+                               socket.AF_INET, socket.SOCK_DGRAM)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(infos[0][4])
+        return str(probe.getsockname()[0])
+
+
+def buffer_server_hosts(master: str, host: str | None, advertise_host: str | None
+                        ) -> tuple[str, str]:
+    """(listen address, advertised address) of the buffer server, from the options.
+
+    Raises:
+        OSError: a default needs the route to the master and there is none.
+    """
+    bind = host or route_address(master)
+    if advertise_host:
+        return bind, advertise_host
+    return bind, route_address(master) if bind in _WILDCARD_HOSTS else bind
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,9 +167,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     attributes = dict(context.attributes)
     client.retry_window_s = max(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000, 5.0)
-    buffer_server = BufferServer(host=args.host, port=0, secret=credentials.secret,
+    try:  # the address that answered get_init_context (it may come from master.json)
+        bind_host, advertised_host = buffer_server_hosts(client.address, args.host,
+                                                         args.advertise_host)
+    except OSError as exc:
+        print(f"weir container: error: no route to master {client.address} to pick the "
+              f"buffer server's address ({exc.strerror or exc}); pass --host",
+              file=sys.stderr)
+        client.close()
+        return 1
+    buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
                                  tls=credentials.server_tls)
     buffer_server.start()
+    advertised = (advertised_host, buffer_server.address[1])
     spark = SparkSessionBridge.from_attributes(
         {name: resolve(name, attributes)
          for name in ("SPARK_MASTER", "SPARK_SHUFFLE_PARTITIONS", "SPARK_DRIVER_MEMORY",
@@ -142,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                             secret=credentials.secret,
                             tls_root_certs=credentials.tls_root_certs)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,
-                         buffer_server.address, context.heartbeat_interval_millis)
+                         advertised, context.heartbeat_interval_millis)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
-    _LOGGER.info("container %s (pid %d) joined %s; buffer server at %s:%d", args.container_id,
-                 os.getpid(), args.master, *buffer_server.address)
+    _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
+                 "%s:%d", args.container_id, os.getpid(), client.address,
+                 *buffer_server.address, *advertised)
     reason = "stopped"
     try:
         reason = loop.run()

@@ -139,7 +139,8 @@ def _cmd_master(args: argparse.Namespace) -> int:
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
               else os.environ.get(auth.SECRET_ENV) or None)
     server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
-                          state_dir=args.state_dir, **_http_options(args))
+                          state_dir=args.state_dir, advertise_host=args.advertise_host,
+                          **_http_options(args))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
                                                                       signal.SIGTERM)}
@@ -443,7 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("master", _cmd_master, "run a master until Ctrl-C or SIGTERM")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; an address other hosts "
+                        "reach, or 0.0.0.0, for containers on other hosts)")
+    p.add_argument("--advertise-host", metavar="ADDR",
+                   help="host of the address the master prints and gives its containers "
+                        "(default: --host; 127.0.0.1 for 0.0.0.0)")
     p.add_argument("--port", type=int, default=5151, help="port (0 = any free port)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="the master's journal, secret and address: a master started again "

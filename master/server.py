@@ -68,6 +68,9 @@ class MasterServer:
 
     Args:
         host: the interface to listen on (loopback by default).
+        advertise_host: the host put in the address the master hands out (to the
+            containers it launches, ``master.json``, its secret file); default ``host``,
+            or 127.0.0.1 for a wildcard ``host`` (its launched containers are local).
         port: 0 picks a free port.
         launcher_factory: builds the launcher from the bound address; local processes
             by default.
@@ -97,12 +100,13 @@ class MasterServer:
                  max_workers: int = 16, secret: str | None = None,
                  tls: auth.TlsFiles | None = None, publish_secret: bool = True,
                  http_port: int | None = 0, http_open: bool = False,
-                 metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None
-                 ) -> None:
+                 metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None,
+                 advertise_host: str | None = None) -> None:
         if secret is not None and not secret.strip():
             raise ValueError("the master's secret must not be empty")
         self.host = host
         self.port = port
+        self.advertise_host = advertise_host or None
         self.launcher_factory: LauncherFactory = launcher_factory or LocalProcessLauncher
         self.clock = clock
         self.stop_grace_s = stop_grace_s
@@ -169,7 +173,8 @@ class MasterServer:
                 bound = 0
             if not bound:
                 raise MasterStartError(self._bind_error("cannot bind it"))
-            advertised = "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+            advertised = self.advertise_host or (
+                "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host)
             self._address = f"{advertised}:{bound}"
             launcher = self.launcher_factory(self._address)
             env = dict(auth.container_env(self.secret, self.tls))
