@@ -195,6 +195,11 @@ class MasterCore:
             if op is None and operator.strip().isdigit():
                 op = app.plan.operators.get(int(operator))
             if op is None:
+                partitions = [o.name for o in app.plan.operators.values()
+                              if o.logical_name == operator]
+                if partitions:
+                    raise NotFound(f"operator {operator!r} of application {app_id} runs as "
+                                   f"partitions {partitions}; name one of them")
                 raise NotFound(f"application {app_id} has no operator {operator!r}; "
                                f"`weir operators {app_id}` lists them")
             return views.operator_info(app, op, with_windows=True)

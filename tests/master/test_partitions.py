@@ -7,8 +7,11 @@ import cloudpickle
 import pytest
 
 from master.application import Application
+from master.core import MasterCore
+from master.errors import NotFound
 from master.heartbeat import deploy_info
-from master.physical_plan import PlanError, build_physical_plan
+from master.launcher import RecordingLauncher
+from master.physical_plan import OperatorState, PlanError, build_physical_plan
 from operators import Dag
 from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
 from operators.library.transforms import WindowedCountUnifier
@@ -17,6 +20,8 @@ from operators.ports import OutputPort
 from operators.testing import CollectSink, ListSource
 from operators.unifiers import ConcatUnifier
 from proto import plan_pb2
+from tests.master.fakes import ManualClock, chain_descriptor
+from tests.master.test_recovery import Cluster, checkpointed
 
 
 def wordcount(containers: int = 3, **count_attributes: object) -> Dag:
@@ -181,3 +186,35 @@ def test_deploy_info_carries_each_partitions_share_of_its_input():
     assert unifier.type == plan_pb2.OPERATOR_TYPE_UNIFIER
     assert [i.port_name for i in unifier.inputs] == ["input-0", "input-1", "input-2"]
     assert not any(i.partition_key_column for i in unifier.inputs)
+
+
+def test_losing_one_partition_rewinds_it_and_what_reads_it_but_not_its_siblings():
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.PARTITIONS": "2",
+                                                 "relay1.PARTITION_KEY": "x"})
+    cluster.deploy_all()
+    ops = {op.name: op for op in cluster.ops.values()}
+    assert list(ops) == ["source", "relay1#0", "relay1#1", "relay1#unifier", "sink"]
+    lost = ops["relay1#1"].container_id
+    assert lost not in (ops["relay1#0"].container_id, ops["source"].container_id)
+    for op in ops.values():
+        checkpointed(cluster, op.id, 20, 40)
+    assert cluster.app.committed_window_id == 40
+
+    cluster.liveness({lost: -9})
+    assert ops["relay1#1"].state == OperatorState.PENDING_DEPLOY
+    assert ops["relay1#1"].deploy_window_id == 40
+    assert {ops["relay1#unifier"].state, ops["sink"].state} == {OperatorState.PENDING_UNDEPLOY}
+    assert ops["source"].state == ops["relay1#0"].state == OperatorState.ACTIVE
+    assert ops["relay1#0"].failure_count == 0
+
+
+def test_asking_for_a_partitioned_operator_by_its_logical_name_names_its_partitions():
+    core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock())
+    app_id = core.submit(chain_descriptor(3, CONTAINERS=2), {"relay1.PARTITIONS": "2",
+                                                             "relay1.PARTITION_KEY": "x"})
+    assert core.operator_info(app_id, "relay1#1").logical_name == "relay1"
+    with pytest.raises(NotFound, match=r"runs as partitions \['relay1#0', 'relay1#1'\]"):
+        core.operator_info(app_id, "relay1")
+    info = core.application_info(app_id)
+    relay = next(op for op in info.logical_operators if op.name == "relay1")
+    assert len(relay.partition_ids) == 2
