@@ -27,7 +27,7 @@ from container.heartbeat_loop import HeartbeatLoop
 from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
-from operators.attributes import resolve
+from operators.attributes import ATTRIBUTES, resolve
 
 __all__ = ["main"]
 
@@ -181,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     buffer_server.start()
     advertised = (advertised_host, buffer_server.address[1])
     spark = SparkSessionBridge.from_attributes(
-        {name: resolve(name, attributes)
-         for name in ("SPARK_MASTER", "SPARK_SHUFFLE_PARTITIONS", "SPARK_DRIVER_MEMORY",
-                      "SPARK_WARMUP_ROWS")},
+        {name: resolve(name, attributes) for name in ATTRIBUTES if name.startswith("SPARK_")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
     process_stats = ProcessStats()
     loop: HeartbeatLoop | None = None

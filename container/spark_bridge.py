@@ -2,7 +2,8 @@
 
 Measured (see the design notes): pyarrow writes uncompressed, dictionary-free Parquet into a
 memory-backed folder and Spark's vectorised reader scans it, within 10-25 % of data already
-in the JVM; ``createDataFrame`` from Arrow is 10x slower and is not used.
+in the JVM; ``createDataFrame`` from Arrow is several times slower and is used only where
+no file can reach the executors (see Handoff below).
 
 File lifetime. ``to_dataframe`` writes one Parquet file that the DataFrame reads lazily, so
 the file must outlive the job. Files are tracked per calling thread (one operator = one
@@ -16,6 +17,16 @@ thread) and deleted:
 
 Do not keep a DataFrame from ``to_dataframe`` across windows; keep state as Arrow and hand
 it over again each window.
+
+Handoff (``SparkSessionBridge.handoff``). The Parquet file must be readable by whoever runs
+the tasks, so the path depends on where the executors are:
+
+* ``"local"``: local mode, or a standalone master on loopback (``spark://127.0.0.1:7077``),
+  whose executors can only be on this machine: files in ``/dev/shm``, as fast as it gets.
+* ``"shared"``: ``handoff_dir`` (``SPARK_HANDOFF_DIR``) is set: files in that folder, which
+  every executor must see at the same path (NFS and the like).
+* ``"arrow"``: any other cluster: ``createDataFrame`` from Arrow, which ships the data
+  through the driver to the executors: slower, but it needs nothing from the cluster.
 """
 
 from __future__ import annotations
@@ -23,9 +34,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -33,7 +46,8 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,12 +57,14 @@ from operators.ports import conform
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkBridgeStopped", "SparkSessionBridge"]
+__all__ = ["Handoff", "SparkBridgeStopped", "SparkSessionBridge", "handoff_for"]
 
 _LOGGER = logging.getLogger(__name__)
 
 _SCRATCH_PREFIX = "weir-spark-"
 _SHM = "/dev/shm"
+
+Handoff = Literal["local", "shared", "arrow"]
 
 
 _LOG4J_TEMPLATE = """\
@@ -87,6 +103,13 @@ class SparkSessionBridge:
         app_name: Spark application name.
         log_level: Spark's log level once the session is up.
         conf: extra Spark settings, applied last.
+        warmup_rows: rows per warm-up aggregation (see ``warm_up``).
+        driver_host: ``spark.driver.host``, where a cluster's executors reach this driver;
+            default ``127.0.0.1`` for a loopback ``spark://`` master, else Spark's choice.
+        executor_memory: ``spark.executor.memory`` on a cluster; default Spark's.
+        cores_max: ``spark.cores.max`` on a standalone cluster; 0 = Spark's default (all).
+        handoff_dir: a folder every executor reads at the same path; when set, the Parquet
+            files go there (under ``<handoff_dir>/<hostname>/``) whatever the master.
 
     Example:
         >>> bridge = SparkSessionBridge(master="local[1]")  # doctest: +SKIP
@@ -108,8 +131,18 @@ class SparkSessionBridge:
         log_level: str = "WARN",
         conf: Mapping[str, str] | None = None,
         warmup_rows: int = 10_000,
+        driver_host: str = "",
+        executor_memory: str = "",
+        cores_max: int = 0,
+        handoff_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.master = master
+        self.driver_host = driver_host
+        self.executor_memory = executor_memory
+        self.cores_max = int(cores_max)
+        self.handoff: Handoff = handoff_for(master, handoff_dir)
+        if handoff_dir:  # one folder per host: orphan clean-up judges only its own pids
+            scratch_dir = Path(handoff_dir) / socket.gethostname()
         self.warmup_rows = int(warmup_rows)
         self.shuffle_partitions = int(shuffle_partitions)
         self.driver_memory = driver_memory
@@ -134,6 +167,10 @@ class SparkSessionBridge:
             shuffle_partitions=int(attributes.get("SPARK_SHUFFLE_PARTITIONS", 2)),
             driver_memory=str(attributes.get("SPARK_DRIVER_MEMORY", "1g")),
             warmup_rows=int(attributes.get("SPARK_WARMUP_ROWS", 10_000)),
+            driver_host=str(attributes.get("SPARK_DRIVER_HOST", "")),
+            executor_memory=str(attributes.get("SPARK_EXECUTOR_MEMORY", "")),
+            cores_max=int(attributes.get("SPARK_CORES_MAX", 0)),
+            handoff_dir=str(attributes.get("SPARK_HANDOFF_DIR", "")) or None,
             **kwargs,
         )
 
@@ -199,7 +236,8 @@ class SparkSessionBridge:
 
     def _create_session(self) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        if self.master.startswith("local"):
+        loopback = _is_loopback_cluster(self.master)
+        if self.master.startswith("local") or loopback:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no host lookup, no warning
         from pyspark.sql import SparkSession
 
@@ -215,17 +253,42 @@ class SparkSessionBridge:
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.sql.session.timeZone": "UTC",
             "spark.driver.memory": self.driver_memory,
+            **self._cluster_settings(loopback),
             **self.conf,
         }
         builder = SparkSession.builder.master(self.master).appName(self.app_name)
         for key, value in settings.items():
             builder = builder.config(key, value)
-        _LOGGER.info("starting SparkSession (master %s, %d shuffle partitions)",
-                     self.master, self.shuffle_partitions)
+        _LOGGER.info("starting SparkSession (master %s, %d shuffle partitions, %s handoff)",
+                     self.master, self.shuffle_partitions, self.handoff)
+        if self.handoff == "arrow":
+            _LOGGER.warning(
+                "Spark master %s is not on this host and SPARK_HANDOFF_DIR is not set: windows "
+                "reach Spark through createDataFrame, several times slower than Parquet files; "
+                "set SPARK_HANDOFF_DIR to a folder every executor reads", self.master)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self.log_level)
         _quiet_query_context_loggers()
         return session
+
+    def _cluster_settings(self, loopback: bool) -> dict[str, str]:
+        """What a cluster needs on top of local mode; nothing for local mode unless asked.
+
+        Executors connect back to the driver (tasks, results, broadcasts), so it must listen
+        where they can reach it: on loopback for a loopback master, whatever
+        ``SPARK_LOCAL_IP`` or the host name say; elsewhere ``driver_host`` if given.
+        """
+        settings: dict[str, str] = {}
+        if loopback:
+            settings["spark.driver.host"] = settings["spark.driver.bindAddress"] = "127.0.0.1"
+        if self.driver_host:
+            settings["spark.driver.host"] = self.driver_host
+            settings.pop("spark.driver.bindAddress", None)  # Spark's default: the host
+        if self.executor_memory:
+            settings["spark.executor.memory"] = self.executor_memory
+        if self.cores_max > 0:
+            settings["spark.cores.max"] = str(self.cores_max)
+        return settings
 
     def _log4j_config(self) -> Path:
         """A static log4j2 file per level, shared by every container on the machine."""
@@ -255,10 +318,13 @@ class SparkSessionBridge:
                 ``bridge.session.newSession()``, to keep temporary views apart); default
                 the bridge's session.
 
-        The file lives until the job ran (see the module docs).
+        The file lives until the job ran (see the module docs); on the ``arrow`` handoff
+        there is no file.
         """
         spark = session if session is not None else self.session
         table = _to_table(batches, schema)
+        if self.handoff == "arrow":
+            return _arrow_dataframe(spark, table)
         path = self._scratch_folder() / f"{uuid.uuid4().hex}.parquet"
         self._track(path)
         pq.write_table(
@@ -270,6 +336,8 @@ class SparkSessionBridge:
             allow_truncated_timestamps=True,
             row_group_size=_row_group_rows(table.num_rows, self.shuffle_partitions),
         )
+        if self.handoff == "shared":  # a file: URI, never the cluster's default file system
+            return spark.read.parquet(path.as_uri())
         return spark.read.parquet(str(path))
 
     # -- Spark -> Arrow --------------------------------------------------------------
@@ -385,6 +453,58 @@ def _quiet_query_context_loggers() -> None:
         return
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def handoff_for(master: str, handoff_dir: str | os.PathLike[str] | None = None) -> Handoff:
+    """How windows reach Spark's executors for this master (see the module docs)."""
+    if handoff_dir:
+        return "shared"
+    if master.startswith("local") or _is_loopback_cluster(master):
+        return "local"
+    return "arrow"
+
+
+def _is_loopback_cluster(master: str) -> bool:
+    """A standalone master (or several, for HA) on loopback: its workers are on this host."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [urlsplit(f"spark://{part.strip()}").hostname
+             for part in master[len("spark://"):].split(",")]
+    return bool(hosts) and all(_is_loopback_host(host) for host in hosts)
+
+
+def _is_loopback_host(host: str | None) -> bool:
+    if not host:
+        return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_UNSIGNED_AS_PARQUET = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(),
+                        pa.uint32(): pa.int64(), pa.uint64(): pa.decimal128(20, 0)}
+
+
+def _arrow_dataframe(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``createDataFrame`` with the Spark types the Parquet path gives the same table.
+
+    Spark's Arrow conversion refuses unsigned integers (its Parquet reader widens them)
+    and makes naive timestamps ``timestamp`` (Parquet: ``timestamp_ntz``), so results
+    would differ by path; both are evened out here.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    for i, field in enumerate(table.schema):
+        wider = _UNSIGNED_AS_PARQUET.get(field.type)
+        if wider is not None:
+            table = table.set_column(i, field.with_type(wider), table.column(i).cast(wider))
+    schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
+    if table.num_rows == 0:  # PySpark fails on a table without chunks
+        return spark.createDataFrame([], schema=schema)
+    return spark.createDataFrame(table, schema=schema)
 
 
 def _default_parent() -> Path:

@@ -57,6 +57,13 @@ def _str(text: str) -> str:
     return str(text)
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{value} is negative")
+    return value
+
+
 def _mode(text: str) -> str:
     value = str(text).upper()
     if value not in ("AT_LEAST_ONCE", "AT_MOST_ONCE", "EXACTLY_ONCE"):
@@ -102,6 +109,19 @@ _ALL = [
     Attribute("SPARK_WARMUP_ROWS", _positive_int, 200_000, Scope.DAG,
               "Rows of the aggregations a Spark container runs before its sources start, "
               "until their time settles: the JIT is warm before the first window."),
+    Attribute("SPARK_DRIVER_HOST", _str, "", Scope.DAG,
+              "spark.driver.host: the address a cluster's executors reach each container's "
+              "driver at; empty = 127.0.0.1 for a loopback spark:// master, else Spark's "
+              "choice."),
+    Attribute("SPARK_EXECUTOR_MEMORY", _str, "", Scope.DAG,
+              "spark.executor.memory on a cluster; empty = Spark's default (1g)."),
+    Attribute("SPARK_CORES_MAX", _non_negative_int, 0, Scope.DAG,
+              "spark.cores.max: cores each container's Spark application takes from a "
+              "standalone cluster; 0 = all it offers (a second container then waits)."),
+    Attribute("SPARK_HANDOFF_DIR", _str, "", Scope.DAG,
+              "A folder every Spark executor reads at the same path (e.g. NFS): windows "
+              "reach Spark as Parquet files there. Empty = /dev/shm for local mode and a "
+              "loopback spark:// master, createDataFrame (slower) for other clusters."),
     Attribute("STATE_DIR", _str, "", Scope.DAG,
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,

@@ -39,6 +39,17 @@ def bridge():
     bridge.stop()
 
 
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory):
+    """A real Spark standalone master and worker on loopback (``tests/spark_cluster.py``):
+    1 core, 1 GB for executors, shared by a module's tests (starting one takes seconds);
+    stopped, with nothing left, after them."""
+    from tests.spark_cluster import standalone_cluster
+
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
+        yield cluster
+
+
 @pytest.fixture(scope="session")
 def postgres_dsn():
     """A DSN to a real PostgreSQL server for the session (``tests/postgres.py``)."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
 import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
-from container.spark_bridge import SparkBridgeStopped, SparkSessionBridge
+from container.spark_bridge import SparkBridgeStopped, SparkSessionBridge, handoff_for
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +109,68 @@ def test_from_attributes() -> None:
     spark = SparkSessionBridge.from_attributes(
         {"SPARK_MASTER": "local[1]", "SPARK_SHUFFLE_PARTITIONS": 3, "SPARK_DRIVER_MEMORY": "2g"})
     assert (spark.master, spark.shuffle_partitions, spark.driver_memory) == ("local[1]", 3, "2g")
+
+
+def test_handoff_follows_where_the_executors_are() -> None:
+    assert handoff_for("local[2]") == handoff_for("local") == "local"
+    assert handoff_for("spark://127.0.0.1:7077") == "local"  # workers on this host only
+    assert handoff_for("spark://localhost:7077,[::1]:7078") == "local"
+    assert handoff_for("spark://10.0.0.5:7077") == "arrow"
+    assert handoff_for("spark://127.0.0.1:7077,spark-2.example:7077") == "arrow"
+    assert handoff_for("yarn") == "arrow"
+    assert handoff_for("spark://10.0.0.5:7077", "/mnt/weir") == "shared"
+
+
+def test_cluster_settings() -> None:
+    local = SparkSessionBridge(master="local[1]")
+    assert local._cluster_settings(False) == {}  # noqa: SLF001 - local mode: nothing added
+    loopback = SparkSessionBridge.from_attributes(
+        {"SPARK_MASTER": "spark://127.0.0.1:7077", "SPARK_EXECUTOR_MEMORY": "512m",
+         "SPARK_CORES_MAX": 1})
+    assert loopback._cluster_settings(True) == {  # noqa: SLF001
+        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.executor.memory": "512m", "spark.cores.max": "1"}
+    remote = SparkSessionBridge.from_attributes(
+        {"SPARK_MASTER": "spark://10.0.0.5:7077", "SPARK_DRIVER_HOST": "10.0.0.9"})
+    assert remote.handoff == "arrow"
+    assert remote._cluster_settings(False) == {"spark.driver.host": "10.0.0.9"}  # noqa: SLF001
+
+
+def test_arrow_handoff_gives_what_the_parquet_files_give(
+        bridge: SparkSessionBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5)
+    table = pa.table({
+        "word": pa.array(["a", "b"]).dictionary_encode(),
+        "u8": pa.array([1, 2], pa.uint8()), "u32": pa.array([1, 2], pa.uint32()),
+        "u64": pa.array([1, 2**63], pa.uint64()), "x": pa.array([1.5, None]),
+        "naive": pa.array([moment, None], pa.timestamp("ms")),
+        "zoned": pa.array([moment, None], pa.timestamp("ns", tz="Europe/Paris")),
+        "nothing": pa.nulls(2)})
+    batches = table.to_batches()
+
+    def through_spark() -> pa.Table:
+        df = bridge.to_dataframe(batches, table.schema)
+        return bridge.to_arrow(df.orderBy("u8"))
+
+    via_files = through_spark()
+    monkeypatch.setattr(bridge, "handoff", "arrow")
+    via_arrow = through_spark()
+    assert via_arrow.schema == via_files.schema
+    assert via_arrow.to_pylist() == via_files.to_pylist()
+    assert scratch_files(bridge) == []
+    empty = bridge.to_dataframe([], table.schema)
+    assert bridge.to_arrow(empty).schema == via_files.schema
+
+
+def test_shared_handoff_dir(bridge: SparkSessionBridge, tmp_path: Path) -> None:
+    shared = SparkSessionBridge(master="spark://10.0.0.5:7077", handoff_dir=tmp_path)
+    batch = pa.record_batch({"x": [1, 2, 3]})
+    df = shared.to_dataframe([batch], batch.schema, session=bridge.session)
+    assert shared.scratch_dir is not None
+    assert shared.scratch_dir.parent == tmp_path / socket.gethostname()
+    assert all(f.startswith("file:") for f in df.inputFiles())  # never the default FS
+    assert shared.to_arrow(df.selectExpr("sum(x) AS s")).to_pylist() == [{"s": 6}]
+    assert scratch_files(shared) == []
+    scratch = shared.scratch_dir
+    shared.stop()
+    assert not scratch.exists()

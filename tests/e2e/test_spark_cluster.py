@@ -1,0 +1,116 @@
+"""Word count whose Spark jobs run on a real Spark standalone cluster (master + worker)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import pydoc_data.topics
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+from master.client import WeirClient
+from operators.app import load_app
+from tests.e2e.conftest import container_logs
+from tests.harness import ROOT, poll_for, tagged_env, tagged_processes
+
+LINES = 1_800
+
+
+def write_app(tmp_path, spark_master: str) -> tuple[str, list[str]]:
+    text = "\n".join(pydoc_data.topics.topics.values()).splitlines()[:LINES]
+    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
+    app = tmp_path / "cluster_wordcount_app.py"
+    app.write_text(textwrap.dedent(f"""
+        from operators import Dag
+        from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
+
+        dag = Dag("cluster-wordcount", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
+                  HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER={spark_master!r},
+                  SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000,
+                  SPARK_DRIVER_MEMORY="512m", SPARK_EXECUTOR_MEMORY="512m", SPARK_CORES_MAX=1)
+        source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},
+                                                             lines_per_window=600), CONTAINER=0)
+        tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=0)
+        count = dag.add_operator("count", WindowedCount(key="word"), CONTAINER=0,
+                                 APPLICATION_WINDOW_COUNT=2)
+        files = dag.add_operator("files", FileSink({str(tmp_path / 'out')!r}), CONTAINER=1)
+        dag.add_stream("lines", source.output, tokenize.input)
+        dag.add_stream("words", tokenize.output, count.input)
+        dag.add_stream("counts", count.output, files.input)
+    """))
+    return str(app), text
+
+
+def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, master,
+                                                               tmp_path):
+    app, lines = write_app(tmp_path, spark_cluster.master_url)
+    expected = collections.Counter(re.findall(r"[a-z]+", "\n".join(lines).lower()))
+
+    def logs() -> str:
+        return f"{container_logs(master)}\n{spark_cluster.logs()}"
+
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        deadline = time.monotonic() + 150
+        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
+            assert time.monotonic() < deadline, f"no end in 150 s\n{logs()}"
+            time.sleep(0.2)
+        assert info.state == "FINISHED", f"{info.diagnostics}\n{logs()}"
+        spark_container = {op.name: op for op in client.operators(app_id)}["count"].container_id
+
+    counted: collections.Counter[str] = collections.Counter()
+    for file in sorted((tmp_path / "out").glob("*.jsonl")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            counted[row["word"]] += row["count"]
+    assert counted == expected
+
+    # The jobs ran on the cluster: the master knows the container's Spark application, the
+    # worker started its executor, and that read the windows' Parquet files (loopback
+    # master: the file handoff) and finished tasks.
+    executor_log = executor_log_of(spark_cluster, f"weir-{app_id}-{spark_container}")
+    assert "Reading File path: file:" in executor_log and ".parquet" in executor_log, logs()
+    assert executor_log.count("Finished task") > 0, logs()
+
+
+HANDOFF_SCRIPT = """
+import sys
+import pyarrow as pa
+from container.spark_bridge import SparkSessionBridge
+
+bridge = SparkSessionBridge(master=sys.argv[1], shuffle_partitions=1, app_name=sys.argv[3],
+                            executor_memory="512m", cores_max=1, handoff_dir=sys.argv[2])
+batch = pa.record_batch({"x": list(range(1000))})
+for handoff in ("shared", "arrow"):
+    bridge.handoff = handoff
+    df = bridge.to_dataframe([batch], batch.schema)
+    print(handoff, bridge.to_arrow(df.selectExpr("sum(x) AS s")).to_pylist()[0]["s"])
+bridge.stop()
+"""
+
+
+def test_shared_folder_and_arrow_handoffs_reach_the_executors(spark_cluster, tmp_path):
+    """The two handoffs for clusters on other hosts, run on the real (loopback) cluster."""
+    shared = tmp_path / "shared"
+    env, tag = tagged_env(PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", HANDOFF_SCRIPT, spark_cluster.master_url,
+                             str(shared), "weir-handoffs"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180)
+    poll_for(lambda: not tagged_processes(tag), 15, "the driver and its JVM to exit")
+    assert result.returncode == 0, f"{result.stderr[-4000:]}\n{spark_cluster.logs()}"
+    assert result.stdout.split() == ["shared", "499500", "arrow", "499500"], result.stdout
+    executor_log = executor_log_of(spark_cluster, "weir-handoffs")
+    assert f"Reading File path: {shared.as_uri()}/" in executor_log, spark_cluster.logs()
+    assert executor_log.count("Finished task") >= 2, spark_cluster.logs()  # one job each
+
+
+def executor_log_of(cluster, app_name: str) -> str:
+    """The executors' logs of the cluster's application named ``app_name``."""
+    ids = [a["id"] for a in cluster.applications() if a["name"] == app_name]
+    assert len(ids) == 1, (app_name, cluster.applications())
+    files = sorted(cluster.work_dir.glob(f"{ids[0]}/*/stderr"))
+    assert files, f"no executor of {app_name} ran\n{cluster.logs()}"
+    return "\n".join(p.read_text(errors="replace") for p in files)
