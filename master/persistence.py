@@ -22,7 +22,7 @@ from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.state_owner import StateClaim
 
-__all__ = ["ApplicationJournal", "JournalError", "fingerprint"]
+__all__ = ["ApplicationJournal", "JournalError"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -44,11 +44,6 @@ def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
     return (op.state, op.container_id, op.recovery_window_id, op.deploy_window_id,
             op.failure_count, op.failures_in_a_row, op.ready, book.high_water,
             len(book.windows))
-
-
-def fingerprint(app: Application) -> tuple[Any, ...]:
-    """Everything recovery needs of ``app``, to compare (cheap: runs on every heartbeat)."""
-    return (_app_mark(app), tuple(_operator_mark(app, op) for op in app.plan.operators.values()))
 
 
 class ApplicationJournal:

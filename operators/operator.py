@@ -32,7 +32,7 @@ from operators.ports import InputPort, OutputPort
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge"]
+__all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -183,6 +183,25 @@ class InputOperator(Operator):
         current window. A source that logged its windows before it was lost, before
         any checkpoint, returns the first logged one so they replay (after ``setup``)."""
         return None
+
+
+class TransientNonState:
+    """Mixin for operators whose ``NON_STATE`` attributes cannot travel in a pickle (open
+    files, sockets, connections): they are left out of deploy payloads and checkpoints,
+    and ``reset_non_state()`` gives them their fresh values after unpickling (``setup``
+    then opens what they need)."""
+
+    NON_STATE: ClassVar[tuple[str, ...]] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in self.NON_STATE}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.reset_non_state()
+
+    def reset_non_state(self) -> None:
+        """Sets the ``NON_STATE`` attributes to their values before ``setup``."""
 
 
 def _class_ports(cls: type) -> dict[str, InputPort | OutputPort]:

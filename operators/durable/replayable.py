@@ -19,7 +19,7 @@ import logging
 from typing import Any, ClassVar
 
 from operators.durable.window_log import WindowLog
-from operators.operator import InputOperator, OperatorContext
+from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.windows import format_window_id
 
 __all__ = ["ReplayableSource"]
@@ -27,7 +27,7 @@ __all__ = ["ReplayableSource"]
 _LOGGER = logging.getLogger(__name__)
 
 
-class ReplayableSource(InputOperator):
+class ReplayableSource(TransientNonState, InputOperator):
     """Base class of a source whose windows replay identically; subclasses implement
     ``read``, ``window_record`` and, if they free input, ``release``.
 
@@ -63,19 +63,23 @@ class ReplayableSource(InputOperator):
     def release(self, window_id: int) -> None:
         """The input read in windows up to ``window_id`` is durable downstream: free it."""
 
-    # -- runtime hooks -----------------------------------------------------------------
-    def setup(self, context: OperatorContext) -> None:
+    def reset_non_state(self) -> None:
+        """A subclass that has its own ``NON_STATE`` extends this and calls ``super()``."""
         self._window_log: WindowLog | None = None
         self._replay: dict[int, Any] = {}
+        self._limit: Any | None = None
+        self._limit_read = False
+        self._window_id = -1
+
+    # -- runtime hooks -----------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        ReplayableSource.reset_non_state(self)
         if context.state_dir:
             self._window_log = WindowLog(context.durable_dir("window-log"))
             self._replay = self._window_log.after(context.recovered_window)
         else:
             _LOGGER.warning("operator %s: no local state folder, so no window log: after a "
                             "restart its windows are cut anew (at least once)", context.name)
-        self._limit: Any | None = None
-        self._limit_read = False
-        self._window_id = -1
 
     def first_window(self) -> int | None:
         replay = self.__dict__.get("_replay") or {}

@@ -65,9 +65,5 @@ class WindowLog:
         self._log.close()
 
     def _remember(self, window_id: int, seq: int, value: Any) -> None:
-        if self._index and window_id <= self._index[-1][0]:
-            # a source replayed windows after a recovery and saved them again: the newer
-            # record of a window wins (the values are the same for a replayable source)
-            self._index = [e for e in self._index if e[0] < window_id]
         self._index.append((window_id, seq))
         self._values[window_id] = value

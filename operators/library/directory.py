@@ -76,20 +76,14 @@ class DirectorySource(ReplayableSource):
         self.offset = 0  # the next byte of ``current``
         self.lines_read = 0
         self.to_release: list[tuple[str, int]] = []  # (file read to the end, in window)
-        self._reset()
+        self.reset_non_state()
 
-    def _reset(self) -> None:
+    def reset_non_state(self) -> None:
+        super().reset_non_state()
         self._file: BinaryIO | None = None
         self._ranges: list[list[Any]] = []
         self._window_bytes = 0
         self._next_scan = 0.0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in self.NON_STATE}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._reset()
 
     # -- runtime hooks -------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -98,7 +92,7 @@ class DirectorySource(ReplayableSource):
                                     f"{self.path!r} does not exist; create it or fix the path")
         if self.move_consumed_to is not None:
             os.makedirs(self.move_consumed_to, exist_ok=True)
-        self._reset()
+        self.reset_non_state()
         super().setup(context)
 
     def begin_window(self, window_id: int) -> None:

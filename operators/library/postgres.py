@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from operators.library.sinks import _WindowBuffer
-from operators.operator import OperatorContext
+from operators.operator import OperatorContext, TransientNonState
 from operators.windows import format_window_id, window_base_seconds
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def mask_dsn(dsn: str) -> str:
     return re.sub(r"([?&]password=)[^&\s]*", r"\1***", masked)
 
 
-class PostgresSink(_WindowBuffer):
+class PostgresSink(TransientNonState, _WindowBuffer):
     """Writes each window's rows into a PostgreSQL table, exactly once.
 
     Use it to keep results in a database that survives any failure of the application
@@ -134,23 +134,13 @@ class PostgresSink(_WindowBuffer):
         self.windows_written = 0
         self.windows_skipped = 0
         self.rows_written = 0
-        self._init_non_state()
+        self.reset_non_state()
 
-    def _init_non_state(self) -> None:
+    def reset_non_state(self) -> None:
         self._conn: psycopg.Connection[Any] | None = None
         self._context: OperatorContext | None = None
         self._key = ""
         self._table_ready = False
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in self.NON_STATE:
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_non_state()
 
     @property
     def sink_key(self) -> str:

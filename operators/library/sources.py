@@ -6,14 +6,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from typing import Any, BinaryIO, ClassVar
+from typing import BinaryIO, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from operators.durable.replayable import ReplayableSource
-from operators.operator import InputOperator, OperatorContext
+from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.ports import OutputPort
 
 __all__ = ["EVENT_SCHEMA", "LINE_SCHEMA", "EventGenerator", "TextFileSource"]
@@ -69,6 +69,10 @@ class TextFileSource(ReplayableSource):
         self.position = 0
         self.line_number = 0
         self._window_lines = 0
+        self.reset_non_state()
+
+    def reset_non_state(self) -> None:
+        super().reset_non_state()
         self._file: BinaryIO | None = None
         self._reset_buffer()
 
@@ -113,17 +117,6 @@ class TextFileSource(ReplayableSource):
             self._file.close()
             self._file = None
         super().teardown()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in self.NON_STATE:
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._file = None
-        self._reset_buffer()
 
     def _read_range(self, start: int, end: int) -> bool:
         """Re-reads bytes ``start..end`` (a replayed window) and emits their lines."""
@@ -207,7 +200,7 @@ def _lines(data: bytes, path: str, first_line: int) -> pa.Array:
     return lines
 
 
-class EventGenerator(InputOperator):
+class EventGenerator(TransientNonState, InputOperator):
     """Emits synthetic events ``(key, value, event_time_ms)``, deterministic for a seed.
 
     Use it to load-test a DAG or to check one end to end: events come in blocks of
@@ -250,9 +243,7 @@ class EventGenerator(InputOperator):
         self.emitted = 0
         self._allowance = 0.0
         self._window_seconds = 0.5
-        self._keys: pa.Array | None = None
-        self._block: tuple[np.ndarray, np.ndarray] | None = None
-        self._block_index = -1
+        self.reset_non_state()
 
     def setup(self, context: OperatorContext) -> None:
         self._window_seconds = context.window_size_millis / 1000
@@ -311,15 +302,10 @@ class EventGenerator(InputOperator):
              pa.array(np.full(n, event_time_ms, dtype=np.int64))],
             schema=EVENT_SCHEMA)
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in self.NON_STATE:
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._keys, self._block, self._block_index = None, None, -1
+    def reset_non_state(self) -> None:
+        self._keys: pa.Array | None = None
+        self._block: tuple[np.ndarray, np.ndarray] | None = None
+        self._block_index = -1
 
     def _key_names(self) -> pa.Array:
         if self._keys is None:

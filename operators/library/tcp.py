@@ -106,10 +106,7 @@ class TcpLineSource(ReplayableSource):
         self.lines_emitted = 0
         self.ended = False
         self._window_first = 0
-        self._wal: _Wal | None = None
-        self._receiver: _Receiver | None = None
-        self._ends: dict[int, int] = {}
-        self._context: OperatorContext | None = None
+        self.reset_non_state()
 
     @property
     def bound_port(self) -> int:
@@ -207,15 +204,12 @@ class TcpLineSource(ReplayableSource):
                           deleted, position)
 
     # -- pickling: only state travels (deploy payloads, checkpoints) ---------------------
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in self.NON_STATE:
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._wal, self._receiver, self._ends, self._context = None, None, {}, None
+    def reset_non_state(self) -> None:
+        super().reset_non_state()
+        self._wal: _Wal | None = None
+        self._receiver: _Receiver | None = None
+        self._ends: dict[int, int] = {}
+        self._context: OperatorContext | None = None
 
     # -- helpers -----------------------------------------------------------------------
     @property

@@ -4,7 +4,6 @@ a sink's commit, and the published word counts still equal the reference exactly
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import signal
@@ -16,6 +15,7 @@ from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_recovery import wait_finished
+from tests.e2e.wordcount import published_counts
 from tests.harness import poll_for
 
 FILES, LINES_PER_FILE = 6, 400
@@ -67,18 +67,6 @@ def start(master, tmp_path: Path, crash: str = "",
         crash=crash)))
     client = WeirClient(master.address)
     return client, client.submit(load_app(app).to_descriptor()), expected
-
-
-def published_counts(out: Path) -> tuple[collections.Counter[str], int]:
-    """Word counts summed over every published window file, and how many rows they hold."""
-    counted: collections.Counter[str] = collections.Counter()
-    rows = 0
-    for file in sorted(out.glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            counted[row["word"]] += row["count"]
-            rows += 1
-    return counted, rows
 
 
 def table_counts(dsn: str, table: str) -> tuple[collections.Counter[str], int]:

@@ -14,7 +14,8 @@ import pytest
 
 from master.client import WeirClient
 from operators.app import load_app
-from tests.e2e.test_exactly_once import published_counts, write_input
+from tests.e2e.test_exactly_once import write_input
+from tests.e2e.wordcount import published_counts
 from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
 
 APP = """

@@ -5,47 +5,25 @@ partial counts up in front of the sink) publishes exactly Python's counts."""
 from __future__ import annotations
 
 import collections
-import json
-import pydoc_data.topics
-import re
-import textwrap
 import time
 
 from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
+from tests.e2e.wordcount import published_counts, words_of, write_wordcount_app
 
 LINES = 2_000
 
 
-def write_app(tmp_path) -> tuple[str, list[str]]:
-    text = "\n".join(pydoc_data.topics.topics.values()).splitlines()[:LINES]
-    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
-    app = tmp_path / "partitioned_app.py"
-    app.write_text(textwrap.dedent(f"""
-        from operators import Dag
-        from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
-
-        dag = Dag("partitioned", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300,
-                  HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER="local[1]",
-                  SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000)
-        source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},
-                                                             lines_per_window=500))
-        tokenize = dag.add_operator("tokenize", Tokenize())
-        count = dag.add_operator("count", WindowedCount(key="word"), PARTITIONS=3,
-                                 PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=2)
-        files = dag.add_operator("files", FileSink({str(tmp_path / 'out')!r}))
-        dag.add_stream("lines", source.output, tokenize.input)
-        dag.add_stream("words", tokenize.output, count.input)
-        dag.add_stream("counts", count.output, files.input)
-    """))
-    return str(app), text
-
-
 def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_reference(
         master, tmp_path):
-    app, lines = write_app(tmp_path)
-    words = re.findall(r"[a-z]+", "\n".join(lines).lower())
+    app, lines = write_wordcount_app(
+        tmp_path, "partitioned", LINES,
+        'CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300, HEARTBEAT_INTERVAL_MILLIS=200, '
+        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000',
+        count='PARTITIONS=3, PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=2',
+        lines_per_window=500, pinned=False)
+    words = words_of(lines)
     expected = collections.Counter(words)
 
     with WeirClient(master.address) as client:
@@ -59,13 +37,7 @@ def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_ref
         operators = {op.name: op for op in client.operators(app_id)}
         logical = {op.name: op for op in info.logical_operators}
 
-    counted: collections.Counter[str] = collections.Counter()
-    rows = 0
-    for file in sorted((tmp_path / "out").glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            counted[row["word"]] += row["count"]
-            rows += 1
+    counted, rows = published_counts(tmp_path / "out")
     assert counted == expected
 
     partitions = [operators[f"count#{i}"] for i in range(3)]

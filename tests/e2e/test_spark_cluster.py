@@ -3,51 +3,28 @@
 from __future__ import annotations
 
 import collections
-import json
-import pydoc_data.topics
-import re
 import subprocess
 import sys
-import textwrap
 import time
 
 from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
+from tests.e2e.wordcount import published_counts, words_of, write_wordcount_app
 from tests.harness import ROOT, poll_for, tagged_env, tagged_processes
 
 LINES = 1_800
 
 
-def write_app(tmp_path, spark_master: str) -> tuple[str, list[str]]:
-    text = "\n".join(pydoc_data.topics.topics.values()).splitlines()[:LINES]
-    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
-    app = tmp_path / "cluster_wordcount_app.py"
-    app.write_text(textwrap.dedent(f"""
-        from operators import Dag
-        from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
-
-        dag = Dag("cluster-wordcount", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
-                  HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER={spark_master!r},
-                  SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000,
-                  SPARK_DRIVER_MEMORY="512m", SPARK_EXECUTOR_MEMORY="512m", SPARK_CORES_MAX=1)
-        source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},
-                                                             lines_per_window=600), CONTAINER=0)
-        tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=0)
-        count = dag.add_operator("count", WindowedCount(key="word"), CONTAINER=0,
-                                 APPLICATION_WINDOW_COUNT=2)
-        files = dag.add_operator("files", FileSink({str(tmp_path / 'out')!r}), CONTAINER=1)
-        dag.add_stream("lines", source.output, tokenize.input)
-        dag.add_stream("words", tokenize.output, count.input)
-        dag.add_stream("counts", count.output, files.input)
-    """))
-    return str(app), text
-
-
 def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, master,
                                                                tmp_path):
-    app, lines = write_app(tmp_path, spark_cluster.master_url)
-    expected = collections.Counter(re.findall(r"[a-z]+", "\n".join(lines).lower()))
+    app, lines = write_wordcount_app(
+        tmp_path, "cluster-wordcount", LINES,
+        'CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200, '
+        f'SPARK_MASTER={spark_cluster.master_url!r}, SPARK_SHUFFLE_PARTITIONS=1, '
+        'SPARK_WARMUP_ROWS=1000, SPARK_DRIVER_MEMORY="512m", SPARK_EXECUTOR_MEMORY="512m", '
+        'SPARK_CORES_MAX=1')
+    expected = collections.Counter(words_of(lines))
 
     def logs() -> str:
         return f"{container_logs(master)}\n{spark_cluster.logs()}"
@@ -61,11 +38,7 @@ def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, ma
         assert info.state == "FINISHED", f"{info.diagnostics}\n{logs()}"
         spark_container = {op.name: op for op in client.operators(app_id)}["count"].container_id
 
-    counted: collections.Counter[str] = collections.Counter()
-    for file in sorted((tmp_path / "out").glob("*.jsonl")):
-        for line in file.read_text().splitlines():
-            row = json.loads(line)
-            counted[row["word"]] += row["count"]
+    counted, _ = published_counts(tmp_path / "out")
     assert counted == expected
 
     # The jobs ran on the cluster: the master knows the container's Spark application, the

@@ -21,6 +21,7 @@ from operators.durable import CorruptLog, RecordLog
 from operators.library import TcpLineSource
 from operators.operator import OperatorContext
 from tests.harness import poll_for
+from tests.operators.test_exactly_once import lines_by_window, source_window
 from tests.operators.test_library import Emitted, wid
 
 TIMEOUT_S = 5.0
@@ -42,20 +43,7 @@ def started(src: TcpLineSource, state: Path, recovered: int = -1,
 
 def window(src: TcpLineSource, emitted: Emitted, counter: int, calls: int = 3) -> bool:
     """One streaming window of ``calls`` emit_tuples calls; False once the stream ended."""
-    emitted.window = wid(counter)
-    src.begin_window(emitted.window)
-    more = True
-    for _ in range(calls):
-        more = src.emit_tuples()
-        if not more:
-            break
-    src.end_window()
-    return more
-
-
-def lines_by_window(emitted: Emitted) -> dict[int, list[str]]:
-    return {w: [r["line"] for b in bs for r in b.to_pylist()] for w, bs in emitted.batches.items()
-            if any(b.num_rows for b in bs)}
+    return source_window(src, emitted, counter, calls)
 
 
 class Sender:
