@@ -14,13 +14,14 @@ from container.buffer_client import Subscription
 from container.buffer_server import LATEST_WINDOW, BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.control import Kind, Message
-from container.operator_state import capture, restore
+from container.operator_state import OperatorStateError, capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
+from operators.repartition import RepartitionError, new_partition
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 
@@ -123,6 +124,8 @@ class Deployment:
         self._lock = threading.Lock()
         self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
         self.checkpointer = StoreCheckpointer(CheckpointStore(self.state_dir))
+        # (seed window, operators a repartition retired): checkpoints to delete after commit
+        self._retired: list[tuple[int, list[int]]] = []
 
     def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
         """Builds the operator, connects its ports and starts its thread."""
@@ -173,6 +176,21 @@ class Deployment:
         return os.path.join(root, "operators", str(operator_id))
 
     def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int) -> Operator:
+        operator = self._unpickle(info)
+        if info.HasField("seed"):
+            self._retired.append((resume, list(info.seed.retired_node_ids)))
+            if resume >= 0 and resume not in self.checkpointer.store.windows(info.id):
+                return self._seed(info, operator, resume)
+        if resume >= 0:
+            try:
+                operator = restore(operator, self.checkpointer.store.load(info.id, resume))
+            except Exception as exc:  # noqa: BLE001 - a corrupt or missing checkpoint
+                raise DeployError(f"operator {info.name} ({info.id}) cannot be restored from "
+                                  f"checkpoint {format_window_id(resume)} in {self.state_dir}: "
+                                  f"{exc}") from None
+        return operator
+
+    def _unpickle(self, info: plan_pb2.OperatorDeployInfo) -> Operator:
         try:
             operator = cloudpickle.loads(info.payload)
         except Exception as exc:  # noqa: BLE001 - any unpickling error is a deploy error
@@ -183,14 +201,47 @@ class Deployment:
         if not isinstance(operator, Operator):
             raise DeployError(f"operator {info.name}: payload is a {type(operator).__name__}",
                               fatal=True)
-        if resume >= 0:
-            try:
-                operator = restore(operator, self.checkpointer.store.load(info.id, resume))
-            except Exception as exc:  # noqa: BLE001 - a corrupt or missing checkpoint
-                raise DeployError(f"operator {info.name} ({info.id}) cannot be restored from "
-                                  f"checkpoint {format_window_id(resume)} in {self.state_dir}: "
-                                  f"{exc}") from None
         return operator
+
+    def _seed(self, info: plan_pb2.OperatorDeployInfo, fresh: Operator,
+              window_id: int) -> Operator:
+        """A partition made by a repartition: its state at ``window_id`` from the old
+        partitions' checkpoints there (or the payload), saved as its own first checkpoint."""
+        seed = info.seed
+        share = (PartitionFilter(seed.key_column, seed.mask, frozenset(seed.keys))
+                 if seed.key_column else None)
+        where = f"checkpoint {format_window_id(window_id)} in {self.state_dir}"
+        try:
+            operator = fresh
+            if seed.from_node_ids:
+                store = self.checkpointer.store
+                old = [restore(self._unpickle(info), store.load(old_id, window_id), info.name)
+                       for old_id in seed.from_node_ids]
+                operator = new_partition(old, share)
+            self.checkpointer.checkpoint(info.id, window_id, operator)
+        except (RepartitionError, OperatorStateError) as exc:
+            raise DeployError(f"operator {info.name} ({info.id}): the state of partitions "
+                              f"{list(seed.from_node_ids)} at {where} cannot be split: {exc}",
+                              fatal=True) from None
+        except Exception as exc:  # noqa: BLE001 - a missing or corrupt checkpoint, storage
+            raise DeployError(f"operator {info.name} ({info.id}) cannot take the state of "
+                              f"partitions {list(seed.from_node_ids)} at {where}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        _LOGGER.info("container %s made operator %s (%d) from partitions %s at %s",
+                     self.container_id, info.name, info.id, list(seed.from_node_ids),
+                     format_window_id(window_id))
+        return operator
+
+    def _forget_retired(self, committed: int) -> None:
+        """Deletes the checkpoints of operators a repartition removed, once every operator
+        recovers from after the new partitions' first checkpoint (no seed is built again)."""
+        due = [ids for window, ids in self._retired if committed > window]
+        self._retired = [(w, ids) for w, ids in self._retired if committed <= w]
+        for operator_id in {i for ids in due for i in ids}:
+            try:
+                self.checkpointer.store.delete(operator_id)
+            except OSError as exc:  # another container deleted it meanwhile, or storage
+                _LOGGER.debug("checkpoints of retired operator %d: %s", operator_id, exc)
 
     @staticmethod
     def _subscriber(info: plan_pb2.InputDeployInfo, secret: str | None = None,
@@ -247,6 +298,8 @@ class Deployment:
         for runner in list(self.runners.values()):
             runner.notify_committed(window_id)
         self.buffer_server.purge_all(window_id)
+        if self._retired:
+            self._forget_retired(window_id)
 
     def end_inputs(self) -> None:
         """Asks every input operator to end its stream after the current window."""

@@ -67,12 +67,18 @@ class LauncherAction:
 class Application:
     """An application's plan, state and statistics.
 
+    Class-level defaults stand in for attributes added after a journal was written.
+
     Args:
         app_id: e.g. ``app-0001``.
         dag: the submitted (validated) DAG.
         plan: its physical plan.
         submitted_ms: when it was accepted (epoch ms).
     """
+
+    repartitions = 0  # run-time changes of an operator's partition count
+    last_repartition = ""
+    last_repartition_ms = 0
 
     def __init__(self, app_id: str, dag: plan_pb2.DagDescriptor, plan: PhysicalPlan,
                  submitted_ms: int) -> None:

@@ -352,6 +352,16 @@ def _cmd_kill_container(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_repartition(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        response = client.repartition(args.app_id, args.operator, args.partitions)
+    if args.json:
+        _print_json(response)
+    else:
+        print(f"{args.app_id}: {response.message}; new partitions {list(response.partitions)}")
+    return 0
+
+
 def _cmd_shutdown(args: argparse.Namespace) -> int:
     with _client(args) as client:
         client.shutdown(args.app_id)
@@ -494,6 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recent windows to show (default 10)")
     p = command("kill-container", _cmd_kill_container, "kill a container's process")
     p.add_argument("container_id", metavar="CONTAINER_ID")
+    p = command("repartition", _cmd_repartition,
+                "change the number of partitions of a running operator (its keyed state "
+                "moves to the new partitions)")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("operator", metavar="OPERATOR", help="the DAG's operator name")
+    p.add_argument("partitions", type=int, metavar="N", help="the new number of partitions")
     p = command("shutdown", _cmd_shutdown,
                 "end an application gracefully: inputs stop after the current window")
     p.add_argument("app_id", metavar="APP_ID")

@@ -157,6 +157,13 @@ class WeirClient:
                               client_pb2.KillContainerRequest(container_id=container_id))
         return response.replacement_id
 
+    def repartition(self, app_id: str, operator: str, partitions: int
+                    ) -> client_pb2.RepartitionResponse:
+        """Gives a running operator ``partitions`` partitions (new ones start from the old
+        ones' minimum recovery checkpoint, with their keyed state)."""
+        return self._call(self._stub.Repartition, client_pb2.RepartitionRequest(
+            application_id=app_id, operator=operator, partitions=partitions))
+
     def shutdown(self, app_id: str) -> None:
         self._call(self._stub.ShutdownApplication,
                    client_pb2.ShutdownApplicationRequest(application_id=app_id))

@@ -61,6 +61,15 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
         return client_pb2.KillContainerResponse(replacement_id=replacement)
 
     @rpc_errors
+    def Repartition(self, request: client_pb2.RepartitionRequest,
+                    context: grpc.ServicerContext) -> client_pb2.RepartitionResponse:
+        result = self.core.repartition(request.application_id, request.operator,
+                                       request.partitions)
+        return client_pb2.RepartitionResponse(partitions=result.new,
+                                              start_window_id=result.start_window_id,
+                                              message=result.describe())
+
+    @rpc_errors
     def ShutdownApplication(self, request: client_pb2.ShutdownApplicationRequest,
                             context: grpc.ServicerContext
                             ) -> client_pb2.ShutdownApplicationResponse:

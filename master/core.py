@@ -21,6 +21,7 @@ from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
+from master.repartition import Repartition, repartition
 from master.state_owner import StateClaim, claim_state_dir, new_run_id, release_state_dir
 from operators.dag import DagError, validate_descriptor
 from proto import client_pb2, plan_pb2, umbilical_pb2
@@ -217,6 +218,20 @@ class MasterCore:
             self._changed.notify_all()
         self._carry_out(actions)
         return loss.replacement_id
+
+    def repartition(self, app_id: str, operator: str, count: int,
+                    cause: str = "asked by hand") -> Repartition:
+        """Gives DAG operator ``operator`` ``count`` partitions while the application runs.
+
+        Raises:
+            NotFound, InvalidArgument, FailedPrecondition: see ``repartition.repartition``.
+        """
+        with self._lock:
+            app = self._app(app_id)
+            result = repartition(app, operator, count, self.clock(), cause)
+            self._persist(app)
+            self._changed.notify_all()
+        return result
 
     def shutdown_application(self, app_id: str) -> None:
         """Asks the containers to end their input streams; the app then finishes."""

@@ -12,7 +12,13 @@ import logging
 
 from master.application import Application, ApplicationState
 from master.log_limits import LogLimiter
-from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from master.physical_plan import (
+    ContainerState,
+    OperatorState,
+    PTContainer,
+    PTOperator,
+    StateSeed,
+)
 from master.recovery import is_operator_done, lose_container, record_checkpoints, update_recovery
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id, window_base_seconds, window_counter
@@ -148,7 +154,7 @@ def _may_deploy(app: Application, container: PTContainer) -> bool:
     every pending undeploy (an old instance must be gone before its successor starts)."""
     return (container.state == ContainerState.ACTIVE and app.all_containers_active()
             and not any(op.state == OperatorState.PENDING_UNDEPLOY
-                        for op in app.plan.operators.values()))
+                        for op in [*app.plan.operators.values(), *app.plan.retired.values()]))
 
 
 def _all_ready(app: Application) -> bool:
@@ -193,6 +199,11 @@ def _apply_operator_reports(app: Application, container: PTContainer,
     checkpointed = False
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
+        retired = app.plan.retired.get(report.node_id)
+        if op is None and retired is not None and retired.container_id == container.id:
+            reported.add(retired.id)  # removed by a repartition: it goes, quietly
+            response.undeploy_request.append(retired.id)
+            continue
         if op is None or op.container_id != container.id:
             app.log_limits.log(_LOGGER, logging.WARNING, ("not planned", container.id), now_ms,
                                "app=%s container=%s reports operator %d that is not planned "
@@ -323,7 +334,13 @@ def _apply_state(app: Application, container: PTContainer, op: PTOperator,
 
 
 def _undeployed(app: Application, container: PTContainer, reported: set[int]) -> None:
-    """Operators pending undeploy that the container no longer reports: gone, redeploy them."""
+    """Operators pending undeploy that the container no longer reports: gone, redeploy them
+    (retired ones, removed by a repartition, are just gone)."""
+    for op in app.plan.retired_in(container):
+        if op.id not in reported:
+            op.transition(OperatorState.SHUTDOWN)
+            _LOGGER.info("app=%s container=%s operator=%s (%d) undeployed (retired by a "
+                         "repartition)", app.id, container.id, op.name, op.id)
     for op in app.plan.operators_in(container):
         if op.state == OperatorState.PENDING_UNDEPLOY and op.id not in reported:
             op.transition(OperatorState.PENDING_DEPLOY)
@@ -349,6 +366,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             application_window_count=int(op.attributes.get("APPLICATION_WINDOW_COUNT", 1)),
             checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
         context_attributes=op.attribute_text())
+    if op.seed is not None and op.deploy_window_id == op.seed.window_id:
+        info.seed.CopyFrom(_seed_info(op.seed))
     for link in op.inputs:
         upstream = app.plan.operators[link.source_operator_id]
         container = app.plan.containers[upstream.container_id]
@@ -368,4 +387,14 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
         info.outputs.add(
             port_name=link.port_name, declared_stream_id=link.stream_name,
             buffer_server_host=own.buffer_server_host, buffer_server_port=own.buffer_server_port)
+    return info
+
+
+def _seed_info(seed: StateSeed) -> plan_pb2.StateSeed:
+    """How the container builds the first checkpoint of an operator made by a repartition."""
+    info = plan_pb2.StateSeed(from_node_ids=seed.from_ids, retired_node_ids=seed.retired_ids)
+    if seed.share is not None:
+        info.key_column = seed.share.column
+        info.mask = seed.share.mask
+        info.keys.extend(seed.share.keys)
     return info

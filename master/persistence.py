@@ -1,12 +1,12 @@
 """What of the master survives its restart: every application, journaled when it changes.
 
 Each application is a few journal records: ``<app id>/plan`` (the DAG and the pickled
-operators, written once at submit: they can be large), ``<app id>`` (state, containers,
-committed window, failures) and one per operator (its state, assignment, recovery and
-deploy windows, checkpoint book and totals without the recent-window rings), each
-rewritten when what recovery needs of it changes. The master saves before it
-answers the heartbeat or request that caused the change, so whatever a container or
-user was told survives a crash of the master.
+operators, written at submit and after a repartition: they can be large), ``<app id>``
+(state, containers, committed window, failures) and one per operator, retired ones too
+(its state, assignment, inputs, recovery and deploy windows, checkpoint book and totals
+without the recent-window rings), each rewritten when what recovery needs of it changes.
+The master saves before it answers the heartbeat or request that caused the change, so
+whatever a container or user was told survives a crash of the master.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pickle
 from typing import Any
 
 from master.application import Application
+from master.checkpoints import CheckpointBook
 from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.state_owner import StateClaim
@@ -34,16 +35,21 @@ class JournalError(RuntimeError):
 def _app_mark(app: Application) -> tuple[Any, ...]:
     """What of the application itself must be journaled again when it changes."""
     return (app.state, app.diagnostics, app.committed_window_id, app.shutdown_requested,
-            app.recoveries,
+            app.recoveries, app.repartitions,
             tuple((c.id, c.state, c.replaced_by, c.buffer_server_port)
                   for c in app.plan.containers.values()))
 
 
 def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
-    book = app.checkpoints[op.id]
+    book = app.checkpoints.get(op.id) or CheckpointBook()  # retired ones have none
     return (op.state, op.container_id, op.recovery_window_id, op.deploy_window_id,
             op.failure_count, op.failures_in_a_row, op.ready, book.high_water,
-            len(book.windows))
+            len(book.windows), app.repartitions)  # a repartition may rewire any operator
+
+
+def _plan_mark(app: Application) -> tuple[Any, ...]:
+    """The plan record is written again when a repartition adds or retires operators."""
+    return tuple(app.plan.operators), tuple(app.plan.retired)
 
 
 class ApplicationJournal:
@@ -61,13 +67,16 @@ class ApplicationJournal:
     def save(self, app: Application, claim: StateClaim | None) -> bool:
         """Journals what changed of ``app`` since it was last saved; True if it wrote."""
         writes = []
-        if f"{app.id}/plan" not in self.journal:
-            payloads = {op.id: op.payload for op in app.plan.operators.values()}
-            writes.append((f"{app.id}/plan", pickle.dumps((app.dag, payloads))))
-        for op in app.plan.operators.values():
+        key, mark = f"{app.id}/plan", _plan_mark(app)
+        if self._saved.get(key) != mark:
+            every = {**app.plan.operators, **app.plan.retired}
+            payloads = {op_id: op.payload for op_id, op in every.items()}
+            writes.append((key, pickle.dumps((app.dag, payloads, set(app.plan.retired)))))
+            self._saved[key] = mark
+        for op in [*app.plan.operators.values(), *app.plan.retired.values()]:
             key, mark = f"{app.id}/op/{op.id}", _operator_mark(app, op)
             if self._saved.get(key) != mark:
-                record = (dataclasses.replace(op, payload=b""), app.checkpoints[op.id],
+                record = (dataclasses.replace(op, payload=b""), app.checkpoints.get(op.id),
                           app.operator_stats[op.id])
                 writes.append((key, pickle.dumps(record)))
                 self._saved[key] = mark
@@ -86,7 +95,8 @@ class ApplicationJournal:
         for key in sorted(k for k in records if "/" not in k):
             try:
                 app, claim = pickle.loads(records[key])
-                dag, payloads = pickle.loads(records[f"{key}/plan"])
+                dag, payloads, *rest = pickle.loads(records[f"{key}/plan"])
+                retired = rest[0] if rest else set()
                 operators = {op_id: pickle.loads(records[f"{key}/op/{op_id}"])
                              for op_id in payloads}
             except KeyError as exc:
@@ -96,14 +106,18 @@ class ApplicationJournal:
                 raise JournalError(f"journal {self.journal.folder}: the records of {key} "
                                    f"cannot be read back: {type(exc).__name__}: {exc}") from None
             app.dag = dag
-            for op_id, (op, book, stats) in operators.items():
+            app.plan.retired = {}
+            for op_id, (op, book, stats) in sorted(operators.items()):
                 op.payload = payloads[op_id]
-                app.plan.operators[op_id] = op
-                app.checkpoints[op_id] = book
+                if op_id in retired:
+                    app.plan.retired[op_id] = op
+                else:
+                    app.plan.operators[op_id] = op
+                    app.checkpoints[op_id] = book
                 app.operator_stats[op_id] = stats
-            app.plan.operators = dict(sorted(app.plan.operators.items()))
             self._saved[app.id] = _app_mark(app)
-            for op in app.plan.operators.values():
+            self._saved[f"{app.id}/plan"] = _plan_mark(app)
+            for op in [*app.plan.operators.values(), *app.plan.retired.values()]:
                 self._saved[f"{app.id}/op/{op.id}"] = _operator_mark(app, op)
             apps.append((app, claim))
         return apps
@@ -126,6 +140,7 @@ def _without_operators(app: Application) -> Application:
     light.dag = None  # type: ignore[assignment]
     light.plan = copy.copy(app.plan)
     light.plan.operators = {}
+    light.plan.retired = {}
     light.checkpoints = {}
     light.operator_stats = {}
     light.launcher_actions = []

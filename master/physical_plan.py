@@ -33,7 +33,10 @@ __all__ = [
     "PhysicalPlan",
     "PlanError",
     "build_physical_plan",
+    "StateSeed",
     "container_id_for",
+    "instance_names",
+    "instantiate",
     "place_operators",
     "resolve_attributes",
 ]
@@ -86,8 +89,9 @@ _OPERATOR_NEXT: dict[OperatorState, frozenset[OperatorState]] = {
     OperatorState.ACTIVE: frozenset({OperatorState.SHUTDOWN, OperatorState.FAILED, *_RECOVER}),
     OperatorState.SHUTDOWN: _RECOVER,
     OperatorState.FAILED: _RECOVER,
+    # SHUTDOWN: a retired operator (removed by a repartition) once it is undeployed
     OperatorState.PENDING_UNDEPLOY: frozenset({OperatorState.PENDING_DEPLOY,
-                                               OperatorState.FAILED}),
+                                               OperatorState.FAILED, OperatorState.SHUTDOWN}),
 }
 
 
@@ -99,6 +103,19 @@ class PartitionSpec:
     column: str
     mask: int
     keys: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StateSeed:
+    """How an operator made by a repartition gets its first checkpoint, at ``window_id``:
+    from the checkpoints there of the old partitions ``from_ids`` (none: its payload),
+    cut to ``share`` (None: every key). ``retired_ids``: the operators the repartition
+    removed, whose checkpoints its container deletes once the committed window passes."""
+
+    window_id: int
+    from_ids: tuple[int, ...] = ()
+    share: PartitionSpec | None = None
+    retired_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +165,12 @@ class PTOperator:
     logical_name: str = ""  # the DAG's operator it is a partition (or the unifier) of
     partition_index: int = 0
     partition_count: int = 1
+    seed: StateSeed | None = None  # made by a repartition: how its first checkpoint is built
+
+    @property
+    def share(self) -> PartitionSpec | None:
+        """The keys this partition takes (its inputs' share), or None for all."""
+        return next((link.partition for link in self.inputs if link.partition), None)
 
     @property
     def is_input(self) -> bool:
@@ -227,6 +250,17 @@ class PhysicalPlan:
     attributes: dict[str, Any]
     operators: dict[int, PTOperator]
     containers: dict[str, PTContainer]
+    # operators a repartition removed: PENDING_UNDEPLOY until their container lets them go,
+    # then SHUTDOWN; kept for their figures. Their ids are never used again.
+    retired: dict[int, PTOperator] = dataclasses.field(default_factory=dict)
+
+    def next_operator_id(self) -> int:
+        return max([0, *self.operators, *self.retired]) + 1
+
+    def instances(self, logical_name: str) -> list[PTOperator]:
+        """The physical operators of a DAG operator, in partition order (no unifiers)."""
+        return [op for op in self.operators.values() if op.logical_name == logical_name
+                and op.type != plan_pb2.OPERATOR_TYPE_UNIFIER]
 
     def container(self, container_id: str) -> PTContainer | None:
         return self.containers.get(container_id)
@@ -236,8 +270,13 @@ class PhysicalPlan:
 
     def operators_in(self, container: PTContainer) -> list[PTOperator]:
         """The operators placed in ``container`` now (none once it was replaced)."""
-        return [self.operators[i] for i in container.operator_ids
-                if self.operators[i].container_id == container.id]
+        return [op for i in container.operator_ids
+                if (op := self.operators.get(i)) is not None and op.container_id == container.id]
+
+    def retired_in(self, container: PTContainer) -> list[PTOperator]:
+        """Retired operators still waiting for ``container`` to undeploy them."""
+        return [op for op in self.retired.values() if op.container_id == container.id
+                and op.state == OperatorState.PENDING_UNDEPLOY]
 
     def upstream_ids(self, operator_id: int) -> list[int]:
         """Physical ids of the operators feeding ``operator_id``, without repeats."""
@@ -248,6 +287,21 @@ class PhysicalPlan:
         """Physical ids of the operators ``operator_id`` feeds, without repeats, ascending."""
         return [op.id for op in self.operators.values()
                 if any(link.source_operator_id == operator_id for link in op.inputs)]
+
+    def topological_ids(self) -> list[int]:
+        """Operator ids, each after every operator feeding it (ids alone are in that
+        order only until a repartition adds operators)."""
+        waiting = {op_id: set(self.upstream_ids(op_id)) for op_id in self.operators}
+        order: list[int] = []
+        ready = sorted(op_id for op_id, up in waiting.items() if not up)
+        while ready:
+            op_id = ready.pop(0)
+            order.append(op_id)
+            for down in self.downstream_ids(op_id):
+                waiting[down].discard(op_id)
+                if not waiting[down] and down not in order and down not in ready:
+                    ready.append(down)
+        return order
 
     def live_containers(self) -> list[PTContainer]:
         return [c for c in self.containers.values() if c.state != ContainerState.KILLED]
@@ -382,10 +436,10 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
             raise PlanError(f"operator {name!r} has CONTAINER={index}; use a container number "
                             "from 0, or -1 to let the master place it")
         if index >= 0:
-            pinned.update((unit, index) for unit in _instance_names(name, counts[name]))
+            pinned.update((unit, index) for unit in instance_names(name, counts[name]))
     containers_wanted = dag_attributes["CONTAINERS"]
     _spread_partitions(order, counts, pinned, containers_wanted)
-    units = [unit for name in order for unit in _instance_names(name, counts[name])]
+    units = [unit for name in order for unit in instance_names(name, counts[name])]
     placement = place_operators(units, pinned, containers_wanted)
     _check_processing_modes(order, operator_attributes)
     if not dag_attributes["STATE_DIR"]:
@@ -396,16 +450,27 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     for index in sorted(set(placement.values())):
         cid = container_id_for(app_id, index)
         containers[cid] = PTContainer(id=cid, index=index)
-    builder = _Builder(dag, descriptors, operator_attributes, counts, app_id, placement)
-    for name in order:
-        builder.add(name)
-    for op in builder.operators.values():
+    operators = instantiate(dag, operator_attributes, counts, app_id, placement)
+    for op in operators.values():
         containers[op.container_id].operator_ids.append(op.id)
     return PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
-                        operators=builder.operators, containers=containers)
+                        operators=operators, containers=containers)
 
 
-def _instance_names(name: str, count: int) -> list[str]:
+def instantiate(dag: plan_pb2.DagDescriptor, operator_attributes: Mapping[str, dict[str, Any]],
+                counts: Mapping[str, int], app_id: str, placement: Mapping[str, int]
+                ) -> dict[int, PTOperator]:
+    """The physical operators of ``dag`` with ``counts`` partitions each, numbered 1..N in
+    topological order, unifiers inserted, in the containers ``placement`` gives each
+    instance name (``name`` or ``name#i``; a unifier goes with its reader)."""
+    descriptors = {op.name: op for op in dag.operators}
+    builder = _Builder(dag, descriptors, operator_attributes, counts, app_id, placement)
+    for name in topological_order(dag):
+        builder.add(name)
+    return builder.operators
+
+
+def instance_names(name: str, count: int) -> list[str]:
     """The physical names of a logical operator: itself, or ``name#0`` ... when partitioned."""
     return [name] if count == 1 else [f"{name}#{i}" for i in range(count)]
 
@@ -465,7 +530,7 @@ def _spread_partitions(order: list[str], counts: Mapping[str, int], pinned: dict
         if 0 <= index < containers:
             load[index] += 1
     for name in order:
-        units = _instance_names(name, counts[name])
+        units = instance_names(name, counts[name])
         if counts[name] == 1 or units[0] in pinned:
             continue
         for position, unit in enumerate(units):
@@ -514,7 +579,7 @@ class _Builder:
         key_column = self.attributes[name]["PARTITION_KEY"]
         parallel = self.attributes[name]["PARALLEL_PARTITION"]
         instances = []
-        for index, unit in enumerate(_instance_names(name, count)):
+        for index, unit in enumerate(instance_names(name, count)):
             share = (PartitionSpec(key_column, mask, tuple(sorted(keys[index])))
                      if count > 1 and not parallel else None)
             container_id = container_id_for(self.app_id, self.placement[unit])

@@ -37,6 +37,7 @@ __all__ = [
     "lose_container",
     "max_restarts",
     "record_checkpoints",
+    "redeploy",
     "update_recovery",
 ]
 
@@ -192,6 +193,8 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     container.diagnostics = cause
     container.buffer_server_host, container.buffer_server_port = "", 0
     app.launcher_actions.append(LauncherAction("kill", container.id))
+    for op in app.plan.retired_in(container):
+        op.transition(OperatorState.SHUTDOWN)  # a retired operator gone with its process
     if app.terminal:
         _LOGGER.info("app=%s container=%s stopped: %s", app.id, container.id, cause)
         return ContainerLoss(container.id, cause)
@@ -223,7 +226,7 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
                  f"error: {over.error}", now_ms)
         return ContainerLoss(container.id, cause)
     replacement = _replace(app, container, held)
-    _redeploy(app, affected_operators(app, replacement), replacement, now_ms)
+    redeploy(app, affected_operators(app, replacement), now_ms, replacement)
     app.recoveries += 1
     app.last_recovery_ms = now_ms
     app.last_recovery = (f"container {container.id} lost ({cause}); replaced by "
@@ -282,16 +285,17 @@ def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTC
     return replacement
 
 
-def _redeploy(app: Application, operators: list[PTOperator], replacement: PTContainer,
-              now_ms: int) -> None:
-    """Sends ``operators`` back to PENDING_(UN)DEPLOY with the checkpoint each restarts from."""
+def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
+             replacement: PTContainer | None = None) -> None:
+    """Sends ``operators`` back to PENDING_(UN)DEPLOY with the checkpoint each restarts from:
+    PENDING_DEPLOY in ``replacement`` (a new container), PENDING_UNDEPLOY elsewhere."""
     for op in operators:
         book = app.checkpoints[op.id]
         op.deploy_window_id = deploy_checkpoint(op, book.latest)
         dropped = book.forget_after(op.deploy_window_id)
         op.ready = False
         app.operator_stats[op.id].restarted(now_ms)
-        if op.container_id == replacement.id:
+        if replacement is not None and op.container_id == replacement.id:
             op.transition(OperatorState.PENDING_DEPLOY)
             how = f"redeploy in {replacement.id}"
         else:

@@ -84,6 +84,7 @@ def application_info(app: Application, dashboard_url: str = "") -> client_pb2.Ap
         tuples_processed_per_second=sum(f.processed_per_second for f in figures.values()),
         tuples_emitted_per_second=sum(f.emitted_per_second for f in figures.values()),
         latency_ms=path_latency, critical_path=path, dashboard_url=dashboard_url,
+        repartitions=app.repartitions, last_repartition=app.last_repartition,
     )
     _add_logical_operators(app, figures, info)
     info.recent_failures.extend(_recent_failures(app))
@@ -93,11 +94,10 @@ def application_info(app: Application, dashboard_url: str = "") -> client_pb2.Ap
 def _critical_path(app: Application, figures: dict[int, _Figures]) -> tuple[float, list[str]]:
     """The slowest source-to-sink path: its summed operator latencies and operator names.
 
-    Physical ids are in topological order, so one pass in id order sees every upstream
-    operator before its downstream ones.
+    One pass in topological order sees every upstream operator before its downstream ones.
     """
     best: dict[int, tuple[float, int | None]] = {}  # id -> (path latency, previous id)
-    for op_id in sorted(app.plan.operators):
+    for op_id in app.plan.topological_ids():
         upstream = [(best[u][0], u) for u in app.plan.upstream_ids(op_id) if u in best]
         before, previous = max(upstream) if upstream else (0.0, None)
         best[op_id] = (before + figures[op_id].latency_ms, previous)
@@ -117,8 +117,13 @@ def _add_logical_operators(app: Application, figures: dict[int, _Figures],
     groups: dict[str, list[PTOperator]] = {}
     for op in app.plan.operators.values():
         groups.setdefault(_logical_name(op), []).append(op)
+    retired: dict[str, list[PTOperator]] = {}
+    for op in app.plan.retired.values():
+        retired.setdefault(_logical_name(op), []).append(op)
     for name, partitions in groups.items():
         trackers = [app.operator_stats[op.id] for op in partitions]
+        # totals count what partitions a repartition retired did too
+        totals = trackers + [app.operator_stats[op.id] for op in retired.get(name, [])]
         metrics: dict[str, float] = {}
         for tracker in trackers:
             for key, value in tracker.metrics.items():
@@ -126,8 +131,8 @@ def _add_logical_operators(app: Application, figures: dict[int, _Figures],
         info.logical_operators.add(
             name=name, class_name=partitions[0].class_name,
             partition_ids=[op.id for op in partitions],
-            total_tuples_processed=sum(t.total_tuples_processed for t in trackers),
-            total_tuples_emitted=sum(t.total_tuples_emitted for t in trackers),
+            total_tuples_processed=sum(t.total_tuples_processed for t in totals),
+            total_tuples_emitted=sum(t.total_tuples_emitted for t in totals),
             tuples_processed_per_second=sum(figures[op.id].processed_per_second
                                             for op in partitions),
             tuples_emitted_per_second=sum(figures[op.id].emitted_per_second
@@ -231,7 +236,10 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
 
 def application_plan(app: Application) -> client_pb2.ApplicationPlan:
     """The DAG as deployed: operators and the streams between them, for drawing it."""
-    plan = client_pb2.ApplicationPlan(application_id=app.id, operators=operator_infos(app))
+    plan = client_pb2.ApplicationPlan(  # in topological order: the dashboard lays them out
+        application_id=app.id,
+        operators=[operator_info(app, app.plan.operators[i])
+                   for i in app.plan.topological_ids()])
     interval = _interval_ms(app)
     for op in app.plan.operators.values():
         tracker = app.operator_stats[op.id]

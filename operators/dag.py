@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import pyarrow as pa
@@ -23,6 +23,9 @@ from operators.attributes import Scope, parse_attributes
 from operators.operator import InputOperator, Operator
 from operators.ports import BoundPort
 from proto import plan_pb2
+
+if TYPE_CHECKING:
+    from operators.scaling import StatsListener
 
 __all__ = ["Dag", "DagError", "topological_order", "validate_descriptor"]
 
@@ -43,12 +46,23 @@ class Dag:
         self._operators: dict[str, Operator] = {}
         self._operator_attributes: dict[str, dict[str, str]] = {}
         self._streams: dict[str, tuple[BoundPort, list[BoundPort]]] = {}
+        self._stats_listeners: dict[str, StatsListener] = {}
         self.attributes: dict[str, str] = {}
         self.set_attributes(**attributes)
 
     # -- building ---------------------------------------------------------------
-    def add_operator(self, name: str, operator: Operator, **attributes: Any) -> Any:
-        """Adds ``operator`` under ``name`` and returns it (to reach its ports)."""
+    def add_operator(self, name: str, operator: Operator, *,
+                     stats_listener: StatsListener | None = None, **attributes: Any) -> Any:
+        """Adds ``operator`` under ``name`` and returns it (to reach its ports).
+
+        ``stats_listener`` (``operators.scaling``) runs in the master on the operator's
+        stats and may ask for more or fewer partitions while the application runs.
+        """
+        if stats_listener is not None and not callable(
+                getattr(stats_listener, "process_stats", None)):
+            raise DagError(f"operator {name!r}: the stats listener is a "
+                           f"{type(stats_listener).__name__} without a process_stats(stats) "
+                           "method; use operators.scaling.ThroughputScaler or write one")
         if not isinstance(operator, Operator):
             raise DagError(
                 f"operator {name!r} is a {type(operator).__name__}, not a weir Operator; "
@@ -60,6 +74,8 @@ class Dag:
             raise DagError(f"operator {name!r} was already added under another name")
         self._operators[name] = operator
         self._operator_attributes[name] = {}
+        if stats_listener is not None:
+            self._stats_listeners[name] = stats_listener
         self.set_operator_attributes(name, **attributes)
         return operator
 
@@ -131,8 +147,12 @@ class Dag:
                         raise DagError(f"operator {name!r}: unifier() returned a "
                                        f"{type(unifier).__name__}, not an Operator")
                     op.unifier_payload = _pickle(f"{name} (its unifier)", unifier)
-                    op.unifier_class_name = (f"{type(unifier).__module__}."
-                                             f"{type(unifier).__qualname__}")
+                    op.unifier_class_name = _class_name(unifier)
+                op.repartition_refusal = operator.repartition_refusal() or ""
+                listener = self._stats_listeners.get(name)
+                if listener is not None:
+                    op.stats_listener_payload = _pickle(f"{name} (its stats listener)", listener)
+                    op.stats_listener_class_name = _class_name(listener)
         for stream_name, (source, sinks) in self._streams.items():
             descriptor.streams.add(
                 name=stream_name,
@@ -162,7 +182,11 @@ class Dag:
             return repr(port)
 
 
-def _pickle(name: str, operator: Operator) -> bytes:
+def _class_name(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _pickle(name: str, operator: object) -> bytes:
     try:
         return cloudpickle.dumps(operator)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
@@ -31,6 +31,8 @@ from operators.ports import InputPort, OutputPort
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from operators.partitioning import PartitionFilter
 
 __all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState"]
 
@@ -119,6 +121,11 @@ class Operator:
     #: instance attributes reported as user metrics after every window (``operators.metrics``;
     #: methods marked ``@metric`` are too).
     METRICS: ClassVar[tuple[str, ...]] = ()
+    #: instance attributes holding keyed state: a mapping from a value of the partition key
+    #: (``PARTITION_KEY``) to that key's state, or an Arrow table with a ``PARTITION_KEY``
+    #: column. When the operator is repartitioned at run time each new partition gets the
+    #: entries (rows) of its keys from every old partition (``repartitioned``).
+    KEYED_STATE: ClassVar[tuple[str, ...]] = ()
 
     def setup(self, context: OperatorContext) -> None:
         """Called once before the first window."""
@@ -151,6 +158,41 @@ class Operator:
         partition's stream on its own input port (``input-0`` ... ``input-<N-1>``, not
         declared: ``process`` sees those names) and emits on ``output``. Override this
         when concatenating is not the answer, e.g. partial aggregates to combine.
+        """
+        return None
+
+    def repartitioned(self, partitions: Sequence[Operator],
+                      share: PartitionFilter | None) -> Operator:
+        """This operator as a new partition, built from the old partitions' states at one
+        checkpoint (``self`` is a copy of the first of them); returns the new state.
+
+        Called in the container that first deploys the new partition, never twice for one
+        partition (the result is saved as its first checkpoint). The default merges every
+        ``KEYED_STATE`` attribute over the old partitions and keeps the keys this
+        partition owns; every other attribute is the first old partition's (configuration,
+        or state that is the same everywhere). Override it for state the default cannot
+        split, e.g. a total over all keys.
+
+        Args:
+            partitions: the old partitions, restored from their checkpoints.
+            share: the keys this partition takes (``share.owns(values)``, a bool per key
+                value; ``share.column``, the key column), or None when the new operator
+                is not partitioned (it takes every key).
+        """
+        from operators.repartition import merge_keyed_state
+
+        for name in type(self).KEYED_STATE:
+            setattr(self, name, merge_keyed_state(
+                [getattr(p, name, None) for p in partitions], share,
+                f"{type(self).__name__}.{name}"))
+        return self
+
+    def repartition_refusal(self) -> str | None:
+        """Why this operator cannot be repartitioned while it runs, or None when it can.
+
+        Called when the DAG is serialised (on the client). Operators whose state lives
+        outside their checkpoints under their own physical id (commit steps of
+        exactly-once sinks, write-ahead logs) cannot move it to new partitions.
         """
         return None
 

@@ -173,6 +173,13 @@ class PartitionFilter:
         buckets = hash_column(batch.column(index)) & np.uint64(self.mask)
         return np.isin(buckets, np.fromiter(self.keys, np.uint64, len(self.keys)))
 
+    def owns(self, values: Any) -> np.ndarray:
+        """A boolean per key value (a sequence, or an Arrow array): whether this
+        partition takes it. Hashes like ``mask_of``: a key's state goes where its rows go."""
+        array = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
+        buckets = hash_column(array) & np.uint64(self.mask)
+        return np.isin(buckets, np.fromiter(self.keys, np.uint64, len(self.keys)))
+
     def select(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch's rows of this partition, in their order."""
         return batch.filter(pa.array(self.mask_of(batch), pa.bool_()))

@@ -87,6 +87,11 @@ class SparkOperator(Operator):
         spec = type(self).output_ports().get(port)
         return spec.schema if spec is not None else None
 
+    def collected(self, port: str, table: pa.Table) -> pa.Table:
+        """A window's result for ``port``, back from Spark, before it is emitted; override
+        to keep state from it (then return what goes out)."""
+        return table
+
     def dataframe_session(self) -> SparkSession | None:
         """The session to build input DataFrames in; None = the bridge's session."""
         return None
@@ -146,7 +151,7 @@ class SparkOperator(Operator):
                 inputs[port] = spark.to_dataframe(batches, schema, **extra)
             outputs = self._outputs(self.transform(inputs, window_id))
             for port, df in outputs.items():
-                table = spark.to_arrow(df)
+                table = self.collected(port, spark.to_arrow(df))
                 schema = self.output_schema(port)
                 if schema is not None:
                     table = _conform(table, schema, f"operator {self._name!r}, port {port!r}")

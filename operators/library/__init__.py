@@ -10,7 +10,12 @@ from operators.library.postgres import PostgresSink  # psycopg is imported in se
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from operators.library.tcp import TcpLineSource
-from operators.library.transforms import Tokenize, WindowedCount, WindowedCountUnifier
+from operators.library.transforms import (
+    RunningCount,
+    Tokenize,
+    WindowedCount,
+    WindowedCountUnifier,
+)
 
 __all__ = [
     "DirectorySource",
@@ -20,6 +25,7 @@ __all__ = [
     "EventGenerator",
     "FileSink",
     "PostgresSink",
+    "RunningCount",
     "TcpLineSource",
     "TextFileSource",
     "Tokenize",

@@ -142,6 +142,10 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         self._key = ""
         self._table_ready = False
 
+    def repartition_refusal(self) -> str | None:
+        return ("PostgresSink keeps each partition's watermark under its operator id; new "
+                "partitions would not know which windows the old ones wrote")
+
     @property
     def sink_key(self) -> str:
         """This partition's key in the watermark table (known after ``setup``)."""

@@ -234,6 +234,12 @@ class FileSink(_WindowBuffer):
             self._store.recover()  # a commit a crash interrupted is finished first
             self._staged = self._adopt_staged(context.recovered_window)
 
+    def repartition_refusal(self) -> str | None:
+        if self.exactly_once:
+            return ("FileSink(exactly_once=True) keeps its commit steps under each "
+                    "partition's own id; they cannot move to new partitions")
+        return None
+
     def file_name(self, window_id: int) -> str:
         """The file name of a window's rows."""
         return (f"window-{window_base_seconds(window_id)}-{window_counter(window_id):010d}"

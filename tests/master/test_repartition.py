@@ -1,0 +1,205 @@
+"""Repartitioning a running operator, stepped by hand: which operators are replaced, which
+restart and from where, what the new partitions' containers are told, the undeploy that
+comes first, a container lost in the middle, the journal, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.errors import FailedPrecondition, InvalidArgument, NotFound
+from master.persistence import ApplicationJournal
+from master.physical_plan import OperatorState
+from master.repartition import repartition
+from operators.library import FileSink
+from operators.partitioning import partition_keys
+from tests.master.fakes import chain_dag, chain_descriptor, operator_report
+from tests.master.test_recovery import Cluster, checkpointed
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def partitioned_chain(partitions: int = 2, containers: int = 3) -> Cluster:
+    """source -> relay1 (``partitions`` on key x) -> [unifier] -> sink, deployed, with every
+    operator checkpointed at 20 and 40 (the source at 60 too): committed 40."""
+    overrides = {"relay1.PARTITION_KEY": "x"}
+    if partitions > 1:
+        overrides["relay1.PARTITIONS"] = str(partitions)
+    cluster = Cluster(chain_descriptor(3), containers, **overrides)
+    cluster.deploy_all()
+    for op in list(cluster.ops.values()):
+        checkpointed(cluster, op.id, *((20, 40, 60) if op.name == "source" else (20, 40)))
+    assert cluster.app.committed_window_id == 40
+    return cluster
+
+
+def by_name(cluster: Cluster) -> dict[str, object]:
+    return {op.name: op for op in cluster.ops.values()}
+
+
+def let_go(cluster: Cluster) -> None:
+    """Every container heartbeats without the operators it was told to undeploy."""
+    for cid in {op.container_id for op in cluster.app.plan.retired.values()} | {
+            op.container_id for op in cluster.ops.values()
+            if op.state == OperatorState.PENDING_UNDEPLOY}:
+        cluster.beat(cid)
+
+
+def test_two_to_four_partitions_replaces_them_and_the_unifier_and_restarts_the_reader():
+    cluster = partitioned_chain(2)
+    old = by_name(cluster)
+    old_ids = [old["relay1#0"].id, old["relay1#1"].id]
+    retired_ids = {*old_ids, old["relay1#unifier"].id}
+
+    result = repartition(cluster.app, "relay1", 4, cluster.clock())
+
+    assert result.new == ("relay1#0", "relay1#1", "relay1#2", "relay1#3")
+    assert result.start_window_id == 40 and result.restarted == ("sink",)
+    assert set(cluster.app.plan.retired) == retired_ids
+    assert all(op.state == OperatorState.PENDING_UNDEPLOY
+               for op in cluster.app.plan.retired.values())
+    ops = by_name(cluster)
+    assert ops["source"] is old["source"] and ops["source"].state == OperatorState.ACTIVE
+    assert ops["sink"] is old["sink"] and ops["sink"].state == OperatorState.PENDING_UNDEPLOY
+    assert ops["sink"].deploy_window_id == 40
+    new = [ops[f"relay1#{i}"] for i in range(4)]
+    assert min(op.id for op in new) > max(retired_ids)  # ids are never used again
+    mask, keys = partition_keys(4)
+    for index, op in enumerate(new):
+        assert op.state == OperatorState.PENDING_DEPLOY and op.deploy_window_id == 40
+        assert op.recovery_window_id == 40 and cluster.app.checkpoints[op.id].windows == [40]
+        assert op.seed.from_ids == tuple(old_ids) and set(op.seed.retired_ids) == retired_ids
+        assert (op.seed.share.mask, set(op.seed.share.keys)) == (mask, keys[index])
+        assert op.inputs[0].source_operator_id == ops["source"].id
+    assert len({op.container_id for op in new}) == 3  # spread over every container
+    unifier = ops["relay1#unifier"]
+    assert unifier.id not in retired_ids
+    assert [link.source_operator_id for link in unifier.inputs] == [op.id for op in new]
+    assert unifier.seed.from_ids == () and unifier.seed.window_id == 40
+    assert ops["sink"].inputs[0].source_operator_id == unifier.id
+    # nothing can be committed past where the new partitions start
+    assert cluster.app.committed_window_id == 40
+    assert cluster.app.plan.topological_ids().index(unifier.id) < \
+        cluster.app.plan.topological_ids().index(ops["sink"].id)
+
+
+def test_new_partitions_deploy_only_after_the_old_ones_are_gone_with_their_seed():
+    cluster = partitioned_chain(2)
+    old_ids = {op.id for op in cluster.ops.values() if op.logical_name == "relay1"}
+    repartition(cluster.app, "relay1", 4, cluster.clock())
+    first = by_name(cluster)["relay1#0"]
+    # the old partitions still run: a heartbeat reporting one gets its undeploy, and no
+    # container gets a deploy while any old one runs
+    old = cluster.app.plan.retired[min(old_ids)]
+    response = cluster.beat(old.container_id, operator_report(old.id))
+    assert list(response.undeploy_request) == [old.id] and not response.deploy_request
+    assert not cluster.beat(first.container_id).deploy_request
+    assert old.state == OperatorState.PENDING_UNDEPLOY
+    let_go(cluster)
+    assert all(op.state == OperatorState.SHUTDOWN for op in cluster.app.plan.retired.values())
+    response = cluster.beat(first.container_id)
+    infos = {info.name: info for info in response.deploy_request}
+    info = infos["relay1#0"]
+    assert info.checkpoint.window_id == 40
+    assert sorted(info.seed.from_node_ids) == sorted(old_ids)
+    assert info.seed.key_column == "x" and info.seed.mask == partition_keys(4)[0]
+    assert set(info.seed.keys) == partition_keys(4)[1][0]
+    assert info.inputs[0].partition_key_column == "x"
+    assert set(info.inputs[0].partition_keys) == partition_keys(4)[1][0]
+
+    # deployed and checkpointed past the start: the seed is no longer sent, commits move
+    ops = by_name(cluster)
+    for op in ops.values():
+        if op.state == OperatorState.PENDING_DEPLOY:
+            cluster.report(op.id)
+    assert all(op.state == OperatorState.ACTIVE for op in ops.values())
+    for op in ops.values():
+        checkpointed(cluster, op.id, 60)
+    assert cluster.app.committed_window_id == 60
+
+
+def test_a_container_lost_during_the_repartition_takes_its_retired_operators_with_it():
+    cluster = partitioned_chain(2)
+    repartition(cluster.app, "relay1", 4, cluster.clock())
+    retired = next(op for op in cluster.app.plan.retired.values()
+                   if op.name == "relay1#1")
+    lost = retired.container_id
+    new_there = [op for op in cluster.ops.values() if op.container_id == lost]
+    cluster.liveness({lost: -9})
+    assert retired.state == OperatorState.SHUTDOWN
+    replacement = cluster.app.plan.containers[lost].replaced_by
+    for op in new_there:
+        assert op.container_id == replacement
+        assert op.state == OperatorState.PENDING_DEPLOY
+        if op.seed is not None:  # still made from the old partitions' checkpoints
+            assert op.deploy_window_id == op.seed.window_id == 40
+
+
+def test_one_to_two_and_back_adds_then_removes_the_unifier():
+    cluster = partitioned_chain(1)
+    assert repartition(cluster.app, "relay1", 2, cluster.clock()).new == (
+        "relay1#0", "relay1#1")
+    ops = by_name(cluster)
+    assert "relay1#unifier" in ops and ops["relay1#0"].seed.from_ids == (2,)
+    let_go(cluster)
+    for op in list(cluster.ops.values()):
+        if op.state == OperatorState.PENDING_DEPLOY:
+            cluster.beat(op.container_id)
+            cluster.report(op.id)
+    for op in list(cluster.ops.values()):
+        checkpointed(cluster, op.id, 60, 80)
+    assert cluster.app.committed_window_id == 80
+
+    result = repartition(cluster.app, "relay1", 1, cluster.clock())
+    ops = by_name(cluster)
+    assert result.new == ("relay1",) and result.start_window_id == 80
+    assert "relay1#unifier" not in ops
+    assert ops["relay1"].seed.share is None  # it takes every key of both old partitions
+    assert len(ops["relay1"].seed.from_ids) == 2
+    assert ops["sink"].inputs[0].source_operator_id == ops["relay1"].id
+
+
+def test_the_journal_keeps_the_new_plan_and_the_retired_operators(tmp_path):
+    cluster = partitioned_chain(2)
+    journal = ApplicationJournal(str(tmp_path / "journal"))
+    journal.save(cluster.app, None)
+    repartition(cluster.app, "relay1", 3, cluster.clock())
+    journal.save(cluster.app, None)
+    journal.close()
+
+    [(app, _)] = ApplicationJournal(str(tmp_path / "journal")).load()
+    assert {op.name: op.id for op in app.plan.operators.values()} == \
+        {op.name: op.id for op in cluster.ops.values()}
+    assert set(app.plan.retired) == set(cluster.app.plan.retired)
+    restored = {op.name: op for op in app.plan.operators.values()}
+    assert restored["relay1#2"].seed == by_name(cluster)["relay1#2"].seed
+    assert restored["sink"].inputs == by_name(cluster)["sink"].inputs
+    assert app.repartitions == 1 and "2 -> 3 partitions" in app.last_repartition
+
+
+def test_refusals_name_the_reason():
+    cluster = partitioned_chain(2)
+    with pytest.raises(NotFound, match="no operator 'nope'.*'relay1'"):
+        repartition(cluster.app, "nope", 2, cluster.clock())
+    with pytest.raises(FailedPrecondition, match="'source' is a source"):
+        repartition(cluster.app, "source", 2, cluster.clock())
+    with pytest.raises(FailedPrecondition, match="already has 2 partition"):
+        repartition(cluster.app, "relay1", 2, cluster.clock())
+    with pytest.raises(InvalidArgument, match="1 to 256"):
+        repartition(cluster.app, "relay1", 0, cluster.clock())
+    with pytest.raises(InvalidArgument, match="no PARTITION_KEY.*-D sink.PARTITION_KEY"):
+        repartition(cluster.app, "sink", 2, cluster.clock())
+    repartition(cluster.app, "relay1", 3, cluster.clock())
+    with pytest.raises(FailedPrecondition, match="being \\(re\\)deployed"):
+        repartition(cluster.app, "relay1", 4, cluster.clock())
+
+
+def test_an_operator_whose_state_cannot_move_is_refused():
+    dag = chain_dag(2)
+    dag.add_operator("files", FileSink("/nonexistent", exactly_once=True),
+                     PARTITION_KEY="x")
+    dag.add_stream("to_files", dag._operators["source"].output,
+                   dag._operators["files"].input)
+    cluster = Cluster(dag.to_descriptor(), 2)
+    cluster.deploy_all()
+    with pytest.raises(FailedPrecondition, match="commit steps"):
+        repartition(cluster.app, "files", 2, cluster.clock())
