@@ -1,0 +1,98 @@
+"""Dynamic repartitioning end to end: a running word count whose Spark counter keeps a total
+per word (keyed state) goes from 2 to 4 partitions by hand (``weir repartition``) while a
+container holding new partitions is killed; the totals it publishes still equal Python's
+counts, so every word's total moved to its new partition, and nothing was counted twice
+or lost."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from master.client import WeirClient, WeirClientError
+from operators.app import load_app
+from tests.e2e.conftest import container_logs
+from tests.e2e.wordcount import words_of, write_wordcount_app
+from tests.harness import poll_for
+
+pytestmark = pytest.mark.timeout(420)
+
+LINES = 2_000
+
+
+def published_totals(out) -> dict[str, int]:
+    """Each word's highest published total."""
+    totals: dict[str, int] = {}
+    for file in sorted(out.glob("*.jsonl")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            totals[row["word"]] = max(totals.get(row["word"], 0), row["count"])
+    return totals
+
+
+def weir(master, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "master", "--master", master.address, *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
+        master, tmp_path):
+    app, lines = write_wordcount_app(
+        tmp_path, "repartitioned", LINES,
+        'CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300, HEARTBEAT_INTERVAL_MILLIS=200, '
+        'CHECKPOINT_WINDOW_COUNT=4, HEARTBEAT_TIMEOUT_MILLIS=5000, '
+        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000',
+        count='PARTITIONS=2, PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=4',
+        lines_per_window=50, pinned=False)
+    app_text = open(app).read().replace("WindowedCount", "RunningCount")
+    open(app, "w").write(app_text)
+    expected = collections.Counter(words_of(lines))
+    out = tmp_path / "out"
+
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        poll_for(lambda: len(list(out.glob("*.jsonl"))) >= 2, 180,
+                 "the sink to publish its first windows\n" + container_logs(master))
+        old_ids = [op.id for op in client.operators(app_id) if op.name.startswith("count#")]
+        state_dir = Path(client.application(app_id).attributes["STATE_DIR"])
+        # by hand, as a user would; retried while a checkpoint or deploy is under way
+        deadline = time.monotonic() + 60
+        while (done := weir(master, "repartition", app_id, "count", "4")).returncode:
+            assert "not RUNNING" not in done.stderr and time.monotonic() < deadline, \
+                done.stderr + container_logs(master)
+            time.sleep(0.5)
+        assert "2 -> 4 partitions" in done.stdout, done.stdout
+        operators = {op.name: op for op in client.operators(app_id)}
+        new = [operators[f"count#{i}"] for i in range(4)]
+        assert min(op.id for op in new) > max(old_ids)
+        # kill a container that must build new partitions, before they run
+        victim = new[3].container_id
+        assert client.kill_container(victim)
+        with pytest.raises(WeirClientError, match="being \\(re\\)deployed|not ACTIVE"):
+            client.repartition(app_id, "count", 3)
+
+        deadline = time.monotonic() + 300
+        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
+            assert time.monotonic() < deadline, "the word count did not finish in 300 s\n" \
+                + container_logs(master)
+            time.sleep(0.5)
+        assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
+        operators = {op.name: op for op in client.operators(app_id)}
+
+    assert published_totals(out) == dict(expected)
+    assert info.repartitions == 1 and info.recoveries >= 1
+    partitions = [operators[f"count#{i}"] for i in range(4)]
+    assert all(op.logical_name == "count" and op.state == "SHUTDOWN" for op in partitions)
+    assert len({op.container_id for op in partitions}) >= 2
+    assert all(op.total_tuples_processed > 0 for op in partitions)
+    assert "count#4" not in operators and operators["count#unifier"].id > max(old_ids)
+    # the old partitions' checkpoints went once the new ones had their own
+    assert len(old_ids) == 3 and not any((state_dir / "checkpoints" / str(i)).exists()
+                                         for i in old_ids)
+    assert all((state_dir / "checkpoints" / str(op.id)).exists() for op in partitions)
