@@ -21,9 +21,11 @@ from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
-from master.repartition import Repartition, repartition
+from master.repartition import Repartition, repartition, unhealthy
 from master.state_owner import StateClaim, claim_state_dir, new_run_id, release_state_dir
+from master.stats_listeners import StatsListenerError, load_listeners, operator_stats
 from operators.dag import DagError, validate_descriptor
+from operators.scaling import StatsListener
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
@@ -64,6 +66,8 @@ class MasterCore:
         self._apps: dict[str, Application] = {}
         self._claims: dict[str, StateClaim] = {}  # app id -> its claim on its state folder
         self._container_apps: dict[str, str] = {}
+        # app id -> operator name -> its stats listener (user code: never journaled)
+        self._listeners: dict[str, dict[str, StatsListener]] = {}
         self._next_app_number = 1
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
@@ -102,7 +106,8 @@ class MasterCore:
         """
         try:
             validate_descriptor(dag)
-        except DagError as exc:
+            listeners = load_listeners(dag)
+        except (DagError, StatsListenerError) as exc:
             raise InvalidArgument(str(exc)) from None
         with self._lock:
             app_id = f"app-{self._next_app_number:04d}"
@@ -115,6 +120,8 @@ class MasterCore:
             self._next_app_number += 1
             app = Application(app_id, dag, plan, self.clock())
             self._apps[app_id] = app
+            if listeners:
+                self._listeners[app_id] = listeners
             for cid in plan.containers:
                 self._container_apps[cid] = app_id
             self._persist(app)
@@ -348,6 +355,44 @@ class MasterCore:
             release_state_dir(claim)
         return [loss.container_id for loss in losses]
 
+    # -- stats listeners ------------------------------------------------------------------
+    def consult_listeners(self) -> list[Repartition]:
+        """Feeds every stats listener of a healthy application its operator's stats (the
+        listeners run outside the lock); returns the repartitions they asked for."""
+        asks = []
+        with self._lock:
+            now_ms = self.clock()
+            for app_id, listeners in self._listeners.items():
+                app = self._apps[app_id]
+                if app.terminal or unhealthy(app) is not None:
+                    continue
+                asks += [(app_id, name, listener, operator_stats(app, name, now_ms))
+                         for name, listener in listeners.items()]
+        done: dict[str, Repartition] = {}  # one repartition per application and pass
+        for app_id, name, listener, stats in asks:
+            if app_id in done:
+                continue
+            try:
+                wanted = listener.process_stats(stats)
+                if wanted is None or wanted == stats.partition_count:
+                    continue
+                done[app_id] = self.repartition(
+                    app_id, name, int(wanted),
+                    f"asked by its stats listener {type(listener).__name__}")
+            except Exception as exc:  # noqa: BLE001 - user code, or a request refused
+                self._listener_failed(app_id, name, f"{type(exc).__name__}: {exc}")
+        return list(done.values())
+
+    def _listener_failed(self, app_id: str, operator: str, error: str) -> None:
+        """A listener raised, or asked for what cannot be done: recorded, rate-limited."""
+        with self._lock:
+            app = self._apps[app_id]
+            message = f"master: the stats listener of {operator!r}: {error}"
+            if not app.reported_errors or app.reported_errors[-1] != message:
+                app.reported_errors.append(message)
+            app.log_limits.log(_LOGGER, logging.WARNING, ("stats listener", operator),
+                               self.clock(), "app=%s %s", app_id, message)
+
     # -- the journal ----------------------------------------------------------------------
     def _persist(self, app: Application) -> None:
         """Journals ``app`` if what recovery needs of it changed (lock held)."""
@@ -380,6 +425,12 @@ class MasterCore:
                     self._claims[app.id] = claim_state_dir(claim.state_dir, app.id,
                                                            claim.run_id)
                 self._resume(app, now_ms)
+                try:
+                    self._listeners[app.id] = load_listeners(app.dag)
+                except StatsListenerError as exc:
+                    app.reported_errors.append(f"master: {exc}")
+                    _LOGGER.warning("app=%s restored without its stats listeners: %s",
+                                    app.id, exc)
                 _LOGGER.info("app=%s restored from the journal: %s, committed window %s",
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()
@@ -418,5 +469,6 @@ class MasterCore:
         while not self._stop.wait(self.loop_interval_s):
             try:
                 self.check_liveness()
+                self.consult_listeners()
             except Exception:  # noqa: BLE001 - the loop must survive a bug in one pass
                 _LOGGER.exception("master loop pass failed")

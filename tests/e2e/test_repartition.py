@@ -96,3 +96,77 @@ def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
     assert len(old_ids) == 3 and not any((state_dir / "checkpoints" / str(i)).exists()
                                          for i in old_ids)
     assert all((state_dir / "checkpoints" / str(op.id)).exists() for op in partitions)
+
+
+LISTENER_APP = '''
+from operators import Dag, InputPort, Operator, OutputPort
+from operators.library import FileSink
+from operators.scaling import ThroughputScaler
+from operators.testing import ListSource
+import pyarrow as pa
+
+
+class Totals(Operator):
+    """A running count per key in plain Python: the totals are keyed state."""
+
+    KEYED_STATE = ("totals",)
+    input = InputPort()
+    output = OutputPort()
+
+    def __init__(self):
+        self.totals = {}
+
+    def begin_window(self, window_id):
+        self._seen = set()
+
+    def process(self, port, batch):
+        for key in batch.column("k").to_pylist():
+            self.totals[key] = self.totals.get(key, 0) + 1
+            self._seen.add(key)
+
+    def end_window(self):
+        keys = sorted(self._seen)
+        if keys:
+            self.output.emit(pa.table({"k": keys,
+                                       "count": [self.totals[k] for k in keys]}))
+
+
+WINDOWS = [[{"k": f"key{(w * 7 + i) % 97}"} for i in range(40)] for w in range(WINDOW_COUNT)]
+dag = Dag("scaled", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=100,
+          HEARTBEAT_INTERVAL_MILLIS=200, THROUGHPUT_CALCULATION_INTERVAL_MILLIS=1000)
+source = dag.add_operator("source", ListSource(WINDOWS))
+totals = dag.add_operator("totals", Totals(), PARTITION_KEY="k",
+                          stats_listener=ThroughputScaler(high=50, max_partitions=2,
+                                                          cooldown_s=3600))
+files = dag.add_operator("files", FileSink(OUT))
+dag.add_stream("keys", source.output, totals.input)
+dag.add_stream("totals", totals.output, files.input)
+'''
+
+
+def test_a_stats_listener_scales_a_busy_operator_out_while_it_runs(master, tmp_path):
+    windows = 150
+    app = tmp_path / "scaled_app.py"
+    app.write_text(LISTENER_APP.replace("WINDOW_COUNT", str(windows))
+                   .replace("OUT", repr(str(tmp_path / "out"))))
+    expected = collections.Counter(f"key{(w * 7 + i) % 97}" for w in range(windows)
+                                   for i in range(40))
+
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(str(app)).to_descriptor())
+        info = poll_for(lambda: (i := client.application(app_id)).state != "RUNNING" and
+                        i.state != "ACCEPTED" and i, 180,
+                        "the scaled application to end\n" + container_logs(master))
+        assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
+        operators = {op.name: op for op in client.operators(app_id)}
+
+    assert info.repartitions == 1, info.last_repartition
+    assert "1 -> 2 partitions" in info.last_repartition
+    assert "stats listener ThroughputScaler" in info.last_repartition
+    assert {"totals#0", "totals#1", "totals#unifier"} <= set(operators)
+    totals: dict[str, int] = {}
+    for file in (tmp_path / "out").glob("*.jsonl"):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            totals[row["k"]] = max(totals.get(row["k"], 0), row["count"])
+    assert totals == dict(expected)

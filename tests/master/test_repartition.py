@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import pytest
 
+from master.core import MasterCore
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
+from master.launcher import RecordingLauncher
 from master.persistence import ApplicationJournal
 from master.physical_plan import OperatorState
 from master.repartition import repartition
+from master.stats_listeners import operator_stats
 from operators.library import FileSink
 from operators.partitioning import partition_keys
-from tests.master.fakes import chain_dag, chain_descriptor, operator_report
+from tests.master.fakes import (
+    ManualClock,
+    chain_dag,
+    chain_descriptor,
+    container_heartbeat,
+    operator_report,
+)
 from tests.master.test_recovery import Cluster, checkpointed
 
 pytestmark = pytest.mark.timeout(30)
@@ -203,3 +212,79 @@ def test_an_operator_whose_state_cannot_move_is_refused():
     cluster.deploy_all()
     with pytest.raises(FailedPrecondition, match="commit steps"):
         repartition(cluster.app, "files", 2, cluster.clock())
+
+
+# -- stats listeners: the master feeds them and applies what they ask ------------------------
+SEEN: list = []  # what AskFor listeners were given (the master runs its own copy)
+
+
+class AskFor:
+    """A listener asking for ``count`` partitions (a str: raising it), noting what it saw."""
+
+    def __init__(self, count: int | str) -> None:
+        self.count = count
+
+    def process_stats(self, stats):
+        SEEN.append(stats)
+        if isinstance(self.count, str):
+            raise RuntimeError(self.count)
+        return self.count
+
+
+def running_core(listener) -> tuple[MasterCore, str]:
+    """A master core with the chain (relay1 keyed on x, with ``listener``), every operator
+    deployed and ACTIVE through hand-made heartbeats."""
+    dag = chain_dag(3, CONTAINERS=3)
+    dag._stats_listeners["relay1"] = listener
+    core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock())
+    app_id = core.submit(dag.to_descriptor(), {"relay1.PARTITION_KEY": "x"})
+    containers = [c.id for c in core.list_containers(app_id)]
+    for index, cid in enumerate(containers):
+        core.heartbeat(container_heartbeat(cid, port=7000 + index))
+    for index, cid in enumerate(containers):
+        deployed = core.heartbeat(container_heartbeat(cid, port=7000 + index)).deploy_request
+        core.heartbeat(container_heartbeat(cid, port=7000 + index, operators=[
+            operator_report(info.id) for info in deployed]))
+    assert core.application_info(app_id).state == "RUNNING"
+    return core, app_id
+
+
+def test_a_stats_listener_asking_for_partitions_gets_a_repartition():
+    SEEN.clear()
+    core, app_id = running_core(AskFor(2))
+    [done] = core.consult_listeners()
+    assert done.new == ("relay1#0", "relay1#1")
+    stats = core_listener_stats(core, app_id, "relay1")
+    assert [p.name for p in stats.partitions] == ["relay1#0", "relay1#1"]
+    [seen] = SEEN
+    assert seen.operator == "relay1" and [p.name for p in seen.partitions] == ["relay1"]
+    info = core.application_info(app_id)
+    assert info.repartitions == 1 and "stats listener AskFor" in info.last_repartition
+    # while the new partitions deploy the application is not healthy: no listener runs
+    assert core.consult_listeners() == [] and len(SEEN) == 1
+
+
+def test_a_failing_stats_listener_is_recorded_and_the_application_goes_on():
+    core, app_id = running_core(AskFor("no figures today"))
+    assert core.consult_listeners() == []
+    info = core.application_info(app_id)
+    assert info.state == "RUNNING" and info.repartitions == 0
+    assert any("stats listener of 'relay1': RuntimeError: no figures today" in f.message
+               for f in info.recent_failures)
+
+
+def test_a_stats_listener_the_master_cannot_load_fails_the_submit():
+    dag = chain_dag(3)
+    descriptor = dag.to_descriptor()
+    descriptor.operators[1].stats_listener_payload = b"not a pickle"
+    descriptor.operators[1].stats_listener_class_name = "app.Gone"
+    core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock())
+    with pytest.raises(InvalidArgument, match="stats listener of operator 'relay1' "
+                                              r"\(app.Gone\) cannot be loaded in the master"):
+        core.submit(descriptor, {})
+
+
+def core_listener_stats(core: MasterCore, app_id: str, operator: str):
+    with core.lock:
+        app = core.application(app_id)
+        return operator_stats(app, operator, 0)
