@@ -1,0 +1,75 @@
+"""Merging keyed state into new partitions: mappings and Arrow tables, the types kept, the
+errors, and an operator's own ``repartitioned``."""
+
+from __future__ import annotations
+
+import collections
+
+import pyarrow as pa
+import pytest
+
+from operators.library import RunningCount
+from operators.operator import Operator
+from operators.partitioning import PartitionFilter, partition_keys
+from operators.repartition import RepartitionError, merge_keyed_state, new_partition
+
+
+def shares(count: int) -> list[PartitionFilter]:
+    mask, keys = partition_keys(count)
+    return [PartitionFilter("word", mask, k) for k in keys]
+
+
+def test_arrow_tables_are_cut_by_the_partition_key_column_like_the_stream():
+    old = [pa.table({"word": ["a", "b"], "count": [1, 2]}),
+           pa.table({"word": ["c", "d"], "count": [3, 4]})]
+    parts = [merge_keyed_state(old, share, "totals") for share in shares(3)]
+    rows = sorted(row for part in parts for row in zip(part["word"].to_pylist(),
+                                                       part["count"].to_pylist(), strict=True))
+    assert rows == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    for share, part in zip(shares(3), parts, strict=True):
+        batch = pa.record_batch({"word": ["a", "b", "c", "d"]})
+        assert sorted(part["word"].to_pylist()) == \
+            sorted(share.select(batch)["word"].to_pylist())
+    with pytest.raises(RepartitionError, match="partition key column 'word'"):
+        merge_keyed_state([pa.table({"key": ["a"]})], shares(2)[0], "totals")
+
+
+def test_mappings_keep_their_type_and_a_key_in_two_partitions_is_refused():
+    merged = merge_keyed_state([collections.Counter(a=1), collections.Counter(b=2)], None, "t")
+    assert merged == {"a": 1, "b": 2} and isinstance(merged, collections.Counter)
+    with pytest.raises(RepartitionError, match="in two old partitions"):
+        merge_keyed_state([{"a": 1}, {"a": 2}], None, "t")
+    with pytest.raises(RepartitionError, match="mapping by key or an Arrow table"):
+        merge_keyed_state([[1, 2]], None, "t")
+    assert merge_keyed_state([None, None], None, "t") is None
+
+
+def test_running_count_totals_move_to_the_partition_of_their_key():
+    old = []
+    for share in shares(2):
+        op = RunningCount(key="word")
+        words = [w for w in ["x", "y", "z", "w"] if share.owns([w])[0]]
+        op.totals = pa.table({"word": words, "count": list(range(1, len(words) + 1))})
+        old.append(op)
+    new = [new_partition(old, share) for share in shares(4)]
+    assert sorted(w for op in new for w in op.totals["word"].to_pylist()) == \
+        ["w", "x", "y", "z"]
+    assert all(op is not old[0] for op in new)
+
+
+class Total(Operator):
+    """A total over every key: the default cannot split it, so it overrides the hook."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def repartitioned(self, partitions, share):
+        self.total = sum(p.total for p in partitions) if share is None else 0
+        return self
+
+
+def test_an_operator_can_split_its_state_its_own_way():
+    assert new_partition([Total(3), Total(4)], None).total == 7
+    assert new_partition([Total(3), Total(4)], shares(2)[0]).total == 0
+    with pytest.raises(RepartitionError, match="at least one"):
+        new_partition([], None)
