@@ -282,6 +282,8 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
         ("latency", f"{app.latency_ms:.0f} ms along {' -> '.join(app.critical_path) or '-'}"),
         ("failures", f"{app.operator_failures} of operators, {app.recoveries} recoveries"),
     ]
+    if app.repartitions:
+        fields.append(("repartitions", f"{app.repartitions}, last: {app.last_repartition}"))
     if app.dashboard_url:
         fields.append(("dashboard", app.dashboard_url))
     width = max(len(name) for name, _ in fields)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from master.tables import container_rows
+from master.tables import application_details, container_rows
 from proto import client_pb2
 
 
@@ -14,3 +14,12 @@ def test_a_killed_container_shows_no_stale_cpu_or_memory():
     live_row, dead_row = container_rows([live, dead], now_ms=0)
     assert "87.5" in live_row
     assert "87.5" not in dead_row and dead_row[6:9] == ["-", "-", "-"]
+
+
+def test_weir_app_tells_of_repartitions_only_when_there_were_some():
+    app = client_pb2.ApplicationInfo(id="app-0001", state="RUNNING")
+    assert "repartitions" not in application_details(app, now_ms=0)
+    app.repartitions = 2
+    app.last_repartition = "operator 'count': 2 -> 4 partitions from checkpoint 7"
+    assert "repartitions:     2, last: operator 'count': 2 -> 4 partitions" in \
+        application_details(app, now_ms=0)
