@@ -445,9 +445,9 @@ class MasterCore:
             pid, _, host = stats.process_name.partition("@")
             if pid.isdigit():
                 self.launcher.adopt(container.id, int(pid), host)
-        for op_id, tracker in app.operator_stats.items():
-            tracker.window_moved_ms = now_ms
-            app.plan.operators[op_id].ready_ms = max(app.plan.operators[op_id].ready_ms, now_ms)
+        for op in app.plan.operators.values():
+            app.operator_stats[op.id].window_moved_ms = now_ms
+            op.ready_ms = max(op.ready_ms, now_ms)
 
     def start(self) -> None:
         """Starts the master loop thread."""

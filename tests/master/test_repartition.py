@@ -231,12 +231,13 @@ class AskFor:
         return self.count
 
 
-def running_core(listener) -> tuple[MasterCore, str]:
+def running_core(listener, journal: ApplicationJournal | None = None
+                 ) -> tuple[MasterCore, str]:
     """A master core with the chain (relay1 keyed on x, with ``listener``), every operator
     deployed and ACTIVE through hand-made heartbeats."""
     dag = chain_dag(3, CONTAINERS=3)
     dag._stats_listeners["relay1"] = listener
-    core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock())
+    core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock(), journal=journal)
     app_id = core.submit(dag.to_descriptor(), {"relay1.PARTITION_KEY": "x"})
     containers = [c.id for c in core.list_containers(app_id)]
     for index, cid in enumerate(containers):
@@ -288,3 +289,27 @@ def core_listener_stats(core: MasterCore, app_id: str, operator: str):
     with core.lock:
         app = core.application(app_id)
         return operator_stats(app, operator, 0)
+
+
+def test_a_master_restarted_after_a_repartition_goes_on_with_the_new_plan(tmp_path):
+    SEEN.clear()
+    core, app_id = running_core(AskFor(2), ApplicationJournal(str(tmp_path / "journal")))
+    core.repartition(app_id, "relay1", 2)
+    with core.lock:
+        retired = dict(core.application(app_id).plan.retired)
+    core.journal.close()
+
+    again = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock(),
+                       journal=ApplicationJournal(str(tmp_path / "journal")))
+    assert again.restore() == 1
+    names = [op.name for op in again.list_operators(app_id)]
+    assert names == ["source", "sink", "relay1#0", "relay1#1", "relay1#unifier"]
+    [old] = retired.values()
+    index = int(old.container_id.rsplit("c", 1)[1])
+    response = again.heartbeat(container_heartbeat(old.container_id, port=7000 + index,
+                                                   operators=[operator_report(old.id)]))
+    assert list(response.undeploy_request) == [old.id]  # the old instance is still told to go
+    again.heartbeat(container_heartbeat(old.container_id, port=7000 + index))
+    with again.lock:
+        assert again.application(app_id).plan.retired[old.id].state == OperatorState.SHUTDOWN
+    assert again.consult_listeners() == []  # new partitions not deployed yet: no listener runs
