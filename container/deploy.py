@@ -140,7 +140,9 @@ class Deployment:
                                       container_id=self.container_id,
                                       attributes=attributes, spark=self.spark,
                                       state_dir=self._operator_dir(info.id),
-                                      recovered_window=resume)
+                                      recovered_window=resume,
+                                      partition_index=info.partition_index,
+                                      partition_count=max(1, info.partition_count))
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE restarts skip what they missed; otherwise replay after the checkpoint

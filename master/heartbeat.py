@@ -365,7 +365,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             window_id=op.deploy_window_id,
             application_window_count=int(op.attributes.get("APPLICATION_WINDOW_COUNT", 1)),
             checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
-        context_attributes=op.attribute_text())
+        context_attributes=op.attribute_text(), partition_index=op.partition_index,
+        partition_count=op.partition_count)
     if op.seed is not None and op.deploy_window_id == op.seed.window_id:
         info.seed.CopyFrom(_seed_info(op.seed))
     for link in op.inputs:

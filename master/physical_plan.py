@@ -510,10 +510,13 @@ def _partition_counts(dag: plan_pb2.DagDescriptor, order: list[str],
             count = attributes["PARTITIONS"] = parallel
         elif count > 1:
             if descriptors[name].kind == plan_pb2.OPERATOR_KIND_INPUT:
-                raise PlanError(f"operator {name!r} is a source (input operator) with "
-                                f"PARTITIONS={count}: partitioning sources is not supported "
-                                "yet; partition the operators it feeds")
-            if not attributes["PARTITION_KEY"]:
+                if not descriptors[name].splits_input:
+                    raise PlanError(
+                        f"operator {name!r} ({descriptors[name].class_name}) is a source with "
+                        f"PARTITIONS={count} that does not split its input: each partition "
+                        "would emit all of it; partition the operators it feeds, or use a "
+                        "source with SPLITS_INPUT (TextFileSource, DirectorySource)")
+            elif not attributes["PARTITION_KEY"]:
                 raise PlanError(f"operator {name!r} has PARTITIONS={count} but no "
                                 "PARTITION_KEY: set it to the input column whose hash splits "
                                 f"its streams, e.g. -D {name}.PARTITION_KEY=word")

@@ -73,6 +73,8 @@ class OperatorContext:
             must survive a crash live here (``operators.durable``). Empty in unit tests
             that give none; ``durable_dir()`` then raises.
         recovered_window: the checkpoint this instance was restored from; -1 = fresh.
+        partition_index: which partition of its operator this instance is (from 0).
+        partition_count: how many partitions its operator has (1: not partitioned).
     """
 
     name: str
@@ -82,6 +84,8 @@ class OperatorContext:
     spark: SparkBridge | None = None
     state_dir: str = ""
     recovered_window: int = -1
+    partition_index: int = 0
+    partition_count: int = 1
     _crash_points: CrashPoints | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -206,7 +210,16 @@ class Operator:
 
 
 class InputOperator(Operator):
-    """A source: it drives windows and has no input ports."""
+    """A source: it drives windows and has no input ports.
+
+    A source that can run as several partitions (``PARTITIONS``) reads only its share of
+    the input, by ``context.partition_index`` of ``context.partition_count``, and says so
+    with ``SPLITS_INPUT = True``; the master refuses to partition any other source (each
+    partition would emit everything).
+    """
+
+    #: it reads only its partition's share of the input when partitioned.
+    SPLITS_INPUT: ClassVar[bool] = False
 
     def emit_tuples(self) -> bool:
         """Emits what is available now, within the current streaming window.

@@ -7,6 +7,7 @@ import fnmatch
 import logging
 import os
 import time
+import zlib
 from typing import Any, BinaryIO, ClassVar
 
 import pyarrow as pa
@@ -34,6 +35,7 @@ class DirectorySource(ReplayableSource):
     (write it under a name starting with ``.`` or ending in ``.tmp`` and rename it), and
     names must not be reused. Consumed files are deleted (or moved) only when the
     windows that read them are committed; a crash before that leaves them in place.
+    With ``PARTITIONS=N`` each partition reads the files whose name hashes to it.
 
     Args:
         path: the folder (made absolute when the operator is built).
@@ -51,6 +53,7 @@ class DirectorySource(ReplayableSource):
     """
 
     output = OutputPort(LINE_SCHEMA)
+    SPLITS_INPUT = True
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_file", "_ranges",
                                             "_next_scan", "_window_bytes")
@@ -76,6 +79,7 @@ class DirectorySource(ReplayableSource):
         self.offset = 0  # the next byte of ``current``
         self.lines_read = 0
         self.to_release: list[tuple[str, int]] = []  # (file read to the end, in window)
+        self.partition = (0, 1)  # (index, count): the files this partition reads
         self.reset_non_state()
 
     def reset_non_state(self) -> None:
@@ -92,6 +96,7 @@ class DirectorySource(ReplayableSource):
                                     f"{self.path!r} does not exist; create it or fix the path")
         if self.move_consumed_to is not None:
             os.makedirs(self.move_consumed_to, exist_ok=True)
+        self.partition = (context.partition_index, context.partition_count)
         self.reset_non_state()
         super().setup(context)
 
@@ -157,11 +162,16 @@ class DirectorySource(ReplayableSource):
         done = set(self.done)
         names = sorted(n for n in os.listdir(self.path)
                        if fnmatch.fnmatch(n, self.pattern) and not n.startswith(".")
-                       and not n.endswith(".tmp") and n not in done
+                       and not n.endswith(".tmp") and n not in done and self._mine(n)
                        and os.path.isfile(os.path.join(self.path, n)))
         if not names:
             self._next_scan = time.monotonic() + _SCAN_S
         return names[0] if names else None
+
+    def _mine(self, name: str) -> bool:
+        """Whether this partition reads file ``name`` (a stable hash of the name)."""
+        index, count = getattr(self, "partition", (0, 1))
+        return count <= 1 or zlib.crc32(name.encode()) % count == index
 
     def _handle(self) -> BinaryIO:
         assert self.current is not None

@@ -37,7 +37,8 @@ class TextFileSource(ReplayableSource):
     (``\\n`` or ``\\r\\n``). The read position (``position``, a byte offset, and
     ``line_number``, lines emitted) is the operator's state, and each window's byte range
     is logged (``ReplayableSource``): a restored operator re-reads exactly the windows
-    after its checkpoint, then carries on.
+    after its checkpoint, then carries on. With ``PARTITIONS=N`` partition i reads the
+    i-th of N byte ranges of the file, each cut at a line start (Hadoop's input splits).
 
     Args:
         path: the file (made absolute when the operator is built).
@@ -52,6 +53,7 @@ class TextFileSource(ReplayableSource):
     """
 
     output = OutputPort(LINE_SCHEMA)
+    SPLITS_INPUT = True
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_file", "_buffer",
                                             "_newlines", "_next_nl", "_start", "_eof",
@@ -68,6 +70,7 @@ class TextFileSource(ReplayableSource):
         self.batch_lines = batch_lines
         self.position = 0
         self.line_number = 0
+        self.end: int | None = None  # a partition's end (byte offset); None = the file's
         self._window_lines = 0
         self.reset_non_state()
 
@@ -82,6 +85,10 @@ class TextFileSource(ReplayableSource):
                 f"operator {context.name!r}: TextFileSource file {self.path!r} does not exist "
                 "(or is not a file); check the path given to TextFileSource"
             )
+        if context.partition_count > 1 and self.end is None:  # first start of a partition
+            points = split_points(self.path, context.partition_count)
+            self.position = points[context.partition_index]
+            self.end = points[context.partition_index + 1]
         self._file = open(self.path, "rb")  # noqa: SIM115 - kept open across windows
         self._file.seek(self.position)
         self._reset_buffer()
@@ -173,7 +180,9 @@ class TextFileSource(ReplayableSource):
 
     def _fill(self) -> None:
         assert self._file is not None
-        chunk = self._file.read(_READ_BYTES)
+        want = _READ_BYTES if self.end is None else min(_READ_BYTES,
+                                                        self.end - self._file.tell())
+        chunk = self._file.read(max(0, want))
         if not chunk:
             self._eof = True
             return
@@ -182,6 +191,29 @@ class TextFileSource(ReplayableSource):
         self._newlines = np.flatnonzero(np.frombuffer(self._buffer, dtype=np.uint8) == 10)
         self._next_nl = 0
         self._start = 0
+
+
+def split_points(path: str, count: int) -> list[int]:
+    r"""``count + 1`` byte offsets cutting the file into ``count`` ranges of about equal
+    size, each starting at a line start: partition i reads ``[points[i], points[i+1])``.
+
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("wb", delete=False) as f:
+    ...     _ = f.write(b"aa\nbb\ncc\ndd\n")
+    >>> split_points(f.name, 2), split_points(f.name, 3)
+    ([0, 6, 12], [0, 6, 9, 12])
+    """
+    size = os.path.getsize(path)
+    points = [0]
+    with open(path, "rb") as file:
+        for i in range(1, count):
+            guess = size * i // count
+            if guess > 0:
+                file.seek(guess - 1)
+                file.readline()  # to the start of the first line at or after ``guess``
+                guess = file.tell()
+            points.append(max(points[-1], guess))
+    return [*points, size]
 
 
 def _lines(data: bytes, path: str, first_line: int) -> pa.Array:

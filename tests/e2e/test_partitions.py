@@ -1,6 +1,8 @@
-"""Static partitions end to end: a word count whose Spark counter runs as 3 partitions over
-3 containers (each partition subscribed to its share of the words, a unifier adding the
-partial counts up in front of the sink) publishes exactly Python's counts."""
+"""Static partitions end to end: a word count whose source reads its file as 2 partitions
+(byte ranges), each tokenized by its parallel partition, and whose Spark counter runs as 3
+partitions over 3 containers (each fed its share of the words by a unifier of the 2
+tokenizers, a unifier adding the partial counts up in front of the sink) publishes
+exactly Python's counts."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_ref
         'CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300, HEARTBEAT_INTERVAL_MILLIS=200, '
         'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000',
         count='PARTITIONS=3, PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=2',
-        lines_per_window=500, pinned=False)
+        lines_per_window=500, pinned=False, source=", PARTITIONS=2",
+        tokenize=", PARALLEL_PARTITION=True")
     words = words_of(lines)
     expected = collections.Counter(words)
 
@@ -48,6 +51,11 @@ def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_ref
     assert all(op.total_tuples_processed > len(words) / 6 for op in partitions)
     assert logical["count"].total_tuples_processed == len(words)
     assert sorted(logical["count"].partition_ids) == sorted(op.id for op in partitions)
+    sources = [operators[f"source#{i}"] for i in range(2)]
+    assert all(op.total_tuples_emitted > LINES / 4 for op in sources)
+    assert sum(op.total_tuples_emitted for op in sources) == LINES
+    assert [op.name for op in operators.values() if op.name.startswith("tokenize#unifier")] \
+        == [f"tokenize#unifier@count#{i}.input" for i in range(3)]
     unifier = operators["count#unifier"]
     assert unifier.container_id == operators["files"].container_id
     assert unifier.total_tuples_processed == sum(op.total_tuples_emitted for op in partitions)

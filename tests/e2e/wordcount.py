@@ -12,13 +12,14 @@ from pathlib import Path
 
 def write_wordcount_app(tmp_path: Path, name: str, lines: int, dag: str,
                         count: str = "APPLICATION_WINDOW_COUNT=2",
-                        lines_per_window: int = 600, pinned: bool = True
-                        ) -> tuple[str, list[str]]:
+                        lines_per_window: int = 600, pinned: bool = True,
+                        source: str = "", tokenize: str = "") -> tuple[str, list[str]]:
     """TextFileSource → Tokenize → WindowedCount → FileSink over Python's own docs.
 
     Args:
         dag: the ``Dag(...)`` keyword arguments, as code.
         count: extra keyword arguments of the counter, as code.
+        source, tokenize: extra keyword arguments of those, as code.
         pinned: source, tokenizer and counter in container 0, the sink in container 1.
 
     Returns:
@@ -34,8 +35,8 @@ def write_wordcount_app(tmp_path: Path, name: str, lines: int, dag: str,
 
         dag = Dag({name!r}, {dag})
         source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},
-                                  lines_per_window={lines_per_window}){first})
-        tokenize = dag.add_operator("tokenize", Tokenize(){first})
+                                  lines_per_window={lines_per_window}){first}{source})
+        tokenize = dag.add_operator("tokenize", Tokenize(){first}{tokenize})
         count = dag.add_operator("count", WindowedCount(key="word"){first}, {count})
         files = dag.add_operator("files", FileSink({str(tmp_path / 'out')!r}){last})
         dag.add_stream("lines", source.output, tokenize.input)
