@@ -146,13 +146,6 @@ def test_partitioning_errors_say_what_to_do(attributes, message):
         plan_of(wordcount(**attributes))
 
 
-def test_a_partitioned_source_is_not_supported_yet():
-    dag = wordcount()
-    dag.set_operator_attributes("source", PARTITIONS=2, PARTITION_KEY="line")
-    with pytest.raises(PlanError, match="not supported yet"):
-        plan_of(dag)
-
-
 def test_parallel_partition_with_another_count_is_an_error():
     dag = wordcount(PARTITIONS=2, PARTITION_KEY="word")
     dag.set_operator_attributes("files", PARALLEL_PARTITION=True, PARTITIONS=3)
