@@ -16,10 +16,16 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
-from container.control import Kind, Message, from_envelope
+from container.control import PARTITION_FILTER_ERROR, Kind, Message, from_envelope
 from operators.partitioning import PartitionFilter
+from operators.ports import SchemaMismatch
 
-__all__ = ["BufferServerUnavailable", "Subscription", "subscribe"]
+__all__ = ["BufferServerUnavailable", "PartitionKeyMissing", "Subscription", "subscribe"]
+
+
+class PartitionKeyMissing(SchemaMismatch):
+    """The stream's batches lack the subscriber's partition key column (or it cannot be
+    hashed): every retry would fail the same way, so the operator fails at once (fatal)."""
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -104,6 +110,9 @@ class Subscription:
         if isinstance(exc, (flight.FlightUnavailableError, flight.FlightCancelledError)):
             return BufferServerUnavailable(f"{where} unavailable (stream {self.stream_id!r}): "
                                            f"{_reason(exc)}")
+        if PARTITION_FILTER_ERROR in str(exc):
+            return PartitionKeyMissing(f"stream {self.stream_id!r} from {where}: "
+                                       f"{_reason(exc)}")
         return exc
 
     def _open(self) -> tuple[flight.FlightClient, flight.FlightStreamReader] | None:

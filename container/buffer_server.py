@@ -42,7 +42,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from container.control import ENVELOPE_SCHEMA, Kind, Message, to_envelope
+from container.control import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, Kind, Message, to_envelope
 from container.spill import Budget, SpillStore, read_block
 from operators.partitioning import PartitionFilter
 
@@ -551,7 +551,7 @@ def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Messa
         try:
             batch = partition.select(message.batch())
         except (KeyError, TypeError) as exc:
-            raise flight.FlightServerError(f"partition filter: {exc}") from exc
+            raise flight.FlightServerError(f"{PARTITION_FILTER_ERROR} {exc}") from exc
         if batch.num_rows:
             out.append(Message.data(message.window_id, batch))
     return out

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 __all__ = [
     "ENVELOPE_SCHEMA",
+    "PARTITION_FILTER_ERROR",
     "Kind",
     "Message",
     "decode_batch",
@@ -62,6 +63,10 @@ class Message:
             raise ValueError(f"a {self.kind.name} message carries no batch")
         return decode_batch(self.payload)
 
+
+PARTITION_FILTER_ERROR = "partition filter:"
+"""How a buffer server's error begins when a batch cannot be split for a subscriber (the
+partition key column is missing): the subscriber fails at once instead of retrying."""
 
 ENVELOPE_SCHEMA = pa.schema(
     [("kind", pa.int8()), ("window_id", pa.int64()), ("rows", pa.int64()),

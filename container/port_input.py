@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from container.control import Kind, Message
+from operators.ports import SchemaMismatch
 
 __all__ = ["InputClosed", "PortInput"]
 
@@ -98,6 +99,9 @@ class PortInput:
                         from_window, delivered_in_window = message.window_id, 0
                 error: BaseException = InputClosed(
                     f"input port {self.name!r}: the upstream stream ended without END_STREAM")
+            except SchemaMismatch as exc:  # the stream cannot feed this input: no retry helps
+                self._put(_Failure(exc))
+                return
             except Exception as exc:  # noqa: BLE001 - retried, then handed to the operator
                 error = exc
             if self._stopped.is_set():

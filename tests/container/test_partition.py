@@ -7,13 +7,16 @@ import collections
 import json
 import subprocess
 import sys
+import threading
 
 import pyarrow as pa
 import pytest
 
-from container.buffer_client import subscribe
+from container.buffer_client import PartitionKeyMissing, subscribe
 from container.buffer_server import BufferServer
 from container.control import Kind
+from container.port_input import InputClosed, PortInput
+from container.window_loop import is_fatal
 from operators.partitioning import PartitionFilter, hash_column, partition_keys
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,8 +127,22 @@ def test_a_subscriber_whose_key_column_is_missing_gets_an_error():
         publisher.end_stream()
         host, port = server.address
         partition = PartitionFilter("missing", 3, frozenset({0}))
-        with pytest.raises(Exception, match="partition key column 'missing'"):
+        with pytest.raises(PartitionKeyMissing, match="partition key column 'missing'"):
             list(subscribe(host, port, "1.output", timeout_s=10, partition=partition))
+
+        # an operator's input gives up at once (no retry can help) and fails for good
+        stopped = threading.Event()
+        port_input = PortInput(
+            "input", lambda w: (subscribe(host, port, "1.output", from_window=w,
+                                          timeout_s=10, partition=partition), lambda: None),
+            8, stopped, retry_s=600)
+        port_input.start()
+        # a retry would wait the 600 s a lost upstream gets, past this test's timeout
+        with pytest.raises(InputClosed, match="partition key column 'missing'") as caught:
+            port_input.get()
+        assert is_fatal(caught.value)
+        stopped.set()
+        port_input.close()
 
 
 def test_partition_filter_round_trips_as_json_and_checks_its_keys():
