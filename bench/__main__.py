@@ -90,14 +90,89 @@ def render(results: list[dict[str, Any]]) -> str:
         rows.append([r["system"], _fmt(r.get("events", 0)), _fmt(eps), _fmt(p50), _fmt(p99),
                      _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
                      ratio, p99_ratio])
+    lines = _table(headers, rows)
+    wrong = [r for r in results if not r.get("correct")]
+    lines += [f"  {r['system']}: {r.get('detail', '')}" for r in wrong]
+    return "\n".join(lines)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned columns: the first left, the others right."""
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
                         for i, (c, w) in enumerate(zip(row, widths, strict=True)))
               for row in rows]
-    wrong = [r for r in results if not r.get("correct")]
-    lines += [f"  {r['system']}: {r.get('detail', '')}" for r in wrong]
+    return lines
+
+
+SPARK_STREAMING = "spark-structured-streaming"
+"""The ``system`` of Spark Structured Streaming's result: what speed figures are ratios to."""
+
+
+def _ratio(value: float, base: float | None) -> float | None:
+    return round(value / base, 2) if base else None
+
+
+def scaling_report(runs: list[dict[str, Any]], results: list[dict[str, Any]],
+                   cores: int | None) -> dict[str, Any]:
+    """The scaling section of the JSON: each partition count's run with its ratios.
+
+    ``runs``: the results of the scaling job, one per partition count (``extra.partitions``).
+    Each gets ``partitions``, ``ratio_to_1_partition`` (events/s over the correct
+    1-partition run's) and ``ratio_to_spark_streaming`` (over the correct Spark
+    Structured Streaming result in ``results``, the same run's); ``None`` where the base
+    is missing or wrong, and for a wrong run itself. ``note`` says why, on a machine with
+    fewer cores than partitions, the row cannot show more cores at work.
+    """
+    def eps(r: dict[str, Any] | None) -> float | None:
+        if r is None or not r.get("correct"):
+            return None
+        return r.get("events_per_second") or None
+
+    rows = []
+    for r in runs:
+        row = dict(r)
+        row["partitions"] = int(r.get("partitions") or r.get("extra", {}).get("partitions", 0))
+        rows.append(row)
+    one = next((r for r in rows if r["partitions"] == 1), None)
+    spark = next((r for r in results if r.get("system") == SPARK_STREAMING), None)
+    one_eps, spark_eps = eps(one), eps(spark)
+    for row in rows:
+        mine = eps(row)
+        row["ratio_to_1_partition"] = _ratio(mine, one_eps) if mine else None
+        row["ratio_to_spark_streaming"] = _ratio(mine, spark_eps) if mine else None
+    most = max((r["partitions"] for r in rows), default=0)
+    note = ""
+    if cores and most > cores:
+        note = (f"this machine has {cores} cores: more than {cores} partitions cannot add "
+                "cores, so the row shows the cost of partitioning (hash split, more JVMs, "
+                "the unifier) as much as any scaling")
+    return {"cores": cores, "spark_streaming_events_per_second": spark_eps,
+            "note": note, "runs": rows}
+
+
+def render_scaling(scaling: dict[str, Any]) -> str:
+    """The scaling table: events/s per partition count, as ratios to 1 partition and Spark."""
+    headers = ["partitions", "containers", "events", "events/s", "p99 ms", "peak MB",
+               "correct", "events/s ÷ 1 partition", "events/s ÷ Spark SS"]
+    rows = []
+    for r in scaling["runs"]:
+        ratios = [f"{x:.2f}" if x is not None else "-"
+                  for x in (r.get("ratio_to_1_partition"), r.get("ratio_to_spark_streaming"))]
+        rows.append([str(r["partitions"]), str(r["partitions"] + 1), _fmt(r.get("events", 0)),
+                     _fmt(r.get("events_per_second", 0)), _fmt(r.get("latency_p99_ms", 0)),
+                     _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
+                     *ratios])
+    lines = ["scaling: the aggregation as N partitions (one Spark local[1] session each, a "
+             "unifier in front of the sink when N > 1)", *_table(headers, rows)]
+    lines += [f"  {r['partitions']} partitions: {r.get('detail', '')}"
+              for r in scaling["runs"] if not r.get("correct")]
+    if not scaling.get("spark_streaming_events_per_second"):
+        lines.append("  ÷ Spark SS: no correct Spark Structured Streaming result in this run")
+    if scaling.get("note"):
+        lines.append(f"  note: {scaling['note']}")
     return "\n".join(lines)
 
 
@@ -132,6 +207,22 @@ def chart(results: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def _partition_counts(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``.
+
+    Raises:
+        SystemExit: not positive whole numbers.
+    """
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--scaling-partitions {text!r}: give partition counts from 1, "
+                         "comma-separated, e.g. 1,2,4")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make bench", description=__doc__)
     parser.add_argument("--events", type=int, default=20_000_000,
@@ -147,9 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Weir: streaming windows per Spark job")
     parser.add_argument("--containers", type=int, default=1000, help="control-plane load")
     parser.add_argument("--control-seconds", type=float, default=30.0)
+    parser.add_argument("--scaling-partitions", default="1,2,4",
+                        help="partition counts of the scaling row, comma-separated")
+    parser.add_argument("--scaling-events", type=int, default=10_000_000,
+                        help="events per scaling run (offered at --max-rate)")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "spark-streaming", "bytewax", "startup",
-                                 "recovery", "master-restart", "control-plane"])
+                                 "recovery", "master-restart", "control-plane", "scaling"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
     args = parser.parse_args(argv)
@@ -176,6 +271,16 @@ def main(argv: list[str] | None = None) -> int:
         small = dataclasses.replace(spec, events=args.bytewax_events)
         results.append(_run("bytewax", small, args.timeout))
     report["results"] = results
+    if "scaling" not in args.skip:
+        offered = JobSpec(events=args.scaling_events, rate_per_second=args.max_rate)
+        runs = []
+        for count in _partition_counts(args.scaling_partitions):
+            result = _run("weir", offered, args.timeout, *app_windows,
+                          "--partitions", str(count))
+            result["partitions"] = count
+            result.setdefault("extra", {})["offered_events_per_second"] = args.max_rate
+            runs.append(result)
+        report["scaling"] = scaling_report(runs, results, report["machine"]["cores"])
     if "startup" not in args.skip:
         report["startup"] = _run("startup", spec, args.timeout)
     if "recovery" not in args.skip:
@@ -190,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     table = render(results)
+    if "scaling" in report:
+        table += "\n\n" + render_scaling(report["scaling"])
     print(table)
     if "startup" in report:
         s = report["startup"]

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", default=JobSpec().to_json(), help="the JobSpec as JSON")
     parser.add_argument("--app-windows", type=int, default=2,
                         help="Weir: streaming windows per Spark job")
+    parser.add_argument("--partitions", type=int, default=0,
+                        help="Weir: the scaling job with N partitions of the aggregation "
+                             "(0 = the two-container job)")
     parser.add_argument("--events-per-trigger", type=int, default=0,
                         help="Spark Structured Streaming: events per micro-batch (0 = default)")
     parser.add_argument("--containers", type=int, default=1000, help="control plane")
@@ -50,7 +53,8 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
     if args.system == "weir":
         from bench import weir_job
 
-        result = weir_job.run(spec, args.app_windows, work_dir=work).to_dict()
+        result = weir_job.run(spec, args.app_windows, work_dir=work,
+                              partitions=args.partitions).to_dict()
     elif args.system == "spark-streaming":
         from bench import spark_streaming
 

@@ -27,7 +27,7 @@ from master.server import MasterServer
 from operators import Dag
 from operators.library import EventGenerator, FileSink, WindowedCount
 
-__all__ = ["build_dag", "recovery", "run", "startup"]
+__all__ = ["build_dag", "build_scaling_dag", "recovery", "run", "startup"]
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_S = 0.5
@@ -43,6 +43,37 @@ def build_dag(spec: JobSpec, out_dir: Path, app_window_count: int,
     agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"), CONTAINER=1,
                            APPLICATION_WINDOW_COUNT=app_window_count, QUEUE_CAPACITY=256)
     sink = dag.add_operator("sink", FileSink(out_dir, format="parquet"), CONTAINER=1)
+    dag.add_stream("events", gen.output, agg.input)
+    dag.add_stream("counts", agg.output, sink.input)
+    return dag
+
+
+def build_scaling_dag(spec: JobSpec, out_dir: Path, app_window_count: int, partitions: int,
+                      spark_master: str = "local[1]") -> Dag:
+    """The same job with the aggregation as ``partitions`` static partitions.
+
+    ``CONTAINERS = 1 + partitions``: the source and the Parquet sink in container 0, the
+    aggregation's partitions (``PARTITIONS=N``, ``PARTITION_KEY="key"``, left unpinned so
+    the master spreads them) one per container 1..N; with N > 1 the master puts
+    ``WindowedCount``'s unifier (adding up the partial counts, in Spark) in front of the
+    sink, in container 0. With N = 1 the aggregation is pinned to container 1, no unifier.
+    Every container with Spark runs its own small local session (``spark_master``, one
+    shuffle partition, 1 GB driver), so that 4 partitions fit a 2-core machine.
+    """
+    if partitions < 1:
+        raise ValueError(f"{partitions} partitions: need at least one")
+    dag = Dag(f"bench-scaling-{partitions}", STREAMING_WINDOW_SIZE_MILLIS=spec.window_ms,
+              CONTAINERS=1 + partitions, HEARTBEAT_INTERVAL_MILLIS=500,
+              SPARK_MASTER=spark_master, SPARK_SHUFFLE_PARTITIONS=1, SPARK_DRIVER_MEMORY="1g",
+              SPARK_WARMUP_ROWS=500_000)
+    gen = dag.add_operator("events", spec.generator(), CONTAINER=0)
+    placement: dict[str, object] = (
+        {"PARTITIONS": partitions, "PARTITION_KEY": "key"} if partitions > 1
+        else {"CONTAINER": 1})
+    agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"),
+                           APPLICATION_WINDOW_COUNT=app_window_count, QUEUE_CAPACITY=256,
+                           **placement)
+    sink = dag.add_operator("sink", FileSink(out_dir, format="parquet"), CONTAINER=0)
     dag.add_stream("events", gen.output, agg.input)
     dag.add_stream("counts", agg.output, sink.input)
     return dag
@@ -68,14 +99,18 @@ def _totals(out_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 class _Windows:
-    """Per-operator END_WINDOW times and tuple counts, gathered from the master's stats."""
+    """Per-operator END_WINDOW times and tuple counts, gathered from the master's stats.
+
+    Only the source and the sink: the figures need no more, and a partitioned aggregation
+    has no single operator of that name.
+    """
 
     def __init__(self) -> None:
         self.end_ms: dict[str, dict[int, int]] = defaultdict(dict)
         self.processed: dict[str, dict[int, int]] = defaultdict(dict)
 
     def poll(self, server: MasterServer, app_id: str) -> None:
-        for name in ("events", "aggregate", "sink"):
+        for name in ("events", "sink"):
             info = server.core.operator_info(app_id, name)
             for w in info.recent_windows:
                 self.end_ms[name][w.window_id] = w.end_window_ms
@@ -107,14 +142,22 @@ def _run_app(dag: Dag, work: Path, timeout_s: float) -> tuple[_Windows, str, flo
 
 
 def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
-        work_dir: Path | None = None) -> JobResult:
-    """Runs the job on a local master with two container processes; checks the output."""
+        work_dir: Path | None = None, partitions: int = 0) -> JobResult:
+    """Runs the job on a local master with container processes; checks the output.
+
+    ``partitions=0``: ``build_dag`` (two containers); N >= 1: ``build_scaling_dag`` with
+    N partitions of the aggregation (1 + N containers).
+    """
     work = Path(work_dir or tempfile.mkdtemp(prefix="weir-bench-"))
     out_dir = work / "out"
-    dag = build_dag(spec, out_dir, app_window_count)
+    if partitions:
+        dag = build_scaling_dag(spec, out_dir, app_window_count, partitions)
+        name = f"weir, {partitions} partition{'s' if partitions > 1 else ''}"
+    else:
+        dag = build_dag(spec, out_dir, app_window_count)
+        name = "weir" if spec.rate_per_second is None else \
+            f"weir @ {spec.rate_per_second / 1e6:g} M/s"
     windows, error, wall_s = _run_app(dag, work, timeout_s)
-    name = "weir" if spec.rate_per_second is None else \
-        f"weir @ {spec.rate_per_second / 1e6:g} M/s"
     if error:
         return JobResult(name, spec.events, 0.0, [], False, error)
     correct, detail = check_totals(_totals(out_dir), spec.expected())
@@ -129,6 +172,7 @@ def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
         "streaming_windows": len(src),
         "app_window_count": app_window_count,
         "wall_seconds_with_startup": round(wall_s, 1),
+        **({"partitions": partitions, "containers": 1 + partitions} if partitions else {}),
     })
 
 
@@ -226,6 +270,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the benchmark job on Weir.")
     parser.add_argument("--spec", default=JobSpec().to_json(), help="JobSpec as JSON")
     parser.add_argument("--app-windows", type=int, default=2)
+    parser.add_argument("--partitions", type=int, default=0,
+                        help="the scaling job with N partitions of the aggregation")
     parser.add_argument("--startup", action="store_true", help="measure startup instead")
     parser.add_argument("--recovery", action="store_true", help="measure recovery instead")
     args = parser.parse_args()
@@ -234,7 +280,8 @@ def main() -> None:
     elif args.recovery:
         print(json.dumps(recovery(JobSpec.from_json(args.spec))))
     else:
-        print(json.dumps(run(JobSpec.from_json(args.spec), args.app_windows).to_dict()))
+        print(json.dumps(run(JobSpec.from_json(args.spec), args.app_windows,
+                             partitions=args.partitions).to_dict()))
 
 
 if __name__ == "__main__":
