@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
@@ -549,12 +550,29 @@ def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Messa
             out.append(message)
             continue
         try:
-            batch = partition.select(message.batch())
+            batch = message.batch()
+            batch = batch.filter(pa.array(partition.owns_buckets(_buckets(message, batch,
+                                                                          partition))))
         except (KeyError, TypeError) as exc:
             raise flight.FlightServerError(f"{PARTITION_FILTER_ERROR} {exc}") from exc
         if batch.num_rows:
             out.append(Message.data(message.window_id, batch))
     return out
+
+
+def _buckets(message: Message, batch: pa.RecordBatch, partition: PartitionFilter
+             ) -> np.ndarray:
+    """The batch's hash buckets under the partition's column and mask, hashed once for all
+    the partitions that subscribe (cached on the message; racing threads compute the same)."""
+    key = (partition.column, partition.mask)
+    cache = message.buckets
+    if cache is None:
+        cache = {}
+        object.__setattr__(message, "buckets", cache)  # a cache, not part of its value
+    buckets = cache.get(key)
+    if buckets is None:
+        buckets = cache[key] = partition.buckets_of(batch)
+    return buckets
 
 
 class BufferServer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import pyarrow as pa
 
@@ -48,6 +49,10 @@ class Message:
     window_id: int
     payload: pa.Buffer | bytes | None = None
     rows: int = 0
+    # the buffer server's hash buckets of this DATA batch per (key column, mask): computed
+    # once for all the partitions subscribed to it, freed with the message
+    buckets: dict[tuple[str, int], Any] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     @classmethod
     def data(cls, window_id: int, batch: pa.RecordBatch) -> Message:

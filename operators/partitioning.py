@@ -159,8 +159,9 @@ class PartitionFilter:
                             "'keys' a list of integers")
         return cls(column, mask, frozenset(keys))
 
-    def mask_of(self, batch: pa.RecordBatch) -> np.ndarray:
-        """A boolean per row: whether the row belongs to this partition.
+    def buckets_of(self, batch: pa.RecordBatch) -> np.ndarray:
+        """Each row's hash bucket (``hash & mask``), to share between the partitions of
+        one split: every partition of an operator has the same column and mask.
 
         Raises:
             KeyError: the batch has no key column.
@@ -171,7 +172,23 @@ class PartitionFilter:
                            f"batches (columns {batch.schema.names}); set PARTITION_KEY to one "
                            "of them")
         buckets = hash_column(batch.column(index)) & np.uint64(self.mask)
+        return buckets.astype(np.uint16) if self.mask < 1 << 16 else buckets
+
+    def owns_buckets(self, buckets: np.ndarray) -> np.ndarray:
+        """A boolean per bucket of ``buckets_of``: whether this partition takes it."""
+        if self.mask < 1 << 16:  # a lookup table beats isin
+            table = np.zeros(self.mask + 1, dtype=bool)
+            table[list(self.keys)] = True
+            return table[buckets]
         return np.isin(buckets, np.fromiter(self.keys, np.uint64, len(self.keys)))
+
+    def mask_of(self, batch: pa.RecordBatch) -> np.ndarray:
+        """A boolean per row: whether the row belongs to this partition.
+
+        Raises:
+            KeyError: the batch has no key column.
+        """
+        return self.owns_buckets(self.buckets_of(batch))
 
     def owns(self, values: Any) -> np.ndarray:
         """A boolean per key value (a sequence, or an Arrow array): whether this
