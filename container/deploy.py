@@ -180,8 +180,9 @@ class Deployment:
     def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int) -> Operator:
         operator = self._unpickle(info)
         if info.HasField("seed"):
-            self._retired.append((resume, list(info.seed.retired_node_ids)))
-            if resume >= 0 and resume not in self.checkpointer.store.windows(info.id):
+            seed = info.seed.window_id
+            self._retired.append((seed, list(info.seed.retired_node_ids)))
+            if resume == seed >= 0 and resume not in self.checkpointer.store.windows(info.id):
                 return self._seed(info, operator, resume)
         if resume >= 0:
             try:
@@ -221,10 +222,14 @@ class Deployment:
                        for old_id in seed.from_node_ids]
                 operator = new_partition(old, share)
             self.checkpointer.checkpoint(info.id, window_id, operator)
-        except (RepartitionError, OperatorStateError) as exc:
+        except RepartitionError as exc:
             raise DeployError(f"operator {info.name} ({info.id}): the state of partitions "
                               f"{list(seed.from_node_ids)} at {where} cannot be split: {exc}",
                               fatal=True) from None
+        except OperatorStateError as exc:
+            raise DeployError(f"operator {info.name} ({info.id}): the state of partitions "
+                              f"{list(seed.from_node_ids)} at {where} cannot be restored or "
+                              f"saved: {exc}", fatal=True) from None
         except Exception as exc:  # noqa: BLE001 - a missing or corrupt checkpoint, storage
             raise DeployError(f"operator {info.name} ({info.id}) cannot take the state of "
                               f"partitions {list(seed.from_node_ids)} at {where}: "

@@ -367,7 +367,7 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
         context_attributes=op.attribute_text(), partition_index=op.partition_index,
         partition_count=op.partition_count)
-    if op.seed is not None and op.deploy_window_id == op.seed.window_id:
+    if op.seed is not None:
         info.seed.CopyFrom(_seed_info(op.seed))
     for link in op.inputs:
         upstream = app.plan.operators[link.source_operator_id]
@@ -393,7 +393,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
 
 def _seed_info(seed: StateSeed) -> plan_pb2.StateSeed:
     """How the container builds the first checkpoint of an operator made by a repartition."""
-    info = plan_pb2.StateSeed(from_node_ids=seed.from_ids, retired_node_ids=seed.retired_ids)
+    info = plan_pb2.StateSeed(from_node_ids=seed.from_ids, retired_node_ids=seed.retired_ids,
+                              window_id=seed.window_id)
     if seed.share is not None:
         info.key_column = seed.share.column
         info.mask = seed.share.mask

@@ -12,7 +12,8 @@ deletes the older segments: a crash at any point leaves either the old segments 
 new one, each complete, and reading the union gives the same state.
 
 A record is a 4-byte key length, the key (UTF-8), then the value; an empty value with
-the tombstone flag deletes the key.
+the tombstone flag deletes the key. A batch record (``put_many``) holds several such
+records, each after its 4-byte length: they land together or, torn, not at all.
 
 >>> import tempfile
 >>> journal = Journal(tempfile.mkdtemp())
@@ -34,6 +35,8 @@ __all__ = ["Journal"]
 _LOGGER = logging.getLogger(__name__)
 _HEAD = struct.Struct("<IB")  # key length, flags
 _TOMBSTONE = 1
+_BATCH = 2
+_LENGTH = struct.Struct("<I")
 
 
 class Journal:
@@ -69,6 +72,18 @@ class Journal:
         """Records ``value`` for ``key``; durable when this returns (unless ``sync=False``)."""
         self._append(key, value, 0, sync)
         self._values[key] = value
+
+    def put_many(self, items: list[tuple[str, bytes]], *, sync: bool = True) -> None:
+        """Records every ``(key, value)`` at once: after a crash, all of them or none."""
+        if len(items) == 1:
+            self.put(*items[0], sync=sync)
+            return
+        parts = []
+        for key, value in items:
+            record = _encode(key, value, 0)
+            parts += [_LENGTH.pack(len(record)), record]
+        self._append("", b"".join(parts), _BATCH, sync)
+        self._values.update(items)
 
     def delete(self, key: str, *, sync: bool = True) -> None:
         if key in self._values:
@@ -109,6 +124,13 @@ class Journal:
             raise ValueError(f"journal {self.folder}: record {seq} is too short to hold a key")
         length, flags = _HEAD.unpack_from(payload)
         key = payload[_HEAD.size:_HEAD.size + length].decode("utf-8")
+        if flags & _BATCH:
+            offset = _HEAD.size + length
+            while offset < len(payload):
+                (size,) = _LENGTH.unpack_from(payload, offset)
+                self._apply(seq, payload[offset + _LENGTH.size:offset + _LENGTH.size + size])
+                offset += _LENGTH.size + size
+            return
         if flags & _TOMBSTONE:
             self._values.pop(key, None)
         else:

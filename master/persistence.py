@@ -84,8 +84,8 @@ class ApplicationJournal:
         if self._saved.get(app.id) != mark:
             writes.append((app.id, pickle.dumps((_without_operators(app), claim))))
             self._saved[app.id] = mark
-        for index, (key, value) in enumerate(writes):
-            self.journal.put(key, value, sync=index == len(writes) - 1)
+        if writes:  # one record: a crash never leaves half a change (a plan without its ops)
+            self.journal.put_many(writes)
         return bool(writes)
 
     def load(self) -> list[tuple[Application, StateClaim | None]]:

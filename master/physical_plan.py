@@ -166,11 +166,7 @@ class PTOperator:
     partition_index: int = 0
     partition_count: int = 1
     seed: StateSeed | None = None  # made by a repartition: how its first checkpoint is built
-
-    @property
-    def share(self) -> PartitionSpec | None:
-        """The keys this partition takes (its inputs' share), or None for all."""
-        return next((link.partition for link in self.inputs if link.partition), None)
+    share: PartitionSpec | None = None  # the keys this partition takes (None: every key)
 
     @property
     def is_input(self) -> bool:
@@ -243,7 +239,11 @@ class PTContainer:
 
 @dataclasses.dataclass(eq=False)
 class PhysicalPlan:
-    """Physical operators (ids 1..N in topological order) and the containers they live in."""
+    """Physical operators and the containers they live in.
+
+    Ids are 1..N in topological order when the plan is built; a repartition adds
+    operators with new ids (``topological_ids`` gives the order then).
+    """
 
     app_id: str
     name: str
@@ -602,7 +602,8 @@ class _Builder:
                       else plan_pb2.OPERATOR_TYPE_GENERIC),
                 payload=desc.payload, attributes=dict(self.attributes[name]),
                 container_id=container_id, inputs=inputs, outputs=outputs,
-                logical_name=name, partition_index=index, partition_count=count)
+                logical_name=name, partition_index=index, partition_count=count,
+                share=share if desc.kind != plan_pb2.OPERATOR_KIND_INPUT else None)
             self.operators[op.id] = op
             instances.append(op)
         self.instances[name] = instances

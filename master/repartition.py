@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from master.application import Application, ApplicationState
 from master.checkpoints import CheckpointBook
@@ -94,12 +94,15 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
     start = min(op.recovery_window_id for op in old)
     fresh = instantiate(app.dag, _attributes(app, operator, count), _counts(app, operator, count),
                         app.id, _placement(app, operator, count))
-    replaced = [op for op in plan.operators.values() if _changes(plan.operators, op, operator)]
-    retired_ids = tuple(op.id for op in replaced)
+    changing = _changing(fresh, operator)
+    names = {op.name for op in fresh.values() if op.id not in changing}
+    replaced = [op for op in plan.operators.values()
+                if op.id in _changing(plan.operators, operator) or op.name not in names]
+    retired_ids = _retired_ids(replaced)
     ids: dict[int, int] = {}  # provisional id -> final id
     next_id = plan.next_operator_id()
     for op in fresh.values():
-        if _changes(fresh, op, operator):
+        if op.id in changing:
             ids[op.id], next_id = next_id, next_id + 1
         else:
             kept = plan.operator_by_name(op.name)
@@ -114,7 +117,7 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
     for op in fresh.values():
         inputs = [dataclasses.replace(link, source_operator_id=ids[link.source_operator_id])
                   for link in op.inputs]
-        if _changes(fresh, op, operator):
+        if op.id in changing:
             made.append(_add(app, dataclasses.replace(op, id=ids[op.id], inputs=inputs),
                              start, old if op.type != plan_pb2.OPERATOR_TYPE_UNIFIER else [],
                              retired_ids))
@@ -179,13 +182,31 @@ def _check(app: Application, operator: str, count: int) -> None:
                                  "stream ended): nothing is left to repartition")
 
 
-def _changes(operators: dict[int, PTOperator], op: PTOperator, operator: str) -> bool:
-    """``op`` is replaced by a repartition of ``operator``: one of its partitions, or a
-    unifier of them."""
-    if op.logical_name == operator and op.type != plan_pb2.OPERATOR_TYPE_UNIFIER:
-        return True
-    return op.type == plan_pb2.OPERATOR_TYPE_UNIFIER and any(
-        operators[link.source_operator_id].logical_name == operator for link in op.inputs)
+def _changing(operators: Mapping[int, PTOperator], operator: str) -> set[int]:
+    """The ids a repartition of ``operator`` replaces: its partitions, the unifiers merging
+    them, and the unifiers feeding them (each takes its reader's share of a partitioned
+    upstream)."""
+    unifier = plan_pb2.OPERATOR_TYPE_UNIFIER
+    instances = {op.id for op in operators.values()
+                 if op.logical_name == operator and op.type != unifier}
+    changing = set(instances)
+    for op in operators.values():
+        if op.type == unifier and any(link.source_operator_id in instances
+                                      for link in op.inputs):
+            changing.add(op.id)
+        if op.id in instances:
+            changing.update(link.source_operator_id for link in op.inputs
+                            if operators[link.source_operator_id].type == unifier)
+    return changing
+
+
+def _retired_ids(replaced: list[PTOperator]) -> tuple[int, ...]:
+    """The operators whose checkpoints the new ones' containers delete after the commit:
+    those replaced now, and those an earlier repartition replaced that may not be deleted
+    yet (their new partitions are replaced before the commit passed their start)."""
+    ids = [op.id for op in replaced]
+    ids += [i for op in replaced if op.seed is not None for i in op.seed.retired_ids]
+    return tuple(dict.fromkeys(ids))
 
 
 def _attributes(app: Application, operator: str, count: int) -> dict[str, dict]:

@@ -45,6 +45,7 @@ def seeded_info(op_id: int, index: int, count: int, from_ids=(2, 3), retired=(2,
     info = plan_pb2.OperatorDeployInfo(id=op_id, name=f"totals#{index}", class_name="Totals",
                                        payload=cloudpickle.dumps(Totals(label="payload")),
                                        checkpoint=plan_pb2.Checkpoint(window_id=window))
+    info.seed.window_id = window
     info.seed.from_node_ids.extend(from_ids)
     info.seed.retired_node_ids.extend(retired)
     info.seed.key_column, info.seed.mask = "k", mask
@@ -122,3 +123,14 @@ def test_the_old_partitions_checkpoints_go_once_the_commit_passes_the_seed(deplo
     assert deployment.checkpointer.store.windows(2) == []
     assert deployment.checkpointer.store.windows(3) == []
     assert deployment.checkpointer.store.windows(10) == [40]
+
+
+def test_a_later_deploy_builds_nothing_but_still_deletes_the_retired_checkpoints(deployment):
+    old_partitions(deployment)
+    deployment.checkpointer.checkpoint(10, 60, Totals({"key1": 5}, label="own"))
+    info = seeded_info(10, 0, 4)  # redeployed from its own checkpoint at 60, past the seed
+    info.checkpoint.window_id = 60
+    assert deployment._build(info, 60).label == "own"
+    assert deployment.checkpointer.store.windows(10) == [60]  # no seed was built at 40
+    deployment.committed(61)
+    assert deployment.checkpointer.store.windows(2) == []

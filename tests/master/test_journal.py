@@ -60,6 +60,26 @@ def test_a_torn_last_record_is_cut_off_and_the_rest_loads(tmp_path, caplog):
     assert "torn last record" in caplog.text
 
 
+def test_a_batch_lands_whole_or_not_at_all(tmp_path):
+    journal = Journal(str(tmp_path))
+    journal.put("app/plan", b"plan 1")
+    journal.put_many([("app/plan", b"plan 2"), ("app/op/7", b"new op"), ("app", b"app 2")])
+    journal.close()
+    assert Journal(str(tmp_path)).load() == {"app/plan": b"plan 2", "app/op/7": b"new op",
+                                             "app": b"app 2"}
+    journal = Journal(str(tmp_path))
+    journal.put_many([("app/plan", b"plan 3"), ("app/op/8", b"newer op")])
+    journal.close()
+    path = tmp_path / segments(tmp_path)[-1]
+    path.write_bytes(path.read_bytes()[:-5])  # the master died while writing the batch
+    assert Journal(str(tmp_path)).load() == {"app/plan": b"plan 2", "app/op/7": b"new op",
+                                             "app": b"app 2"}
+    journal = Journal(str(tmp_path), compact_ratio=1)
+    journal.put_many([("a", b"1"), ("b", b"2")])
+    journal.compact()  # a snapshot writes plain records
+    assert Journal(str(tmp_path)).load()["b"] == b"2"
+
+
 def test_a_corrupt_record_in_the_middle_stops_with_the_file_and_offset(tmp_path):
     journal = Journal(str(tmp_path))
     for i in range(3):

@@ -108,14 +108,14 @@ def test_new_partitions_deploy_only_after_the_old_ones_are_gone_with_their_seed(
     response = cluster.beat(first.container_id)
     infos = {info.name: info for info in response.deploy_request}
     info = infos["relay1#0"]
-    assert info.checkpoint.window_id == 40
+    assert info.checkpoint.window_id == info.seed.window_id == 40
     assert sorted(info.seed.from_node_ids) == sorted(old_ids)
     assert info.seed.key_column == "x" and info.seed.mask == partition_keys(4)[0]
     assert set(info.seed.keys) == partition_keys(4)[1][0]
     assert info.inputs[0].partition_key_column == "x"
     assert set(info.inputs[0].partition_keys) == partition_keys(4)[1][0]
 
-    # deployed and checkpointed past the start: the seed is no longer sent, commits move
+    # deployed and checkpointed past the start: commits move
     ops = by_name(cluster)
     for op in ops.values():
         if op.state == OperatorState.PENDING_DEPLOY:
@@ -313,3 +313,62 @@ def test_a_master_restarted_after_a_repartition_goes_on_with_the_new_plan(tmp_pa
     with again.lock:
         assert again.application(app_id).plan.retired[old.id].state == OperatorState.SHUTDOWN
     assert again.consult_listeners() == []  # new partitions not deployed yet: no listener runs
+
+
+def deploy_pending(cluster: Cluster) -> None:
+    """The old instances go, then every pending operator is deployed and reports ACTIVE."""
+    let_go(cluster)
+    for op in list(cluster.ops.values()):
+        if op.state == OperatorState.PENDING_DEPLOY:
+            cluster.beat(op.container_id)
+            cluster.report(op.id)
+    assert all(op.state == OperatorState.ACTIVE for op in cluster.ops.values())
+
+
+def test_a_reader_of_a_partitioned_upstream_gets_new_unifiers_each_taking_its_share():
+    cluster = Cluster(chain_descriptor(4), 3, **{
+        "relay1.PARTITIONS": "2", "relay1.PARTITION_KEY": "x",
+        "relay2.PARTITIONS": "2", "relay2.PARTITION_KEY": "x"})
+    cluster.deploy_all()
+    for op in list(cluster.ops.values()):
+        checkpointed(cluster, op.id, 20, 40)
+    before = by_name(cluster)
+    upstream = {before["relay1#0"].id, before["relay1#1"].id}
+
+    result = repartition(cluster.app, "relay2", 3, cluster.clock())
+    ops = by_name(cluster)
+    assert result.start_window_id == 40 and result.restarted == ("sink",)
+    assert {op.name for op in cluster.app.plan.retired.values()} == {
+        "relay2#0", "relay2#1", "relay2#unifier", "relay1#unifier@relay2#0.input",
+        "relay1#unifier@relay2#1.input"}
+    assert ops["relay1#0"] is before["relay1#0"]  # the upstream is not touched
+    assert ops["relay1#0"].state == OperatorState.ACTIVE
+    mask, keys = partition_keys(3)
+    for index in range(3):
+        partition = ops[f"relay2#{index}"]
+        assert (partition.seed.share.mask, set(partition.seed.share.keys)) == (mask,
+                                                                               keys[index])
+        [link] = partition.inputs
+        unifier = cluster.app.plan.operators[link.source_operator_id]
+        assert unifier.name == f"relay1#unifier@relay2#{index}.input"
+        assert unifier.state == OperatorState.PENDING_DEPLOY
+        assert unifier.deploy_window_id == 40 and unifier.seed.from_ids == ()
+        assert {link.source_operator_id for link in unifier.inputs} == upstream
+        assert {(link.partition.mask, frozenset(link.partition.keys))
+                for link in unifier.inputs} == {(mask, keys[index])}
+    # the upstream's windows after the start stay replayable
+    assert all(cluster.ops[i].recovery_window_id <= 40 for i in upstream)
+
+    deploy_pending(cluster)
+    for op in list(cluster.ops.values()):
+        checkpointed(cluster, op.id, 60)
+    result = repartition(cluster.app, "relay2", 1, cluster.clock())
+    ops = by_name(cluster)
+    assert result.new == ("relay2",) and result.start_window_id == 60
+    assert ops["relay2"].seed.share is None and len(ops["relay2"].seed.from_ids) == 3
+    [link] = ops["relay2"].inputs
+    assert cluster.app.plan.operators[link.source_operator_id].name == "relay1#unifier"
+    assert not [op.name for op in ops.values() if "@" in op.name]
+    # the first repartition's retired operators are still listed for deletion
+    assert {op.id for op in before.values() if op.logical_name == "relay2"} <= set(
+        ops["relay2"].seed.retired_ids)
