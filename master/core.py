@@ -376,9 +376,14 @@ class MasterCore:
                 wanted = listener.process_stats(stats)
                 if wanted is None or wanted == stats.partition_count:
                     continue
-                done[app_id] = self.repartition(
-                    app_id, name, int(wanted),
-                    f"asked by its stats listener {type(listener).__name__}")
+                with self._lock:  # what the listener saw may be stale by now: then wait
+                    app = self._apps[app_id]
+                    if unhealthy(app) is not None or \
+                            len(app.plan.instances(name)) != stats.partition_count:
+                        continue
+                    done[app_id] = self.repartition(
+                        app_id, name, int(wanted),
+                        f"asked by its stats listener {type(listener).__name__}")
             except Exception as exc:  # noqa: BLE001 - user code, or a request refused
                 self._listener_failed(app_id, name, f"{type(exc).__name__}: {exc}")
         return list(done.values())

@@ -33,6 +33,7 @@ __all__ = [
     "affected_operators",
     "deploy_checkpoint",
     "deploy_failed",
+    "downstream_closure",
     "is_operator_done",
     "lose_container",
     "max_restarts",
@@ -160,8 +161,14 @@ def affected_operators(app: Application, container: PTContainer) -> list[PTOpera
     after their end) have nothing left to give: they are left out, and so is what lies
     downstream of them only.
     """
+    return downstream_closure(app, app.plan.operators_in(container))
+
+
+def downstream_closure(app: Application, start: Sequence[PTOperator]) -> list[PTOperator]:
+    """``start`` and every operator downstream of them, by id, leaving out operators that
+    are done and what lies downstream of them only."""
     plan = app.plan
-    start = [op for op in plan.operators_in(container) if not is_operator_done(app, op)]
+    start = [op for op in start if not is_operator_done(app, op)]
     seen = {op.id for op in start}
     queue = [op.id for op in start]
     while queue:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from master.application import Application, ApplicationState
 from master.checkpoints import CheckpointBook
@@ -31,7 +31,7 @@ from master.physical_plan import (
     instance_names,
     instantiate,
 )
-from master.recovery import is_operator_done, redeploy, update_recovery
+from master.recovery import downstream_closure, redeploy, update_recovery
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id
 from proto import plan_pb2
@@ -126,7 +126,8 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
         if kept.inputs != inputs:
             kept.inputs = inputs
             rewired.append(kept)
-    restart = _downstream(app, rewired, made)
+    new_ids = {op.id for op in made}
+    restart = [op for op in downstream_closure(app, [*rewired, *made]) if op.id not in new_ids]
     redeploy(app, restart, now_ms)
     update_recovery(app)
     result = Repartition(operator, tuple(op.name for op in old),
@@ -170,6 +171,10 @@ def _check(app: Application, operator: str, count: int) -> None:
         raise FailedPrecondition(f"operators {chain} are parallel partitions "
                                  "(PARALLEL_PARTITION); repartitioning those is not supported "
                                  "yet")
+    if instances[0].processing_mode == "AT_MOST_ONCE":
+        raise FailedPrecondition(f"operator {operator!r} is AT_MOST_ONCE: new partitions would "
+                                 "skip the windows since the old ones' checkpoint; "
+                                 "repartition AT_LEAST_ONCE or EXACTLY_ONCE operators")
     if len(instances) == count:
         raise FailedPrecondition(f"operator {operator!r} already has {count} partition(s)")
     reason = unhealthy(app)
@@ -225,10 +230,15 @@ def _counts(app: Application, operator: str, count: int) -> dict[str, int]:
 
 
 def _placement(app: Application, operator: str, count: int) -> dict[str, int]:
-    """Container index per instance name: others where they run; the new partitions on
-    the least loaded live containers, each on another one while there are enough."""
+    """Container index per instance name: others where they run; the new partitions in
+    the container the operator is pinned to (CONTAINER, or the one that replaced it), else
+    on the least loaded live containers, each on another one while there are enough."""
     placement = {op.name: app.plan.containers[op.container_id].index
                  for op in app.plan.operators.values() if op.logical_name != operator}
+    pinned = _pinned(app, int(app.plan.instances(operator)[0].attributes.get("CONTAINER", -1)))
+    if pinned is not None:
+        placement.update((name, pinned.index) for name in instance_names(operator, count))
+        return placement
     live = [c for c in app.plan.containers.values() if c.state == ContainerState.ACTIVE]
     load = {c.id: sum(op.logical_name != operator for op in app.plan.operators_in(c))
             for c in live}
@@ -240,6 +250,16 @@ def _placement(app: Application, operator: str, count: int) -> dict[str, int]:
         placement[name] = target.index
         load[target.id] += 1
     return placement
+
+
+def _pinned(app: Application, index: int) -> PTContainer | None:
+    """The live container that is (or replaced) container number ``index``, if any."""
+    container = next((c for c in app.plan.containers.values() if c.index == index), None)
+    while container is not None and container.replaced_by:
+        container = app.plan.containers.get(container.replaced_by)
+    if container is None or container.state != ContainerState.ACTIVE:
+        return None
+    return container
 
 
 def _retire(app: Application, op: PTOperator) -> None:
@@ -269,19 +289,3 @@ def _add(app: Application, op: PTOperator, start: int, sources: list[PTOperator]
     app.operator_stats[op.id] = OperatorStatsTracker()
     app.plan.containers[op.container_id].operator_ids.append(op.id)
     return op
-
-
-def _downstream(app: Application, rewired: Iterable[PTOperator],
-                made: Iterable[PTOperator]) -> list[PTOperator]:
-    """The rewired operators and every operator downstream of them or of the new ones,
-    except the new ones and operators that are done: they restart."""
-    new = {op.id for op in made}
-    queue = [op.id for op in rewired] + list(new)
-    seen = {op.id for op in rewired}
-    while queue:
-        for down in app.plan.downstream_ids(queue.pop()):
-            if down not in seen and down not in new:
-                seen.add(down)
-                queue.append(down)
-    return [app.plan.operators[i] for i in sorted(seen)
-            if not is_operator_done(app, app.plan.operators[i])]

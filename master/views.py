@@ -72,8 +72,11 @@ def application_info(app: Application, dashboard_url: str = "") -> client_pb2.Ap
         operators=len(ops),
         current_window_id=current,
         committed_window_id=app.committed_window_id,
-        total_tuples_processed=sum(stats[op.id].total_tuples_processed for op in ops),
-        total_tuples_emitted=sum(stats[op.id].total_tuples_emitted for op in ops),
+        # totals count what operators a repartition retired did too: counters never go back
+        total_tuples_processed=sum(stats[op.id].total_tuples_processed
+                                   for op in [*ops, *app.plan.retired.values()]),
+        total_tuples_emitted=sum(stats[op.id].total_tuples_emitted
+                                 for op in [*ops, *app.plan.retired.values()]),
         attributes=app.plan.attribute_text(),
         start_window_millis=app.start_window_millis,
         operators_failed=sum(op.state == OperatorState.FAILED for op in ops),
@@ -166,7 +169,7 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         process_name=stats.process_name,
         buffer_server_address=container.buffer_server_address,
         last_heartbeat_ms=stats.last_heartbeat_ms,
-        operator_ids=container.operator_ids,
+        operator_ids=[i for i in container.operator_ids if i not in app.plan.retired],
         cpu_percent=stats.cpu_percent, memory_rss_mb=stats.memory_rss_mb,
         memory_mb_free=stats.memory_mb_free,
         gc_collection_count=stats.gc_collection_count,

@@ -170,12 +170,12 @@ class Operator:
         """This operator as a new partition, built from the old partitions' states at one
         checkpoint (``self`` is a copy of the first of them); returns the new state.
 
-        Called in the container that first deploys the new partition, never twice for one
-        partition (the result is saved as its first checkpoint). The default merges every
-        ``KEYED_STATE`` attribute over the old partitions and keeps the keys this
-        partition owns; every other attribute is the first old partition's (configuration,
-        or state that is the same everywhere). Override it for state the default cannot
-        split, e.g. a total over all keys.
+        Called in the container that first deploys the new partition (again only if that
+        container failed before it saved the result as the partition's first checkpoint).
+        The default merges every ``KEYED_STATE`` attribute over the old partitions and
+        keeps the keys this partition owns; every other attribute is the first old
+        partition's (configuration, or state that is the same everywhere). Override it for
+        state the default cannot split, e.g. a total over all keys.
 
         Args:
             partitions: the old partitions, restored from their checkpoints.

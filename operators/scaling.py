@@ -83,8 +83,9 @@ class ThroughputScaler:
 
     Above ``high`` per partition it asks for enough partitions to bring each under
     ``high``; below ``low`` for as few as keep each under ``high``; within
-    ``min_partitions``..``max_partitions``, and not again within ``cooldown_s`` of its
-    last request (a new partition needs time to warm up before its rate means anything).
+    ``min_partitions``..``max_partitions``. It asks nothing within ``cooldown_s`` of
+    seeing the operator first or with another partition count: new partitions warm up
+    and replay before their rates mean anything.
 
     Args:
         high: tuples/s per partition above which it scales out.
@@ -107,14 +108,15 @@ class ThroughputScaler:
         self.min_partitions = min_partitions
         self.max_partitions = max_partitions
         self.cooldown_s = cooldown_s
-        self.last_request_ms: int | None = None
+        self._count_since: tuple[int, int] | None = None  # (partition count, first seen ms)
 
     def process_stats(self, stats: OperatorStats) -> int | None:
         count = stats.partition_count
         if not count:
             return None
-        if self.last_request_ms is not None and \
-                stats.now_ms - self.last_request_ms < self.cooldown_s * 1000:
+        if self._count_since is None or self._count_since[0] != count:
+            self._count_since = (count, stats.now_ms)
+        if stats.now_ms - self._count_since[1] < self.cooldown_s * 1000:
             return None
         total = stats.tuples_processed_per_second
         per_partition = total / count
@@ -127,5 +129,5 @@ class ThroughputScaler:
         wanted = min(self.max_partitions, max(self.min_partitions, wanted))
         if wanted == count:
             return None
-        self.last_request_ms = stats.now_ms
+        self._count_since = (count, stats.now_ms)  # asked: wait again before the next
         return wanted

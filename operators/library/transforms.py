@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from operators.spark import SparkOperator
+from operators.operator import OperatorContext
+from operators.spark import SparkOperator, SparkSchemaMismatch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -176,6 +177,15 @@ class RunningCount(SparkOperator):
                 key_type = pa.string()
         return pa.schema([pa.field(self.key, key_type), pa.field("count", pa.int64()),
                           pa.field("window_id", pa.int64())])
+
+    def setup(self, context: OperatorContext) -> None:
+        partition_key = context.attributes.get("PARTITION_KEY")
+        if partition_key and partition_key != self.key:  # its totals could not be split
+            raise SparkSchemaMismatch(
+                f"operator {context.name!r}: RunningCount(key={self.key!r}) keeps its totals "
+                f"by {self.key!r} but PARTITION_KEY is {partition_key!r}; partition it by "
+                f"its key: -D {context.name}.PARTITION_KEY={self.key}")
+        super().setup(context)
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         index = batch.schema.get_field_index(self.key)

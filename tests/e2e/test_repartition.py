@@ -137,7 +137,7 @@ dag = Dag("scaled", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=100,
 source = dag.add_operator("source", ListSource(WINDOWS))
 totals = dag.add_operator("totals", Totals(), PARTITION_KEY="k",
                           stats_listener=ThroughputScaler(high=50, max_partitions=2,
-                                                          cooldown_s=3600))
+                                                          cooldown_s=1))
 files = dag.add_operator("files", FileSink(OUT))
 dag.add_stream("keys", source.output, totals.input)
 dag.add_stream("totals", totals.output, files.input)

@@ -13,6 +13,7 @@ from master.persistence import ApplicationJournal
 from master.physical_plan import OperatorState
 from master.repartition import repartition
 from master.stats_listeners import operator_stats
+from master.views import application_info
 from operators.library import FileSink
 from operators.partitioning import partition_keys
 from tests.master.fakes import (
@@ -21,6 +22,7 @@ from tests.master.fakes import (
     chain_descriptor,
     container_heartbeat,
     operator_report,
+    window,
 )
 from tests.master.test_recovery import Cluster, checkpointed
 
@@ -372,3 +374,33 @@ def test_a_reader_of_a_partitioned_upstream_gets_new_unifiers_each_taking_its_sh
     # the first repartition's retired operators are still listed for deletion
     assert {op.id for op in before.values() if op.logical_name == "relay2"} <= set(
         ops["relay2"].seed.retired_ids)
+
+
+def test_at_most_once_operators_are_refused():
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.PARTITION_KEY": "x",
+                                                 "relay1.PROCESSING_MODE": "AT_MOST_ONCE"})
+    cluster.deploy_all()
+    with pytest.raises(FailedPrecondition, match="AT_MOST_ONCE: new partitions would skip"):
+        repartition(cluster.app, "relay1", 2, cluster.clock())
+
+
+def test_totals_keep_what_the_retired_partitions_did():
+    cluster = partitioned_chain(2)
+    for op in list(cluster.ops.values()):
+        cluster.report(op.id, window(80, tuples_in=100, tuples_out=50))
+    before = application_info(cluster.app)
+    repartition(cluster.app, "relay1", 3, cluster.clock())
+    after = application_info(cluster.app)
+    assert before.total_tuples_processed == after.total_tuples_processed == 500
+    logical = {op.name: op for op in after.logical_operators}
+    assert logical["relay1"].total_tuples_processed == 200
+    assert len(logical["relay1"].partition_ids) == 3
+
+
+def test_new_partitions_of_a_pinned_operator_stay_in_its_container():
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.PARTITION_KEY": "x",
+                                                 "relay1.CONTAINER": "1"})
+    cluster.deploy_all()
+    pinned = by_name(cluster)["relay1"].container_id
+    repartition(cluster.app, "relay1", 3, cluster.clock())
+    assert {by_name(cluster)[f"relay1#{i}"].container_id for i in range(3)} == {pinned}
