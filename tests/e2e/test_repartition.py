@@ -100,14 +100,13 @@ def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
 
 LISTENER_APP = '''
 from operators import Dag, InputPort, Operator, OutputPort
-from operators.library import FileSink
+from operators.library import FileSink, TextFileSource
 from operators.scaling import ThroughputScaler
-from operators.testing import ListSource
 import pyarrow as pa
 
 
 class Totals(Operator):
-    """A running count per key in plain Python: the totals are keyed state."""
+    """A running count per line in plain Python: the totals are keyed state."""
 
     KEYED_STATE = ("totals",)
     input = InputPort()
@@ -120,22 +119,22 @@ class Totals(Operator):
         self._seen = set()
 
     def process(self, port, batch):
-        for key in batch.column("k").to_pylist():
+        for key in batch.column("line").to_pylist():
             self.totals[key] = self.totals.get(key, 0) + 1
             self._seen.add(key)
 
     def end_window(self):
         keys = sorted(self._seen)
         if keys:
-            self.output.emit(pa.table({"k": keys,
+            self.output.emit(pa.table({"line": keys,
                                        "count": [self.totals[k] for k in keys]}))
 
 
-WINDOWS = [[{"k": f"key{(w * 7 + i) % 97}"} for i in range(40)] for w in range(WINDOW_COUNT)]
 dag = Dag("scaled", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=100,
           HEARTBEAT_INTERVAL_MILLIS=200, THROUGHPUT_CALCULATION_INTERVAL_MILLIS=1000)
-source = dag.add_operator("source", ListSource(WINDOWS))
-totals = dag.add_operator("totals", Totals(), PARTITION_KEY="k",
+source = dag.add_operator("source", TextFileSource(TEXT, lines_per_window=20),
+                          PARTITIONS=2)
+totals = dag.add_operator("totals", Totals(), PARTITION_KEY="line",
                           stats_listener=ThroughputScaler(high=50, max_partitions=2,
                                                           cooldown_s=1))
 files = dag.add_operator("files", FileSink(OUT))
@@ -145,12 +144,13 @@ dag.add_stream("totals", totals.output, files.input)
 
 
 def test_a_stats_listener_scales_a_busy_operator_out_while_it_runs(master, tmp_path):
-    windows = 150
+    """Its input comes from 2 source partitions, so the new partitions are fed by new
+    unifiers of the source, each taking its partition's share."""
+    keys = [f"key{(n * 7) % 97}" for n in range(6000)]
+    (tmp_path / "keys.txt").write_text("\n".join(keys) + "\n")
     app = tmp_path / "scaled_app.py"
-    app.write_text(LISTENER_APP.replace("WINDOW_COUNT", str(windows))
+    app.write_text(LISTENER_APP.replace("TEXT", repr(str(tmp_path / "keys.txt")))
                    .replace("OUT", repr(str(tmp_path / "out"))))
-    expected = collections.Counter(f"key{(w * 7 + i) % 97}" for w in range(windows)
-                                   for i in range(40))
 
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(str(app)).to_descriptor())
@@ -163,10 +163,11 @@ def test_a_stats_listener_scales_a_busy_operator_out_while_it_runs(master, tmp_p
     assert info.repartitions == 1, info.last_repartition
     assert "1 -> 2 partitions" in info.last_repartition
     assert "stats listener ThroughputScaler" in info.last_repartition
-    assert {"totals#0", "totals#1", "totals#unifier"} <= set(operators)
+    assert {"totals#0", "totals#1", "totals#unifier", "source#unifier@totals#0.input",
+            "source#unifier@totals#1.input"} <= set(operators)
     totals: dict[str, int] = {}
     for file in (tmp_path / "out").glob("*.jsonl"):
         for line in file.read_text().splitlines():
             row = json.loads(line)
-            totals[row["k"]] = max(totals.get(row["k"], 0), row["count"])
-    assert totals == dict(expected)
+            totals[row["line"]] = max(totals.get(row["line"], 0), row["count"])
+    assert totals == dict(collections.Counter(keys))
