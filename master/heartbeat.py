@@ -8,6 +8,7 @@ tests step the protocol with hand-built heartbeats and a manual clock. Liveness 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 
 from master.application import Application, ApplicationState
@@ -153,8 +154,8 @@ def _may_deploy(app: Application, container: PTContainer) -> bool:
     """Deploys wait for every live container (inputs need their upstream's address) and for
     every pending undeploy (an old instance must be gone before its successor starts)."""
     return (container.state == ContainerState.ACTIVE and app.all_containers_active()
-            and not any(op.state == OperatorState.PENDING_UNDEPLOY
-                        for op in [*app.plan.operators.values(), *app.plan.retired.values()]))
+            and not any(op.state == OperatorState.PENDING_UNDEPLOY for op in itertools.chain(
+                app.plan.operators.values(), app.plan.retired.values())))
 
 
 def _all_ready(app: Application) -> bool:

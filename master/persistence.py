@@ -47,9 +47,9 @@ def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
             len(book.windows), app.repartitions)  # a repartition may rewire any operator
 
 
-def _plan_mark(app: Application) -> tuple[Any, ...]:
+def _plan_mark(app: Application) -> int:
     """The plan record is written again when a repartition adds or retires operators."""
-    return tuple(app.plan.operators), tuple(app.plan.retired)
+    return app.repartitions
 
 
 class ApplicationJournal:

@@ -6,6 +6,7 @@ and the master loop then move its operators and containers through their states.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -38,6 +39,7 @@ __all__ = [
     "instance_names",
     "instantiate",
     "place_operators",
+    "spread",
     "resolve_attributes",
 ]
 
@@ -291,15 +293,21 @@ class PhysicalPlan:
     def topological_ids(self) -> list[int]:
         """Operator ids, each after every operator feeding it (ids alone are in that
         order only until a repartition adds operators)."""
-        waiting = {op_id: set(self.upstream_ids(op_id)) for op_id in self.operators}
+        waiting: dict[int, int] = {}  # id -> upstream operators not ordered yet
+        downstream: dict[int, list[int]] = {op_id: [] for op_id in self.operators}
+        for op_id in self.operators:
+            upstream = self.upstream_ids(op_id)
+            waiting[op_id] = len(upstream)
+            for up in upstream:
+                downstream[up].append(op_id)
+        ready = collections.deque(op_id for op_id, n in waiting.items() if not n)
         order: list[int] = []
-        ready = sorted(op_id for op_id, up in waiting.items() if not up)
         while ready:
-            op_id = ready.pop(0)
+            op_id = ready.popleft()
             order.append(op_id)
-            for down in self.downstream_ids(op_id):
-                waiting[down].discard(op_id)
-                if not waiting[down] and down not in order and down not in ready:
+            for down in downstream[op_id]:
+                waiting[down] -= 1
+                if not waiting[down]:
                     ready.append(down)
         return order
 
@@ -528,7 +536,7 @@ def _spread_partitions(order: list[str], counts: Mapping[str, int], pinned: dict
                        containers: int) -> None:
     """Pins the partitions of each partitioned operator to different containers, the least
     loaded first, so that its partitions really run side by side."""
-    load = [0] * containers
+    load = dict.fromkeys(range(containers), 0)
     for index in pinned.values():
         if 0 <= index < containers:
             load[index] += 1
@@ -536,12 +544,22 @@ def _spread_partitions(order: list[str], counts: Mapping[str, int], pinned: dict
         units = instance_names(name, counts[name])
         if counts[name] == 1 or units[0] in pinned:
             continue
-        for position, unit in enumerate(units):
-            if position % containers == 0:
-                targets = sorted(range(containers), key=lambda i: (load[i], i))
-            target = targets[position % containers]
-            pinned[unit] = target
-            load[target] += 1
+        pinned.update(spread(units, load))
+
+
+def spread(units: list[str], load: dict[int, int]) -> dict[str, int]:
+    """Container index per unit (the partitions of one operator): the least loaded of the
+    containers in ``load`` first, each unit on another one while there are enough.
+    ``load`` (operators per container index) counts the units placed."""
+    placement: dict[str, int] = {}
+    targets: list[int] = []
+    for position, unit in enumerate(units):
+        if position % len(load) == 0:
+            targets = sorted(load, key=lambda i: (load[i], i))
+        target = targets[position % len(load)]
+        placement[unit] = target
+        load[target] += 1
+    return placement
 
 
 class _Builder:

@@ -30,6 +30,7 @@ from master.physical_plan import (
     StateSeed,
     instance_names,
     instantiate,
+    spread,
 )
 from master.recovery import downstream_closure, redeploy, update_recovery
 from master.stats import OperatorStatsTracker
@@ -96,8 +97,9 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
                         app.id, _placement(app, operator, count))
     changing = _changing(fresh, operator)
     names = {op.name for op in fresh.values() if op.id not in changing}
+    old_changing = _changing(plan.operators, operator)
     replaced = [op for op in plan.operators.values()
-                if op.id in _changing(plan.operators, operator) or op.name not in names]
+                if op.id in old_changing or op.name not in names]
     retired_ids = _retired_ids(replaced)
     ids: dict[int, int] = {}  # provisional id -> final id
     next_id = plan.next_operator_id()
@@ -239,16 +241,9 @@ def _placement(app: Application, operator: str, count: int) -> dict[str, int]:
     if pinned is not None:
         placement.update((name, pinned.index) for name in instance_names(operator, count))
         return placement
-    live = [c for c in app.plan.containers.values() if c.state == ContainerState.ACTIVE]
-    load = {c.id: sum(op.logical_name != operator for op in app.plan.operators_in(c))
-            for c in live}
-    targets: list[PTContainer] = []
-    for position, name in enumerate(instance_names(operator, count)):
-        if position % len(live) == 0:
-            targets = sorted(live, key=lambda c: (load[c.id], c.index))
-        target = targets[position % len(live)]
-        placement[name] = target.index
-        load[target.id] += 1
+    load = {c.index: sum(op.logical_name != operator for op in app.plan.operators_in(c))
+            for c in app.plan.containers.values() if c.state == ContainerState.ACTIVE}
+    placement.update(spread(instance_names(operator, count), load))
     return placement
 
 
@@ -263,16 +258,12 @@ def _pinned(app: Application, index: int) -> PTContainer | None:
 
 
 def _retire(app: Application, op: PTOperator) -> None:
-    """Out of the plan; undeployed from its container unless that is gone already."""
+    """Out of the plan, to be undeployed from its container (all are ACTIVE: ``_check``)."""
     del app.plan.operators[op.id]
     app.checkpoints.pop(op.id, None)
     app.plan.retired[op.id] = op
     op.ready = False
-    container = app.plan.containers[op.container_id]
-    if container.state == ContainerState.KILLED:
-        op.state = OperatorState.SHUTDOWN
-    else:
-        op.transition(OperatorState.PENDING_UNDEPLOY)
+    op.transition(OperatorState.PENDING_UNDEPLOY)
 
 
 def _add(app: Application, op: PTOperator, start: int, sources: list[PTOperator],

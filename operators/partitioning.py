@@ -19,6 +19,7 @@ finished with splitmix64 so that the low bits (what the mask keeps) are well spr
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -171,16 +172,26 @@ class PartitionFilter:
             raise KeyError(f"partition key column {self.column!r} is not in the stream's "
                            f"batches (columns {batch.schema.names}); set PARTITION_KEY to one "
                            "of them")
-        buckets = hash_column(batch.column(index)) & np.uint64(self.mask)
-        return buckets.astype(np.uint16) if self.mask < 1 << 16 else buckets
+        return self._buckets(batch.column(index))
 
     def owns_buckets(self, buckets: np.ndarray) -> np.ndarray:
         """A boolean per bucket of ``buckets_of``: whether this partition takes it."""
-        if self.mask < 1 << 16:  # a lookup table beats isin
-            table = np.zeros(self.mask + 1, dtype=bool)
-            table[list(self.keys)] = True
-            return table[buckets]
+        if self._table is not None:  # a lookup table beats isin
+            return self._table[buckets]
         return np.isin(buckets, np.fromiter(self.keys, np.uint64, len(self.keys)))
+
+    def _buckets(self, array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        buckets = hash_column(array) & np.uint64(self.mask)
+        return buckets.astype(np.uint16) if self._table is not None else buckets
+
+    @functools.cached_property
+    def _table(self) -> np.ndarray | None:
+        """Whether each bucket is this partition's, for masks small enough to tabulate."""
+        if self.mask >= 1 << 16:
+            return None
+        table = np.zeros(self.mask + 1, dtype=bool)
+        table[list(self.keys)] = True
+        return table
 
     def mask_of(self, batch: pa.RecordBatch) -> np.ndarray:
         """A boolean per row: whether the row belongs to this partition.
@@ -194,8 +205,7 @@ class PartitionFilter:
         """A boolean per key value (a sequence, or an Arrow array): whether this
         partition takes it. Hashes like ``mask_of``: a key's state goes where its rows go."""
         array = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
-        buckets = hash_column(array) & np.uint64(self.mask)
-        return np.isin(buckets, np.fromiter(self.keys, np.uint64, len(self.keys)))
+        return self.owns_buckets(self._buckets(array))
 
     def select(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch's rows of this partition, in their order."""

@@ -118,6 +118,29 @@ def test_buffer_server_serves_each_subscriber_its_partition_and_every_marker():
         assert seen == collections.Counter([(w, n) for n in (1, 2) for w in [*words, "only"]])
 
 
+def test_subscribers_of_two_splits_of_one_stream_each_get_their_own_rows():
+    """The buffer server hashes a batch once per key column and mask: subscribers of a
+    2-way and a 3-way split of the same stream must not share buckets."""
+    words = [f"w{i}" for i in range(300)]
+    with BufferServer() as server:
+        publisher = server.publisher("1.output")
+        publisher.begin_window(1)
+        publisher.data(1, pa.record_batch({"word": words}))
+        publisher.end_window(1)
+        publisher.end_stream()
+        host, port = server.address
+        for count in (2, 3, 2):
+            got = []
+            for partition in _filters("word", count):
+                rows = [w for m in subscribe(host, port, "1.output", timeout_s=10,
+                                             partition=partition) if m.kind == Kind.DATA
+                        for w in m.batch().column("word").to_pylist()]
+                assert rows == partition.select(pa.record_batch({"word": words}))[
+                    "word"].to_pylist()
+                got += rows
+            assert sorted(got) == sorted(words)
+
+
 def test_a_subscriber_whose_key_column_is_missing_gets_an_error():
     with BufferServer() as server:
         publisher = server.publisher("1.output")

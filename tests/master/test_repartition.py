@@ -13,7 +13,7 @@ from master.persistence import ApplicationJournal
 from master.physical_plan import OperatorState
 from master.repartition import repartition
 from master.stats_listeners import operator_stats
-from master.views import application_info
+from master.views import application_info, container_info
 from operators.library import FileSink
 from operators.partitioning import partition_keys
 from tests.master.fakes import (
@@ -82,6 +82,9 @@ def test_two_to_four_partitions_replaces_them_and_the_unifier_and_restarts_the_r
         assert (op.seed.share.mask, set(op.seed.share.keys)) == (mask, keys[index])
         assert op.inputs[0].source_operator_id == ops["source"].id
     assert len({op.container_id for op in new}) == 3  # spread over every container
+    listed = {i for c in cluster.app.plan.containers.values()
+              for i in container_info(cluster.app, c).operator_ids}
+    assert not listed & retired_ids and {op.id for op in new} <= listed  # weir containers
     unifier = ops["relay1#unifier"]
     assert unifier.id not in retired_ids
     assert [link.source_operator_id for link in unifier.inputs] == [op.id for op in new]
