@@ -15,7 +15,13 @@ import logging
 from collections.abc import Sequence
 
 from master.application import Application, LauncherAction
-from master.checkpoints import RecoveryNode, committed_window, is_done, recovery_checkpoints
+from master.checkpoints import (
+    CheckpointBook,
+    RecoveryNode,
+    committed_window,
+    is_done,
+    recovery_checkpoints,
+)
 from master.physical_plan import (
     ContainerState,
     OperatorState,
@@ -31,7 +37,10 @@ __all__ = [
     "DEFAULT_MAX_RESTARTS",
     "ContainerLoss",
     "affected_operators",
+    "ReplayInvariantBroken",
+    "check_replay_invariant",
     "deploy_checkpoint",
+    "deploy_checkpoints",
     "deploy_failed",
     "downstream_closure",
     "is_operator_done",
@@ -140,17 +149,97 @@ def is_operator_done(app: Application, op: PTOperator) -> bool:
     return is_done(RecoveryNode(ended_window=end), op.recovery_window_id)
 
 
-def deploy_checkpoint(op: PTOperator, newest_checkpoint: int) -> int:
+def deploy_checkpoint(op: PTOperator, book: CheckpointBook,
+                      downstream_need: int | None = None) -> int:
     """The checkpoint a restarted ``op`` starts from, by its PROCESSING_MODE.
 
     AT_LEAST_ONCE: its recovery checkpoint (upstream replays every later window).
-    AT_MOST_ONCE and EXACTLY_ONCE: its newest checkpoint, as Apex does (AT_MOST_ONCE
-    then skips to the upstream's latest window; EXACTLY_ONCE checkpoints every window,
-    so only the window in flight is replayed).
+    EXACTLY_ONCE: its newest checkpoint not after ``downstream_need`` (the oldest
+    checkpoint a restarting reader of it starts from): only the windows in flight are
+    replayed, yet every window a reader needs is produced again.
+    AT_MOST_ONCE: its newest checkpoint, as Apex does; it then skips to the upstream's
+    latest window, and so do its readers (all AT_MOST_ONCE: the plan refuses another mode
+    downstream of it).
     """
     if op.processing_mode == "AT_LEAST_ONCE":
         return op.recovery_window_id
-    return max(newest_checkpoint, op.recovery_window_id)
+    if op.processing_mode == "EXACTLY_ONCE" and downstream_need is not None:
+        return max(book.floor(downstream_need), op.recovery_window_id)
+    return max(book.latest, op.recovery_window_id)
+
+
+class ReplayInvariantBroken(RuntimeError):
+    """A recovery plan would let an operator restart past a window a downstream one needs."""
+
+
+def deploy_checkpoints(app: Application, operators: Sequence[PTOperator]) -> dict[int, int]:
+    """The checkpoint each of ``operators`` restarts from, downstream operators first.
+
+    The replay invariant, whatever the processing mode: after a recovery every window
+    after a restarting operator's checkpoint is either produced again by its upstream
+    operator (which restarts at or before it) or still held by the upstream's buffer
+    server (which keeps every window after the committed window). So an operator never
+    restarts after the checkpoint any restarting operator it feeds starts from; only
+    AT_MOST_ONCE chains skip windows, by their promise.
+    """
+    restarting = {op.id for op in operators}
+    chosen: dict[int, int] = {}
+    for op_id in reversed(app.plan.topological_ids()):
+        if op_id not in restarting:
+            continue
+        op = app.plan.operators[op_id]
+        needs = [need for d in app.plan.downstream_ids(op_id)
+                 if (need := _window_needed(app, app.plan.operators[d], chosen)) is not None]
+        chosen[op_id] = deploy_checkpoint(op, app.checkpoints[op_id], min(needs, default=None))
+    check_replay_invariant(app, operators, chosen)
+    return chosen
+
+
+def _window_needed(app: Application, reader: PTOperator, chosen: dict[int, int]) -> int | None:
+    """The window after which ``reader`` needs its input again when it restarts, or None if
+    it does not restart (done, or AT_MOST_ONCE: it takes the upstream's latest window)."""
+    if reader.processing_mode == "AT_MOST_ONCE" or is_operator_done(app, reader):
+        return None
+    if reader.id in chosen:
+        return chosen[reader.id]
+    return reader.deploy_window_id if reader.pending else None
+
+
+def check_replay_invariant(app: Application, operators: Sequence[PTOperator],
+                           chosen: dict[int, int]) -> None:
+    """Raises ReplayInvariantBroken if ``chosen`` would lose a window (see
+    ``deploy_checkpoints``): a restarting operator past what a restarting reader needs, a
+    running reader of a restarting operator (its stream would be rewound under it), or a
+    reader needing windows its running upstream's buffer server already purged."""
+    restarting = {op.id: op for op in operators}
+    for op in operators:
+        start = chosen[op.id]
+        for d in app.plan.downstream_ids(op.id):
+            reader = app.plan.operators[d]
+            if reader.processing_mode == "AT_MOST_ONCE" or is_operator_done(app, reader):
+                continue
+            need = chosen.get(d, reader.deploy_window_id if reader.pending else None)
+            if need is None:
+                raise ReplayInvariantBroken(
+                    f"operator {op.name!r} ({op.id}) restarts while its reader {reader.name!r} "
+                    f"({d}) keeps running: the reader would miss or repeat windows")
+            if start > need:
+                raise ReplayInvariantBroken(
+                    f"operator {op.name!r} ({op.id}) would restart after window "
+                    f"{format_window_id(start)}, but its reader {reader.name!r} ({d}) restarts "
+                    f"after {format_window_id(need)}: windows in between would be lost")
+        if op.processing_mode == "AT_MOST_ONCE":
+            continue
+        for u in app.plan.upstream_ids(op.id):
+            upstream = app.plan.operators[u]
+            if u in restarting or is_operator_done(app, upstream):
+                continue
+            if start < app.committed_window_id:
+                raise ReplayInvariantBroken(
+                    f"operator {op.name!r} ({op.id}) would restart after window "
+                    f"{format_window_id(start)}, but {upstream.name!r} ({u}) keeps only the "
+                    f"windows after the committed window "
+                    f"{format_window_id(app.committed_window_id)}")
 
 
 # -- the cascade ------------------------------------------------------------------------------
@@ -295,10 +384,21 @@ def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTC
 def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
              replacement: PTContainer | None = None) -> None:
     """Sends ``operators`` back to PENDING_(UN)DEPLOY with the checkpoint each restarts from:
-    PENDING_DEPLOY in ``replacement`` (a new container), PENDING_UNDEPLOY elsewhere."""
+    PENDING_DEPLOY in ``replacement`` (a new container), PENDING_UNDEPLOY elsewhere.
+
+    A plan that would break the replay invariant (``deploy_checkpoints``) is refused: the
+    application fails with the reason rather than lose a window.
+    """
+    try:
+        chosen = deploy_checkpoints(app, operators)
+    except ReplayInvariantBroken as exc:
+        _LOGGER.error("app=%s recovery refused: %s", app.id, exc)
+        _fail_operators(operators)
+        app.fail(f"recovery refused, it would lose windows: {exc}", now_ms)
+        return
     for op in operators:
         book = app.checkpoints[op.id]
-        op.deploy_window_id = deploy_checkpoint(op, book.latest)
+        op.deploy_window_id = chosen[op.id]
         dropped = book.forget_after(op.deploy_window_id)
         op.ready = False
         app.operator_stats[op.id].restarted(now_ms)

@@ -86,13 +86,14 @@ def test_pin_beyond_containers_is_an_error():
 
 def test_attribute_layers_defaults_dag_plain_operator_qualified():
     dag = Dag("layers", STREAMING_WINDOW_SIZE_MILLIS=250, CHECKPOINT_WINDOW_COUNT=5)
-    src = dag.add_operator("source", Source(), APPLICATION_WINDOW_COUNT=4)
+    src = dag.add_operator("source", Source(), APPLICATION_WINDOW_COUNT=4,
+                           CHECKPOINT_WINDOW_COUNT=8)
     relay = dag.add_operator("relay", Relay())
     sink = dag.add_operator("sink", Sink(), CHECKPOINT_WINDOW_COUNT=7)
     dag.add_stream("a", src.output, relay.input)
     dag.add_stream("b", relay.output, sink.input)
     overrides = {"CHECKPOINT_WINDOW_COUNT": "9", "APPLICATION_WINDOW_COUNT": "2",
-                 "relay.APPLICATION_WINDOW_COUNT": "3", "sink.CHECKPOINT_WINDOW_COUNT": "11"}
+                 "relay.APPLICATION_WINDOW_COUNT": "3", "sink.CHECKPOINT_WINDOW_COUNT": "12"}
     dag_attrs, op_attrs = resolve_attributes(dag.to_descriptor(), overrides)
     assert dag_attrs["STREAMING_WINDOW_SIZE_MILLIS"] == 250  # DAG over default
     assert dag_attrs["CHECKPOINT_WINDOW_COUNT"] == 9  # override over DAG
@@ -101,7 +102,8 @@ def test_attribute_layers_defaults_dag_plain_operator_qualified():
     assert op_attrs["source"]["APPLICATION_WINDOW_COUNT"] == 4  # own over plain override
     assert op_attrs["relay"]["APPLICATION_WINDOW_COUNT"] == 3  # qualified override wins
     assert op_attrs["sink"]["APPLICATION_WINDOW_COUNT"] == 2  # plain override over default
-    assert op_attrs["sink"]["CHECKPOINT_WINDOW_COUNT"] == 11
+    assert op_attrs["sink"]["CHECKPOINT_WINDOW_COUNT"] == 12
+    assert op_attrs["source"]["CHECKPOINT_WINDOW_COUNT"] == 8  # own over plain override
     assert op_attrs["relay"]["CHECKPOINT_WINDOW_COUNT"] == 9
     assert op_attrs["relay"]["STREAMING_WINDOW_SIZE_MILLIS"] == 250  # DAG reaches operators
     plan = build_physical_plan(dag.to_descriptor(), overrides, "app")
@@ -168,6 +170,42 @@ def test_state_dir_is_resolved_per_application_run_when_empty(tmp_path):
     assert plan.operators[3].attribute_text()["STATE_DIR"] == str(tmp_path)
 
 
+def test_a_checkpoint_count_must_be_a_multiple_of_the_application_window_count():
+    with pytest.raises(PlanError, match=r"operator 'relay1' has CHECKPOINT_WINDOW_COUNT=5, not a "
+                                        r"multiple of its APPLICATION_WINDOW_COUNT=2.*"
+                                        r"-D relay1.CHECKPOINT_WINDOW_COUNT=6"):
+        build_physical_plan(chain_descriptor(3), {"CHECKPOINT_WINDOW_COUNT": "5",
+                                                  "relay1.APPLICATION_WINDOW_COUNT": "2"}, "a")
+    plan = build_physical_plan(chain_descriptor(3), {"CHECKPOINT_WINDOW_COUNT": "6",
+                                                     "relay1.APPLICATION_WINDOW_COUNT": "2"}, "a")
+    assert plan.operator_by_name("relay1").attributes["CHECKPOINT_WINDOW_COUNT"] == 6
+
+
+def test_exactly_once_checkpoints_every_application_window():
+    with pytest.raises(PlanError, match=r"'relay1' has PROCESSING_MODE=EXACTLY_ONCE but "
+                                        r"CHECKPOINT_WINDOW_COUNT=4.*"
+                                        r"relay1.CHECKPOINT_WINDOW_COUNT=2 \(its APPLICATION"):
+        build_physical_plan(chain_descriptor(3), {
+            "PROCESSING_MODE": "EXACTLY_ONCE", "CHECKPOINT_WINDOW_COUNT": "1",
+            "relay1.APPLICATION_WINDOW_COUNT": "2", "relay1.CHECKPOINT_WINDOW_COUNT": "4"}, "a")
+    plan = build_physical_plan(chain_descriptor(3), {
+        "PROCESSING_MODE": "EXACTLY_ONCE", "CHECKPOINT_WINDOW_COUNT": "1",
+        "relay1.APPLICATION_WINDOW_COUNT": "2", "relay1.CHECKPOINT_WINDOW_COUNT": "2"}, "a")
+    assert plan.operator_by_name("relay1").processing_mode == "EXACTLY_ONCE"
+
+
+def test_an_operator_reading_an_at_most_once_operator_must_be_at_most_once():
+    with pytest.raises(PlanError, match=r"operator 'sink' \(AT_LEAST_ONCE\) reads stream .* of "
+                                        r"AT_MOST_ONCE operator 'relay1'.*"
+                                        r"-D sink.PROCESSING_MODE=AT_MOST_ONCE"):
+        build_physical_plan(chain_descriptor(3), {"relay1.PROCESSING_MODE": "AT_MOST_ONCE"}, "a")
+    plan = build_physical_plan(chain_descriptor(3), {"relay1.PROCESSING_MODE": "AT_MOST_ONCE",
+                                                     "sink.PROCESSING_MODE": "AT_MOST_ONCE"},
+                               "a")
+    assert [op.processing_mode for op in plan.operators.values()] == [
+        "AT_LEAST_ONCE", "AT_MOST_ONCE", "AT_MOST_ONCE"]
+
+
 def test_exactly_once_needs_a_checkpoint_every_window():
     with pytest.raises(PlanError, match=r"operator 'source' has PROCESSING_MODE=EXACTLY_ONCE "
                                         r"but CHECKPOINT_WINDOW_COUNT=20"):
@@ -176,6 +214,6 @@ def test_exactly_once_needs_a_checkpoint_every_window():
                                                      "CHECKPOINT_WINDOW_COUNT": "1"}, "a")
     assert plan.operators[2].processing_mode == "EXACTLY_ONCE"
     plan = build_physical_plan(chain_descriptor(3), {"sink.PROCESSING_MODE": "AT_MOST_ONCE"},
-                               "a")
+                               "a")  # a sink may be AT_MOST_ONCE after AT_LEAST_ONCE operators
     assert [op.processing_mode for op in plan.operators.values()] == [
         "AT_LEAST_ONCE", "AT_LEAST_ONCE", "AT_MOST_ONCE"]

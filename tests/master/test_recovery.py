@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from master import recovery
 from master.application import Application, ApplicationState
 from master.heartbeat import UPSTREAM_END_WINDOW, process_heartbeat
 from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
-from master.recovery import deploy_failed
+from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
 from operators import Dag, InputPort, Operator, OutputPort
 from proto import umbilical_pb2
 from tests.master.fakes import (
@@ -319,6 +320,70 @@ def test_at_most_once_restarts_from_the_newest_checkpoint():
     [info] = cluster.beat(C3).deploy_request
     assert info.checkpoint.window_id == 60
     assert info.context_attributes["PROCESSING_MODE"] == "AT_MOST_ONCE"
+
+
+def exactly_once_chain() -> Cluster:
+    """The chain in EXACTLY_ONCE: the relay's container is lost first; the source has
+    checkpoints well past what the relay and the sink restart from."""
+    cluster = chain(PROCESSING_MODE="EXACTLY_ONCE", CHECKPOINT_WINDOW_COUNT="1")
+    checkpointed(cluster, SOURCE, 20, 40, 48, 63)
+    checkpointed(cluster, RELAY, 20, 40, 48)
+    checkpointed(cluster, SINK, 20, 46)
+    cluster.liveness({C1: -9})
+    return cluster
+
+
+def test_exactly_once_restarts_each_operator_no_later_than_its_readers_need():
+    cluster = exactly_once_chain()
+    relay, sink, source = cluster.ops[RELAY], cluster.ops[SINK], cluster.ops[SOURCE]
+    assert sink.deploy_window_id == 46  # its newest checkpoint: only the window in flight
+    # the relay's newest (48) would skip windows 47 and 48 that the sink needs
+    assert relay.deploy_window_id == 40
+    assert source.state == OperatorState.ACTIVE  # its buffer server replays after 40
+
+
+def test_the_upstream_lost_while_its_reader_recovers_replays_what_the_reader_needs():
+    """The issue's case: the counter's container dies, then the source's, before the
+    counter made a new checkpoint; the source restarted from its newest checkpoint (63)
+    and the counter, restarting after 40, silently lost windows 41 to 63."""
+    cluster = exactly_once_chain()
+    cluster.clock.advance(5000)
+    cluster.liveness({C0: -9})
+    relay, sink, source = cluster.ops[RELAY], cluster.ops[SINK], cluster.ops[SOURCE]
+    assert (sink.deploy_window_id, relay.deploy_window_id) == (46, 40)
+    assert source.deploy_window_id == 40  # not 63
+    assert cluster.app.checkpoints[SOURCE].windows[-1] == 40  # 48 and 63 are not trusted
+    assert cluster.app.state == ApplicationState.RUNNING
+
+
+def test_a_recovery_that_would_lose_windows_fails_the_application(monkeypatch):
+    # the rule this project had: EXACTLY_ONCE restarts from the newest checkpoint, always
+    monkeypatch.setattr(recovery, "deploy_checkpoint",
+                        lambda op, book, need=None: max(book.latest, op.recovery_window_id))
+    cluster = exactly_once_chain()
+    assert cluster.app.state == ApplicationState.FAILED
+    assert "recovery refused, it would lose windows: operator 'relay1' (2) would restart " \
+           "after window 0:48, but its reader 'sink' (3) restarts after 0:46" in \
+           cluster.app.diagnostics
+
+
+def test_the_replay_invariant_names_what_would_be_lost():
+    cluster = chain()
+    ops = list(cluster.ops.values())
+    check_replay_invariant(cluster.app, ops, {SOURCE: 20, RELAY: 20, SINK: 40})
+    with pytest.raises(ReplayInvariantBroken, match=r"'source' \(1\) would restart after "
+                                                    r"window 0:63, but its reader 'relay1'"):
+        check_replay_invariant(cluster.app, ops, {SOURCE: 63, RELAY: 40, SINK: 40})
+    with pytest.raises(ReplayInvariantBroken, match="while its reader 'relay1' .* keeps running"):
+        check_replay_invariant(cluster.app, [cluster.ops[SOURCE]], {SOURCE: 20})
+    checkpointed(cluster, SOURCE, 20, 40)
+    checkpointed(cluster, RELAY, 20, 40)
+    checkpointed(cluster, SINK, 20, 40)
+    assert cluster.app.committed_window_id == 40
+    with pytest.raises(ReplayInvariantBroken, match="'source' .* keeps only the windows after "
+                                                    "the committed window"):
+        check_replay_invariant(cluster.app, [cluster.ops[RELAY], cluster.ops[SINK]],
+                               {RELAY: 20, SINK: 40})
 
 
 def test_ended_operators_count_as_checkpointed_at_their_last_window():

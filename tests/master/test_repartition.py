@@ -381,7 +381,8 @@ def test_a_reader_of_a_partitioned_upstream_gets_new_unifiers_each_taking_its_sh
 
 def test_at_most_once_operators_are_refused():
     cluster = Cluster(chain_descriptor(3), 3, **{"relay1.PARTITION_KEY": "x",
-                                                 "relay1.PROCESSING_MODE": "AT_MOST_ONCE"})
+                                                 "relay1.PROCESSING_MODE": "AT_MOST_ONCE",
+                                                 "sink.PROCESSING_MODE": "AT_MOST_ONCE"})
     cluster.deploy_all()
     with pytest.raises(FailedPrecondition, match="AT_MOST_ONCE: new partitions would skip"):
         repartition(cluster.app, "relay1", 2, cluster.clock())
