@@ -16,7 +16,14 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
-from container.control import PARTITION_FILTER_ERROR, Kind, Message, from_envelope
+from container.control import (
+    PARTITION_FILTER_ERROR,
+    WINDOW_GAP_ERROR,
+    Kind,
+    Message,
+    WindowGap,
+    from_envelope,
+)
 from operators.partitioning import PartitionFilter
 from operators.ports import SchemaMismatch
 
@@ -56,6 +63,7 @@ class Subscription:
             without END_STREAM (it shut down).
         TimeoutError: ``timeout_s`` elapsed before END_STREAM.
         pyarrow.flight.FlightUnauthenticatedError: the server refused the secret.
+        WindowGap: the stream does not hold every window after ``from_window``.
     """
 
     def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
@@ -110,6 +118,8 @@ class Subscription:
         if isinstance(exc, (flight.FlightUnavailableError, flight.FlightCancelledError)):
             return BufferServerUnavailable(f"{where} unavailable (stream {self.stream_id!r}): "
                                            f"{_reason(exc)}")
+        if WINDOW_GAP_ERROR in str(exc):
+            return WindowGap(f"{where}: {_reason(exc).split(WINDOW_GAP_ERROR, 1)[1].strip()}")
         if PARTITION_FILTER_ERROR in str(exc):
             return PartitionKeyMissing(f"stream {self.stream_id!r} from {where}: "
                                        f"{_reason(exc)}")

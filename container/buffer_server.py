@@ -43,9 +43,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from container.control import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, Kind, Message, to_envelope
+from container.control import (
+    ENVELOPE_SCHEMA,
+    PARTITION_FILTER_ERROR,
+    WINDOW_GAP_ERROR,
+    Kind,
+    Message,
+    WindowGap,
+    to_envelope,
+)
 from container.spill import Budget, SpillStore, read_block
 from operators.partitioning import PartitionFilter
+from operators.windows import format_window_id
 
 __all__ = [
     "AUTH_HEADER",
@@ -161,11 +170,14 @@ LATEST_WINDOW = -2
 
 @dataclasses.dataclass(slots=True)
 class _Cursor:
-    """A subscription's position: the next sequence number to read (None: not placed yet)."""
+    """A subscription's position: the next sequence number to read (None: not placed yet)
+    and the last window it was given whole (``from_window`` before any)."""
 
     from_window: int
     seq: int | None = None
     rewinds_seen: int = 0
+    position: int = -1
+    checked: bool = True  # windows it needs must be there (not a LATEST_WINDOW cursor)
 
 
 class _Stream:
@@ -197,6 +209,9 @@ class _Stream:
         self.spilling = False
         self.suspended = False  # its publisher was undeployed; a successor will rewind it
         self.rewinds: list[int] = []  # the end sequence number after each rewind
+        # windows <= floor are not served: purged (committed), or never published here (a
+        # publisher restarted from a checkpoint into an empty stream starts after it)
+        self.floor = -1
 
     @property
     def end_seq(self) -> int:
@@ -247,6 +262,7 @@ class _Stream:
         files: list[Path] = []
         with self.cond:
             self._wait_for_spill()
+            self.floor = max(self.floor, window_id)
             dropped = freed_memory = freed_disk = 0
             while self.blocks:
                 block = self.blocks[0]
@@ -309,6 +325,7 @@ class _Stream:
                 self.last_window = block.windows[block.end - block.seq0 - 1]
             else:
                 self.last_window = None
+                self.floor = max(self.floor, window_id)  # nothing up to it was published here
             self.rewinds.append(self.end_seq)
             self.cond.notify_all()
         self._free(files, freed_memory, freed_disk)
@@ -394,11 +411,19 @@ class _Stream:
         if cursor.seq is None:
             if cursor.from_window == LATEST_WINDOW:  # only windows begun from now on
                 cursor.from_window = self.last_window if self.last_window is not None else -1
+                cursor.checked = False
             cursor.seq = self._locate(cursor.from_window)
             cursor.rewinds_seen = len(self.rewinds)
+            cursor.position = cursor.from_window
         elif cursor.rewinds_seen < len(self.rewinds):
             cursor.seq = min(cursor.seq, *self.rewinds[cursor.rewinds_seen:])
             cursor.rewinds_seen = len(self.rewinds)
+        if cursor.checked and cursor.position < self.floor:
+            needed = ("from the stream's start" if cursor.position < 0
+                      else f"after {format_window_id(cursor.position)}")
+            raise WindowGap(f"stream {self.stream_id!r} holds only the windows after "
+                            f"{format_window_id(self.floor)}, but the subscriber needs every "
+                            f"window {needed}")
         seq = max(cursor.seq, self.start_seq)  # purged messages are skipped
         out: list[Message] = []
         size = 0
@@ -418,6 +443,8 @@ class _Stream:
                     if message.window_id > cursor.from_window:
                         out.append(message)
                         size += message.nbytes
+                        if message.kind == Kind.END_WINDOW:
+                            cursor.position = message.window_id
         index = seq - self.first_seq
         while index < len(self.messages):
             message = self.messages[index]
@@ -428,6 +455,8 @@ class _Stream:
                 continue
             out.append(message)
             size += message.nbytes
+            if message.kind == Kind.END_WINDOW:
+                cursor.position = message.window_id
         cursor.seq = self.first_seq + index
         return out, None
 
@@ -880,8 +909,12 @@ class BufferServer:
                     while True:
                         if self._closed.is_set():
                             return
-                        messages, needed = stream.take(cursor, self._max_envelope_bytes,
-                                                       loaded)
+                        try:
+                            messages, needed = stream.take(cursor, self._max_envelope_bytes,
+                                                           loaded)
+                        except WindowGap as exc:
+                            _LOGGER.warning("subscriber %s: %s", context.peer(), exc)
+                            raise flight.FlightServerError(f"{WINDOW_GAP_ERROR} {exc}") from exc
                         if loaded and cursor.seq is not None and cursor.seq >= stream.first_seq:
                             loaded = {}  # past the spilled part: let the block go
                         if messages or needed is not None:

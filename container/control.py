@@ -18,6 +18,8 @@ import pyarrow as pa
 __all__ = [
     "ENVELOPE_SCHEMA",
     "PARTITION_FILTER_ERROR",
+    "WINDOW_GAP_ERROR",
+    "WindowGap",
     "Kind",
     "Message",
     "decode_batch",
@@ -72,6 +74,18 @@ class Message:
 PARTITION_FILTER_ERROR = "partition filter:"
 """How a buffer server's error begins when a batch cannot be split for a subscriber (the
 partition key column is missing): the subscriber fails at once instead of retrying."""
+
+WINDOW_GAP_ERROR = "window gap:"
+"""How a buffer server's error begins when a subscriber asks for windows the stream does not
+hold (purged, or never published there): the subscriber fails at once, loudly."""
+
+
+class WindowGap(RuntimeError):
+    """A stream skipped windows a subscriber needs: an error, never a silent skip.
+
+    Retrying the same subscription cannot bring the windows back; the operator fails and
+    the master's recovery (or the application's failure) takes over.
+    """
 
 ENVELOPE_SCHEMA = pa.schema(
     [("kind", pa.int8()), ("window_id", pa.int64()), ("rows", pa.int64()),

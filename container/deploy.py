@@ -150,7 +150,8 @@ class Deployment:
             inputs = {
                 i.port_name: PortInput(
                     i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),
-                    capacity, stopped, from_window=LATEST_WINDOW if at_most_once else resume)
+                    capacity, stopped, from_window=LATEST_WINDOW if at_most_once else resume,
+                    contiguous=attributes.get("PROCESSING_MODE") != "AT_MOST_ONCE")
                 for i in info.inputs
             }
             publishers = {  # windows after the checkpoint are published again

@@ -12,8 +12,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from container.control import Kind, Message
+from container.control import Kind, Message, WindowGap
 from operators.ports import SchemaMismatch
+from operators.windows import format_window_id
 
 __all__ = ["InputClosed", "PortInput"]
 
@@ -44,16 +45,19 @@ class PortInput:
         stopped: polled while blocking, so an undeployed operator's thread exits.
         from_window: the first subscription starts after this window.
         retry_s: how long a lost upstream is waited for before the operator fails.
+        contiguous: every window must follow the one before it (a gap is a ``WindowGap``
+            error); False only where skipping is the promise (AT_MOST_ONCE).
     """
 
     def __init__(self, name: str,
                  subscribe: Callable[[int], tuple[Iterable[Message], Callable[[], None]]],
                  capacity: int, stopped: threading.Event, *, from_window: int = -1,
-                 retry_s: float = 60.0) -> None:
+                 retry_s: float = 60.0, contiguous: bool = True) -> None:
         self.name = name
         self._subscribe = subscribe
         self._from_window = from_window
         self._retry_s = retry_s
+        self._contiguous = contiguous
         self._queue: queue.Queue[Message | _Failure] = queue.Queue(maxsize=capacity)
         self._stopped = stopped
         self._head: Message | None = None
@@ -82,6 +86,7 @@ class PortInput:
         """
         from_window, skip = self._from_window, 0
         delivered_in_window = 0
+        last_ended: int | None = None  # the last window whose END_WINDOW was queued
         give_up = None
         delay_s = 0.1
         while not self._stopped.is_set():
@@ -91,15 +96,18 @@ class PortInput:
                     if skip:  # already delivered before the connection broke
                         skip -= 1
                         continue
+                    if message.kind == Kind.BEGIN_WINDOW:
+                        self._check_follows(last_ended, message.window_id)
                     if not self._put(message) or message.kind == Kind.END_STREAM:
                         return
                     give_up, delay_s = None, 0.1
                     delivered_in_window += 1
                     if message.kind == Kind.END_WINDOW:
                         from_window, delivered_in_window = message.window_id, 0
+                        last_ended = message.window_id
                 error: BaseException = InputClosed(
                     f"input port {self.name!r}: the upstream stream ended without END_STREAM")
-            except SchemaMismatch as exc:  # the stream cannot feed this input: no retry helps
+            except (SchemaMismatch, WindowGap) as exc:  # no retry can help
                 self._put(_Failure(exc))
                 return
             except Exception as exc:  # noqa: BLE001 - retried, then handed to the operator
@@ -117,6 +125,17 @@ class PortInput:
             self._stopped.wait(delay_s)
             delay_s = min(delay_s * 2, 2.0)
 
+    def _check_follows(self, last_ended: int | None, window_id: int) -> None:
+        """Raises WindowGap unless ``window_id`` is the window after ``last_ended``.
+
+        The first window of a subscription is the buffer server's to check (it knows which
+        windows the stream holds); every later one must follow the one before it.
+        """
+        if self._contiguous and last_ended is not None and window_id != last_ended + 1:
+            raise WindowGap(f"input port {self.name!r}: window {format_window_id(window_id)} "
+                            f"arrived after window {format_window_id(last_ended)}; the windows "
+                            "in between are missing from the stream")
+
     def _take(self) -> Message:
         while True:
             if self._stopped.is_set():
@@ -126,6 +145,8 @@ class PortInput:
             except queue.Empty:
                 continue
             if isinstance(item, _Failure):
+                if isinstance(item.error, WindowGap):
+                    raise item.error  # already names the port and the windows
                 raise InputClosed(f"input port {self.name!r}: {item.error}") from item.error
             return item
 

@@ -468,6 +468,12 @@ class OperatorRunner:
             if window_id <= last_window:
                 raise RuntimeError(f"window {format_window_id(window_id)} arrived after window "
                                    f"{format_window_id(last_window)}: windows must increase")
+            if last_window >= 0 and not self.skip_missed_windows:
+                # Each port's windows follow one another (PortInput checks); between ports,
+                # one may end before another begins: the windows in between are empty.
+                for empty in range(last_window + 1, window_id):
+                    self._begin(empty)
+                    self._end(empty)
             self._begin(window_id)
             for name in [n for n, w in heads.items() if w == window_id]:
                 self._process_window(name, open_ports[name], window_id)

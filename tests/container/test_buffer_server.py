@@ -13,6 +13,7 @@ import pytest
 
 from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
 from container.buffer_server import (
+    LATEST_WINDOW,
     BufferServer,
     PublishAborted,
     StreamStats,
@@ -20,7 +21,7 @@ from container.buffer_server import (
     _SpillResult,
     _Stream,
 )
-from container.control import ENVELOPE_SCHEMA, Kind, Message
+from container.control import ENVELOPE_SCHEMA, Kind, Message, WindowGap
 from container.spill import Budget, SpillStore, read_block
 
 pytestmark = pytest.mark.timeout(60)
@@ -183,10 +184,10 @@ def test_purge_some_then_all(server):
     messages, nbytes, on_disk = server.stream_stats()[_STREAM]
     assert messages == 4 and 0 < nbytes < retained.memory_bytes and on_disk == 0
     pub.end_stream()
-    assert _shape(_collect(server)) == _expected([3]) + [(Kind.END_STREAM, 3)]
+    assert _shape(_collect(server, from_window=2)) == _expected([3]) + [(Kind.END_STREAM, 3)]
     server.purge(_STREAM, 3)
     assert server.stream_stats()[_STREAM] == (1, 0, 0)  # END_STREAM stays for late readers
-    assert _shape(_collect(server)) == [(Kind.END_STREAM, 3)]
+    assert _shape(_collect(server, from_window=3)) == [(Kind.END_STREAM, 3)]
     server.purge("no.such", 3)  # unknown streams are ignored
 
 
@@ -542,12 +543,12 @@ def test_purge_drops_spilled_blocks_some_then_all(spilling, tmp_path):
     assert _spill_files(tmp_path) == [p for p, w in last_window.items() if w > 9]
     assert 0 < after.blocks_on_disk < len(last_window)
     pub.end_stream()
-    messages = _collect(spilling)
+    messages = _collect(spilling, from_window=9)
     _check_numbers(messages[:-1], range(10, 30))
     spilling.purge(_STREAM, 29)
     assert spilling.stream_stats()[_STREAM] == (1, 0, 0)  # END_STREAM
     assert _spill_files(tmp_path) == [] and spilling.stats().blocks_on_disk == 0
-    assert _shape(_collect(spilling)) == [(Kind.END_STREAM, 29)]
+    assert _shape(_collect(spilling, from_window=29)) == [(Kind.END_STREAM, 29)]
 
 
 def test_purge_all_purges_every_stream(spilling, tmp_path):
@@ -617,12 +618,12 @@ def test_storage_reads_spilled_blocks_at_any_position(tmp_path):
     assert _shape(_take(stream, _Cursor(3))) == _shape(everything[12:])
     assert stream.purge(2) == 8
     assert all(max(_windows_in(path)) > 2 for path in _spill_files(tmp_path))
-    assert _take(stream, _Cursor(-1)) == everything[8:]
+    assert _take(stream, _Cursor(2)) == everything[8:]
     assert stream.rewind(4) == 8  # windows 5 and 6, on disk and in memory
     stream.append(Message(Kind.BEGIN_WINDOW, 5))
     assert _shape(_take(stream, fast)) == [(Kind.BEGIN_WINDOW, 5)]
     assert _shape(_take(stream, slow)) == [(Kind.BEGIN_WINDOW, 5)]
-    assert _take(stream, _Cursor(-1)) == everything[8:16] + [stream.messages[-1]]
+    assert _take(stream, _Cursor(2)) == everything[8:16] + [stream.messages[-1]]
     store.close()
     assert list(tmp_path.iterdir()) == []
 
@@ -760,7 +761,6 @@ def test_suspended_stream_serves_nothing_until_its_publisher_rewinds():
 
 
 def test_latest_window_subscriber_gets_only_windows_begun_after_it_joined():
-    from container.buffer_server import LATEST_WINDOW
 
     with BufferServer() as server:
         host, port = server.address
@@ -786,3 +786,62 @@ def test_latest_window_subscriber_gets_only_windows_begun_after_it_joined():
             ("BEGIN_WINDOW", 4), ("DATA", 4), ("END_WINDOW", 4)]
         assert [m.batch().column(0).to_pylist() for m in received if m.kind == Kind.DATA] \
             == [[4]]
+
+
+# -- gaps: a stream that does not hold what a subscriber asks for fails it, loudly ---------
+def test_a_stream_restarted_after_a_checkpoint_refuses_a_subscriber_from_before_it(server):
+    pub = server.publisher(_STREAM, from_window=5)  # a new container, from checkpoint 5
+    for w in (6, 7):
+        _publish_window(pub, w)
+    with pytest.raises(WindowGap, match=r"stream '3.output' holds only the windows after 0:5, "
+                                        r"but the subscriber needs every window after 0:2"):
+        _collect(server, from_window=2)
+    pub.end_stream()
+    assert _shape(_collect(server, from_window=5)) == _expected([6, 7]) + [(Kind.END_STREAM, 7)]
+    assert _shape(_collect(server, from_window=6)) == _expected([7]) + [(Kind.END_STREAM, 7)]
+
+
+def test_a_subscriber_waiting_before_its_publisher_fails_if_the_stream_starts_later(server):
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 1, "the subscription")
+    pub = server.publisher(_STREAM, from_window=63)
+    _publish_window(pub, 64)
+    error = bg.next()
+    assert isinstance(error, WindowGap), error
+    assert "holds only the windows after 0:63, but the subscriber needs every window from " \
+           "the stream's start" in str(error)
+
+
+def test_purged_windows_are_a_gap_for_a_subscriber_that_needs_them(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2, 3):
+        _publish_window(pub, w)
+    server.purge(_STREAM, 2)
+    with pytest.raises(WindowGap, match="after 0:2, but the subscriber needs every window "
+                                        "after 0:1"):
+        _collect(server, from_window=1)
+    pub.end_stream()
+    assert _shape(_collect(server, from_window=2)) == _expected([3]) + [(Kind.END_STREAM, 3)]
+
+
+def test_a_publisher_restarted_in_the_same_stream_keeps_what_it_holds(server):
+    pub = server.publisher(_STREAM)
+    for w in (1, 2, 3):
+        _publish_window(pub, w)
+    pub = server.publisher(_STREAM, from_window=2)  # undeployed, redeployed here from 2
+    _publish_window(pub, 3)
+    pub.end_stream()
+    assert _shape(_collect(server)) == _expected([1, 2, 3]) + [(Kind.END_STREAM, 3)]
+
+
+def test_a_latest_window_subscriber_skips_by_its_promise(server):
+    pub = server.publisher(_STREAM, from_window=5)  # an empty stream that starts after 5
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, from_window=LATEST_WINDOW,
+                                  timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 1, "the subscription")
+    time.sleep(0.2)  # placed on the empty stream: "after window -1"
+    _publish_window(pub, 6)
+    pub.end_stream()
+    assert _shape(bg.take(5)) == _expected([6]) + [(Kind.END_STREAM, 6)]

@@ -97,11 +97,28 @@ def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int =
 
 def test_two_inputs_are_aligned_by_window():
     op = SumPerAppWindow()
-    runner, out = run(op, {"a": stream({1: [[1, 2]], 2: [[3]], 4: [[5]]}),
+    runner, out = run(op, {"a": stream({1: [[1, 2]], 2: [[3]], 3: [], 4: [[5]]}),
                            "b": stream({2: [[10]], 3: [[20]], 4: [[30]]})})
     assert runner.state is RunnerState.SHUTDOWN, runner.error
     assert out.windows() == [(1, [3]), (2, [13]), (3, [20]), (4, [35])]
     assert out.messages[-1].kind == Kind.END_STREAM
+
+
+def test_a_window_missing_from_a_stream_fails_the_operator_naming_the_gap():
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({1: [[1]], 2: [[2]], 5: [[3]]})})
+    assert runner.state is RunnerState.FAILED
+    assert ("WindowGap: input port 'a': window 0:5 arrived after window 0:2; the windows in "
+            "between are missing") in runner.error
+    assert out.windows() == [(1, [1]), (2, [2])]  # nothing of window 5 was processed
+
+
+def test_windows_between_two_inputs_are_processed_empty_never_skipped():
+    """One input ends before the other begins: the windows in between are empty windows."""
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({1: [[1]], 2: [[2]]}), "b": stream({5: [[7]]})})
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert out.windows() == [(1, [1]), (2, [2]), (3, [0]), (4, [0]), (5, [7])]
 
 
 def test_application_window_spans_streaming_windows_and_flushes_at_end():
@@ -127,7 +144,7 @@ def test_out_of_order_window_fails_the_operator():
     messages = stream({2: [[1]]})[:-1] + stream({1: [[1]]})
     runner, _ = run(SumPerAppWindow(), {"a": messages})
     assert runner.state is RunnerState.FAILED
-    assert "windows must increase" in runner.error
+    assert "window 0:1 arrived after window 0:2" in runner.error
 
 
 def test_operator_exception_fails_with_its_message():
