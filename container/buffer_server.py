@@ -5,9 +5,10 @@ One per container. Publishers live in the same process and append messages direc
 ``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``, plus ``"partition":
 {"column", "mask", "keys"}`` for one partition of a partitioned operator: that
 subscriber gets only its rows of each DATA batch (``operators.partitioning``; markers pass
-as they are). A subscription first
-receives every retained message of the windows after ``from_window``, in order, then
-stays open and receives new messages as they are published (long poll), until
+as they are), and ``"latest": true`` to skip to the newest window (AT_MOST_ONCE readers).
+A subscription first receives every retained message of the windows after
+``from_window`` (a stream that does not hold them all fails it: ``WindowGap``), in order,
+then stays open and receives new messages as they are published (long poll), until
 ``END_STREAM`` or the server closes. Every Flight call must carry the master's secret
 (``authorization: Bearer <secret>``): a stream is the application's data, and nobody
 else may read it. TLS is optional.
@@ -176,8 +177,9 @@ class _Cursor:
     from_window: int
     seq: int | None = None
     rewinds_seen: int = 0
+    latest: bool = False  # skip to the newest window (never to one at or before from_window)
     position: int = -1
-    checked: bool = True  # windows it needs must be there (not a LATEST_WINDOW cursor)
+    checked: bool = True  # windows it needs must be there (not a latest cursor)
 
 
 class _Stream:
@@ -409,8 +411,9 @@ class _Stream:
         if self.suspended:  # what follows may be rewound: serve nothing until it is
             return [], None
         if cursor.seq is None:
-            if cursor.from_window == LATEST_WINDOW:  # only windows begun from now on
-                cursor.from_window = self.last_window if self.last_window is not None else -1
+            if cursor.latest or cursor.from_window == LATEST_WINDOW:  # windows from now on
+                newest = self.last_window if self.last_window is not None else -1
+                cursor.from_window = max(cursor.from_window, newest)
                 cursor.checked = False
             cursor.seq = self._locate(cursor.from_window)
             cursor.rewinds_seen = len(self.rewinds)
@@ -548,26 +551,31 @@ class _FlightService(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext,
                ticket: flight.Ticket) -> flight.FlightDataStream:
-        stream_id, from_window, partition = _parse_ticket(ticket.ticket)
-        _LOGGER.debug("subscriber %s: stream %s from window %d%s", context.peer(), stream_id,
-                      from_window, f", partition {partition}" if partition else "")
+        stream_id, from_window, partition, latest = _parse_ticket(ticket.ticket)
+        _LOGGER.debug("subscriber %s: stream %s from window %d%s%s", context.peer(), stream_id,
+                      from_window, " or the latest" if latest else "",
+                      f", partition {partition}" if partition else "")
         return flight.GeneratorStream(
-            ENVELOPE_SCHEMA, self._owner._serve(context, stream_id, from_window, partition))
+            ENVELOPE_SCHEMA,
+            self._owner._serve(context, stream_id, from_window, partition, latest=latest))
 
 
-def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None]:
+def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None, bool]:
     try:
         request = json.loads(raw)
         stream_id = request["stream"]
         from_window = request.get("from_window", -1)
-        if not isinstance(stream_id, str) or not isinstance(from_window, int):
-            raise TypeError("'stream' must be a string and 'from_window' an integer")
+        latest = request.get("latest", False)
+        if not isinstance(stream_id, str) or not isinstance(from_window, int) \
+                or not isinstance(latest, bool):
+            raise TypeError("'stream' must be a string, 'from_window' an integer and "
+                            "'latest' a boolean")
         partition = request.get("partition")
         if partition is not None:
             partition = PartitionFilter.from_json(partition)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise flight.FlightServerError(f"bad buffer-server ticket {raw[:200]!r}: {exc}") from exc
-    return stream_id, from_window, partition
+    return stream_id, from_window, partition, latest
 
 
 def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Message]:
@@ -892,14 +900,14 @@ class BufferServer:
         return rows
 
     def _serve(self, context: flight.ServerCallContext, stream_id: str,
-               from_window: int, partition: PartitionFilter | None = None,
-               ) -> Iterator[pa.RecordBatch]:
+               from_window: int, partition: PartitionFilter | None = None, *,
+               latest: bool = False) -> Iterator[pa.RecordBatch]:
         """One subscription: envelope batches until END_STREAM, cancellation or close.
 
         ``partition`` keeps only its rows of every DATA batch, filtered outside the
         stream's lock (publishing goes on meanwhile)."""
         stream = self._stream(stream_id)  # a subscriber may come before its publisher
-        cursor = _Cursor(from_window)
+        cursor = _Cursor(from_window, latest=latest)
         loaded: dict[_Block, list[Message]] = {}  # the spilled block being read, if any
         with self._lock:
             self._subscribers += 1

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import cloudpickle
 
 from container.buffer_client import Subscription
-from container.buffer_server import LATEST_WINDOW, BufferServer
+from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.control import Kind, Message
 from container.operator_state import OperatorStateError, capture, restore
@@ -145,13 +145,13 @@ class Deployment:
                                       partition_count=max(1, info.partition_count))
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
-            # AT_MOST_ONCE restarts skip what they missed; otherwise replay after the checkpoint
-            at_most_once = resume >= 0 and attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE"
+            # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise
+            # every window after the checkpoint is replayed
+            at_most_once = attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE"
             inputs = {
                 i.port_name: PortInput(
                     i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),
-                    capacity, stopped, from_window=LATEST_WINDOW if at_most_once else resume,
-                    contiguous=attributes.get("PROCESSING_MODE") != "AT_MOST_ONCE")
+                    capacity, stopped, from_window=resume, skip_to_latest=at_most_once)
                 for i in info.inputs
             }
             publishers = {  # windows after the checkpoint are published again
@@ -257,13 +257,14 @@ class Deployment:
         ended = info.context_attributes.get("UPSTREAM_END_WINDOW")
         partition = partition_filter(info)
 
-        def subscribe(from_window: int):
+        def subscribe(from_window: int, latest: bool = False):
             if ended is not None:  # the upstream finished before our checkpoint: just end
                 return iter([Message(Kind.END_STREAM, int(ended))]), lambda: None
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
                                         from_window=from_window, secret=secret,
-                                        tls_root_certs=tls_root_certs, partition=partition)
+                                        tls_root_certs=tls_root_certs, partition=partition,
+                                        latest=latest)
             return subscription, subscription.close
         return subscribe
 

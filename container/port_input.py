@@ -45,19 +45,21 @@ class PortInput:
         stopped: polled while blocking, so an undeployed operator's thread exits.
         from_window: the first subscription starts after this window.
         retry_s: how long a lost upstream is waited for before the operator fails.
-        contiguous: every window must follow the one before it (a gap is a ``WindowGap``
-            error); False only where skipping is the promise (AT_MOST_ONCE).
+        skip_to_latest: the first subscription starts at the stream's newest window
+            instead, never at or before ``from_window`` (AT_MOST_ONCE: what was missed is
+            skipped, what was processed is never taken again); ``subscribe`` is then called
+            with ``latest=True``. Windows then follow one another without a check.
     """
 
     def __init__(self, name: str,
                  subscribe: Callable[[int], tuple[Iterable[Message], Callable[[], None]]],
                  capacity: int, stopped: threading.Event, *, from_window: int = -1,
-                 retry_s: float = 60.0, contiguous: bool = True) -> None:
+                 retry_s: float = 60.0, skip_to_latest: bool = False) -> None:
         self.name = name
         self._subscribe = subscribe
         self._from_window = from_window
         self._retry_s = retry_s
-        self._contiguous = contiguous
+        self._skip_to_latest = skip_to_latest
         self._queue: queue.Queue[Message | _Failure] = queue.Queue(maxsize=capacity)
         self._stopped = stopped
         self._head: Message | None = None
@@ -91,7 +93,9 @@ class PortInput:
         delay_s = 0.1
         while not self._stopped.is_set():
             try:
-                messages, self._cancel = self._subscribe(from_window)
+                latest = self._skip_to_latest and last_ended is None
+                messages, self._cancel = (self._subscribe(from_window, latest=True) if latest
+                                          else self._subscribe(from_window))
                 for message in messages:
                     if skip:  # already delivered before the connection broke
                         skip -= 1
@@ -131,7 +135,8 @@ class PortInput:
         The first window of a subscription is the buffer server's to check (it knows which
         windows the stream holds); every later one must follow the one before it.
         """
-        if self._contiguous and last_ended is not None and window_id != last_ended + 1:
+        if not self._skip_to_latest and last_ended is not None \
+                and window_id != last_ended + 1:
             raise WindowGap(f"input port {self.name!r}: window {format_window_id(window_id)} "
                             f"arrived after window {format_window_id(last_ended)}; the windows "
                             "in between are missing from the stream")

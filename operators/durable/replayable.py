@@ -77,9 +77,29 @@ class ReplayableSource(TransientNonState, InputOperator):
         if context.state_dir:
             self._window_log = WindowLog(context.durable_dir("window-log"))
             self._replay = self._window_log.after(context.recovered_window)
+            if self._replay and context.attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE":
+                self._skip_logged_windows()
         else:
             _LOGGER.warning("operator %s: no local state folder, so no window log: after a "
                             "restart its windows are cut anew (at least once)", context.name)
+
+    def _skip_logged_windows(self) -> None:
+        """AT_MOST_ONCE after a restart: the input the logged windows read was emitted
+        before the failure (and maybe processed), so it is read again without being
+        emitted, and the source goes on after it: those windows are lost, never repeated."""
+        runtime_emit = self.__dict__.get("_weir_emit")
+        self.__dict__["_weir_emit"] = lambda port, batch: None
+        try:
+            skipped = list(self._replay)
+            while self._replay:
+                self.begin_window(next(iter(self._replay)))
+                self.emit_tuples()
+        finally:
+            self.__dict__["_weir_emit"] = runtime_emit
+        self._window_id, self._limit, self._limit_read = -1, None, False
+        _LOGGER.info("%s: AT_MOST_ONCE restart skips the input of %d logged windows (%s to %s)",
+                     type(self).__name__, len(skipped), format_window_id(skipped[0]),
+                     format_window_id(skipped[-1]))
 
     def first_window(self) -> int | None:
         replay = self.__dict__.get("_replay") or {}

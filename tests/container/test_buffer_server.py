@@ -845,3 +845,17 @@ def test_a_latest_window_subscriber_skips_by_its_promise(server):
     _publish_window(pub, 6)
     pub.end_stream()
     assert _shape(bg.take(5)) == _expected([6]) + [(Kind.END_STREAM, 6)]
+
+
+def test_a_latest_subscriber_never_takes_a_window_at_or_before_its_own(server):
+    """An AT_MOST_ONCE reader restarted from checkpoint 3 subscribes to an upstream that
+    restarted from 1: what the upstream republishes up to 3 was processed already."""
+    pub = server.publisher(_STREAM, from_window=1)
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, from_window=3, latest=True,
+                                  timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 1, "the subscription")
+    for w in (2, 3, 4):
+        _publish_window(pub, w)
+    pub.end_stream()
+    assert _shape(bg.take(5)) == _expected([4]) + [(Kind.END_STREAM, 4)]

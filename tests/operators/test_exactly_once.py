@@ -77,6 +77,28 @@ def test_directory_source_replays_identical_windows_after_a_restore(tmp_path, in
     assert not source_window(again, replayed, 6)  # then the bounded source ends
 
 
+def test_an_at_most_once_source_never_emits_again_what_it_emitted_before_a_restart(
+        tmp_path, inbox, monkeypatch):
+    monkeypatch.setattr("operators.library.directory._READ_BYTES", 40)
+    src = DirectorySource(inbox, pattern="*.txt")
+    emitted = started(src, tmp_path / "state", PROCESSING_MODE="AT_MOST_ONCE")
+    source_window(src, emitted, 1, calls=2)
+    checkpoint = capture(src)  # the state as of window 1
+    for counter in range(2, 4):
+        source_window(src, emitted, counter, calls=3)
+    before = [line for ls in lines_by_window(emitted).values() for line in ls]
+
+    # restored from window 1, it goes on at a later window (AT_MOST_ONCE skips ahead)
+    again = restore(DirectorySource(inbox), checkpoint)
+    after = started(again, tmp_path / "state", recovered=wid(1), PROCESSING_MODE="AT_MOST_ONCE")
+    assert again.first_window() is None  # nothing to replay
+    while source_window(again, after, 9, calls=50):
+        pass
+    rest = [line for ls in lines_by_window(after).values() for line in ls]
+    assert not set(before) & set(rest), "a line was emitted twice"
+    assert sorted(before + rest) == sorted(f"f{i} line {j}" for i in range(3) for j in range(5))
+
+
 def test_directory_source_frees_files_only_when_committed(tmp_path, inbox):
     src = DirectorySource(inbox, delete_consumed=True)
     emitted = started(src, tmp_path / "state")
