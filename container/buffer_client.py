@@ -58,7 +58,8 @@ class Subscription:
     ``secret`` (the master's) goes with the call; ``tls_root_certs`` (PEM) makes it a TLS
     call trusting them. ``partition`` asks the server for one partition's rows only.
     ``latest``: start at the stream's newest window instead (but never at or before
-    ``from_window``): an AT_MOST_ONCE reader skips what it missed.
+    ``from_window``): an AT_MOST_ONCE reader skips what it missed. ``generation``: read
+    only what that deployment of the upstream operator publishes (0: any).
 
     Raises (while iterating):
         BufferServerUnavailable: the server is unreachable, or closed the stream
@@ -71,9 +72,11 @@ class Subscription:
     def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
                  timeout_s: float | None = None, *, secret: str | None = None,
                  tls_root_certs: bytes | None = None,
-                 partition: PartitionFilter | None = None, latest: bool = False) -> None:
+                 partition: PartitionFilter | None = None, latest: bool = False,
+                 generation: int = 0) -> None:
         self.secret = secret
         self.latest = latest
+        self.generation = generation
         self.partition = partition
         self.tls_root_certs = tls_root_certs
         self.host = host
@@ -134,6 +137,8 @@ class Subscription:
             request["partition"] = self.partition.to_json()
         if self.latest:
             request["latest"] = True
+        if self.generation:
+            request["generation"] = self.generation
         ticket = flight.Ticket(json.dumps(request).encode())
         headers = [(AUTH_HEADER, f"Bearer {self.secret}".encode())] if self.secret else []
         options = flight.FlightCallOptions(timeout=self.timeout_s, headers=headers)

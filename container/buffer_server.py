@@ -178,6 +178,7 @@ class _Cursor:
     seq: int | None = None
     rewinds_seen: int = 0
     latest: bool = False  # skip to the newest window (never to one at or before from_window)
+    generation: int = 0  # the publisher's generation it reads (0: any)
     position: int = -1
     checked: bool = True  # windows it needs must be there (not a latest cursor)
 
@@ -214,6 +215,7 @@ class _Stream:
         # windows <= floor are not served: purged (committed), or never published here (a
         # publisher restarted from a checkpoint into an empty stream starts after it)
         self.floor = -1
+        self.generation = 0  # its publisher's (0: not given); an older one cannot publish
 
     @property
     def end_seq(self) -> int:
@@ -410,6 +412,8 @@ class _Stream:
         taken, that block is returned to be loaded. Call with ``cond`` held."""
         if self.suspended:  # what follows may be rewound: serve nothing until it is
             return [], None
+        if cursor.generation and cursor.generation != self.generation:
+            return [], None  # another deployment publishes: wait for the one it reads
         if cursor.seq is None:
             if cursor.latest or cursor.from_window == LATEST_WINDOW:  # windows from now on
                 newest = self.last_window if self.last_window is not None else -1
@@ -474,10 +478,11 @@ class Publisher:
     """
 
     def __init__(self, server: BufferServer, stream: _Stream,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, generation: int = 0) -> None:
         self._server = server
         self._stream = stream
         self._stop = stop
+        self.generation = generation
         self.bytes_published = 0
         self.messages_published = 0
         self.wait_s = 0.0
@@ -488,7 +493,16 @@ class Publisher:
         return self._stream.stream_id
 
     def publish(self, message: Message) -> None:
-        """Appends one message, once there is room; subscribers waiting on it wake up."""
+        """Appends one message, once there is room; subscribers waiting on it wake up.
+
+        Raises:
+            PublishAborted: the server closed, ``stop`` was set, or a newer deployment
+                of the operator publishes this stream now (this one was replaced).
+        """
+        if self.generation and self._stream.generation > self.generation:
+            raise PublishAborted(f"stream {self._stream.stream_id!r}: generation "
+                                 f"{self.generation} of its publisher was replaced by "
+                                 f"generation {self._stream.generation}")
         nbytes = message.nbytes
         if nbytes:
             with self._stream.cond:
@@ -551,31 +565,33 @@ class _FlightService(flight.FlightServerBase):
 
     def do_get(self, context: flight.ServerCallContext,
                ticket: flight.Ticket) -> flight.FlightDataStream:
-        stream_id, from_window, partition, latest = _parse_ticket(ticket.ticket)
+        stream_id, from_window, partition, latest, generation = _parse_ticket(ticket.ticket)
         _LOGGER.debug("subscriber %s: stream %s from window %d%s%s", context.peer(), stream_id,
                       from_window, " or the latest" if latest else "",
                       f", partition {partition}" if partition else "")
         return flight.GeneratorStream(
             ENVELOPE_SCHEMA,
-            self._owner._serve(context, stream_id, from_window, partition, latest=latest))
+            self._owner._serve(context, stream_id, from_window, partition, latest=latest,
+                               generation=generation))
 
 
-def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None, bool]:
+def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None, bool, int]:
     try:
         request = json.loads(raw)
         stream_id = request["stream"]
         from_window = request.get("from_window", -1)
         latest = request.get("latest", False)
+        generation = request.get("generation", 0)
         if not isinstance(stream_id, str) or not isinstance(from_window, int) \
-                or not isinstance(latest, bool):
-            raise TypeError("'stream' must be a string, 'from_window' an integer and "
-                            "'latest' a boolean")
+                or not isinstance(latest, bool) or not isinstance(generation, int):
+            raise TypeError("'stream' must be a string, 'from_window' and 'generation' "
+                            "integers and 'latest' a boolean")
         partition = request.get("partition")
         if partition is not None:
             partition = PartitionFilter.from_json(partition)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise flight.FlightServerError(f"bad buffer-server ticket {raw[:200]!r}: {exc}") from exc
-    return stream_id, from_window, partition, latest
+    return stream_id, from_window, partition, latest, generation
 
 
 def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Message]:
@@ -758,7 +774,7 @@ class BufferServer:
             return stream
 
     def publisher(self, stream_id: str, from_window: int | None = None,
-                  stop: threading.Event | None = None) -> Publisher:
+                  stop: threading.Event | None = None, generation: int = 0) -> Publisher:
         """A publisher for ``stream_id`` (``"<operator id>.<port>"``), creating the stream.
 
         A publisher restarted from a checkpoint passes the checkpoint's window as
@@ -766,8 +782,18 @@ class BufferServer:
         spilled or not, are dropped so it can publish them again, and open subscriptions
         that had read past that point continue from the republished messages. ``stop``
         (the operator's stop event) ends a wait for room with ``PublishAborted``.
+        ``generation`` (the publishing deployment's): subscribers that name another
+        generation are not served, and publishers of older ones are refused.
+
+        Raises:
+            PublishAborted: a newer generation publishes the stream already.
         """
         stream = self._stream(stream_id)
+        with stream.cond:
+            if generation and generation < stream.generation:
+                raise PublishAborted(f"stream {stream_id!r}: generation {generation} cannot "
+                                     f"publish, generation {stream.generation} does")
+            stream.generation = max(stream.generation, generation)
         if from_window is not None:
             dropped = stream.rewind(from_window)
             _LOGGER.debug("stream %s rewound to window %d: %d messages dropped", stream_id,
@@ -775,7 +801,7 @@ class BufferServer:
         with stream.cond:
             stream.suspended = False
             stream.cond.notify_all()
-        return Publisher(self, stream, stop)
+        return Publisher(self, stream, stop, generation)
 
     def suspend(self, stream_id: str) -> None:
         """Holds back the stream from subscribers until its next ``publisher()`` call.
@@ -901,13 +927,13 @@ class BufferServer:
 
     def _serve(self, context: flight.ServerCallContext, stream_id: str,
                from_window: int, partition: PartitionFilter | None = None, *,
-               latest: bool = False) -> Iterator[pa.RecordBatch]:
+               latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]:
         """One subscription: envelope batches until END_STREAM, cancellation or close.
 
         ``partition`` keeps only its rows of every DATA batch, filtered outside the
         stream's lock (publishing goes on meanwhile)."""
         stream = self._stream(stream_id)  # a subscriber may come before its publisher
-        cursor = _Cursor(from_window, latest=latest)
+        cursor = _Cursor(from_window, latest=latest, generation=generation)
         loaded: dict[_Block, list[Message]] = {}  # the spilled block being read, if any
         with self._lock:
             self._subscribers += 1

@@ -16,6 +16,10 @@ offset bytes field
 A save writes a temporary file (``.<name>.<random>.tmp``) in the same folder, syncs it
 (local disks: ``fsync`` of the file, then of the folder after the rename) and renames it over
 the final name, so a reader sees either the whole previous state or the whole new one.
+
+The folder also holds the operator's fence (``FENCE``, ``operators.durable.fence``): a save
+given a ``check`` calls it just before the rename, so a deployment that was replaced leaves
+no checkpoint behind (its temporary file is removed).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import zlib
 from collections.abc import Callable
 
 import pyarrow.fs as pafs
+
+from operators.durable.fence import Fence
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "VERSION", "CheckpointInfo", "CheckpointStore", "CorruptCheckpoint",
@@ -117,13 +123,20 @@ class CheckpointStore:
         return f"{self.folder(operator_id)}/{window_id:016x}.ckpt"
 
     # -- writing -------------------------------------------------------------------------
-    def save(self, operator_id: int | str, window_id: int, data: bytes) -> CheckpointInfo:
+    def fence(self, operator_id: int | str, generation: int, what: str = "") -> Fence:
+        """The fence of ``operator_id`` (in its checkpoint folder), seen by ``generation``."""
+        return Fence(self.fs, self.folder(operator_id), generation,
+                     what or f"operator {operator_id}")
+
+    def save(self, operator_id: int | str, window_id: int, data: bytes,
+             check: Callable[[], None] | None = None) -> CheckpointInfo:
         """Stores ``data`` as the checkpoint of ``operator_id`` as of ``window_id``.
 
         Args:
             operator_id: the physical operator id.
             window_id: the last window the state includes.
             data: the serialised state (``operator_state.capture``).
+            check: called right before the rename; raising refuses the save (the fence).
 
         Returns:
             The window id, the bytes written and the seconds it took.
@@ -137,20 +150,22 @@ class CheckpointStore:
         crc = zlib.crc32(data, zlib.crc32(header))
         blob = b"".join((header, _CRC.pack(crc), data))
         if self._local:
-            _write_local(path, blob)
+            _write_local(path, blob, check)
         else:
-            self._write_fs(path, blob)
+            self._write_fs(path, blob, check)
         info = CheckpointInfo(window_id, len(blob), time.perf_counter() - start)
         _LOGGER.debug("saved checkpoint %s (%d bytes, %.3f s)", path, info.bytes, info.seconds)
         return info
 
-    def _write_fs(self, path: str, blob: bytes) -> None:
+    def _write_fs(self, path: str, blob: bytes, check: Callable[[], None] | None) -> None:
         folder, name = path.rsplit("/", 1)
         self.fs.create_dir(folder, recursive=True)
         tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
         try:
             with self.fs.open_output_stream(tmp) as out:
                 out.write(blob)
+            if check is not None:
+                check()
             self.fs.move(tmp, path)
         except BaseException:
             _quietly(self.fs.delete_file, tmp)
@@ -206,6 +221,20 @@ class CheckpointStore:
                           deleted, operator_id, window_id)
         return deleted
 
+    def delete_temporaries(self, operator_id: int | str) -> int:
+        """Deletes the temporary files of saves that never finished (a process killed, or
+        fenced, mid-save); returns how many. Call it when no other save can be under way."""
+        selector = pafs.FileSelector(self.folder(operator_id), allow_not_found=True)
+        deleted = 0
+        for info in self.fs.get_file_info(selector):
+            if info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                try:
+                    self.fs.delete_file(info.path)
+                    deleted += 1
+                except FileNotFoundError:
+                    pass
+        return deleted
+
     def delete(self, operator_id: int | str) -> None:
         """Deletes every checkpoint of the operator (and leftover temporary files)."""
         folder = self.folder(operator_id)
@@ -243,7 +272,7 @@ def _verify(path: str, blob: bytes, window_id: int) -> bytes:
     return payload
 
 
-def _write_local(path: str, blob: bytes) -> None:
+def _write_local(path: str, blob: bytes, check: Callable[[], None] | None = None) -> None:
     folder, name = os.path.split(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)  # state is private to its owner
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
@@ -252,6 +281,8 @@ def _write_local(path: str, blob: bytes) -> None:
             out.write(blob)
             out.flush()
             os.fsync(out.fileno())
+        if check is not None:
+            check()
         os.replace(tmp, path)
     except BaseException:
         _quietly(os.unlink, tmp)

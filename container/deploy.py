@@ -14,11 +14,13 @@ from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.control import Kind, Message
+from container.lease import Lease
 from container.operator_state import OperatorStateError, capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES
+from operators.durable import Fence, Fenced
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
 from operators.repartition import RepartitionError, new_partition
@@ -79,15 +81,20 @@ def default_state_dir(application_id: str) -> str:
 
 
 class StoreCheckpointer:
-    """Operator checkpoints in a ``CheckpointStore``: captured state, saved atomically."""
+    """One deployment's checkpoints in a ``CheckpointStore``: captured state, saved
+    atomically, and only while ``fence`` says this deployment was not replaced."""
 
-    def __init__(self, store: CheckpointStore) -> None:
+    def __init__(self, store: CheckpointStore, fence: Fence | None = None) -> None:
         self.store = store
+        self.fence = fence
 
     def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
-        return self.store.save(operator_id, window_id, capture(operator)).bytes
+        check = self.fence.check if self.fence is not None else None
+        return self.store.save(operator_id, window_id, capture(operator), check).bytes
 
     def committed(self, operator_id: int, window_id: int) -> None:
+        if self.fence is not None:
+            self.fence.check()
         self.store.delete_before(operator_id, window_id)
 
 
@@ -104,13 +111,16 @@ class Deployment:
         on_change: called when any operator changes state.
         secret: the master's secret, which other containers' buffer servers want.
         tls_root_certs: subscribe over TLS trusting these PEM certificates.
+        lease: the container's lease, which every operator holds to act.
     """
 
     def __init__(self, application_id: str, container_id: str, buffer_server: BufferServer,
                  spark: SparkSessionBridge, start_window_millis: int,
                  base_attributes: dict[str, str], on_change: Callable[[], None], *,
-                 secret: str | None = None, tls_root_certs: bytes | None = None) -> None:
+                 secret: str | None = None, tls_root_certs: bytes | None = None,
+                 lease: Lease | None = None) -> None:
         self.container_id = container_id
+        self.lease = lease
         self.secret = secret
         self.tls_root_certs = tls_root_certs
         self.buffer_server = buffer_server
@@ -123,17 +133,30 @@ class Deployment:
         self.failed_deploys: dict[int, umbilical_pb2.OperatorHeartbeat] = {}
         self._lock = threading.Lock()
         self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
-        self.checkpointer = StoreCheckpointer(CheckpointStore(self.state_dir))
+        self.store = CheckpointStore(self.state_dir)
         # (seed window, operators a repartition retired): checkpoints to delete after commit
         self._retired: list[tuple[int, list[int]]] = []
 
     def deploy(self, info: plan_pb2.OperatorDeployInfo) -> None:
-        """Builds the operator, connects its ports and starts its thread."""
+        """Claims the operator's fence, builds it, connects its ports, starts its thread.
+
+        A deployment of an older generation still running here is stopped first; a
+        repeated deploy request (same generation) is ignored.
+        """
         with self._lock:
-            if info.id in self.runners:
+            running = self.runners.get(info.id)
+        if running is not None:
+            if running.generation >= info.generation:
                 return  # a repeated deploy request: already running
+            _LOGGER.warning("container %s: operator %s (%d) generation %d replaces generation "
+                            "%d still running here", self.container_id, info.name, info.id,
+                            info.generation, running.generation)
+            self.undeploy([info.id])
+        fence = self._claim(info)
+        with self._lock:
             resume = info.checkpoint.window_id if info.HasField("checkpoint") else -1
-            operator = self._build(info, resume)
+            checkpointer = StoreCheckpointer(self.store, fence)
+            operator = self._build(info, resume, checkpointer)
             attributes = _typed_attributes({**self.base_attributes,
                                             **dict(info.context_attributes)})
             context = OperatorContext(name=info.name, operator_id=info.id,
@@ -142,7 +165,8 @@ class Deployment:
                                       state_dir=self._operator_dir(info.id),
                                       recovered_window=resume,
                                       partition_index=info.partition_index,
-                                      partition_count=max(1, info.partition_count))
+                                      partition_count=max(1, info.partition_count),
+                                      generation=info.generation, fence_check=fence.check)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise
@@ -156,20 +180,40 @@ class Deployment:
             }
             publishers = {  # windows after the checkpoint are published again
                 o.port_name: self.buffer_server.publisher(stream_id(info.id, o.port_name),
-                                                          from_window=resume)
+                                                          from_window=resume, stop=stopped,
+                                                          generation=info.generation)
                 for o in info.outputs
             }
             runner = OperatorRunner(info.id, operator, context, publishers, inputs,
                                     self.start_window_millis, self.on_change,
-                                    wait_for_activation=True, checkpointer=self.checkpointer,
+                                    wait_for_activation=True, checkpointer=checkpointer,
                                     resume_window=resume, skip_missed_windows=at_most_once,
-                                    stopped=stopped)
+                                    stopped=stopped, lease=self.lease)
             self.runners[info.id] = runner
             self.failed_deploys.pop(info.id, None)
         _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
                      info.name, info.id, info.class_name,
                      f"checkpoint {format_window_id(resume)}" if resume >= 0 else "scratch")
         runner.start()
+
+    def _claim(self, info: plan_pb2.OperatorDeployInfo) -> Fence:
+        """This deployment's fence, claimed: from now on, older ones cannot write.
+
+        Raises:
+            DeployError: a newer generation claimed it already (a stale deploy request),
+                or the state folder cannot be written.
+        """
+        fence = self.store.fence(info.id, info.generation, f"operator {info.name} ({info.id})")
+        try:
+            fence.claim()
+            self.store.delete_temporaries(info.id)  # saves a kill or the fence cut short
+        except Fenced as exc:
+            raise DeployError(f"operator {info.name} ({info.id}) is not deployed: {exc}") \
+                from None
+        except OSError as exc:
+            raise DeployError(f"operator {info.name} ({info.id}) cannot claim its fence in "
+                              f"{self.state_dir}: {exc}") from None
+        return fence
 
     def _operator_dir(self, operator_id: int) -> str:
         """The operator's durable folder: local STATE_DIR only (logs need append and fsync)."""
@@ -178,16 +222,18 @@ class Deployment:
         root = self.state_dir.removeprefix("file://")
         return os.path.join(root, "operators", str(operator_id))
 
-    def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int) -> Operator:
+    def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int,
+               checkpointer: StoreCheckpointer | None = None) -> Operator:
+        checkpointer = checkpointer or StoreCheckpointer(self.store)
         operator = self._unpickle(info)
         if info.HasField("seed"):
             seed = info.seed.window_id
             self._retired.append((seed, list(info.seed.retired_node_ids)))
-            if resume == seed >= 0 and resume not in self.checkpointer.store.windows(info.id):
-                return self._seed(info, operator, resume)
+            if resume == seed >= 0 and resume not in self.store.windows(info.id):
+                return self._seed(info, operator, resume, checkpointer)
         if resume >= 0:
             try:
-                operator = restore(operator, self.checkpointer.store.load(info.id, resume))
+                operator = restore(operator, self.store.load(info.id, resume))
             except Exception as exc:  # noqa: BLE001 - a corrupt or missing checkpoint
                 raise DeployError(f"operator {info.name} ({info.id}) cannot be restored from "
                                   f"checkpoint {format_window_id(resume)} in {self.state_dir}: "
@@ -207,8 +253,8 @@ class Deployment:
                               fatal=True)
         return operator
 
-    def _seed(self, info: plan_pb2.OperatorDeployInfo, fresh: Operator,
-              window_id: int) -> Operator:
+    def _seed(self, info: plan_pb2.OperatorDeployInfo, fresh: Operator, window_id: int,
+              checkpointer: StoreCheckpointer) -> Operator:
         """A partition made by a repartition: its state at ``window_id`` from the old
         partitions' checkpoints there (or the payload), saved as its own first checkpoint."""
         seed = info.seed
@@ -218,11 +264,11 @@ class Deployment:
         try:
             operator = fresh
             if seed.from_node_ids:
-                store = self.checkpointer.store
-                old = [restore(self._unpickle(info), store.load(old_id, window_id), info.name)
+                old = [restore(self._unpickle(info), self.store.load(old_id, window_id),
+                               info.name)
                        for old_id in seed.from_node_ids]
                 operator = new_partition(old, share)
-            self.checkpointer.checkpoint(info.id, window_id, operator)
+            checkpointer.checkpoint(info.id, window_id, operator)
         except RepartitionError as exc:
             raise DeployError(f"operator {info.name} ({info.id}): the state of partitions "
                               f"{list(seed.from_node_ids)} at {where} cannot be split: {exc}",
@@ -247,7 +293,7 @@ class Deployment:
         self._retired = [(w, ids) for w, ids in self._retired if committed <= w]
         for operator_id in {i for ids in due for i in ids}:
             try:
-                self.checkpointer.store.delete(operator_id)
+                self.store.delete(operator_id)
             except OSError as exc:  # another container deleted it meanwhile, or storage
                 _LOGGER.debug("checkpoints of retired operator %d: %s", operator_id, exc)
 
@@ -264,7 +310,7 @@ class Deployment:
                                         stream_id(info.source_node_id, info.source_port_name),
                                         from_window=from_window, secret=secret,
                                         tls_root_certs=tls_root_certs, partition=partition,
-                                        latest=latest)
+                                        latest=latest, generation=info.source_generation)
             return subscription, subscription.close
         return subscribe
 

@@ -7,6 +7,7 @@ import threading
 import time
 
 from container.deploy import DeployError, Deployment
+from container.lease import Lease
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.windows import format_window_id
@@ -23,18 +24,20 @@ class HeartbeatLoop:
     Runs in the container's main thread until the master answers ABORT, the master
     cannot be reached for the client's retry window, or ``stop()`` is called.
     ``buffer_server_address`` is what the master hands to downstream containers: the
-    advertised host (``--advertise-host``), which need not be the address bound.
+    advertised host (``--advertise-host``), which need not be the address bound. Every
+    answer but ABORT renews ``lease``; ABORT revokes it.
     """
 
     def __init__(self, container_id: str, client: UmbilicalClient, deployment: Deployment,
                  process_stats: ProcessStats, buffer_server_address: tuple[str, int],
-                 interval_ms: int) -> None:
+                 interval_ms: int, lease: Lease | None = None) -> None:
         self.container_id = container_id
         self.client = client
         self.deployment = deployment
         self.process_stats = process_stats
         self.host, self.port = buffer_server_address
         self.interval_ms = interval_ms
+        self.lease = lease
         self.committed_window_id = -1
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -67,11 +70,19 @@ class HeartbeatLoop:
         """Heartbeats until told to stop; returns why it stopped."""
         while not self._stop.is_set():
             self._wake.clear()
+            sent_at = time.monotonic()
             try:
                 response = self.client.heartbeat(self.build())
             except MasterUnreachable as exc:
                 _LOGGER.error("container %s: %s; exiting", self.container_id, exc)
+                if self.lease is not None:
+                    self.lease.revoke()
                 return "master unreachable"
+            if self.lease is not None:
+                if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
+                    self.lease.revoke()
+                else:
+                    self.lease.renew(sent_at)
             outcome = self.apply(response)
             if outcome:
                 return outcome

@@ -24,6 +24,7 @@ import grpc
 from container.buffer_server import BufferServer
 from container.deploy import Deployment
 from container.heartbeat_loop import HeartbeatLoop
+from container.lease import Lease
 from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -184,14 +185,15 @@ def main(argv: list[str] | None = None) -> int:
         {name: resolve(name, attributes) for name in ATTRIBUTES if name.startswith("SPARK_")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
     process_stats = ProcessStats()
+    lease = Lease(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes))
     loop: HeartbeatLoop | None = None
     deployment = Deployment(context.application_id, args.container_id, buffer_server, spark,
                             context.start_window_millis, attributes,
                             on_change=lambda: loop.wake() if loop else None,
                             secret=credentials.secret,
-                            tls_root_certs=credentials.tls_root_certs)
+                            tls_root_certs=credentials.tls_root_certs, lease=lease)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,
-                         advertised, context.heartbeat_interval_millis)
+                         advertised, context.heartbeat_interval_millis, lease)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
     _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
                  "%s:%d", args.container_id, os.getpid(), client.address,
@@ -202,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         reason = "interrupted"
     finally:
+        lease.revoke()  # whatever the reason, this container acts no more
         deployment.stop_all()
         buffer_server.close()
         spark.stop()

@@ -22,6 +22,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from container.control import Kind
+from container.lease import Lease, LeaseRevoked
 from container.operator_state import OperatorStateError
 from container.port_input import InputClosed, PortInput
 from operators.metrics import collect_metrics
@@ -168,6 +169,8 @@ class OperatorRunner:
         skip_missed_windows: an input operator restored from a checkpoint resumes at the
             current window, not the one after the checkpoint (AT_MOST_ONCE).
         stopped: the stop event, shared with the input ports' subscribers.
+        lease: the container's lease: each window, checkpoint and commit waits while it
+            has lapsed (None: always held, in tests).
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
@@ -175,7 +178,7 @@ class OperatorRunner:
                  start_window_millis: int, on_change: Callable[[], None], *,
                  wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
                  resume_window: int = -1, skip_missed_windows: bool = False,
-                 stopped: threading.Event | None = None) -> None:
+                 stopped: threading.Event | None = None, lease: Lease | None = None) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -188,6 +191,9 @@ class OperatorRunner:
         self.checkpointer = checkpointer
         self.resume_window = resume_window
         self.skip_missed_windows = skip_missed_windows
+        self.generation = context.generation
+        self.lease = lease
+        self._windows_done = 0  # since this deployment started
         self._checkpoint_due = False
         self._committed_pending = -1
         self._committed_delivered = -1
@@ -279,6 +285,8 @@ class OperatorRunner:
         except InputClosed as exc:
             if not self.stopped.is_set():
                 self._fail(exc)
+        except LeaseRevoked as exc:  # the container was replaced: it stops, writing nothing
+            _LOGGER.warning("operator %s (%d) stops: %s", name, self.operator_id, exc)
         except Exception as exc:  # noqa: BLE001 - any operator error fails the operator
             self._fail(exc)
         finally:
@@ -310,7 +318,13 @@ class OperatorRunner:
             self._out_counts[port] += batch.num_rows
 
     # -- windows -----------------------------------------------------------------
+    def _hold_lease(self) -> None:
+        """Waits while the container's lease has lapsed (see ``container.lease``)."""
+        if self.lease is not None:
+            self.lease.wait(self.stopped)
+
     def _begin(self, window_id: int) -> None:
+        self._hold_lease()
         self._window = window_id
         cpu_start = time.thread_time_ns()
         for publisher in self.publishers.values():
@@ -320,6 +334,7 @@ class OperatorRunner:
         self._cpu_ns = time.thread_time_ns() - cpu_start
 
     def _end(self, window_id: int, *, last: bool = False) -> None:
+        self._hold_lease()  # the window's results (a sink's writes) come from end_window
         cpu_start = time.thread_time_ns()
         self._app_position += 1
         if self._app_position >= self.app_window_count or last:
@@ -333,6 +348,7 @@ class OperatorRunner:
         if (self._checkpoint_due or last) and self._app_position == 0:
             self._checkpoint(window_id, stats)
         self._record_stats(window_id, stats)
+        self._windows_done += 1
         self._deliver_committed()
 
     def _checkpoint(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
@@ -340,6 +356,7 @@ class OperatorRunner:
         self._checkpoint_due = False
         if self.checkpointer is None:
             return
+        self._hold_lease()
         self._last_checkpoint = window_id
         started_ms, started = _now_ms(), time.perf_counter()
         self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
@@ -377,6 +394,7 @@ class OperatorRunner:
     def _deliver_committed(self) -> None:
         committed = self._committed_pending
         if committed > self._committed_delivered:
+            self._hold_lease()
             self._committed_delivered = committed
             self.operator.committed(committed)
             if self.checkpointer is not None:
@@ -515,4 +533,12 @@ class OperatorRunner:
         return umbilical_pb2.OperatorHeartbeat(
             node_id=self.operator_id, generated_tms=_now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
-            ready=self.ready, fatal=self.fatal)
+            ready=self.ready, fatal=self.fatal, generation=self.generation,
+            recovering=self.recovering)
+
+    @property
+    def recovering(self) -> bool:
+        """A redeployed instance that has not finished a window yet (restoring its state,
+        starting Spark, replaying): the master shows it RECOVERING, not ACTIVE."""
+        return (self.generation > 1 and self._windows_done == 0
+                and self.state == RunnerState.ACTIVE)

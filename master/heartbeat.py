@@ -211,6 +211,15 @@ def _apply_operator_reports(app: Application, container: PTContainer,
                                "there; undeploying it", app.id, container.id, report.node_id)
             response.undeploy_request.append(report.node_id)
             continue
+        if report.generation and report.generation < op.generation \
+                and op.state != OperatorState.PENDING_UNDEPLOY:
+            # a replaced deployment still running there: ignored, and the current one's
+            # deploy goes on (the container replaces an older generation it runs)
+            app.log_limits.log(_LOGGER, logging.WARNING, ("generation", container.id), now_ms,
+                               "app=%s container=%s operator=%s (%d) reported by generation %d, "
+                               "but generation %d is deployed; the report is ignored", app.id,
+                               container.id, op.name, op.id, report.generation, op.generation)
+            continue
         reported.add(op.id)
         if op.state == OperatorState.PENDING_UNDEPLOY:
             response.undeploy_request.append(op.id)  # its old instance: nothing it says counts
@@ -367,7 +376,7 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             application_window_count=int(op.attributes.get("APPLICATION_WINDOW_COUNT", 1)),
             checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
         context_attributes=op.attribute_text(), partition_index=op.partition_index,
-        partition_count=op.partition_count)
+        partition_count=op.partition_count, generation=op.generation)
     if op.seed is not None:
         info.seed.CopyFrom(_seed_info(op.seed))
     for link in op.inputs:
@@ -377,7 +386,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             port_name=link.port_name, declared_stream_id=link.stream_name,
             source_node_id=link.source_operator_id, source_port_name=link.source_port_name,
             buffer_server_host=container.buffer_server_host,
-            buffer_server_port=container.buffer_server_port)
+            buffer_server_port=container.buffer_server_port,
+            source_generation=upstream.generation)
         if link.partition is not None:  # this partition's share: the buffer server filters
             link_info.partition_key_column = link.partition.column
             link_info.partition_mask = link.partition.mask

@@ -43,7 +43,7 @@ def _app_mark(app: Application) -> tuple[Any, ...]:
 def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
     book = app.checkpoints.get(op.id) or CheckpointBook()  # retired ones have none
     return (op.state, op.container_id, op.recovery_window_id, op.deploy_window_id,
-            op.failure_count, op.failures_in_a_row, op.ready, book.high_water,
+            op.failure_count, op.failures_in_a_row, op.ready, op.generation, book.high_water,
             len(book.windows), app.repartitions)  # a repartition may rewire any operator
 
 

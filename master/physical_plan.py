@@ -169,6 +169,8 @@ class PTOperator:
     partition_count: int = 1
     seed: StateSeed | None = None  # made by a repartition: how its first checkpoint is built
     share: PartitionSpec | None = None  # the keys this partition takes (None: every key)
+    # its deployment's number: 1, then one more at every redeploy (the fence of its writes)
+    generation: int = 1
 
     @property
     def is_input(self) -> bool:

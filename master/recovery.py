@@ -399,6 +399,7 @@ def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
     for op in operators:
         book = app.checkpoints[op.id]
         op.deploy_window_id = chosen[op.id]
+        op.generation += 1  # the old deployment is fenced off from here on
         dropped = book.forget_after(op.deploy_window_id)
         op.ready = False
         app.operator_stats[op.id].restarted(now_ms)
@@ -408,8 +409,9 @@ def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
         else:
             op.transition(OperatorState.PENDING_UNDEPLOY)
             how = f"undeploy from {op.container_id}, then redeploy"
-        _LOGGER.info("app=%s operator=%s (%d) %s from checkpoint %s (%s, recovery %s)%s",
-                     app.id, op.name, op.id, how, format_window_id(op.deploy_window_id),
+        _LOGGER.info("app=%s operator=%s (%d) %s as generation %d from checkpoint %s (%s, "
+                     "recovery %s)%s", app.id, op.name, op.id, how, op.generation,
+                     format_window_id(op.deploy_window_id),
                      op.processing_mode, format_window_id(op.recovery_window_id),
                      f"; forgets newer checkpoints {[format_window_id(w) for w in dropped]}"
                      if dropped else "")

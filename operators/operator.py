@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
@@ -75,6 +75,10 @@ class OperatorContext:
         recovered_window: the checkpoint this instance was restored from; -1 = fresh.
         partition_index: which partition of its operator this instance is (from 0).
         partition_count: how many partitions its operator has (1: not partitioned).
+        generation: this deployment's number (1, then one more at every redeploy; 0 in
+            unit tests).
+        fence_check: raises ``operators.durable.Fenced`` once a newer deployment of the
+            operator took over; ``check_fence`` calls it (None: never fenced).
     """
 
     name: str
@@ -86,6 +90,8 @@ class OperatorContext:
     recovered_window: int = -1
     partition_index: int = 0
     partition_count: int = 1
+    generation: int = 0
+    fence_check: Callable[[], None] | None = dataclasses.field(default=None, repr=False)
     _crash_points: CrashPoints | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -105,6 +111,13 @@ class OperatorContext:
         path = os.path.join(self.state_dir, *parts)
         os.makedirs(path, mode=0o700, exist_ok=True)  # state is private to its owner
         return path
+
+    def check_fence(self) -> None:
+        """Raises ``Fenced`` if this deployment was replaced: call it right before a write
+        that must not come from a replaced deployment (the durable stores take it as
+        their ``guard``)."""
+        if self.fence_check is not None:
+            self.fence_check()
 
     def crash_point(self, name: str) -> None:
         """Dies like ``kill -9`` here if ``CRASH_AT`` arms point ``name`` (``operators.faults``)."""

@@ -1,4 +1,5 @@
-"""What must survive a crash: checksummed record logs, per-window source logs, commit steps.
+"""What must survive a crash: checksummed record logs, per-window source logs, commit steps,
+and the fence that keeps a replaced deployment from writing into them.
 
 Operators keep these in their durable folder (``OperatorContext.durable_dir``).
 """
@@ -11,6 +12,7 @@ from operators.durable.commit_steps import (
     PublishFile,
     register_step,
 )
+from operators.durable.fence import FENCE_FILE, Fence, Fenced
 from operators.durable.records import CorruptLog, RecordLog, sync_folder
 from operators.durable.window_log import WindowLog
 
@@ -20,6 +22,9 @@ __all__ = [
     "CommitStep",
     "CommitStepStore",
     "CorruptLog",
+    "FENCE_FILE",
+    "Fence",
+    "Fenced",
     "PublishFile",
     "RecordLog",
     "WindowLog",

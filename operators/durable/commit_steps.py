@@ -121,13 +121,17 @@ class CommitStepStore:
         crash_point: called at ``commit.recorded``, ``commit.between_steps`` and
             ``commit.executed`` (``OperatorContext.crash_point``), for crash tests.
         segment_bytes: log segment size; older segments go once a sequence is done.
+        guard: called before every record and every step run; raises to refuse it (the
+            operator's fence: a replaced deployment neither records nor publishes).
     """
 
     def __init__(self, folder: str, crash_point: Callable[[str], None] | None = None,
-                 segment_bytes: int = 256 << 10) -> None:
+                 segment_bytes: int = 256 << 10,
+                 guard: Callable[[], None] | None = None) -> None:
         self.folder = folder
         self._crash = crash_point or (lambda name: None)
-        self._log = RecordLog(folder, segment_bytes)
+        self._guard = guard or (lambda: None)
+        self._log = RecordLog(folder, segment_bytes, guard)
         self.watermark = -1
         self.sequences_done = 0
         self._next_id = 0
@@ -176,6 +180,7 @@ class CommitStepStore:
         ran = 0
         for index, step in enumerate(steps):
             if not step.verify(self):
+                self._guard()
                 step.execute(self)
                 ran += 1
             if index == 0 and len(steps) > 1:

@@ -33,7 +33,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 __all__ = ["CorruptLog", "RecordLog", "sync_folder"]
@@ -74,6 +74,21 @@ def sync_folder(path: str) -> None:
         os.close(fd)
 
 
+def _discard(file: BinaryIO) -> None:
+    """Closes ``file`` dropping what it buffered: its descriptor is pointed at the null
+    device first, so the flush that closing makes writes nowhere."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, file.fileno())
+    finally:
+        os.close(null)
+    file.close()
+
+
+def _no_guard() -> None:
+    """Every write is allowed (a log without a fence)."""
+
+
 class RecordLog:
     """A durable append-only log in ``folder``; records are numbered from 0.
 
@@ -83,11 +98,16 @@ class RecordLog:
     Args:
         folder: where the segments live (created if missing).
         segment_bytes: a segment is closed and a new one started past this size.
+        guard: called before every write (append, sync, roll, delete); raises to refuse
+            it: the operator's fence (``operators.durable.fence``), so a replaced
+            deployment never writes into the log its successor uses.
     """
 
-    def __init__(self, folder: str, segment_bytes: int = 64 << 20) -> None:
+    def __init__(self, folder: str, segment_bytes: int = 64 << 20,
+                 guard: Callable[[], None] | None = None) -> None:
         self.folder = folder
         self.segment_bytes = segment_bytes
+        self._guard = guard or _no_guard
         os.makedirs(folder, mode=0o700, exist_ok=True)
         self._segments: list[int] = []  # first sequence number of each segment, ascending
         self.next_seq = 0
@@ -101,6 +121,7 @@ class RecordLog:
         """Adds a record (buffered until ``sync``); returns its sequence number."""
         if len(payload) > MAX_RECORD:
             raise ValueError(f"a log record holds at most {MAX_RECORD} bytes, not {len(payload)}")
+        self._guard()
         if self._file is None or self._file_bytes >= self.segment_bytes:
             self.roll()
         assert self._file is not None
@@ -116,6 +137,7 @@ class RecordLog:
         """Makes every appended record durable (file and, for a new segment, folder)."""
         if self._file is None:
             return
+        self._guard()
         self._file.flush()
         os.fsync(self._file.fileno())
         if self._new_segment:
@@ -124,6 +146,7 @@ class RecordLog:
 
     def roll(self) -> None:
         """Closes the current segment; the next record starts a new one."""
+        self._guard()
         if self._file is not None:
             self.sync()
             self._file.close()
@@ -141,6 +164,8 @@ class RecordLog:
         The segment being written is kept even when it is entirely older.
         """
         deleted = 0
+        if len(self._segments) > 1 and self._segments[1] <= seq:
+            self._guard()
         while len(self._segments) > 1 and self._segments[1] <= seq:
             os.remove(self._path(self._segments.pop(0)))
             deleted += 1
@@ -149,10 +174,18 @@ class RecordLog:
         return deleted
 
     def close(self) -> None:
-        if self._file is not None:
-            self.sync()
-            self._file.close()
-            self._file = None
+        """Syncs and closes; if the guard refuses the sync, what is buffered is dropped."""
+        if self._file is None:
+            return
+        file, self._file = self._file, None
+        try:
+            self._guard()
+        except BaseException:
+            _discard(file)  # the refused records never reach the file
+            raise
+        file.flush()
+        os.fsync(file.fileno())
+        file.close()
 
     # -- reading ------------------------------------------------------------------
     @property

@@ -16,6 +16,7 @@ committed window is durable downstream (Chukwa's asynchronous acknowledgements).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from operators.durable.window_log import WindowLog
@@ -23,6 +24,10 @@ from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.windows import format_window_id
 
 __all__ = ["ReplayableSource"]
+
+
+def _unfenced() -> None:
+    """The fence check of a source not set up yet: nothing to refuse."""
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -39,7 +44,7 @@ class ReplayableSource(TransientNonState, InputOperator):
     """
 
     NON_STATE: ClassVar[tuple[str, ...]] = ("_window_log", "_replay", "_limit",
-                                            "_limit_read", "_window_id")
+                                            "_limit_read", "_window_id", "_fence")
 
     # -- what a subclass implements ------------------------------------------------
     def read(self, limit: Any | None) -> bool:
@@ -70,12 +75,15 @@ class ReplayableSource(TransientNonState, InputOperator):
         self._limit: Any | None = None
         self._limit_read = False
         self._window_id = -1
+        self._fence: Callable[[], None] = _unfenced
 
     # -- runtime hooks -----------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
         ReplayableSource.reset_non_state(self)
+        self._fence = context.check_fence
         if context.state_dir:
-            self._window_log = WindowLog(context.durable_dir("window-log"))
+            self._window_log = WindowLog(context.durable_dir("window-log"),
+                                         guard=context.check_fence)
             self._replay = self._window_log.after(context.recovered_window)
             if self._replay and context.attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE":
                 self._skip_logged_windows()
@@ -132,6 +140,7 @@ class ReplayableSource(TransientNonState, InputOperator):
             log.save(self._window_id, self.window_record())
 
     def committed(self, window_id: int) -> None:
+        self._fence()  # a replaced deployment frees no input
         self.release(window_id)
         log = self.__dict__.get("_window_log")
         if log is not None:

@@ -17,6 +17,7 @@ checkpoint, reads window by window up to the logged positions before reading fre
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from operators.durable.records import RecordLog
@@ -27,9 +28,10 @@ __all__ = ["WindowLog"]
 class WindowLog:
     """Per-window values (JSON) of one operator, in a ``RecordLog`` under ``folder``."""
 
-    def __init__(self, folder: str, segment_bytes: int = 1 << 20) -> None:
+    def __init__(self, folder: str, segment_bytes: int = 1 << 20,
+                 guard: Callable[[], None] | None = None) -> None:
         self.folder = folder
-        self._log = RecordLog(folder, segment_bytes)
+        self._log = RecordLog(folder, segment_bytes, guard)
         self._index: list[tuple[int, int]] = []  # (window id, sequence number), ascending
         self._values: dict[int, Any] = {}
         for seq, payload in self._log.records():

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -205,7 +206,7 @@ class FileSink(_WindowBuffer):
     """
 
     FORMATS: ClassVar[tuple[str, ...]] = ("jsonl", "parquet")
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_store", "_staged")
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_store", "_staged", "_fence")
 
     def __init__(self, path: str | os.PathLike[str], format: str = "jsonl",  # noqa: A002
                  exactly_once: bool = False) -> None:
@@ -217,6 +218,7 @@ class FileSink(_WindowBuffer):
         self.files_written = 0
         self._store: CommitStepStore | None = None
         self._staged: dict[int, str] = {}  # window id -> staged file, not yet published
+        self._fence: Callable[[], None] | None = None
 
     @property
     def staging(self) -> str:
@@ -228,9 +230,10 @@ class FileSink(_WindowBuffer):
         except OSError as exc:
             raise OSError(f"operator {context.name!r}: FileSink cannot create folder "
                           f"{self.path!r}: {exc}") from None
+        self._fence = context.check_fence
         if self.exactly_once:
             self._store = CommitStepStore(context.durable_dir("commit-steps"),
-                                          context.crash_point)
+                                          context.crash_point, guard=context.check_fence)
             self._store.recover()  # a commit a crash interrupted is finished first
             self._staged = self._adopt_staged(context.recovered_window)
 
@@ -258,7 +261,7 @@ class FileSink(_WindowBuffer):
         else:
             final = os.path.join(self.staging, self.file_name(self.window_id))
             self._staged[self.window_id] = final
-        _write_atomically(table, final, self.format)
+        _write_atomically(table, final, self.format, before_rename=self._fence)
         self.files_written += 1
         _LOGGER.debug("wrote %d rows to %s", table.num_rows, final)
 
@@ -290,7 +293,8 @@ class FileSink(_WindowBuffer):
 
         Staged files of later windows were written by the lost instance and are written
         again when those windows are replayed; those at or below the watermark are
-        published already (left over by a crash between steps): both are removed.
+        published already (left over by a crash between steps): both are removed, and
+        so are the temporary files of writes a crash (or a fence) cut short.
         """
         assert self._store is not None
         staged: dict[int, str] = {}
@@ -298,6 +302,8 @@ class FileSink(_WindowBuffer):
             path = os.path.join(self.staging, name)
             window_id = _window_of(name)
             if window_id is None:
+                if name.startswith(".window-") and name.endswith(".tmp"):
+                    os.remove(path)
                 continue
             if self._store.watermark < window_id <= max(recovered_window, -1):
                 staged[window_id] = path
@@ -312,8 +318,10 @@ def _window_of(file_name: str) -> int | None:
     return make_window_id(int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _write_atomically(table: pa.Table, final: str, format: str) -> None:  # noqa: A002
-    """Writes ``table`` to ``final`` via a synced temporary file and a rename."""
+def _write_atomically(table: pa.Table, final: str, format: str,  # noqa: A002
+                      before_rename: Callable[[], None] | None = None) -> None:
+    """Writes ``table`` to ``final`` via a synced temporary file and a rename;
+    ``before_rename`` may refuse the rename by raising (the operator's fence)."""
     temp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.tmp")
     try:
         if format == "parquet":
@@ -325,6 +333,8 @@ def _write_atomically(table: pa.Table, final: str, format: str) -> None:  # noqa
                                    for row in batch.to_pylist())
         with open(temp, "rb") as written:
             os.fsync(written.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(temp, final)
         sync_folder(os.path.dirname(final))
     except BaseException:

@@ -124,7 +124,7 @@ class TcpLineSource(ReplayableSource):
         # the port is the mutex between processes: the log is opened only once it is ours
         server = _listen(context.name, self.host, self.port)
         try:
-            self._wal = _Wal(RecordLog(folder, self.segment_bytes))
+            self._wal = _Wal(RecordLog(folder, self.segment_bytes, guard=context.check_fence))
             self._check_position(context)
             input_complete = end is not None and self._wal.contains_line(self.position, end)
         except BaseException:

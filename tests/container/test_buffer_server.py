@@ -859,3 +859,26 @@ def test_a_latest_subscriber_never_takes_a_window_at_or_before_its_own(server):
         _publish_window(pub, w)
     pub.end_stream()
     assert _shape(bg.take(5)) == _expected([4]) + [(Kind.END_STREAM, 4)]
+
+
+# -- generations: a subscriber reads the deployment it was told of, and only that one -----
+def test_a_subscriber_waits_for_the_generation_it_reads_and_an_older_publisher_is_refused(
+        server):
+    old = server.publisher(_STREAM, generation=1)
+    _publish_window(old, 1)
+    host, port = server.address
+    bg = _Background(Subscription(host, port, _STREAM, from_window=1, generation=2,
+                                  timeout_s=_WAIT_S))
+    _wait_for(lambda: server.subscribers == 1, "the subscription")
+    _publish_window(old, 2)  # the replaced deployment's window: not for this subscriber
+    time.sleep(0.2)
+    assert bg.items.empty()
+    new = server.publisher(_STREAM, from_window=1, generation=2)
+    with pytest.raises(PublishAborted, match="generation 1 of its publisher was replaced by "
+                                             "generation 2"):
+        old.begin_window(3)
+    with pytest.raises(PublishAborted, match="generation 1 cannot publish"):
+        server.publisher(_STREAM, generation=1)
+    _publish_window(new, 2)
+    new.end_stream()
+    assert _shape(bg.take(5)) == _expected([2]) + [(Kind.END_STREAM, 2)]

@@ -253,3 +253,25 @@ def test_generic_pyarrow_filesystem(tmp_path):
     assert store.delete_before(1, W2) == 1
     store.delete(1)
     assert not folder.exists()
+
+
+def test_a_fenced_save_leaves_no_checkpoint_and_no_temporary_file(store):
+    old, new = store.fence(7, 1), store.fence(7, 2)
+    old.claim()
+    store.save(7, W1, b"first", check=old.check)
+    new.claim()
+    with pytest.raises(Exception, match="generation 1 of operator 7 is fenced off"):
+        store.save(7, W2, b"from a replaced deployment", check=old.check)
+    assert store.windows(7) == [W1]
+    assert [n for n in os.listdir(store.folder(7)) if n.endswith(".tmp")] == []
+    store.save(7, W2, b"from its successor", check=new.check)
+    assert store.load(7, W2) == b"from its successor"
+
+
+def test_temporaries_of_cut_short_saves_are_swept(store):
+    store.save(7, W1, b"x")
+    leftover = os.path.join(store.folder(7), f".{W2:016x}.ckpt.abc.tmp")
+    with open(leftover, "wb") as out:
+        out.write(b"half")
+    assert store.delete_temporaries(7) == 1
+    assert not os.path.exists(leftover) and store.windows(7) == [W1]

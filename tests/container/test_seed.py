@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from container.deploy import DeployError, Deployment
+from container.operator_state import capture
 from operators.operator import Operator
 from operators.partitioning import PartitionFilter, partition_keys
 from operators.ports import InputPort
@@ -61,7 +62,7 @@ def old_partitions(deployment: Deployment) -> dict[str, int]:
         share = PartitionFilter("k", mask, keys[index])
         mine = {k: v for k, v, kept in zip(everything, everything.values(),
                                            share.owns(list(everything)), strict=True) if kept}
-        deployment.checkpointer.checkpoint(op_id, 40, Totals(mine, label=f"old{index}"))
+        deployment.store.save(op_id, 40, capture(Totals(mine, label=f"old{index}")))
     return everything
 
 
@@ -81,13 +82,13 @@ def test_each_new_partition_takes_exactly_the_keys_whose_rows_it_will_get(deploy
         rows = PartitionFilter("k", mask, keys[index]).select(batch).column("k").to_pylist()
         assert sorted(rows) == sorted(operator.totals)
     # saved as each partition's own first checkpoint
-    assert all(deployment.checkpointer.store.windows(10 + i) == [40] for i in range(4))
+    assert all(deployment.store.windows(10 + i) == [40] for i in range(4))
 
 
 def test_a_redeploy_restores_its_own_first_checkpoint_instead_of_merging_again(deployment):
     old_partitions(deployment)
     deployment._build(seeded_info(10, 0, 4), 40)
-    deployment.checkpointer.store.delete(2)  # the old partitions may be gone by now
+    deployment.store.delete(2)  # the old partitions may be gone by now
     again = deployment._build(seeded_info(10, 0, 4), 40)
     assert again.totals and again.label == "old0"
 
@@ -101,7 +102,7 @@ def test_one_partition_takes_every_key_and_missing_or_clashing_state_is_an_error
     with pytest.raises(DeployError, match="cannot take the state of partitions") as caught:
         deployment._build(seeded_info(11, 0, 4, from_ids=(2, 9)), 40)
     assert not caught.value.fatal  # storage may come back
-    deployment.checkpointer.checkpoint(5, 40, Totals({"key1": 1}))
+    deployment.store.save(5, 40, capture(Totals({"key1": 1})))
     with pytest.raises(DeployError, match="in two old partitions") as caught:
         deployment._build(seeded_info(12, 0, 4, from_ids=(2, 3, 5)), 40)
     assert caught.value.fatal
@@ -111,26 +112,26 @@ def test_a_unifier_made_by_a_repartition_starts_from_its_payload(deployment):
     info = seeded_info(20, 0, 4, from_ids=())
     info.seed.key_column = ""
     assert deployment._build(info, 40).label == "payload"
-    assert deployment.checkpointer.store.windows(20) == [40]
+    assert deployment.store.windows(20) == [40]
 
 
 def test_the_old_partitions_checkpoints_go_once_the_commit_passes_the_seed(deployment):
     old_partitions(deployment)
     deployment._build(seeded_info(10, 0, 4), 40)
     deployment.committed(40)
-    assert deployment.checkpointer.store.windows(2) == [40]
+    assert deployment.store.windows(2) == [40]
     deployment.committed(41)
-    assert deployment.checkpointer.store.windows(2) == []
-    assert deployment.checkpointer.store.windows(3) == []
-    assert deployment.checkpointer.store.windows(10) == [40]
+    assert deployment.store.windows(2) == []
+    assert deployment.store.windows(3) == []
+    assert deployment.store.windows(10) == [40]
 
 
 def test_a_later_deploy_builds_nothing_but_still_deletes_the_retired_checkpoints(deployment):
     old_partitions(deployment)
-    deployment.checkpointer.checkpoint(10, 60, Totals({"key1": 5}, label="own"))
+    deployment.store.save(10, 60, capture(Totals({"key1": 5}, label="own")))
     info = seeded_info(10, 0, 4)  # redeployed from its own checkpoint at 60, past the seed
     info.checkpoint.window_id = 60
     assert deployment._build(info, 60).label == "own"
-    assert deployment.checkpointer.store.windows(10) == [60]  # no seed was built at 40
+    assert deployment.store.windows(10) == [60]  # no seed was built at 40
     deployment.committed(61)
-    assert deployment.checkpointer.store.windows(2) == []
+    assert deployment.store.windows(2) == []

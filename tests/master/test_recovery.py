@@ -513,3 +513,37 @@ def test_a_fatal_deploy_error_fails_the_application_at_once():
     assert cluster.app.state == ApplicationState.FAILED
     assert cluster.app.diagnostics.startswith(f"operator 'relay1' (2) failed: {error}")
     assert cluster.ops[RELAY].failure_count == 1 and cluster.launched == []
+
+
+def test_every_redeploy_is_a_new_generation_that_readers_are_told_of():
+    cluster = chain()
+    assert [op.generation for op in cluster.ops.values()] == [1, 1, 1]
+    checkpointed(cluster, SOURCE, 20)
+    checkpointed(cluster, RELAY, 20)
+    checkpointed(cluster, SINK, 20)
+    cluster.liveness({C1: -9})
+    relay, sink = cluster.ops[RELAY], cluster.ops[SINK]
+    assert (cluster.ops[SOURCE].generation, relay.generation, sink.generation) == (1, 2, 2)
+    cluster.beat(C2)  # the sink's old instance is gone: pending deploy
+    [info] = cluster.beat(C3).deploy_request
+    assert (info.id, info.generation) == (RELAY, 2)
+    assert info.inputs[0].source_generation == 1  # it reads the source's first deployment
+    [info] = cluster.beat(C2).deploy_request
+    assert (info.id, info.generation, info.inputs[0].source_generation) == (SINK, 2, 2)
+
+
+def test_a_report_of_a_replaced_generation_is_ignored_and_the_deploy_goes_on():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20)
+    checkpointed(cluster, RELAY, 20)
+    checkpointed(cluster, SINK, 20)
+    cluster.liveness({C1: -9})
+    cluster.beat(C2)  # undeployed
+    sink = cluster.ops[SINK]
+    stale = operator_report(SINK, windows=[window(30, checkpoint=30)])
+    stale.generation = 1  # the replaced deployment, still running in the surviving container
+    cluster.beat(C3)
+    response = cluster.beat(C2, stale)
+    assert [i.id for i in response.deploy_request] == [SINK]
+    assert sink.state == OperatorState.PENDING_DEPLOY
+    assert cluster.app.checkpoints[SINK].windows == [20]  # its checkpoint 30 is not taken
