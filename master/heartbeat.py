@@ -226,6 +226,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             continue
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
+        op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
         problem = check_window_ids(app, op, tracker, report, now_ms) if report.window_stats \
             else None

@@ -171,6 +171,15 @@ class PTOperator:
     share: PartitionSpec | None = None  # the keys this partition takes (None: every key)
     # its deployment's number: 1, then one more at every redeploy (the fence of its writes)
     generation: int = 1
+    recovering: bool = False  # its container says: redeployed, no window finished yet
+
+    @property
+    def shown_state(self) -> str:
+        """The state users see: RECOVERING while a redeployed instance is ACTIVE but has
+        not finished a window yet (restoring, starting Spark, replaying)."""
+        if self.state == OperatorState.ACTIVE and self.recovering:
+            return "RECOVERING"
+        return self.state.value
 
     @property
     def is_input(self) -> bool:
@@ -224,6 +233,7 @@ class PTContainer:
     activated_ms: int = 0
     finished_ms: int = 0
     diagnostics: str = ""
+    ended_with_app: bool = False  # stopped because its application ended: not a failure
 
     @property
     def buffer_server_address(self) -> str:

@@ -292,6 +292,7 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     for op in app.plan.retired_in(container):
         op.transition(OperatorState.SHUTDOWN)  # a retired operator gone with its process
     if app.terminal:
+        container.ended_with_app = True
         _LOGGER.info("app=%s container=%s stopped: %s", app.id, container.id, cause)
         return ContainerLoss(container.id, cause)
     _LOGGER.warning("app=%s container=%s lost: %s", app.id, container.id, cause)

@@ -149,7 +149,7 @@ def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
     failures = [client_pb2.FailureInfo(time_ms=c.finished_ms, kind="container", subject=c.id,
                                        message=c.diagnostics or "lost")
                 for c in app.plan.containers.values()
-                if c.state == ContainerState.KILLED and c.diagnostics]
+                if c.state == ContainerState.KILLED and c.diagnostics and not c.ended_with_app]
     failures += [client_pb2.FailureInfo(
         time_ms=app.operator_stats[op.id].last_heartbeat_ms, kind="operator", subject=op.name,
         message=f"{op.error} (failures: {op.failure_count})") for op in app.plan.operators.values()
@@ -194,7 +194,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
     figures = _figures(app, op)
     info = client_pb2.OperatorInfo(
         id=op.id, name=op.name, application_id=app.id, container_id=op.container_id,
-        class_name=op.class_name, state=op.state.value,
+        class_name=op.class_name, state=op.shown_state,
         current_window_id=tracker.current_window_id,
         total_tuples_processed=tracker.total_tuples_processed,
         total_tuples_emitted=tracker.total_tuples_emitted,

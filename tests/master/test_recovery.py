@@ -14,6 +14,7 @@ from master.heartbeat import UPSTREAM_END_WINDOW, process_heartbeat
 from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
 from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
+from master.views import application_info, operator_info
 from operators import Dag, InputPort, Operator, OutputPort
 from proto import umbilical_pb2
 from tests.master.fakes import (
@@ -547,3 +548,33 @@ def test_a_report_of_a_replaced_generation_is_ignored_and_the_deploy_goes_on():
     assert [i.id for i in response.deploy_request] == [SINK]
     assert sink.state == OperatorState.PENDING_DEPLOY
     assert cluster.app.checkpoints[SINK].windows == [20]  # its checkpoint 30 is not taken
+
+
+def test_a_redeployed_operator_is_shown_recovering_until_it_finishes_a_window():
+    cluster = chain()
+    checkpointed(cluster, SOURCE, 20)
+    checkpointed(cluster, RELAY, 20)
+    checkpointed(cluster, SINK, 20)
+    cluster.liveness({C1: -9})
+    cluster.beat(C2)
+    cluster.beat(C3)
+    restoring = operator_report(RELAY)
+    restoring.recovering, restoring.generation = True, 2
+    cluster.beat(C3, restoring)
+    relay = cluster.ops[RELAY]
+    assert relay.state == OperatorState.ACTIVE
+    assert operator_info(cluster.app, relay).state == "RECOVERING"
+    done = operator_report(RELAY, windows=[window(21)])
+    done.generation = 2
+    cluster.beat(C3, done)
+    assert operator_info(cluster.app, relay).state == "ACTIVE"
+
+
+def test_containers_that_stop_with_a_finished_application_are_no_failures():
+    cluster = chain()
+    for op_id in (SOURCE, RELAY, SINK):
+        cluster.report(op_id, window(25), state=SHUTDOWN)
+    assert cluster.app.state == ApplicationState.FINISHED
+    cluster.liveness({C0: 0, C1: 0, C2: 0})
+    assert all(c.state == ContainerState.KILLED for c in cluster.app.plan.containers.values())
+    assert list(application_info(cluster.app).recent_failures) == []
