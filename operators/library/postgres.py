@@ -6,7 +6,9 @@ that locks that partition's watermark row, skips the window if the watermark alr
 covers it (it was committed before a crash and is being replayed now), else copies the
 rows in and moves the watermark, and commits. Rows and watermark become visible together
 or not at all, so a window replayed after a recovery is never written twice, whatever
-point the crash came at.
+point the crash came at. The row also keeps the generation of the deployment that moved
+it last: a deployment of the same run finding a newer one there was replaced, and its
+transaction is refused (``Fenced``), the database's own fencing token.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from operators.durable.fence import Fenced
 from operators.library.sinks import _WindowBuffer
 from operators.operator import OperatorContext, TransientNonState
 from operators.windows import format_window_id, window_base_seconds
@@ -182,6 +185,9 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                     "CREATE TABLE IF NOT EXISTS {} (sink TEXT PRIMARY KEY, window_id BIGINT "
                     "NOT NULL, updated_at TIMESTAMPTZ NOT NULL DEFAULT now())"
                 ).format(watermarks))
+                conn.execute(sql.SQL(  # the deployment that moved it last (fencing)
+                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS generation BIGINT NOT NULL "
+                    "DEFAULT 0").format(watermarks))
                 conn.execute(sql.SQL(
                     "INSERT INTO {} (sink, window_id) VALUES (%s, -1) "
                     "ON CONFLICT (sink) DO NOTHING").format(watermarks), (self._key,))
@@ -209,11 +215,16 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         window_id = self.window_id
         with self._conn.transaction():
             mark = self._conn.execute(sql.SQL(
-                "SELECT window_id FROM {} WHERE sink = %s FOR UPDATE"
+                "SELECT window_id, generation FROM {} WHERE sink = %s FOR UPDATE"
             ).format(_identifier(self.watermark_table)), (self._key,)).fetchone()
             if mark is None:
                 raise RuntimeError(f"operator {name!r}: the watermark row {self._key!r} in "
                                    f"{self.watermark_table} is gone; was it deleted by hand?")
+            generation = self._context.generation
+            same_run = window_base_seconds(mark[0]) == window_base_seconds(window_id)
+            if same_run and generation and mark[1] > generation:
+                # a newer deployment of this sink moved the watermark: this one was replaced
+                raise Fenced(generation, mark[1], f"operator {name!r}")
             if window_id <= mark[0]:
                 if window_base_seconds(window_id) != window_base_seconds(mark[0]):
                     _LOGGER.warning(
@@ -228,8 +239,9 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 return
             self._copy(data)
             self._conn.execute(sql.SQL(
-                "UPDATE {} SET window_id = %s, updated_at = now() WHERE sink = %s"
-            ).format(_identifier(self.watermark_table)), (window_id, self._key))
+                "UPDATE {} SET window_id = %s, generation = %s, updated_at = now() "
+                "WHERE sink = %s"
+            ).format(_identifier(self.watermark_table)), (window_id, generation, self._key))
             self._context.crash_point("postgres.before_commit")
         self.windows_written += 1
         self.rows_written += data.num_rows

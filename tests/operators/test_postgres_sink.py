@@ -25,6 +25,7 @@ import pyarrow as pa
 import pytest
 
 from container.operator_state import capture, restore
+from operators.durable import Fenced
 from operators.library import PostgresSink
 from operators.library.postgres import mask_dsn, postgres_type
 from operators.operator import OperatorContext
@@ -159,6 +160,25 @@ def test_replayed_windows_after_a_restore_are_skipped(postgres_dsn: str, table: 
     assert table_ids(postgres_dsn, table) == [1, 2, 3, 4, 5, 6]
     assert (again.windows_skipped, again.windows_written) == (2, 2)
     assert watermark(postgres_dsn, again.sink_key) == wid(4)
+
+
+def test_a_replaced_deployment_cannot_write_once_its_successor_did(postgres_dsn: str,
+                                                                   table: str) -> None:
+    old = PostgresSink(postgres_dsn, table)
+    old.setup(OperatorContext("pg", 1, "c0", {}, generation=1))
+    write(old, wid(1), ids(1))
+    new = PostgresSink(postgres_dsn, table)
+    new.setup(OperatorContext("pg", 1, "c9", {}, generation=2))
+    write(new, wid(2), ids(2))
+    with pytest.raises(Fenced, match="generation 1 of operator 'pg' is fenced off: "
+                                     "generation 2 replaced it"):
+        write(old, wid(3), ids(3))  # woken after its successor took over
+    write(new, wid(3), ids(3))
+    old.teardown()
+    new.teardown()
+    assert table_ids(postgres_dsn, table) == [1, 2, 3]
+    assert query(postgres_dsn, f"SELECT generation FROM {WATERMARKS} WHERE sink = %s",
+                 (new.sink_key,)) == [(2,)]
 
 
 def test_a_live_sink_pickles_without_its_connection(postgres_dsn: str, table: str) -> None:
