@@ -72,9 +72,11 @@ class Lease:
         waited = False
         with self._cond:
             while True:
-                if self._revoked or stopped.is_set():
+                if self._revoked:
                     raise LeaseRevoked("the master gave up on this container; it writes "
                                        "nothing more")
+                if stopped.is_set():
+                    raise LeaseRevoked("the operator is stopping")
                 if self._clock() < self._expires:
                     break
                 if not waited:

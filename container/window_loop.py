@@ -286,7 +286,8 @@ class OperatorRunner:
             if not self.stopped.is_set():
                 self._fail(exc)
         except LeaseRevoked as exc:  # the container was replaced: it stops, writing nothing
-            _LOGGER.warning("operator %s (%d) stops: %s", name, self.operator_id, exc)
+            if not self.stopped.is_set():
+                _LOGGER.warning("operator %s (%d) stops: %s", name, self.operator_id, exc)
         except Exception as exc:  # noqa: BLE001 - any operator error fails the operator
             self._fail(exc)
         finally:

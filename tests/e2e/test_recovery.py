@@ -84,9 +84,24 @@ def wait_finished(client: WeirClient, master, app_id: str, timeout_s: float = 12
         info = client.application(app_id)
         return info if info.state not in ("ACCEPTED", "RUNNING") else None
 
-    info = poll_for(ended, timeout_s, f"{app_id} to end\n{container_logs(master)}", 0.2)
+    try:
+        info = poll_for(ended, timeout_s, f"{app_id} to end", 0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{where_it_stands(client, app_id)}\n"
+                             f"{container_logs(master)}") from None
     assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
     return info
+
+
+def where_it_stands(client: WeirClient, app_id: str) -> str:
+    """The application's committed window and every operator's state and windows."""
+    app = client.application(app_id)
+    lines = [f"{app_id} {app.state}, committed window {app.committed_window_id}"]
+    lines += [f"  {o.name} ({o.id}) {o.state} in {o.container_id}: window "
+              f"{o.current_window_id}, recovery {o.recovery_window_id}, deployed from "
+              f"{o.deploy_window_id}, checkpoint {o.checkpoint_window_id}, failures "
+              f"{o.failure_count}" for o in client.operators(app_id)]
+    return "\n".join(lines)
 
 
 def pid_of(client: WeirClient, app_id: str, operator: str) -> tuple[str, int]:
