@@ -465,6 +465,7 @@ class OperatorRunner:
         """Processes aligned windows until every input port has ended its stream."""
         open_ports = dict(self.inputs)
         last_window = self.resume_window
+        ended_at = -1  # the newest window an input's END_STREAM says its stream reached
         while open_ports:
             heads = {}
             for name, port in list(open_ports.items()):
@@ -473,7 +474,7 @@ class OperatorRunner:
                     port.get()
                     head = port.peek()
                 if head.kind == Kind.END_STREAM:
-                    port.get()
+                    ended_at = max(ended_at, port.get().window_id)
                     del open_ports[name]
                     continue
                 if head.kind != Kind.BEGIN_WINDOW:
@@ -498,9 +499,11 @@ class OperatorRunner:
                 self._process_window(name, open_ports[name], window_id)
             self._end(window_id)
             last_window = window_id
-        if self._app_position:
+        if self._app_position or ended_at > last_window:
             # The stream ended inside an application window: flush it in one more window.
-            window_id = last_window + 1
+            # Or it ended after windows this operator skipped (AT_MOST_ONCE): it ends at
+            # the inputs' end too, so that its upstream can commit its last window.
+            window_id = max(last_window + 1, ended_at)
             self._begin(window_id)
             self._end(window_id, last=True)
         self._end_stream()

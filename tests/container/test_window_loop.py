@@ -76,8 +76,8 @@ class SumPerAppWindow(Operator):
         self.output.emit(pa.record_batch({"x": [self.total]}))
 
 
-def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int = 1
-        ) -> tuple[OperatorRunner, RecordingPublisher]:
+def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int = 1,
+        **runner_options) -> tuple[OperatorRunner, RecordingPublisher]:
     stopped = threading.Event()
     ports = {
         name: PortInput(name, lambda _w, msgs=msgs: (iter(msgs), lambda: None), 4,
@@ -89,7 +89,7 @@ def run(operator: Operator, inputs: dict[str, list[Message]], app_windows: int =
                                               "STREAMING_WINDOW_SIZE_MILLIS": 20})
     runner = OperatorRunner(1, operator, context, {"output": publisher}, ports,
                             start_window_millis=time.time_ns() // 1_000_000,
-                            on_change=lambda: None, stopped=stopped)
+                            on_change=lambda: None, stopped=stopped, **runner_options)
     runner.start()
     assert runner.join(10), "operator thread did not finish within 10 s"
     return runner, publisher
@@ -119,6 +119,18 @@ def test_windows_between_two_inputs_are_processed_empty_never_skipped():
     runner, out = run(op, {"a": stream({1: [[1]], 2: [[2]]}), "b": stream({5: [[7]]})})
     assert runner.state is RunnerState.SHUTDOWN, runner.error
     assert out.windows() == [(1, [1]), (2, [2]), (3, [0]), (4, [0]), (5, [7])]
+
+
+def test_an_operator_that_skipped_to_its_inputs_end_ends_there_too():
+    """AT_MOST_ONCE, restarted after window 3, finds its upstream ended at window 7: it
+    ends at 7 as well (an empty window), not at 3, so the upstream's last window can be
+    committed."""
+    op = SumPerAppWindow()
+    ended = [Message(Kind.END_STREAM, 7)]
+    runner, out = run(op, {"a": ended}, resume_window=3, skip_missed_windows=True)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert out.windows() == [(7, [0])]
+    assert [s.window_id for s in runner.drain_stats()] == [7]
 
 
 def test_application_window_spans_streaming_windows_and_flushes_at_end():
