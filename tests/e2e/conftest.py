@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from master.launcher import LocalProcessLauncher
@@ -9,27 +14,37 @@ from master.server import MasterServer
 from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
 
 
-@pytest.fixture
-def master(tmp_path, monkeypatch):
-    """A started master whose containers log to ``tmp_path/containers``.
+@contextlib.contextmanager
+def started_master(tmp_path, monkeypatch,
+                   launcher: type[LocalProcessLauncher] = LocalProcessLauncher,
+                   stop_grace_ms: int = 5_000, **options: Any) -> Iterator[MasterServer]:
+    """A started master whose containers (``launcher``) log to ``tmp_path/containers``.
 
     Containers carry a tag in their environment; after the master stopped, none of them
-    (nor Spark's JVMs) may be left.
+    (nor Spark's JVMs) may be left: one still frozen (SIGSTOP) is woken to exit.
     """
     env, tag = tagged_env()
     monkeypatch.setenv(TAG_ENV, tag)
     monkeypatch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
     log_dir = tmp_path / "containers"
-    server = MasterServer("127.0.0.1", 0,
-                          lambda address: LocalProcessLauncher(address, log_dir=log_dir),
-                          container_stop_grace_ms=5_000)
+    server = MasterServer("127.0.0.1", 0, lambda address: launcher(address, log_dir=log_dir),
+                          container_stop_grace_ms=stop_grace_ms, **options)
     server.start()
     server.log_dir = log_dir
     try:
         yield server
     finally:
         server.stop()
-        poll_for(lambda: not tagged_processes(tag), 15, "every container and JVM to exit")
+        for process in tagged_processes(tag):
+            process.send_signal(signal.SIGCONT)
+        poll_for(lambda: not tagged_processes(tag), 20, "every container and JVM to exit")
+
+
+@pytest.fixture
+def master(tmp_path, monkeypatch):
+    """A started master running its containers as local processes."""
+    with started_master(tmp_path, monkeypatch) as server:
+        yield server
 
 
 def container_logs(server: MasterServer) -> str:

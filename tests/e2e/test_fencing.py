@@ -21,11 +21,11 @@ import pytest
 
 from master.client import WeirClient
 from master.launcher import LocalProcessLauncher
-from master.server import MasterServer
 from operators.app import load_app
+from tests.e2e.conftest import container_logs, started_master
 from tests.e2e.test_exactly_once import assert_exactly_once, write_input
 from tests.e2e.test_recovery import wait_finished
-from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+from tests.harness import poll_for
 
 APP = """
     from operators import Dag
@@ -56,27 +56,8 @@ class RemoteLikeLauncher(LocalProcessLauncher):
 
 @pytest.fixture
 def master(tmp_path, monkeypatch):
-    env, tag = tagged_env()
-    monkeypatch.setenv(TAG_ENV, tag)
-    monkeypatch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
-    log_dir = tmp_path / "containers"
-    server = MasterServer("127.0.0.1", 0,
-                          lambda address: RemoteLikeLauncher(address, log_dir=log_dir),
-                          container_stop_grace_ms=5_000)
-    server.start()
-    server.log_dir = log_dir
-    try:
+    with started_master(tmp_path, monkeypatch, launcher=RemoteLikeLauncher) as server:
         yield server
-    finally:
-        server.stop()
-        for proc in tagged_processes(tag):  # a frozen container does not stop by itself
-            proc.send_signal(signal.SIGCONT)
-        poll_for(lambda: not tagged_processes(tag), 20, "every container and JVM to exit")
-
-
-def logs(master) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
-                     for p in sorted(master.log_dir.glob("*.log")))
 
 
 def snapshot(folders: list[Path]) -> dict[str, tuple[int, int]]:
@@ -107,16 +88,16 @@ def test_a_container_frozen_past_its_timeout_writes_nothing_when_it_wakes(master
             return next(c for c in client.containers(app_id) if c.id == op.container_id)
 
         poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
-                 f"a first committed window\n{logs(master)}")
+                 f"a first committed window\n{container_logs(master)}")
         old = container_of("count")
         zombie = int(old.process_name.split("@")[0])
         os.kill(zombie, signal.SIGSTOP)
         frozen_at = client.application(app_id).committed_window_id
         poll_for(lambda: container_of("count").id != old.id
                  and container_of("count").state == "ACTIVE", 60,
-                 f"a replacement of the frozen container\n{logs(master)}")
+                 f"a replacement of the frozen container\n{container_logs(master)}")
         poll_for(lambda: client.application(app_id).committed_window_id > frozen_at + 4, 120,
-                 f"the replacement to commit windows\n{logs(master)}")
+                 f"the replacement to commit windows\n{container_logs(master)}")
         ops = {o.name: o for o in client.operators(app_id)}
         folders = [out, *(state / kind / str(ops[name].id)
                           for kind in ("checkpoints", "operators") for name in ("count",
@@ -132,10 +113,10 @@ def test_a_container_frozen_past_its_timeout_writes_nothing_when_it_wakes(master
         finally:
             os.kill(replacement, signal.SIGCONT)
         changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
-        assert not changed, f"the replaced deployment wrote {changed}\n{logs(master)}"
+        assert not changed, f"the replaced deployment wrote {changed}\n{container_logs(master)}"
         poll_for(lambda: not psutil.pid_exists(zombie)
                  or psutil.Process(zombie).status() == psutil.STATUS_ZOMBIE, 30,
-                 f"the woken container to exit\n{logs(master)}")
+                 f"the woken container to exit\n{container_logs(master)}")
         wait_finished(client, master, app_id, timeout_s=240)
     assert_exactly_once(tmp_path, expected, "a container frozen and woken")
     leftovers = [str(p) for p in [*state.rglob("*.tmp"), *out.rglob("*.tmp")]]

@@ -12,14 +12,12 @@ import pytest
 
 from master import auth
 from master.client import WeirClient, WeirClientError
-from master.launcher import LocalProcessLauncher
-from master.server import MasterServer
 from operators import Dag
 from operators.library import FileSink
 from operators.testing import ListSource
 from proto import client_pb2, client_pb2_grpc
-from tests.e2e.conftest import container_logs
-from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+from tests.e2e.conftest import container_logs, started_master
+from tests.harness import poll_for
 from tests.master.fakes import chain_descriptor
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,19 +57,9 @@ def test_a_payload_runs_only_when_sent_with_the_secret(master, tmp_path):
 @pytest.fixture
 def tls_master(tmp_path, monkeypatch, tls_files):
     cert, key = tls_files
-    env, tag = tagged_env()
-    monkeypatch.setenv(TAG_ENV, tag)
-    log_dir = tmp_path / "containers"
-    server = MasterServer("127.0.0.1", 0,
-                          lambda address: LocalProcessLauncher(address, log_dir=log_dir),
-                          container_stop_grace_ms=2_000, tls=auth.TlsFiles(cert, key))
-    server.start()
-    server.log_dir = log_dir
-    try:
+    with started_master(tmp_path, monkeypatch, stop_grace_ms=2_000,
+                        tls=auth.TlsFiles(cert, key)) as server:
         yield server
-    finally:
-        server.stop()
-        poll_for(lambda: not tagged_processes(tag), 15, "every container to exit")
 
 
 def test_an_application_runs_over_tls(tls_master, tmp_path):

@@ -516,6 +516,15 @@ def test_a_fatal_deploy_error_fails_the_application_at_once():
     assert cluster.ops[RELAY].failure_count == 1 and cluster.launched == []
 
 
+def relay_lost_at_20() -> Cluster:
+    """The chain, every operator checkpointed at 20, then the relay's container lost."""
+    cluster = chain()
+    for op_id in (SOURCE, RELAY, SINK):
+        checkpointed(cluster, op_id, 20)
+    cluster.liveness({C1: -9})
+    return cluster
+
+
 def test_every_redeploy_is_a_new_generation_that_readers_are_told_of():
     cluster = chain()
     assert [op.generation for op in cluster.ops.values()] == [1, 1, 1]
@@ -534,11 +543,7 @@ def test_every_redeploy_is_a_new_generation_that_readers_are_told_of():
 
 
 def test_a_report_of_a_replaced_generation_is_ignored_and_the_deploy_goes_on():
-    cluster = chain()
-    checkpointed(cluster, SOURCE, 20)
-    checkpointed(cluster, RELAY, 20)
-    checkpointed(cluster, SINK, 20)
-    cluster.liveness({C1: -9})
+    cluster = relay_lost_at_20()
     cluster.beat(C2)  # undeployed
     sink = cluster.ops[SINK]
     stale = operator_report(SINK, windows=[window(30, checkpoint=30)])
@@ -551,11 +556,7 @@ def test_a_report_of_a_replaced_generation_is_ignored_and_the_deploy_goes_on():
 
 
 def test_a_redeployed_operator_is_shown_recovering_until_it_finishes_a_window():
-    cluster = chain()
-    checkpointed(cluster, SOURCE, 20)
-    checkpointed(cluster, RELAY, 20)
-    checkpointed(cluster, SINK, 20)
-    cluster.liveness({C1: -9})
+    cluster = relay_lost_at_20()
     cluster.beat(C2)
     cluster.beat(C3)
     restoring = operator_report(RELAY)
