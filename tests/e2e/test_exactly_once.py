@@ -157,7 +157,9 @@ def test_random_sigkills_publish_every_count_exactly_once(master, tmp_path, mode
     with client:
         kills = kill_randomly(master, client, app_id, note, rng)
         wait_finished(client, master, app_id, timeout_s=240)
-    assert len(kills) >= 2, f"only {len(kills)} kills happened during the run; {note}"
+    # AT_MOST_ONCE loses the windows it skips, so its runs may end after one kill
+    assert len(kills) >= (1 if mode == "AT_MOST_ONCE" else 2), \
+        f"only {len(kills)} kills happened during the run; {note}"
     assert_mode_kept(tmp_path, expected, mode, f"{mode}, {note}, killed {kills}")
 
 
