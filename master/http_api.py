@@ -255,10 +255,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _logged_path(self) -> str:
+        """The request's path without its query (which may hold the secret); a request
+        line that could not be parsed has none yet."""
+        return urllib.parse.urlsplit(getattr(self, "path", "") or "").path or "?"
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
-        # The query string may hold the secret: log the path only.
-        _LOGGER.debug("HTTP %s %s", self.command, urllib.parse.urlsplit(self.path).path)
+        _LOGGER.debug("HTTP %s %s", getattr(self, "command", None) or "?", self._logged_path())
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        _LOGGER.debug("HTTP %s %s -> %s", self.command,
-                      urllib.parse.urlsplit(self.path).path, code)
+        _LOGGER.debug("HTTP %s %s -> %s", getattr(self, "command", None) or "?",
+                      self._logged_path(), code)

@@ -4,7 +4,10 @@ the secret on each."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -166,3 +169,14 @@ def test_https_with_the_masters_certificate(tls_files):
             assert json.loads(response.read())["applications"]
     finally:
         http.stop()
+
+
+def test_a_request_line_that_is_no_http_gets_400_without_a_traceback(api, capfd):
+    http, _, _ = api
+    host, port = urllib.parse.urlsplit(http.url).hostname, urllib.parse.urlsplit(http.url).port
+    with socket.create_connection((host, port), timeout=10) as conn:
+        conn.sendall(b"GARBAGE\r\n\r\n")
+        answer = conn.recv(4096)
+    assert b"400" in answer, answer  # one word: answered HTTP/0.9 style, the body alone
+    time.sleep(0.2)  # the handler thread's logging, if any, is done
+    assert "Traceback" not in capfd.readouterr().err
