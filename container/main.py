@@ -127,6 +127,20 @@ def route_address(master: str) -> str:
         return str(probe.getsockname()[0])
 
 
+MASTER_RETRY_S = 30.0
+"""How long a container keeps calling a master that went away (it may be restarting)."""
+
+
+def master_retry_window_s(attributes: dict[str, str]) -> float:
+    """How long heartbeats retry an unreachable master before the container gives up.
+
+    A restarted master adopts its containers and gives each a fresh heartbeat timeout,
+    so a container should outlast a slow restart: 30 s, or the heartbeat timeout if
+    longer (no master would have declared it lost before that anyway).
+    """
+    return max(MASTER_RETRY_S, resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000)
+
+
 def buffer_server_hosts(master: str, host: str | None, advertise_host: str | None
                         ) -> tuple[str, str]:
     """(listen address, advertised address) of the buffer server, from the options.
@@ -154,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"weir container: error: {exc}", file=sys.stderr)
         return 2
-    client = UmbilicalClient(args.master, retry_window_s=30.0, secret=credentials.secret,
+    client = UmbilicalClient(args.master, retry_window_s=MASTER_RETRY_S,
+                             secret=credentials.secret,
                              tls_root_certs=credentials.tls_root_certs,
                              address_file=os.environ.get(MASTER_FILE_ENV))
     try:
@@ -167,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.container_id!r}: {exc.details()}", file=sys.stderr)
         return 1
     attributes = dict(context.attributes)
-    client.retry_window_s = max(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes) / 1000, 5.0)
+    client.retry_window_s = master_retry_window_s(attributes)
     try:  # the address that answered get_init_context (it may come from master.json)
         bind_host, advertised_host = buffer_server_hosts(client.address, args.host,
                                                          args.advertise_host)
