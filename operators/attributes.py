@@ -49,6 +49,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_COUNT = 1024
+"""The most containers an application, or partitions an operator, may ask for: a typo
+(3000000) must be an error at submit, not a master that tries to plan it."""
+
+
+def _count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_COUNT:
+        raise ValueError(f"{value} is more than {MAX_COUNT}, the most an application may ask "
+                         "for")
+    return value
+
+
 def _int(text: str) -> int:
     return int(text)
 
@@ -97,7 +110,7 @@ _ALL = [
     Attribute("APPLICATION_WINDOW_COUNT", _positive_int, 1, Scope.OPERATOR,
               "Streaming windows per application window: window logic (one Spark job) runs "
               "once per application window."),
-    Attribute("CONTAINERS", _positive_int, 2, Scope.DAG,
+    Attribute("CONTAINERS", _count, 2, Scope.DAG,
               "Number of containers the operators are spread over."),
     Attribute("CONTAINER", _int, -1, Scope.OPERATOR,
               "Pin the operator to container number N (0-based); -1 = placed by the master."),
@@ -139,7 +152,7 @@ _ALL = [
               "windows that ended in this interval (at most the last 100 windows)."),
     Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
-    Attribute("PARTITIONS", _positive_int, 1, Scope.OPERATOR,
+    Attribute("PARTITIONS", _count, 1, Scope.OPERATOR,
               "Run the operator as N partitions, each taking the rows whose PARTITION_KEY "
               "hashes to its share; a unifier merges their output for an unpartitioned "
               "downstream operator."),

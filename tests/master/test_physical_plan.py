@@ -116,6 +116,8 @@ def test_attribute_layers_defaults_dag_plain_operator_qualified():
     ({"ghost.APPLICATION_WINDOW_COUNT": "2"}, "unknown operator 'ghost'"),
     ({"CONTAINERS": "many"}, "CONTAINERS='many' is invalid"),
     ({"sink.CONTAINERS": "2"}, "cannot be set on an operator"),
+    ({"CONTAINERS": "3000000"}, "CONTAINERS='3000000' is invalid: 3000000 is more than 1024"),
+    ({"sink.PARTITIONS": "5000"}, "PARTITIONS='5000' is invalid: 5000 is more than 1024"),
 ])
 def test_bad_overrides_raise_clear_errors(overrides, message):
     with pytest.raises(PlanError, match=message):
