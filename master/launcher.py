@@ -196,8 +196,12 @@ class LocalProcessLauncher(Launcher):
         env.update({**self.env, **self.credential_env, CONTAINER_ID_ENV: container_id})
         log_file: IO[bytes] | None = None
         if self.log_dir is not None:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            log_file = open(self.log_dir / f"{container_id}.log", "ab")
+            self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # owner-only: a container's log holds its errors, paths and data it printed
+            fd = os.open(self.log_dir / f"{container_id}.log",
+                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.fchmod(fd, 0o600)  # a file left by an earlier run keeps no wider mode
+            log_file = os.fdopen(fd, "ab")
             env.setdefault("PYTHONUNBUFFERED", "1")
         try:
             popen = subprocess.Popen(self.argv(container_id), env=env, stdin=subprocess.DEVNULL,

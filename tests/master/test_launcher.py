@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import stat
 import sys
 import threading
 from pathlib import Path
@@ -82,6 +83,13 @@ def test_launch_passes_master_id_and_environment(make_launcher):
     assert launcher.exit_code("app-0001-c0") is None
     assert launcher.argv("x")[-4:] == ["--master", "127.0.0.1:1234", "--id", "x"]
     assert CONTAINER_ID_ENV == "WEIR_CONTAINER_ID"
+
+
+def test_container_logs_are_readable_by_their_owner_only(make_launcher, tmp_path):
+    launcher = make_launcher()
+    launcher.launch("app-0001-c0")
+    _grandchild(launcher, "app-0001-c0")
+    assert stat.S_IMODE((tmp_path / "logs" / "app-0001-c0.log").stat().st_mode) == 0o600
 
 
 def test_kill_takes_the_whole_process_group(make_launcher):
