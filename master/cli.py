@@ -142,8 +142,9 @@ def _cmd_master(args: argparse.Namespace) -> int:
                           state_dir=args.state_dir, advertise_host=args.advertise_host,
                           **_http_options(args))
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT,
-                                                                      signal.SIGTERM)}
+    # SIGHUP: its terminal was closed; stop as cleanly as for Ctrl-C (containers, secret)
+    previous = {s: signal.signal(s, lambda *_: stop.set())
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         address = server.start()
         secret_file = str(server.secret_file or "")
@@ -194,7 +195,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000,
                           tls=_tls(args), **_http_options(args))
     app_id = ""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         server.start()
         app_id = server.core.submit(descriptor, overrides)
@@ -216,7 +217,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 pass
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         server.stop()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 
 import pytest
@@ -113,3 +115,14 @@ def test_ctrl_c_stops_containers_and_spark_jvms(weir, tmp_path):
     assert "interrupted" in proc.output()
     poll_for(lambda: not tagged_processes(proc.tag), 15,
              f"every container and JVM to exit after Ctrl-C:\n{proc.output()}")
+
+
+def test_a_master_whose_terminal_closes_stops_and_removes_its_secret(weir, tmp_path):
+    proc = weir("master", "--port", "0", "--json")
+    started = poll_for(lambda: "}" in proc.output() and proc.output(), 60,
+                       "the master to start")
+    secret_file = json.loads(started[started.index("{"):started.index("}") + 1])["secret_file"]
+    assert os.path.exists(secret_file)
+    proc.proc.send_signal(signal.SIGHUP)  # what closing its terminal sends
+    assert proc.wait(30) == 0, proc.output()
+    assert not os.path.exists(secret_file), "the secret file outlived the master"
