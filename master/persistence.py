@@ -65,27 +65,36 @@ class ApplicationJournal:
         self._saved: dict[str, tuple[Any, ...]] = {}
 
     def save(self, app: Application, claim: StateClaim | None) -> bool:
-        """Journals what changed of ``app`` since it was last saved; True if it wrote."""
+        """Journals what changed of ``app`` since it was last saved; True if it wrote.
+
+        What was saved is remembered only once the write (and its sync) succeeded: a
+        failed write is attempted again, whole, by the next save.
+
+        Raises:
+            OSError: the journal could not be written (nothing is marked saved).
+        """
         writes = []
+        marks: dict[str, Any] = {}
         key, mark = f"{app.id}/plan", _plan_mark(app)
         if self._saved.get(key) != mark:
             every = {**app.plan.operators, **app.plan.retired}
             payloads = {op_id: op.payload for op_id, op in every.items()}
             writes.append((key, pickle.dumps((app.dag, payloads, set(app.plan.retired)))))
-            self._saved[key] = mark
+            marks[key] = mark
         for op in [*app.plan.operators.values(), *app.plan.retired.values()]:
             key, mark = f"{app.id}/op/{op.id}", _operator_mark(app, op)
             if self._saved.get(key) != mark:
                 record = (dataclasses.replace(op, payload=b""), app.checkpoints.get(op.id),
                           app.operator_stats[op.id])
                 writes.append((key, pickle.dumps(record)))
-                self._saved[key] = mark
+                marks[key] = mark
         mark = _app_mark(app)
         if self._saved.get(app.id) != mark:
             writes.append((app.id, pickle.dumps((_without_operators(app), claim))))
-            self._saved[app.id] = mark
+            marks[app.id] = mark
         if writes:  # one record: a crash never leaves half a change (a plan without its ops)
             self.journal.put_many(writes)
+            self._saved.update(marks)
         return bool(writes)
 
     def load(self) -> list[tuple[Application, StateClaim | None]]:

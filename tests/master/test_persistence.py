@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from master.client import WeirClient, WeirClientError
@@ -121,3 +123,24 @@ def test_a_corrupt_journal_stops_the_master_naming_the_file_and_offset(tmp_path)
                           publish_secret=False, http_port=None)
     with pytest.raises(MasterStartError, match=rf"cannot take back .*{segment} at byte 8"):
         server.start()
+
+
+def test_a_write_that_failed_is_written_again_by_the_next_save(tmp_path, monkeypatch):
+    core = started_core(tmp_path, ManualClock())
+    app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
+    app = core.application(app_id)
+    journal = core.journal
+    journal.save(app, None)
+    app.committed_window_id = 42  # a change, and the disk is full when it is saved
+
+    def disk_full(writes):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(journal.journal, "put_many", disk_full)
+        with pytest.raises(OSError):
+            journal.save(app, None)
+    assert journal.save(app, None), "the change was taken as saved though nothing was"
+    journal.close()
+    [(restored, _)] = ApplicationJournal(str(tmp_path / "journal")).load()
+    assert restored.committed_window_id == 42
