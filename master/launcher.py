@@ -33,6 +33,7 @@ __all__ = [
     "LocalProcessLauncher",
     "RecordingLauncher",
     "ThreadLauncher",
+    "is_container_process",
     "launcher_factory",
     "launcher_names",
     "register_launcher",
@@ -153,10 +154,43 @@ class _Child:
 
 
 def _signal_group(pgid: int, signum: int) -> None:
+    """Signals a container's process group; never ours, init's, or "every process"."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        _LOGGER.error("refusing to signal process group %d: not a container's", pgid)
+        return
     try:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def is_container_process(pid: int, container_id: str) -> str | None:
+    """Why ``pid`` cannot be proven to be container ``container_id``'s process, or None.
+
+    The proof: it is a process of this user, leader of its own process group (the
+    launcher starts each container in a new session), other than this process and its
+    group, whose environment names that container (``WEIR_CONTAINER_ID``, set at launch;
+    only its owner can read it). A pid that was reused, or invented by a heartbeat, fails.
+    """
+    if pid <= 1:
+        return f"pid {pid} is not a process a container could have"
+    try:
+        process = psutil.Process(pid)
+        if process.uids().real != os.getuid():
+            return f"process {pid} belongs to another user"
+        if pid == os.getpid() or os.getpgid(pid) == os.getpgrp():
+            return f"process {pid} is the master's own"
+        if os.getpgid(pid) != pid:
+            return f"process {pid} leads no process group of its own"
+        named = process.environ().get(CONTAINER_ID_ENV)
+    except (psutil.NoSuchProcess, ProcessLookupError):
+        return f"process {pid} does not exist"
+    except (psutil.AccessDenied, PermissionError):
+        return f"process {pid} cannot be inspected"
+    if named != container_id:
+        return (f"process {pid} is not container {container_id} (its {CONTAINER_ID_ENV} is "
+                f"{named!r})")
+    return None
 
 
 class LocalProcessLauncher(Launcher):
@@ -216,7 +250,14 @@ class LocalProcessLauncher(Launcher):
                      f", log {self.log_dir / (container_id + '.log')}" if self.log_dir else "")
 
     def adopt(self, container_id: str, pid: int, host: str) -> None:
+        """Watches (and may later kill) a running container an earlier master launched, if
+        ``pid`` is proven to be it (``is_container_process``); otherwise leaves it alone."""
         if host and host != socket.gethostname():
+            return
+        refusal = is_container_process(pid, container_id)
+        if refusal is not None:
+            _LOGGER.warning("container=%s not adopted: %s; it is never signalled",
+                            container_id, refusal)
             return
         with self._lock:
             if container_id not in self._children:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import stat
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +19,7 @@ from master.launcher import (
     LocalProcessLauncher,
     RecordingLauncher,
     ThreadLauncher,
+    is_container_process,
     launcher_factory,
 )
 from tests.harness import poll_for
@@ -149,3 +152,33 @@ def test_thread_launcher_runs_the_given_entry_point():
     assert launcher.exit_code("c0") is None
     launcher.stop_all(grace_s=5)
     assert seen == [("127.0.0.1:9", "c0")] and launcher.exit_code("c0") == 0
+
+
+def _sleeper(**env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            env={**os.environ, **env}, start_new_session=True)
+
+
+def test_a_restarted_master_adopts_only_processes_proven_to_be_its_containers():
+    """A heartbeat names the pid; only a process carrying that container's id is adopted,
+    so no other process (nor init, nor the master's own group) is ever signalled."""
+    stranger = _sleeper()
+    ours = _sleeper(**{CONTAINER_ID_ENV: "app-0001-c1"})
+    launcher = LocalProcessLauncher("127.0.0.1:1234")
+    try:
+        launcher.adopt("app-0001-c0", stranger.pid, "")
+        launcher.adopt("app-0001-c2", 1, "")
+        launcher.adopt("app-0001-c3", os.getpid(), "")
+        launcher.adopt("app-0001-c1", ours.pid, "")
+        assert "is not container app-0001-c0" in is_container_process(stranger.pid,
+                                                                       "app-0001-c0")
+        for cid in ("app-0001-c0", "app-0001-c2", "app-0001-c3"):
+            launcher.kill(cid)
+            assert launcher.exit_code(cid) is None  # never adopted: nothing to watch
+        launcher.kill("app-0001-c1")
+        poll_for(lambda: _gone(ours.pid), 10, "the adopted container to be killed")
+        assert stranger.poll() is None, "an unrelated process was killed"
+    finally:
+        for process in (stranger, ours):
+            process.kill()
+            process.wait(10)
