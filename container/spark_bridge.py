@@ -151,6 +151,7 @@ class SparkSessionBridge:
         self.conf = dict(conf or {})
         self._scratch_parent = Path(scratch_dir) if scratch_dir is not None else _default_parent()
         self._scratch: Path | None = None
+        self._log4j_dir: Path | None = None
         self._session: SparkSession | None = None
         self._lock = threading.RLock()
         self._warm = False
@@ -291,14 +292,18 @@ class SparkSessionBridge:
         return settings
 
     def _log4j_config(self) -> Path:
-        """A static log4j2 file per level, shared by every container on the machine."""
+        """The log4j2 file of this container's JVM, in a private folder of its own.
+
+        Never a fixed path in the shared temporary folder: a file planted there by another
+        user would configure the JVM (a file appender writes wherever it is told).
+        """
         level = {"WARN": "warn", "ERROR": "error", "INFO": "info"}.get(self.log_level.upper(),
                                                                       "warn")
-        path = Path(tempfile.gettempdir()) / f"weir-log4j2-{level}.properties"
-        if not path.exists():
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(_LOG4J_TEMPLATE.format(level=level))
-            os.replace(partial, path)
+        if self._log4j_dir is None:
+            self._log4j_dir = Path(tempfile.mkdtemp(prefix="weir-log4j2-"))  # mode 0700
+            atexit.register(shutil.rmtree, self._log4j_dir, True)
+        path = self._log4j_dir / f"log4j2-{level}.properties"
+        path.write_text(_LOG4J_TEMPLATE.format(level=level))
         return path
 
     # -- Arrow -> Spark --------------------------------------------------------------
@@ -400,6 +405,8 @@ class SparkSessionBridge:
                              exc_info=_LOGGER.isEnabledFor(logging.DEBUG))
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if self._log4j_dir is not None:
+            shutil.rmtree(self._log4j_dir, ignore_errors=True)
 
     @property
     def scratch_dir(self) -> Path | None:

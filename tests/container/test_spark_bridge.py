@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import stat
+import tempfile
 import threading
 from pathlib import Path
 
@@ -174,3 +176,21 @@ def test_shared_handoff_dir(bridge: SparkSessionBridge, tmp_path: Path) -> None:
     scratch = shared.scratch_dir
     shared.stop()
     assert not scratch.exists()
+
+
+def test_the_jvm_log_config_is_private_and_not_a_planted_shared_file(tmp_path: Path) -> None:
+    """Another user could plant /tmp/weir-log4j2-warn.properties; it must not be used."""
+    planted = Path(tempfile.gettempdir()) / "weir-log4j2-warn.properties"
+    existed = planted.exists()
+    if not existed:
+        planted.write_text("appender.evil.type = File\n")
+    try:
+        spark = SparkSessionBridge(scratch_dir=tmp_path)
+        config = spark._log4j_config()
+        assert config != planted and "evil" not in config.read_text()
+        assert stat.S_IMODE(config.parent.stat().st_mode) == 0o700
+        spark.stop()
+        assert not config.parent.exists()
+    finally:
+        if not existed:
+            planted.unlink()
