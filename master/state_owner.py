@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import socket
+import stat
 import tempfile
 
 import pyarrow.fs as pafs
@@ -24,8 +25,8 @@ import pyarrow.fs as pafs
 from master.errors import InvalidArgument
 
 __all__ = [
-    "OWNER_FILE", "StateClaim", "claim_state_dir", "default_state_dir", "new_run_id",
-    "release_state_dir",
+    "OWNER_FILE", "StateClaim", "check_private_root", "claim_state_dir", "default_state_dir",
+    "new_run_id", "private_root", "release_state_dir",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -39,14 +40,49 @@ def new_run_id() -> str:
     return f"{now}-{secrets.token_hex(3)}"
 
 
+def private_root() -> str:
+    """The user's folder of default state folders: ``$TMPDIR/weir-state-<uid>``."""
+    return os.path.join(tempfile.gettempdir(), f"weir-state-{os.getuid()}")
+
+
 def default_state_dir(app_id: str, run_id: str) -> str:
     """Where a run keeps its state when STATE_DIR is empty: private to the user, its own.
 
     ``$TMPDIR/weir-state-<uid>/<app id>-<run id>``: two masters both numbering their
     applications from ``app-0001`` never meet, nor do two users of one machine.
     """
-    return os.path.join(tempfile.gettempdir(), f"weir-state-{os.getuid()}",
-                        f"{app_id}-{run_id}")
+    return os.path.join(private_root(), f"{app_id}-{run_id}")
+
+
+def check_private_root(path: str) -> None:
+    """Creates ``path`` mode 0700 if missing; refuses it unless it is a real folder of this
+    user that nobody else could write into (one only others could read, as older Weir
+    versions made it, is closed to mode 0700).
+
+    The folder's name is predictable and in a shared place: another user could have made
+    it (or a link in its place) first and then plant checkpoints, which are unpickled.
+
+    Raises:
+        InvalidArgument: naming the folder, what is wrong and what to do.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "is not a folder (a link or a file is in its place)"
+    elif info.st_uid != os.getuid():
+        problem = f"belongs to user {info.st_uid}, not to this user ({os.getuid()})"
+    elif stat.S_IMODE(info.st_mode) & 0o022:
+        problem = f"has mode {stat.S_IMODE(info.st_mode):o}: other users may write in it"
+    elif stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, 0o700)
+        _LOGGER.info("state root %s closed to other users (mode 700)", path)
+    if problem is not None:
+        raise InvalidArgument(f"the state root {path} {problem}; remove it (or chmod 700 "
+                              "it if it is yours) or set STATE_DIR to a folder of your own")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +108,8 @@ def claim_state_dir(state_dir: str, app_id: str, run_id: str) -> StateClaim:
     """
     fs, root = _filesystem(state_dir)
     if isinstance(fs, pafs.LocalFileSystem):
+        if os.path.dirname(os.path.abspath(root)) == private_root():
+            check_private_root(private_root())
         os.makedirs(root, mode=0o700, exist_ok=True)
     else:
         fs.create_dir(root, recursive=True)

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 from master.errors import InvalidArgument
-from master.state_owner import OWNER_FILE, claim_state_dir, new_run_id, release_state_dir
+from master.state_owner import (
+    OWNER_FILE,
+    claim_state_dir,
+    default_state_dir,
+    new_run_id,
+    private_root,
+    release_state_dir,
+)
 
 
 def test_a_claim_makes_a_private_folder_and_records_the_owner(tmp_path):
@@ -53,3 +62,23 @@ def test_releasing_leaves_another_runs_claim_alone(tmp_path):
 
 def test_run_ids_differ():
     assert len({new_run_id() for _ in range(50)}) == 50
+
+
+def test_the_default_root_is_made_private_and_a_planted_or_open_one_is_refused(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = private_root()
+    claim_state_dir(default_state_dir("app-0001", new_run_id()), "app-0001", "r1")
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    os.chmod(root, 0o755)  # as older Weir versions made it: closed, not refused
+    claim_state_dir(default_state_dir("app-0002", new_run_id()), "app-0002", "r2")
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    os.chmod(root, 0o777)  # anybody could have planted checkpoints in it
+    with pytest.raises(InvalidArgument, match=r"has mode 777: other users may write in it"):
+        claim_state_dir(default_state_dir("app-0003", new_run_id()), "app-0003", "r3")
+    shutil.rmtree(root)
+    elsewhere = tmp_path / "planted"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere, root)  # a link in its place: the checkpoints would go there
+    with pytest.raises(InvalidArgument, match="is not a folder"):
+        claim_state_dir(default_state_dir("app-0003", new_run_id()), "app-0003", "r3")
