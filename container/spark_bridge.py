@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import ipaddress
 import logging
 import os
@@ -52,6 +51,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from container.orphans import remove_orphans
 from operators.ports import conform
 
 if TYPE_CHECKING:
@@ -442,7 +442,7 @@ class SparkSessionBridge:
             self._check_running()
             if self._scratch is None:
                 self._scratch_parent.mkdir(parents=True, exist_ok=True)
-                _remove_orphans(self._scratch_parent)
+                remove_orphans(self._scratch_parent, _SCRATCH_PREFIX)
                 self._scratch = Path(tempfile.mkdtemp(
                     prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-", dir=self._scratch_parent))
                 atexit.register(shutil.rmtree, self._scratch, True)
@@ -547,29 +547,3 @@ def _delete(files: list[Path]) -> None:
             _LOGGER.warning("could not delete Spark scratch file %s: %s", path, exc)
 
 
-def _remove_orphans(parent: Path) -> None:
-    """Removes scratch folders left by processes that no longer run (a crash, a kill)."""
-    try:
-        entries = list(parent.glob(f"{_SCRATCH_PREFIX}*-*"))
-    except OSError:
-        return
-    for entry in entries:
-        pid_text = entry.name[len(_SCRATCH_PREFIX):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        if _pid_alive(int(pid_text)):
-            continue
-        try:
-            if entry.stat().st_uid == os.getuid():
-                shutil.rmtree(entry, ignore_errors=True)
-                _LOGGER.info("removed orphaned Spark scratch folder %s", entry)
-        except OSError:
-            pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True

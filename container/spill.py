@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from container.control import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
+from container.orphans import remove_orphans
 
 __all__ = ["SPILL_BATCH_BYTES", "Budget", "SpillStore", "read_block", "write_block"]
 
@@ -77,9 +78,11 @@ class SpillStore:
             if self._closed:
                 raise OSError("spill store closed")
             if self._path is None:
-                if self._parent is not None:
-                    self._parent.mkdir(parents=True, exist_ok=True)
-                self._path = Path(tempfile.mkdtemp(prefix=self._prefix, dir=self._parent))
+                parent = self._parent or Path(tempfile.gettempdir())
+                parent.mkdir(parents=True, exist_ok=True)
+                remove_orphans(parent, self._prefix)  # left by killed containers
+                self._path = Path(tempfile.mkdtemp(prefix=f"{self._prefix}{os.getpid()}-",
+                                                   dir=parent))
                 _LOGGER.info("buffer server spills to %s", self._path)
             return self._path
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -882,3 +885,20 @@ def test_a_subscriber_waits_for_the_generation_it_reads_and_an_older_publisher_i
     _publish_window(new, 2)
     new.end_stream()
     assert _shape(bg.take(5)) == _expected([2]) + [(Kind.END_STREAM, 2)]
+
+
+def test_spill_folders_of_killed_containers_are_swept_by_the_next_one(tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    orphan = tmp_path / f"weir-spill-{gone.pid}-x1y2"
+    orphan.mkdir()
+    (orphan / "0.output-00000000.arrow").write_bytes(b"a block nobody will read")
+    alive = tmp_path / f"weir-spill-{os.getppid()}-a1b2"  # another container, still running
+    alive.mkdir()
+    store = SpillStore(tmp_path)
+    try:
+        store.write("0.output", [Message(Kind.BEGIN_WINDOW, 1)])
+        assert not orphan.exists() and alive.exists()
+        assert store.path.name.startswith(f"weir-spill-{os.getpid()}-")
+    finally:
+        store.close()
