@@ -20,6 +20,7 @@ import socket
 import stat
 import tempfile
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from master.errors import InvalidArgument
@@ -104,8 +105,18 @@ def claim_state_dir(state_dir: str, app_id: str, run_id: str) -> StateClaim:
     """Creates the folder (owner-only on a local disk) and claims it for this run.
 
     Raises:
-        InvalidArgument: a live run of another application owns the folder.
+        InvalidArgument: a live run of another application owns the folder, or the
+            folder cannot be made or written (a bad path or URI, no permission).
     """
+    try:
+        return _claim(state_dir, app_id, run_id)
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InvalidArgument(f"STATE_DIR {state_dir!r} cannot hold the application's state: "
+                              f"{type(exc).__name__}: {exc}; give a folder (or pyarrow.fs "
+                              "URI) this user can create and write") from None
+
+
+def _claim(state_dir: str, app_id: str, run_id: str) -> StateClaim:
     fs, root = _filesystem(state_dir)
     if isinstance(fs, pafs.LocalFileSystem):
         if os.path.dirname(os.path.abspath(root)) == private_root():

@@ -82,3 +82,10 @@ def test_the_default_root_is_made_private_and_a_planted_or_open_one_is_refused(
     os.symlink(elsewhere, root)  # a link in its place: the checkpoints would go there
     with pytest.raises(InvalidArgument, match="is not a folder"):
         claim_state_dir(default_state_dir("app-0003", new_run_id()), "app-0003", "r3")
+
+
+@pytest.mark.parametrize("state_dir", ["/proc/weir-cannot-be-here", "nosuchscheme://x/y"])
+def test_a_state_dir_that_cannot_be_used_is_an_invalid_argument_naming_it(state_dir):
+    with pytest.raises(InvalidArgument, match=f"STATE_DIR '{state_dir}' cannot hold the "
+                                              "application's state: .*this user can create"):
+        claim_state_dir(state_dir, "app-0001", "r1")
