@@ -129,8 +129,8 @@ class HttpApi:
             pass
 
         Handler.api = api
-        server_class = (_ThreadingHTTPServerV6 if ":" in self.host.strip("[]")
-                        else http.server.ThreadingHTTPServer)
+        server_class = (_BoundedHTTPServerV6 if ":" in self.host.strip("[]")
+                        else _BoundedHTTPServer)
         server = server_class((self.host.strip("[]") or "0.0.0.0", self.port), Handler)
         server.daemon_threads = True
         scheme = "http"
@@ -172,7 +172,38 @@ class HttpApi:
         return bool(offered) and hmac.compare_digest(offered.encode(), self._expected)
 
 
-class _ThreadingHTTPServerV6(http.server.ThreadingHTTPServer):
+MAX_CONNECTIONS = 32
+"""HTTP connections served at once: each has a thread; more are closed at once, so idle
+connections cannot pile up threads in the master."""
+
+
+class _BoundedHTTPServer(http.server.ThreadingHTTPServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` of them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            _LOGGER.debug("HTTP: %d connections open; one more from %s is closed",
+                          MAX_CONNECTIONS, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _BoundedHTTPServerV6(_BoundedHTTPServer):
     address_family = socket.AF_INET6
 
 
@@ -180,7 +211,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     """One request: route, check the secret, answer JSON, HTML or metrics text."""
 
     api: HttpApi
-    timeout = 30  # a silent client frees its thread
+    timeout = 10  # a silent client frees its thread
     server_version = "weir"
     sys_version = ""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -16,9 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from master import auth
 from master.client import WeirClient
-from master.http_api import HttpApi
+from master.http_api import MAX_CONNECTIONS, HttpApi
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
+from tests.harness import poll_for
 from tests.master.fakes import chain_descriptor
 from tests.master.monitoring import WINDOWS, monitored_core
 
@@ -180,3 +182,25 @@ def test_a_request_line_that_is_no_http_gets_400_without_a_traceback(api, capfd)
     assert b"400" in answer, answer  # one word: answered HTTP/0.9 style, the body alone
     time.sleep(0.2)  # the handler thread's logging, if any, is done
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_idle_connections_cannot_pile_up_threads(api):
+    http, _, _ = api
+    url = urllib.parse.urlsplit(http.url)
+    idle = [socket.create_connection((url.hostname, url.port), timeout=10)
+            for _ in range(MAX_CONNECTIONS + 3)]
+    try:
+        time.sleep(0.5)  # every connection accepted (or closed at once)
+        serving = [t for t in threading.enumerate() if "process_request" in t.name]
+        assert len(serving) <= MAX_CONNECTIONS
+    finally:
+        for conn in idle:
+            conn.close()
+
+    def answered() -> bool:
+        try:
+            return fetch(http.url + "api/apps")[0] == 200
+        except urllib.error.URLError:
+            return False  # a slot not given back yet: the connection was closed
+
+    poll_for(answered, 10, "the closed connections' slots to come back")
