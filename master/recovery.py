@@ -218,7 +218,7 @@ def check_replay_invariant(app: Application, operators: Sequence[PTOperator],
             reader = app.plan.operators[d]
             if reader.processing_mode == "AT_MOST_ONCE" or is_operator_done(app, reader):
                 continue
-            need = chosen.get(d, reader.deploy_window_id if reader.pending else None)
+            need = _window_needed(app, reader, chosen)
             if need is None:
                 raise ReplayInvariantBroken(
                     f"operator {op.name!r} ({op.id}) restarts while its reader {reader.name!r} "
