@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["FailedPrecondition", "InvalidArgument", "InvalidTransition", "MasterError", "NotFound"]
+__all__ = ["FailedPrecondition", "InvalidArgument", "InvalidTransition", "MasterError", "NotFound",
+           "PlanError"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -40,3 +41,7 @@ class InvalidTransition(RuntimeError):
 
 def _name(state: object) -> str:
     return getattr(state, "name", str(state))
+
+
+class PlanError(ValueError):
+    """The DAG and its attribute overrides cannot be turned into a physical plan."""

@@ -15,7 +15,8 @@ from typing import Any
 
 import cloudpickle
 
-from master.errors import InvalidTransition
+from master.errors import InvalidTransition, PlanError
+from master.processing_modes import check_processing_modes
 from master.state_owner import default_state_dir, new_run_id
 from operators.attributes import ATTRIBUTES, InvalidAttribute, Scope, parse_attributes, resolve
 from operators.dag import topological_order
@@ -44,10 +45,6 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-
-
-class PlanError(ValueError):
-    """The DAG and its attribute overrides cannot be turned into a physical plan."""
 
 
 class ContainerState(enum.Enum):
@@ -461,7 +458,7 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     _spread_partitions(order, counts, pinned, containers_wanted)
     units = [unit for name in order for unit in instance_names(name, counts[name])]
     placement = place_operators(units, pinned, containers_wanted)
-    _check_processing_modes(dag, order, operator_attributes)
+    check_processing_modes(dag, order, operator_attributes)
     if not dag_attributes["STATE_DIR"]:
         dag_attributes["STATE_DIR"] = default_state_dir(app_id, run_id or new_run_id())
     for attributes in operator_attributes.values():
@@ -675,48 +672,3 @@ class _Builder:
             outputs=[OutputLink("output", stream.name)], logical_name=name)
         self.operators[unifier.id] = unifier
         return unifier
-
-
-def _check_processing_modes(dag: plan_pb2.DagDescriptor, order: list[str],
-                            operator_attributes: Mapping[str, Mapping[str, Any]]) -> None:
-    """Window counts and processing modes that can do what they say (Apex's rules).
-
-    - A checkpoint is taken at the end of an application window, so
-      CHECKPOINT_WINDOW_COUNT must be a multiple of APPLICATION_WINDOW_COUNT.
-    - EXACTLY_ONCE restarts from the newest checkpoint, so it needs a checkpoint after
-      every application window (CHECKPOINT_WINDOW_COUNT = APPLICATION_WINDOW_COUNT).
-    - An AT_MOST_ONCE operator skips the windows it missed, so an operator reading it
-      cannot have them replayed: it must be AT_MOST_ONCE too.
-
-    Raises:
-        PlanError: naming the operator, the values and the setting that fixes it.
-    """
-    for name in order:
-        attributes = operator_attributes[name]
-        checkpoint = attributes["CHECKPOINT_WINDOW_COUNT"]
-        application = attributes["APPLICATION_WINDOW_COUNT"]
-        if checkpoint % application:
-            fixed = -(-checkpoint // application) * application
-            raise PlanError(
-                f"operator {name!r} has CHECKPOINT_WINDOW_COUNT={checkpoint}, not a multiple "
-                f"of its APPLICATION_WINDOW_COUNT={application}: a checkpoint can only be "
-                "taken at the end of an application window; set "
-                f"-D {name}.CHECKPOINT_WINDOW_COUNT={fixed}")
-        if attributes["PROCESSING_MODE"] == "EXACTLY_ONCE" and checkpoint != application:
-            raise PlanError(
-                f"operator {name!r} has PROCESSING_MODE=EXACTLY_ONCE but "
-                f"CHECKPOINT_WINDOW_COUNT={checkpoint}; exactly-once needs a checkpoint "
-                f"after every application window: set -D {name}.CHECKPOINT_WINDOW_COUNT="
-                f"{application} (its APPLICATION_WINDOW_COUNT), or use AT_LEAST_ONCE")
-    for stream in dag.streams:
-        if operator_attributes[stream.source_operator]["PROCESSING_MODE"] != "AT_MOST_ONCE":
-            continue
-        for sink in stream.sinks:
-            mode = operator_attributes[sink.operator]["PROCESSING_MODE"]
-            if mode != "AT_MOST_ONCE":
-                raise PlanError(
-                    f"operator {sink.operator!r} ({mode}) reads stream {stream.name!r} of "
-                    f"AT_MOST_ONCE operator {stream.source_operator!r}, which skips the "
-                    f"windows it missed after a failure, so {sink.operator!r} could not have "
-                    f"them replayed; set -D {sink.operator}.PROCESSING_MODE=AT_MOST_ONCE, or "
-                    f"make {stream.source_operator!r} {mode}")

@@ -20,11 +20,9 @@ from container.buffer_server import (
     BufferServer,
     PublishAborted,
     StreamStats,
-    _Cursor,
-    _SpillResult,
-    _Stream,
 )
 from container.control import ENVELOPE_SCHEMA, Kind, Message, WindowGap
+from container.retained_stream import Cursor, RetainedStream, SpillResult
 from container.spill import Budget, SpillStore, read_block
 
 pytestmark = pytest.mark.timeout(60)
@@ -96,7 +94,7 @@ class _Background:
         return out
 
 
-def _take(stream: _Stream, cursor: _Cursor, max_bytes: int = 1 << 20) -> list[Message]:
+def _take(stream: RetainedStream, cursor: Cursor, max_bytes: int = 1 << 20) -> list[Message]:
     """Everything ``cursor`` can read now, loading spilled blocks as the server does."""
     out: list[Message] = []
     loaded: dict = {}
@@ -209,11 +207,11 @@ def test_purge_all_before_end_and_live_subscriber_continues(server):
 
 
 def test_storage_positions_survive_purge_and_rewind():
-    stream = _Stream("s")
+    stream = RetainedStream("s")
     for w in (1, 2, 3):
         for kind in (Kind.BEGIN_WINDOW, Kind.END_WINDOW):
             stream.append(Message(kind, w))
-    slow, fast = _Cursor(-1), _Cursor(-1)
+    slow, fast = Cursor(-1), Cursor(-1)
     assert _shape(_take(stream, slow)[:1]) == [(Kind.BEGIN_WINDOW, 1)]
     slow.seq = 1  # as if it had read only BEGIN_WINDOW(1)
     assert len(_take(stream, fast)) == 6
@@ -599,17 +597,17 @@ def test_rewind_into_spilled_windows(spilling, tmp_path):
 
 def test_storage_reads_spilled_blocks_at_any_position(tmp_path):
     store = SpillStore(tmp_path)
-    stream = _Stream("s", 0, Budget(1 << 30, 1 << 30), store, block_bytes=20_000)
+    stream = RetainedStream("s", 0, Budget(1 << 30, 1 << 30), store, block_bytes=20_000)
     for w in range(1, 7):
         for kind in (Kind.BEGIN_WINDOW, Kind.DATA, Kind.DATA, Kind.END_WINDOW):
             i = 0 if kind != Kind.DATA else 1
             stream.append(Message.data(w, _numbers(w, i)) if kind == Kind.DATA
                           else Message(kind, w))
     everything = list(stream.messages)
-    slow, fast = _Cursor(-1), _Cursor(-1)
+    slow, fast = Cursor(-1), Cursor(-1)
     assert len(_take(stream, fast)) == 24
     spills = 0
-    while stream.spill() is _SpillResult.SPILLED:
+    while stream.spill() is SpillResult.SPILLED:
         spills += 1
     assert spills == len(stream.blocks) >= 3 and stream.memory_bytes == 0
     assert stream.messages == [everything[-1]]  # a zero-byte END_WINDOW is not worth a file
@@ -618,15 +616,15 @@ def test_storage_reads_spilled_blocks_at_any_position(tmp_path):
         first, needed = stream.take(slow, 1 << 20)
     assert first == [] and needed is stream.blocks[0]  # the reader must load the block
     assert _take(stream, slow) == everything[5:]
-    assert _shape(_take(stream, _Cursor(3))) == _shape(everything[12:])
+    assert _shape(_take(stream, Cursor(3))) == _shape(everything[12:])
     assert stream.purge(2) == 8
     assert all(max(_windows_in(path)) > 2 for path in _spill_files(tmp_path))
-    assert _take(stream, _Cursor(2)) == everything[8:]
+    assert _take(stream, Cursor(2)) == everything[8:]
     assert stream.rewind(4) == 8  # windows 5 and 6, on disk and in memory
     stream.append(Message(Kind.BEGIN_WINDOW, 5))
     assert _shape(_take(stream, fast)) == [(Kind.BEGIN_WINDOW, 5)]
     assert _shape(_take(stream, slow)) == [(Kind.BEGIN_WINDOW, 5)]
-    assert _take(stream, _Cursor(2)) == everything[8:16] + [stream.messages[-1]]
+    assert _take(stream, Cursor(2)) == everything[8:16] + [stream.messages[-1]]
     store.close()
     assert list(tmp_path.iterdir()) == []
 

@@ -15,8 +15,8 @@ import pytest
 from container.buffer_client import PartitionKeyMissing, subscribe
 from container.buffer_server import BufferServer
 from container.control import Kind
+from container.operator_errors import is_fatal
 from container.port_input import InputClosed, PortInput
-from container.window_loop import is_fatal
 from operators.partitioning import PartitionFilter, hash_column, partition_keys
 
 pytestmark = pytest.mark.timeout(60)

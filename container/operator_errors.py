@@ -1,0 +1,84 @@
+"""What an operator's error says: whether a retry can help, and one line for the master.
+
+A restart replays the same windows into the same code, so some errors (a Spark analysis
+error, a batch that does not fit its port, state that cannot be pickled) come back on
+every retry; the master fails the application at once for those. The line the master
+shows names the operator's own frame, not pyspark's or py4j's.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+
+from container.operator_state import OperatorStateError
+from operators.ports import SchemaMismatch
+
+__all__ = ["describe_error", "is_fatal"]
+
+_ERROR_CHARS = 500  # the one-line error the master shows stays readable in `weir apps`
+
+# Errors the same code on the same (replayed) data raises again on every retry.
+_FATAL_TYPES: tuple[type[BaseException], ...] = (
+    pickle.PicklingError, pickle.UnpicklingError,  # the operator cannot be (un)pickled
+    OperatorStateError,  # its state cannot be checkpointed
+    SchemaMismatch,  # a batch does not fit its port's schema
+)
+# Spark analysis errors that may pass on retry: a file that is not there (yet, or any more).
+_RETRYABLE_SPARK_CONDITIONS = frozenset({"PATH_NOT_FOUND"})
+# Frames of these packages are not where an operator's error is: ``describe_error`` names
+# the innermost frame outside them.
+_LIBRARY_DIRS = frozenset({"pyspark", "py4j"})
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) cannot succeed on retry.
+
+    A restart replays the same windows into the same code, so an analysis error of a
+    Spark query (bad SQL: an unknown column, a syntax error), a batch that does not fit
+    its port's schema, or an operator whose state cannot be pickled fails again, each
+    time after a cold Spark start: the master fails the application at once instead.
+    Anything else (lost connections, full disks, a JVM that died) may pass and is retried.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, _FATAL_TYPES) or _is_spark_analysis_error(current):
+            return True
+        current = current.__cause__  # ``raise X from analysis_error`` keeps it fatal
+    return False
+
+
+def _is_spark_analysis_error(exc: BaseException) -> bool:
+    errors = sys.modules.get("pyspark.errors")  # not loaded: it cannot be a Spark error
+    analysis = getattr(errors, "AnalysisException", None) if errors is not None else None
+    if analysis is None or not isinstance(exc, analysis):
+        return False  # ParseException is an AnalysisException too
+    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    try:
+        name = condition() if condition is not None else None
+    except Exception:  # noqa: BLE001 - an exception without its error class is still one
+        name = None
+    return name not in _RETRYABLE_SPARK_CONDITIONS
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: first line of the message (at file:line in function)``, for the master.
+
+    One line, so that ``weir apps`` and ``weir operators`` stay tables: Spark's messages
+    carry the query plan on the following lines (the container log has them in full).
+    The place is the innermost frame outside pyspark and py4j: the operator's own call.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    if len(message) > _ERROR_CHARS:
+        message = message[:_ERROR_CHARS - 3] + "..."
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not _LIBRARY_DIRS.intersection(f.filename.split(os.sep))]
+    frame = (own or frames)[-1] if frames else None
+    where = f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})" \
+        if frame is not None else ""
+    return f"{type(exc).__name__}: {message}{where}"
