@@ -1,9 +1,13 @@
-"""Deployment details that need no process: inputs of an upstream that already ended."""
+"""Deployment details that need no process: inputs of an upstream that already ended,
+partitioned inputs, and generations replacing one another."""
 
+import cloudpickle
 import pytest
 
+from container.buffer_server import BufferServer
 from container.control import Kind
 from container.deploy import DeployError, Deployment, partition_filter, stream_id
+from operators.operator import InputOperator
 from operators.partitioning import PartitionFilter
 from proto import plan_pb2
 
@@ -34,3 +38,38 @@ def test_a_partitioned_input_subscribes_with_its_buckets_only():
         partition_filter(plan_pb2.InputDeployInfo(
             port_name="input", partition_key_column="word", partition_mask=3,
             partition_keys=[9]))
+
+
+class Idle(InputOperator):
+    """A source that waits for its activation and then emits nothing, until stopped."""
+
+    def emit_tuples(self) -> bool:
+        return True
+
+
+def idle_info(generation: int) -> plan_pb2.OperatorDeployInfo:
+    return plan_pb2.OperatorDeployInfo(
+        id=5, name="idle", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="Idle",
+        payload=cloudpickle.dumps(Idle()), generation=generation)
+
+
+def test_a_newer_generation_replaces_the_one_running_here_and_fences_it(tmp_path):
+    state = tmp_path / "state"
+    deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(state)}, on_change=lambda: None)
+    try:
+        deployment.deploy(idle_info(1))
+        first = deployment.runners[5]
+        deployment.deploy(idle_info(1))  # the same request again: nothing changes
+        assert deployment.runners[5] is first
+        deployment.deploy(idle_info(2))  # the old deployment is still running here
+        second = deployment.runners[5]
+        assert second is not first and second.generation == 2
+        assert first.join(5), "the replaced deployment's thread still runs"
+        assert (state / "checkpoints" / "5" / "FENCE").read_text().strip() == "2"
+        deployment.undeploy([5])
+        with pytest.raises(DeployError, match=r"idle \(5\) is not deployed: generation 1 of "
+                                              r"operator idle \(5\) is fenced off"):
+            deployment.deploy(idle_info(1))  # a stale request
+    finally:
+        deployment.stop_all()
