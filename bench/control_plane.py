@@ -33,6 +33,7 @@ from master.rpc import GRPC_OPTIONS
 from operators import Dag, InputOperator, InputPort, Operator, OutputPort
 from operators.windows import make_window_id
 from proto import plan_pb2, umbilical_pb2, umbilical_pb2_grpc
+from proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
 
 __all__ = ["BenchRelay", "BenchSource", "main", "run"]
 
@@ -336,13 +337,17 @@ class _LoadGenerator:
         self.containers = containers
         self.interval_s = interval_s
         self.rpc_timeout_s = rpc_timeout_s
-        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-        self.channels = [grpc.aio.insecure_channel(address, options=options)
-                         for _ in range(max(1, channels))]
+        # the master this bench starts wrote its secret file: play containers that know it
+        credentials = auth.client_credentials(address)
+        roots = credentials.require_roots(address)
+        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
+                   *grpc_tls_options(pinned_server_name(roots))]
+        self.channels = [grpc.aio.secure_channel(
+            address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+            for _ in range(max(1, channels))]
         self.stubs = [umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
                       for channel in self.channels]
-        # the master this bench starts wrote its secret file: play containers that know it
-        self.metadata = auth.bearer_metadata(auth.client_credentials(address).secret)
+        self.metadata = bearer_metadata(credentials.secret)
         self.tally = _Tally()
         self.started = 0.0
 

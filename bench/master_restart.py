@@ -122,8 +122,9 @@ def restart() -> dict[str, Any]:
         first, address, _ = _start_master(work)
         second = None
         secret = (work / "master-state" / "secret").read_text().strip()
+        cert = work / "master-state" / "tls" / "cert.pem"  # kept across the restart
         try:
-            with WeirClient(address, secret=secret) as client:
+            with WeirClient(address, secret=secret, tls_ca=cert) as client:
                 app_id = client.submit(load_app(app).to_descriptor())
                 _wait(lambda: client.application(app_id).committed_window_id >= 0, 120)
                 time.sleep(2.0)
@@ -132,7 +133,7 @@ def restart() -> dict[str, Any]:
             first.wait(10)
             killed = time.monotonic()
             second, address, start_s = _start_master(work)
-            with WeirClient(address, secret=secret) as client:
+            with WeirClient(address, secret=secret, tls_ca=cert) as client:
                 answering_s = time.monotonic() - killed
                 _wait(lambda: client.application(app_id).committed_window_id > committed, 120)
                 moving_s = time.monotonic() - killed

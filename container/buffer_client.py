@@ -26,6 +26,7 @@ from container.control import (
 )
 from operators.partitioning import PartitionFilter
 from operators.ports import SchemaMismatch
+from proto.contract import AUTH_HEADER, BEARER, pinned_server_name
 
 __all__ = ["BufferServerUnavailable", "PartitionKeyMissing", "Subscription", "subscribe"]
 
@@ -36,7 +37,6 @@ class PartitionKeyMissing(SchemaMismatch):
 
 _LOGGER = logging.getLogger(__name__)
 
-AUTH_HEADER = b"authorization"
 
 
 class BufferServerUnavailable(ConnectionError):
@@ -140,13 +140,16 @@ class Subscription:
         if self.generation:
             request["generation"] = self.generation
         ticket = flight.Ticket(json.dumps(request).encode())
-        headers = [(AUTH_HEADER, f"Bearer {self.secret}".encode())] if self.secret else []
+        headers = ([(AUTH_HEADER.encode(), (BEARER + self.secret).encode())]
+                   if self.secret else [])
         options = flight.FlightCallOptions(timeout=self.timeout_s, headers=headers)
         if self.tls_root_certs is None:
             client = flight.FlightClient(f"grpc+tcp://{self.host}:{self.port}")
         else:
             client = flight.FlightClient(f"grpc+tls://{self.host}:{self.port}",
-                                         tls_root_certs=self.tls_root_certs)
+                                         tls_root_certs=self.tls_root_certs,
+                                         override_hostname=pinned_server_name(
+                                             self.tls_root_certs))
         try:
             reader = client.do_get(ticket, options)
         except flight.FlightError as exc:

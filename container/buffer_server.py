@@ -11,15 +11,16 @@ A subscription first receives every retained message of the windows after
 then stays open and receives new messages as they are published (long poll), until
 ``END_STREAM`` or the server closes. Every Flight call must carry the master's secret
 (``authorization: Bearer <secret>``): a stream is the application's data, and nobody
-else may read it. TLS is optional.
+else may read it. Containers always serve it over TLS (the master's certificate).
 
-Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to the
-committed window; each stream's messages are a ``container.retained_stream``. Past the
-memory budget the publisher that needs room moves the oldest messages of the stream
-holding most memory to disk, a block at a time (``container.spill``), and subscribers that reach them read the block back. Past the disk
-budget too, publishing waits until a purge frees room: data is never dropped. Payloads
-are the publisher's Arrow IPC bytes, forwarded without re-encoding; only a partition
-filter touches rows (and re-encodes what it keeps).
+Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to
+the committed window; each stream's messages are a ``container.retained_stream``. Past
+the memory budget the publisher that needs room moves the oldest messages of the stream
+holding most memory to disk, a block at a time (``container.spill``), and subscribers
+that reach them read the block back. Past the disk budget too, publishing waits until a
+purge frees room: data is never dropped. Payloads are the publisher's Arrow IPC bytes,
+forwarded without re-encoding; only a partition filter touches rows (and re-encodes what
+it keeps).
 """
 
 from __future__ import annotations
@@ -58,9 +59,9 @@ from container.retained_stream import (
 )
 from container.spill import Budget, SpillStore, read_block
 from operators.partitioning import PartitionFilter
+from proto.contract import AUTH_HEADER, BEARER
 
 __all__ = [
-    "AUTH_HEADER",
     "LATEST_WINDOW",
     "DISK_BUDGET_BYTES",
     "MAX_BLOCK_BYTES",
@@ -90,8 +91,6 @@ _POLL_S = 0.2
 _SHUTDOWN_WAIT_S = 2.0
 """How long ``close()`` waits for gRPC to finish open calls before leaving it to a thread."""
 
-AUTH_HEADER = "authorization"
-"""Subscribers send ``authorization: Bearer <secret>`` with every Flight call."""
 
 
 class PublishAborted(RuntimeError):
@@ -198,7 +197,7 @@ class _SecretCheck(flight.ServerMiddlewareFactory):
 
     def __init__(self, secret: str) -> None:
         super().__init__()
-        self._expected = f"Bearer {secret}".encode()
+        self._expected = (BEARER + secret).encode()
 
     def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> None:
         for value in headers.get(AUTH_HEADER, ()):

@@ -4,8 +4,10 @@ Started by the master's launcher as ``python -m container --master HOST:PORT --i
 (or by hand as ``weir container ...``, possibly on another host: see ``--host`` and
 ``--advertise-host``). The master's secret comes in the environment
 (``WEIR_SECRET``, never on the command line, which ``ps`` shows everyone) or from
-``--secret-file``; TLS files from ``WEIR_TLS_CERT``/``WEIR_TLS_KEY`` (this container's
-buffer server) and ``WEIR_TLS_CA`` (what it trusts: the master, other buffer servers).
+``--secret-file``; the certificates the master and other buffer servers must prove before
+the secret is sent come from ``WEIR_TLS_CA`` / ``--tls-ca`` or the master's secret file.
+No certificate, no start: the secret never goes to a peer that proved nothing. The
+buffer server serves the TLS identity the master hands over in the init context.
 """
 
 from __future__ import annotations
@@ -29,36 +31,37 @@ from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.attributes import ATTRIBUTES, resolve
+from proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["main"]
 
 _LOGGER = logging.getLogger("container")
 
-SECRET_ENV = "WEIR_SECRET"
 MASTER_FILE_ENV = "WEIR_MASTER_FILE"  # set by a master with a state folder: its master.json
-TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV = "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
 
 class _Credentials:
-    """The master's secret and this container's TLS material, read once at start."""
+    """The master's secret and the certificates it must prove, read once at start."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.secret = (_read_secret(args.secret_file) if args.secret_file
-                       else os.environ.get(SECRET_ENV, "").strip())
+        fields = _read_secret_file(args.secret_file) if args.secret_file else {}
+        self.secret = str(fields.get("secret") or os.environ.get(SECRET_ENV, "")).strip()
         if not self.secret:
             raise ValueError(f"no secret for master {args.master}: set {SECRET_ENV} or pass "
                              "--secret-file (`weir container` finds the secret of a master "
                              "on this machine)")
         # Operators and Spark's processes need not see it.
         os.environ.pop(SECRET_ENV, None)
-        cert, key = args.tls_cert or None, args.tls_key or None
-        if bool(cert) != bool(key):
-            raise ValueError("TLS needs both a certificate and a key "
-                             f"({TLS_CERT_ENV}, {TLS_KEY_ENV})")
-        self.server_tls = (_read(cert), _read(key)) if cert and key else None
-        ca = args.tls_ca or cert
-        self.tls_root_certs = _read(ca) if ca else None
+        if args.tls_ca:
+            self.tls_root_certs = _read(args.tls_ca)
+        elif fields.get("tls_ca_pem"):
+            self.tls_root_certs = str(fields["tls_ca_pem"]).encode("ascii")
+        else:
+            raise ValueError(f"no certificate to check master {args.master} by, so its "
+                             f"secret stays here: set {TLS_CA_ENV} or pass --tls-ca, or pass "
+                             "--secret-file with a copy of the master's secret file (it "
+                             "holds the certificate)")
 
 
 def _read(path: str) -> bytes:
@@ -68,17 +71,19 @@ def _read(path: str) -> bytes:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _read_secret(path: str) -> str:
-    """A master's secret file (JSON with ``secret``) or a file holding just the secret."""
+def _read_secret_file(path: str) -> dict[str, object]:
+    """A master's secret file (JSON with ``secret`` and ``tls_ca_pem``) or a file holding
+    just the secret, as fields."""
     text = _read(path).decode().strip()
+    fields: dict[str, object] = {"secret": text}
     if text.startswith("{"):
         try:
-            text = str(json.loads(text).get("secret") or "")
-        except (ValueError, AttributeError):
+            fields = dict(json.loads(text))
+        except (ValueError, TypeError):
             pass
-    if not text:
+    if not str(fields.get("secret") or "").strip():
         raise ValueError(f"secret file {path} holds no secret")
-    return text
+    return fields
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -97,13 +102,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "address when --host is a wildcard such as 0.0.0.0)")
     parser.add_argument("--secret-file", metavar="FILE",
                         help=f"the master's secret (default: ${SECRET_ENV})")
-    parser.add_argument("--tls-cert", default=os.environ.get(TLS_CERT_ENV), metavar="PEM",
-                        help=f"serve the buffer server over TLS (default: ${TLS_CERT_ENV})")
-    parser.add_argument("--tls-key", default=os.environ.get(TLS_KEY_ENV), metavar="PEM",
-                        help=f"the certificate's key (default: ${TLS_KEY_ENV})")
     parser.add_argument("--tls-ca", default=os.environ.get(TLS_CA_ENV), metavar="PEM",
-                        help="talk TLS to the master and other buffer servers, trusting these "
-                             f"(default: ${TLS_CA_ENV}, else --tls-cert)")
+                        help="the certificates the master and other buffer servers must "
+                             f"prove (default: ${TLS_CA_ENV}, else the secret file's)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     return parser.parse_args(argv)
 
@@ -192,8 +193,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         client.close()
         return 1
+    identity = context.buffer_server_tls
+    if not identity.certificate_pem or not identity.private_key_pem:
+        print(f"weir container: error: master {client.address} sent no TLS identity for the "
+              "buffer server (is it an older Weir?)", file=sys.stderr)
+        client.close()
+        return 1
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
-                                 tls=credentials.server_tls)
+                                 tls=(identity.certificate_pem, identity.private_key_pem))
     buffer_server.start()
     advertised = (advertised_host, buffer_server.address[1])
     spark = SparkSessionBridge.from_attributes(

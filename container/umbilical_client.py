@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from proto import umbilical_pb2, umbilical_pb2_grpc
+from proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
 
 __all__ = ["MasterUnreachable", "UmbilicalClient"]
 
@@ -23,8 +24,6 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.enable_http_proxy", 0),
 ]
-AUTH_HEADER = "authorization"
-"""The master wants ``authorization: Bearer <secret>`` on every call (``master.auth``)."""
 
 
 class MasterUnreachable(ConnectionError):
@@ -39,30 +38,28 @@ class UmbilicalClient:
         call_timeout_s: deadline of one call.
         retry_window_s: how long a call keeps retrying an unreachable master before giving up.
         secret: the master's secret, sent with every call (a master refuses calls without).
-        tls_root_certs: talk TLS, trusting these PEM certificates; plaintext if None.
+        tls_root_certs: the PEM certificates the master must prove (TLS) before anything,
+            the secret included, is sent.
         address_file: the master's ``master.json`` (its state folder): re-read while the
             master is away, since a restarted master may listen elsewhere.
     """
 
     def __init__(self, address: str, *, call_timeout_s: float = 5.0,
                  retry_window_s: float = 30.0, secret: str | None = None,
-                 tls_root_certs: bytes | None = None, address_file: str | None = None) -> None:
+                 tls_root_certs: bytes, address_file: str | None = None) -> None:
         self.address = address
         self.call_timeout_s = call_timeout_s
         self.retry_window_s = retry_window_s
         self.address_file = address_file
-        self._metadata = ((AUTH_HEADER, f"Bearer {secret}"),) if secret else ()
-        self._tls_root_certs = tls_root_certs
+        self._metadata = bearer_metadata(secret)
+        self._credentials = grpc.ssl_channel_credentials(root_certificates=tls_root_certs)
+        self._options = [*_CHANNEL_OPTIONS,
+                         *grpc_tls_options(pinned_server_name(tls_root_certs))]
         self._connect(address)
 
     def _connect(self, address: str) -> None:
         self.address = address
-        if self._tls_root_certs is None:
-            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.secure_channel(
-                address, grpc.ssl_channel_credentials(root_certificates=self._tls_root_certs),
-                options=_CHANNEL_OPTIONS)
+        self._channel = grpc.secure_channel(address, self._credentials, options=self._options)
         self._stub = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(self._channel)
 
     def _follow_address_file(self) -> None:

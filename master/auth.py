@@ -1,17 +1,16 @@
-"""The master's secret and TLS: who may call the master, and how clients find the secret.
+"""The master's secret: who may call the master, and how clients find the secret and the
+certificate that proves the master is the one they mean.
 
 Operators travel as pickled code, so whoever can call the master (or a container's
 buffer server) can run code as the master's user. Every master therefore has a secret,
 generated at start unless one is given, and every gRPC call must carry it as
-``authorization: Bearer <secret>`` (the wire format containers use too; ``container``
-repeats these constants because it never imports ``master``).
+``authorization: Bearer <secret>`` (``proto.contract``), always inside TLS
+(``master.tls``): a client sends it only to a peer that proved the pinned certificate.
 
-Clients on the master's machine need no setup: the master writes its address and secret
-to ``$WEIR_HOME/master-<port>.secret`` (``~/.weir`` by default), readable by its owner
-only, and removes it when it stops. Elsewhere, ``WEIR_SECRET`` or ``--secret-file``.
-
->>> bearer_metadata("s3cret")
-(('authorization', 'Bearer s3cret'),)
+Clients on the master's machine need no setup: the master writes its address, secret
+and certificate to ``$WEIR_HOME/master-<port>.secret`` (``~/.weir`` by default),
+readable by its owner only, and removes it when it stops. Elsewhere, a copy of that
+file (``--secret-file``), or ``WEIR_SECRET`` with ``WEIR_TLS_CA``.
 """
 
 from __future__ import annotations
@@ -31,21 +30,16 @@ from typing import Any
 
 import grpc
 
+from master.tls import TlsFiles, read_pem
+from proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
+
 __all__ = [
-    "AUTH_HEADER",
     "HOME_ENV",
-    "SECRET_ENV",
-    "TLS_CA_ENV",
-    "TLS_CERT_ENV",
-    "TLS_KEY_ENV",
     "AuthInterceptor",
     "ClientCredentials",
-    "TlsFiles",
-    "bearer_metadata",
     "client_credentials",
     "container_env",
     "new_secret",
-    "open_channel",
     "read_secret_file",
     "remove_secret_file",
     "secret_path",
@@ -54,19 +48,6 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-
-AUTH_HEADER = "authorization"
-_BEARER = "Bearer "
-
-SECRET_ENV = "WEIR_SECRET"
-"""The master's secret, for ``weir master`` (instead of generating one), clients and
-containers."""
-
-TLS_CERT_ENV = "WEIR_TLS_CERT"
-TLS_KEY_ENV = "WEIR_TLS_KEY"
-TLS_CA_ENV = "WEIR_TLS_CA"
-"""PEM files: a server's certificate and key (master, buffer servers), and the
-certificates a client trusts (the master's own certificate when it is self-signed)."""
 
 HOME_ENV = "WEIR_HOME"
 """Where masters write their secret files (``~/.weir`` by default)."""
@@ -80,71 +61,15 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
-def bearer_metadata(secret: str | None) -> tuple[tuple[str, str], ...]:
-    """The gRPC metadata that carries ``secret`` (none without a secret)."""
-    return ((AUTH_HEADER, _BEARER + secret),) if secret else ()
-
-
-# -- TLS --------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class TlsFiles:
-    """A server's TLS certificate and key (PEM files), and what its clients should trust.
-
-    ``ca`` defaults to the certificate itself: right for a self-signed certificate; pass
-    the issuing CA's certificate otherwise.
-    """
-
-    cert: Path
-    key: Path
-    ca: Path | None = None
-
-    @property
-    def trusted(self) -> Path:
-        return self.ca or self.cert
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        """Raises OSError (unreadable file) with the file named."""
-        return grpc.ssl_server_credentials([(_read(self.key), _read(self.cert))])
-
-    @classmethod
-    def from_options(cls, cert: str | None, key: str | None, ca: str | None = None
-                     ) -> TlsFiles | None:
-        """TLS from command-line values (or the environment); None if neither is set.
-
-        Raises:
-            ValueError: only one of certificate and key.
-        """
-        cert = cert or os.environ.get(TLS_CERT_ENV) or None
-        key = key or os.environ.get(TLS_KEY_ENV) or None
-        ca = ca or os.environ.get(TLS_CA_ENV) or None
-        if not cert and not key:
-            return None
-        if not cert or not key:
-            raise ValueError("TLS needs both --tls-cert and --tls-key "
-                             f"(or {TLS_CERT_ENV} and {TLS_KEY_ENV})")
-        return cls(Path(cert).resolve(), Path(key).resolve(),
-                   Path(ca).resolve() if ca else None)
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise OSError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def container_env(secret: str, tls: TlsFiles | None) -> dict[str, str]:
-    """What a container the master launches needs in its environment to call back.
+def container_env(secret: str, tls: TlsFiles) -> dict[str, str]:
+    """What a container the master launches needs in its environment to call back: the
+    secret and the certificate it checks the master (and other buffer servers) by.
 
     The environment, not the command line: ``ps`` shows command lines to every user,
-    while ``/proc/<pid>/environ`` is readable by the owner only. Containers serve their
-    buffer servers with the master's certificate when TLS is on.
+    while ``/proc/<pid>/environ`` is readable by the owner only. The key of the
+    certificate comes later, over TLS, in the container's init context.
     """
-    env = {SECRET_ENV: secret}
-    if tls is not None:
-        env.update({TLS_CERT_ENV: str(tls.cert), TLS_KEY_ENV: str(tls.key),
-                    TLS_CA_ENV: str(tls.trusted)})
-    return env
+    return {SECRET_ENV: secret, **tls.client_env()}
 
 
 # -- the server side --------------------------------------------------------------------
@@ -158,7 +83,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def __init__(self, secret: str) -> None:
         if not secret:
             raise ValueError("the master's secret must not be empty")
-        self._expected = (_BEARER + secret).encode()
+        self._expected = (BEARER + secret).encode()
         self._deny = grpc.unary_unary_rpc_method_handler(self._refuse)
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
@@ -185,17 +110,18 @@ def secret_path(port: int) -> Path:
     return weir_home() / f"master-{port}.secret"
 
 
-def write_secret_file(path: Path, address: str, secret: str, tls_ca: Path | None,
+def write_secret_file(path: Path, address: str, secret: str, tls_roots: bytes,
                       extra: Mapping[str, str] | None = None) -> None:
     """Writes the secret file atomically, readable by its owner only (0600, folder 0700).
 
-    The file is created 0600 before anything is written to it, then renamed into place,
-    so the secret is never readable by others, not even for a moment. ``extra``: more
-    fields (the dashboard's URL).
+    The file holds the certificates that prove the master (``tls_ca_pem``), so a copy of
+    it is all a client or container elsewhere needs. It is created 0600 before anything
+    is written to it, then renamed into place, so the secret is never readable by
+    others, not even for a moment. ``extra``: more fields (the dashboard's URL).
     """
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     text = json.dumps({"address": address, "secret": secret,
-                       "tls_ca": str(tls_ca) if tls_ca else None, **(extra or {})})
+                       "tls_ca_pem": tls_roots.decode("ascii"), **(extra or {})})
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "w") as file:
@@ -219,7 +145,7 @@ def remove_secret_file(path: Path, secret: str) -> None:
 def read_secret_file(path: str | Path) -> tuple[str, dict[str, Any]]:
     """The secret in ``path`` and the file's other fields.
 
-    A master's secret file (JSON with ``secret``, ``address``, ``tls_ca``) or a file
+    A master's secret file (JSON with ``secret``, ``address``, ``tls_ca_pem``) or a file
     holding just the secret.
 
     Raises:
@@ -250,12 +176,23 @@ def read_secret_file(path: str | Path) -> tuple[str, dict[str, Any]]:
 # -- the client side --------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ClientCredentials:
-    """What a client sends the master: the secret (None: no secret found) and, for TLS,
-    the certificates it trusts; ``source`` says where the secret came from."""
+    """What a client needs for the master: the secret it sends (None: none found), the
+    certificates the master must prove before it is sent (PEM; None: none found), and
+    where the secret came from (``source``)."""
 
     secret: str | None
-    tls_ca: Path | None = None
+    tls_roots: bytes | None = None
     source: str = ""
+
+    def require_roots(self, address: str) -> bytes:
+        """The trusted certificates, or a ValueError saying how to give them."""
+        if self.tls_roots is None:
+            raise ValueError(
+                f"no certificate to check the master at {address} by, so its secret stays "
+                f"here: pass --secret-file with a copy of the master's secret file "
+                f"(~/.weir/master-<port>.secret on its machine; it holds the certificate), "
+                f"or --tls-ca PEM (or ${TLS_CA_ENV})")
+        return self.tls_roots
 
 
 def _loopback(host: str) -> bool:
@@ -272,6 +209,21 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port) if port.isdigit() else 0
 
 
+def _local_secret_file(address: str) -> tuple[str | None, dict[str, Any], Path]:
+    """The secret and fields a master on this machine published for ``address``'s port,
+    if that file names the same host (loopback names count as one)."""
+    host, port = _split(address)
+    path = secret_path(port)
+    try:
+        found, fields = read_secret_file(path)
+    except (OSError, ValueError):
+        return None, {}, path
+    their_host = _split(str(fields.get("address", "")))[0]
+    if host == their_host or (_loopback(host) and _loopback(their_host)):
+        return found, fields, path
+    return None, {}, path
+
+
 def client_credentials(address: str, *, secret: str | None = None,
                        secret_file: str | Path | None = None,
                        tls_ca: str | Path | None = None) -> ClientCredentials:
@@ -279,39 +231,29 @@ def client_credentials(address: str, *, secret: str | None = None,
 
     The secret: ``secret``, ``secret_file``, ``$WEIR_SECRET``, then the secret file a
     master on this machine wrote for that port, used only if the file names the same host
-    (loopback names count as one) so a local secret never goes to another machine. TLS
-    roots: ``tls_ca``, ``$WEIR_TLS_CA``, then the one in the secret file.
+    (loopback names count as one) so a local secret never goes to another machine. The
+    certificates: ``tls_ca``, ``$WEIR_TLS_CA``, the ones in ``secret_file``, then the ones
+    in that local secret file.
 
     Raises:
-        OSError, ValueError: an explicit ``secret_file`` cannot be read.
+        OSError, ValueError: an explicit ``secret_file`` or ``tls_ca`` cannot be read.
     """
     fields: dict[str, Any] = {}
     source = ""
+    if secret_file:
+        found, fields = read_secret_file(secret_file)
+        secret, source = secret or found, source or str(secret_file)
     if secret:
-        source = "argument"
-    elif secret_file:
-        secret, fields = read_secret_file(secret_file)
-        source = str(secret_file)
+        source = source or "argument"
     elif os.environ.get(SECRET_ENV):
         secret, source = os.environ[SECRET_ENV], SECRET_ENV
+    local, local_fields, local_path = _local_secret_file(address)
+    if not secret and local:
+        secret, source = local, str(local_path)
+    ca = tls_ca or os.environ.get(TLS_CA_ENV)
+    if ca:
+        roots: bytes | None = read_pem(Path(ca))
     else:
-        host, port = _split(address)
-        path = secret_path(port)
-        try:
-            found, found_fields = read_secret_file(path)
-        except (OSError, ValueError):
-            found, found_fields = None, {}
-        their_host = _split(str(found_fields.get("address", "")))[0]
-        if found and (host == their_host or (_loopback(host) and _loopback(their_host))):
-            secret, fields, source = found, found_fields, str(path)
-    ca = tls_ca or os.environ.get(TLS_CA_ENV) or fields.get("tls_ca") or None
-    return ClientCredentials(secret or None, Path(ca) if ca else None, source)
-
-
-def open_channel(address: str, tls_ca: Path | None, options: list[tuple[str, Any]]
-                 ) -> grpc.Channel:
-    """A channel to ``address``: TLS trusting ``tls_ca`` if given, else plaintext."""
-    if tls_ca is None:
-        return grpc.insecure_channel(address, options=options)
-    credentials = grpc.ssl_channel_credentials(root_certificates=_read(tls_ca))
-    return grpc.secure_channel(address, credentials, options=options)
+        pem = fields.get("tls_ca_pem") or local_fields.get("tls_ca_pem")
+        roots = str(pem).encode("ascii") if pem else None
+    return ClientCredentials(secret or None, roots, source)

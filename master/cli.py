@@ -28,10 +28,12 @@ from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
 from master.physical_plan import PlanError, build_physical_plan
 from master.server import MasterServer, MasterStartError
+from master.tls import TlsFiles
 from operators.app import AppLoadError, load_app
 from operators.attributes import InvalidAttribute
 from operators.dag import DagError
 from proto import client_pb2, plan_pb2
+from proto.contract import SECRET_ENV
 
 __all__ = ["ConfigError", "main", "parse_defines", "read_config"]
 
@@ -128,8 +130,9 @@ def _say_loading(message: str) -> None:
     print(f"weir: {message} (retrying)", file=sys.stderr)
 
 
-def _tls(args: argparse.Namespace) -> auth.TlsFiles | None:
-    return auth.TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
+def _tls(args: argparse.Namespace) -> TlsFiles | None:
+    """The user's certificate, if given (else the master makes one)."""
+    return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -137,7 +140,7 @@ def _cmd_master(args: argparse.Namespace) -> int:
     factory = launcher_factory(args.launcher, **({"log_dir": args.log_dir}
                                                  if args.launcher == "local" else {}))
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
-              else os.environ.get(auth.SECRET_ENV) or None)
+              else os.environ.get(SECRET_ENV) or None)
     server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
                           state_dir=args.state_dir, advertise_host=args.advertise_host,
                           **_http_options(args))
@@ -159,9 +162,9 @@ def _cmd_master(args: argparse.Namespace) -> int:
                       "opens them: ?token=SECRET or 'Authorization: Bearer SECRET')",
                       file=sys.stderr)
             print(f"weir: the master's secret is in {secret_file} (mode 0600): `weir` finds "
-                  f"it on this machine; elsewhere set {auth.SECRET_ENV} or pass --secret-file"
+                  f"it on this machine; elsewhere set {SECRET_ENV} or pass --secret-file"
                   if secret_file else f"weir: clients need the master's secret: set "
-                  f"{auth.SECRET_ENV} or pass --secret-file", file=sys.stderr)
+                  f"{SECRET_ENV} or pass --secret-file", file=sys.stderr)
         sys.stdout.flush()
         while not stop.wait(0.5):
             pass
@@ -401,16 +404,18 @@ def _common() -> argparse.ArgumentParser:
                         help="the master's secret (default: $WEIR_SECRET, else the file a "
                              "master on this machine wrote); master: use it, not a new one")
     common.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="PEM",
-                        help="talk TLS to the master, trusting these certificates (default: "
-                             "$WEIR_TLS_CA); master/run: what containers and clients trust "
-                             "(default: --tls-cert, for a self-signed certificate)")
+                        help="the certificates the master must prove before the secret is "
+                             "sent (default: $WEIR_TLS_CA, else the secret file's); "
+                             "master/run: what containers and clients trust (default: "
+                             "--tls-cert, for a self-signed certificate)")
     return common
 
 
 def _tls_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", metavar="PEM",
-                        help="serve TLS with this certificate (default: $WEIR_TLS_CERT); "
-                             "containers serve their buffer servers with it too")
+                        help="serve TLS with this certificate (default: $WEIR_TLS_CERT, else "
+                             "one the master makes); containers serve their buffer servers "
+                             "with it too")
     parser.add_argument("--tls-key", metavar="PEM",
                         help="the certificate's private key (default: $WEIR_TLS_KEY)")
 
@@ -557,12 +562,10 @@ def _exec_container(head: list[str], tail: list[str]) -> int:
         value = _option(head, name)
         if value is not None and _option(tail, name) is None:
             tail = [*tail, name, value]
-    if _option(tail, "--secret-file") is None and not os.environ.get(auth.SECRET_ENV):
+    if _option(tail, "--secret-file") is None and not os.environ.get(SECRET_ENV):
         found = auth.client_credentials(master)
-        if found.secret:
-            os.environ[auth.SECRET_ENV] = found.secret
-            if found.tls_ca and _option(tail, "--tls-ca") is None:
-                os.environ.setdefault(auth.TLS_CA_ENV, str(found.tls_ca))
+        if found.secret and Path(found.source).is_file():  # the master's file: its certificate too
+            tail = [*tail, "--secret-file", found.source]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", "container", *tail])

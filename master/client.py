@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,12 +19,15 @@ import grpc
 
 from master import auth
 from master.rpc import GRPC_OPTIONS, LOADING_MESSAGE
+from master.tls import open_channel
 from proto import client_pb2, client_pb2_grpc, plan_pb2
+from proto.contract import SECRET_ENV, bearer_metadata
 
 __all__ = ["DEFAULT_MASTER", "WeirClient", "WeirClientError", "default_master", "parse_address"]
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_HANDSHAKE_FAILED = "CERTIFICATE_VERIFY_FAILED"  # in gRPC's details: the peer proved nothing
 
 DEFAULT_MASTER = "127.0.0.1:5151"
 """Where ``weir`` looks for a master unless told otherwise (``--master``, ``WEIR_MASTER``)."""
@@ -59,8 +63,9 @@ class WeirClient:
         secret, secret_file: the master's secret, or a file holding it; by default
             ``$WEIR_SECRET``, else the secret file of a master on this machine
             (``auth.client_credentials``).
-        tls_ca: talk TLS, trusting these certificates (PEM); by default ``$WEIR_TLS_CA``
-            or what the master's secret file names; plaintext without any.
+        tls_ca: the certificates (PEM file) the master must prove before the secret is
+            sent; by default ``$WEIR_TLS_CA``, else the ones in the master's secret file
+            (given, or found on this machine); none found is an error.
         loading_wait_s: how long calls retry while a restarted master loads its journal.
         on_loading: told each time a call is retried for that (the CLI prints a line).
 
@@ -81,12 +86,34 @@ class WeirClient:
         try:
             self.credentials = auth.client_credentials(self.address, secret=secret,
                                                        secret_file=secret_file, tls_ca=tls_ca)
-            self._channel = auth.open_channel(self.address, self.credentials.tls_ca,
-                                              GRPC_OPTIONS)
+            roots = self.credentials.tls_roots
+            # without a certificate nothing is sent; calls say why (or that nobody is there)
+            self._channel = (open_channel(self.address, roots, GRPC_OPTIONS)
+                             if roots is not None else None)
         except (OSError, ValueError) as exc:
             raise WeirClientError(str(exc)) from None
-        self._metadata = auth.bearer_metadata(self.credentials.secret)
-        self._stub = client_pb2_grpc.WeirClientStub(self._channel)
+        self._metadata = bearer_metadata(self.credentials.secret)
+
+    @property
+    def _stub(self) -> client_pb2_grpc.WeirClientStub:
+        if self._channel is None:
+            raise self._no_certificate()
+        return client_pb2_grpc.WeirClientStub(self._channel)
+
+    def _no_certificate(self) -> WeirClientError:
+        """Why no call is made: nobody listens there, or nothing proves it is the master."""
+        host, port = parse_address(self.address)
+        try:
+            socket.create_connection((host, port), timeout=min(self.timeout_s, 5.0)).close()
+        except OSError:
+            return WeirClientError(f"no master answers at {self.address}; start one with "
+                                   "`weir master` or pass --master",
+                                   grpc.StatusCode.UNAVAILABLE)
+        try:
+            self.credentials.require_roots(self.address)
+        except ValueError as exc:
+            return WeirClientError(str(exc))
+        raise AssertionError("unreachable: roots are present")
 
     def _call(self, method: Callable[..., _T], request: Any) -> _T:
         deadline = time.monotonic() + self.loading_wait_s
@@ -107,6 +134,12 @@ class WeirClient:
         if details == LOADING_MESSAGE:
             return WeirClientError(f"the master at {self.address} is still loading its journal "
                                    f"after {self.loading_wait_s:g} s; try again", code)
+        if code == grpc.StatusCode.UNAVAILABLE and _HANDSHAKE_FAILED in details:
+            return WeirClientError(
+                f"the server at {self.address} did not prove the master's certificate (from "
+                f"{self.credentials.source or 'the trusted certificates given'}), so the "
+                "secret was not sent: is another program, or another master, listening "
+                "there?", code)
         if code == grpc.StatusCode.UNAVAILABLE:
             return WeirClientError(f"no master answers at {self.address}; start one with "
                                    "`weir master` or pass --master", code)
@@ -118,7 +151,7 @@ class WeirClient:
             have = (f"the secret from {self.credentials.source} was refused"
                     if self.credentials.secret else "no secret for it was found")
             return WeirClientError(f"the master at {self.address} refused the call: {have}; "
-                                   f"{auth.SECRET_ENV} or --secret-file give it", code)
+                                   f"{SECRET_ENV} or --secret-file give it", code)
         return WeirClientError(details.splitlines()[0] if details else str(code), code)
 
     def submit(self, dag: plan_pb2.DagDescriptor,
@@ -173,7 +206,8 @@ class WeirClient:
                    client_pb2.KillApplicationRequest(application_id=app_id, reason=reason))
 
     def close(self) -> None:
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self) -> WeirClient:
         return self

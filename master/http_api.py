@@ -33,10 +33,10 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from master import auth
 from master.core import MasterCore
 from master.errors import MasterError, NotFound
 from master.metrics import master_registry
+from master.tls import TlsFiles
 from proto import client_pb2
 
 __all__ = ["HttpApi"]
@@ -85,7 +85,7 @@ class HttpApi:
 
     def __init__(self, core: MasterCore, secret: str, host: str = "127.0.0.1", port: int = 0,
                  *, open_api: bool = False, open_metrics: bool = False,
-                 tls: auth.TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None) -> None:
         self.core = core
         self._expected = secret.encode()
         self.host, self.port = host, port

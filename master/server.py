@@ -1,7 +1,8 @@
 """The master process's server: one gRPC port for the umbilical and client services.
 
 Used by ``weir master`` (until a signal) and ``weir run`` (embedded, port 0, for one app).
-Every call must carry the master's secret (``master.auth``); TLS is optional.
+Every call is TLS (``master.tls``: the user's certificate, or one the master makes) and
+must carry the master's secret (``master.auth``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
 from master.persistence import ApplicationJournal, JournalError
 from master.rpc import SERVER_OPTIONS, LoadingInterceptor, SizeLimitInterceptor
+from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
 from operators.durable import CorruptLog
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
@@ -80,7 +82,9 @@ class MasterServer:
         loop_interval_s: period of the liveness loop.
         max_workers: gRPC handler threads.
         secret: what every call must carry; a fresh random one if None.
-        tls: serve over TLS with this certificate and key (containers get them too).
+        tls: serve TLS with this certificate and key (containers get them too); None:
+            with one the master makes, kept in ``state_dir`` (so containers that outlive
+            a restart still trust it) or in a private temporary folder.
         publish_secret: write the address and secret to ``auth.secret_path(port)``
             (0600) while running, so ``weir`` on this machine finds them.
         http_port: the dashboard, JSON API and ``/metrics`` (``master.http_api``) on this
@@ -98,7 +102,7 @@ class MasterServer:
                  clock: Clock = system_clock, stop_grace_s: float = 5.0,
                  container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
                  max_workers: int = 16, secret: str | None = None,
-                 tls: auth.TlsFiles | None = None, publish_secret: bool = True,
+                 tls: TlsFiles | None = None, publish_secret: bool = True,
                  http_port: int | None = 0, http_open: bool = False,
                  metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None,
                  advertise_host: str | None = None) -> None:
@@ -118,7 +122,9 @@ class MasterServer:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.secret = secret.strip() if secret else self._kept_secret()
         self._loading = False
-        self.tls = tls
+        self.own_tls = tls
+        self._temporary_tls: TemporaryIdentity | None = None
+        self.tls: TlsFiles | None = None  # what it serves, once started
         self.publish_secret = publish_secret
         self._http_options = (http_port, http_open, metrics_open)
         self._http: HttpApi | None = None
@@ -165,10 +171,10 @@ class MasterServer:
                 interceptors=[auth.AuthInterceptor(self.secret), SizeLimitInterceptor(),
                               LoadingInterceptor(lambda: self._loading)])
             self._probe_port()
-            credentials = self.tls.server_credentials() if self.tls else None
+            self.tls = self._tls_identity()
             try:
-                bound = (server.add_secure_port(f"{self.host}:{self.port}", credentials)
-                         if credentials else server.add_insecure_port(f"{self.host}:{self.port}"))
+                bound = server.add_secure_port(f"{self.host}:{self.port}",
+                                               self.tls.server_credentials())
             except RuntimeError:
                 bound = 0
             if not bound:
@@ -187,7 +193,7 @@ class MasterServer:
                               stop_grace_ms=self.container_stop_grace_ms,
                               loop_interval_s=self.loop_interval_s, journal=journal)
             umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
-                UmbilicalService(core), server)
+                UmbilicalService(core, self.tls.identity()), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
             _tune_gc()
             self._loading = journal is not None
@@ -215,9 +221,20 @@ class MasterServer:
             self._server, self._core = server, core
             if self.publish_secret:
                 self._publish(bound)
-            _LOGGER.info("master listening on %s%s (launcher %s)", self._address,
-                         " with TLS" if self.tls else "", type(launcher).__name__)
+            _LOGGER.info("master listening on %s with TLS (certificate %s; launcher %s)",
+                         self._address, self.tls.cert, type(launcher).__name__)
             return self._address
+
+    def _tls_identity(self) -> TlsFiles:
+        """The user's certificate, else the one kept in the state folder, else a fresh
+        one in a private temporary folder (removed at stop)."""
+        if self.own_tls is not None:
+            return self.own_tls
+        if self.state_dir is not None:
+            return identity_for(self.state_dir / "tls")
+        if self._temporary_tls is None:
+            self._temporary_tls = TemporaryIdentity()
+        return self._temporary_tls.files
 
     @property
     def dashboard_url(self) -> str:
@@ -230,7 +247,7 @@ class MasterServer:
         if port is None:
             return
         http = HttpApi(core, self.secret, self.host, port, open_api=open_api,
-                       open_metrics=open_metrics, tls=self.tls)
+                       open_metrics=open_metrics, tls=self.own_tls)
         try:
             core.dashboard_url = http.start()
         except OSError as exc:
@@ -242,8 +259,9 @@ class MasterServer:
         """Writes the secret file; without one, clients need the secret given to them."""
         path = auth.secret_path(port)
         try:
+            assert self.tls is not None
             auth.write_secret_file(path, self._address, self.secret,
-                                   self.tls.trusted if self.tls else None,
+                                   read_pem(self.tls.trusted),
                                    {"dashboard": self._http.url} if self._http else None)
         except OSError as exc:
             _LOGGER.warning("cannot write the secret file %s (%s); clients need %s",
@@ -325,6 +343,8 @@ class MasterServer:
             server.stop(grace=0.5).wait(5.0)
             if self._http is not None:
                 self._http.stop()
+            if self._temporary_tls is not None:
+                self._temporary_tls.cleanup()
             _LOGGER.info("master at %s stopped", self._address)
 
     def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:

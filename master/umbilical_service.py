@@ -16,15 +16,24 @@ _LOGGER = logging.getLogger(__name__)
 
 
 class UmbilicalService(umbilical_pb2_grpc.StreamingContainerUmbilicalServicer):
-    """Thin: proto in, ``MasterCore`` call, proto out."""
+    """Thin: proto in, ``MasterCore`` call, proto out.
 
-    def __init__(self, core: MasterCore) -> None:
+    ``buffer_server_tls``: the master's TLS identity, handed to each container in its
+    init context (only a caller that proved the secret, over TLS, gets there).
+    """
+
+    def __init__(self, core: MasterCore,
+                 buffer_server_tls: umbilical_pb2.TlsIdentity | None = None) -> None:
         self.core = core
+        self.buffer_server_tls = buffer_server_tls
 
     @rpc_errors
     def GetInitContext(self, request: umbilical_pb2.GetInitContextRequest,
                        context: grpc.ServicerContext) -> umbilical_pb2.StreamingContainerContext:
-        return self.core.init_context(request.container_id)
+        reply = self.core.init_context(request.container_id)
+        if self.buffer_server_tls is not None:
+            reply.buffer_server_tls.CopyFrom(self.buffer_server_tls)
+        return reply
 
     @rpc_errors
     def Log(self, request: umbilical_pb2.LogRequest,

@@ -15,7 +15,9 @@ from typing import Any, NamedTuple, TypeVar
 import grpc
 import psutil
 
-from master.auth import bearer_metadata
+from master.auth import client_credentials
+from master.tls import open_channel
+from proto.contract import bearer_metadata
 
 __all__ = ["TAG_ENV", "WeirProcess", "master_channel", "poll_for", "tagged_env",
            "tagged_processes"]
@@ -59,9 +61,11 @@ class _WithSecret(grpc.UnaryUnaryClientInterceptor):
 
 
 def master_channel(address: str, secret: str) -> grpc.Channel:
-    """A plain channel to a master that sends its secret with every call, as containers do
-    (for tests that play containers with the generated stubs)."""
-    return grpc.intercept_channel(grpc.insecure_channel(address), _WithSecret(secret))
+    """A TLS channel to a master (checked by the certificate in its secret file) that sends
+    its secret with every call, as containers do (for tests that play containers with the
+    generated stubs)."""
+    roots = client_credentials(address, secret=secret).require_roots(address)
+    return grpc.intercept_channel(open_channel(address, roots, []), _WithSecret(secret))
 
 
 def tagged_env(**extra: str) -> tuple[dict[str, str], str]:

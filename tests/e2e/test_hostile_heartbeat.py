@@ -64,7 +64,8 @@ def test_a_forged_window_id_is_rejected_and_stats_keep_moving(master, caplog):
         op = sink_stats()
         [container] = [c for c in client.containers(app_id) if c.id == op.container_id]
 
-        umbilical = UmbilicalClient(master.address, secret=master.secret)
+        umbilical = UmbilicalClient(master.address, secret=master.secret,
+                                   tls_root_certs=master.tls.cert.read_bytes())
         try:
             response = umbilical.heartbeat(forged_heartbeat(container, op.id))
         finally:

@@ -92,7 +92,8 @@ def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
     secret = (tmp_path / "master-state" / "secret").read_text().strip()
     second = None
     try:
-        with WeirClient(first.address, secret=secret) as client:
+        cert = tmp_path / "master-state" / "tls" / "cert.pem"  # kept: the same after restart
+        with WeirClient(first.address, secret=secret, tls_ca=cert) as client:
             app_id = client.submit(load_app(app).to_descriptor())
             poll_for(lambda: client.application(app_id).committed_window_id >= 0, 60,
                      f"a first committed window\n{first.process.output()}")
@@ -102,7 +103,7 @@ def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
         first.process.wait(10)
 
         second = Master(tmp_path, env, "master-2")  # another port: containers re-read it
-        with WeirClient(second.address, secret=secret) as client:
+        with WeirClient(second.address, secret=secret, tls_ca=cert) as client:
             assert client.application(app_id).state == "RUNNING"
             info = poll_for(lambda: (i := client.application(app_id)).state not in (
                 "ACCEPTED", "RUNNING") and i, 180, f"{app_id} to end\n{second.process.output()}")

@@ -124,6 +124,12 @@ class Cluster:
         except BaseException:
             self.stop()
             raise
+        self.cert = tmp_path / "master-state" / "tls" / "cert.pem"  # the one it made
+        # what an operator copies to the other hosts: the master's published secret file
+        published = tmp_path / "home-0" / f"master-{self.address.rsplit(':', 1)[1]}.secret"
+        self.copied_secret_file = tmp_path / "copied.secret"
+        self.copied_secret_file.write_bytes(published.read_bytes())
+        self.copied_secret_file.chmod(0o600)
 
     def _host_env(self, host: int, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in self.env.items() if k not in _PROXY_ENV}
@@ -146,15 +152,18 @@ class Cluster:
 
     def container(self, host: int, container_id: str, *, secret_in_env: bool,
                   listen: bool = False) -> Host:
-        """``weir container`` by hand on ``host``, given the secret in ``$WEIR_SECRET`` or
-        with ``--secret-file``; its buffer server listens on the host's address, given
-        with ``--host`` (``listen``) or found on the route to the master."""
+        """``weir container`` by hand on ``host``, given the secret and the master's
+        certificate in ``$WEIR_SECRET`` and ``$WEIR_TLS_CA``, or with ``--secret-file`` (a
+        copy of the master's secret file: both in one); its buffer server listens on the
+        host's address, given with ``--host`` (``listen``) or found on the route to the
+        master."""
         args = ["container", "--master", self.address, "--id", container_id, "-v"]
         if listen:
             args += ["--host", self.lab.addresses[host]]
         if secret_in_env:
-            return self._start(host, args, container_id, WEIR_SECRET=self.secret)
-        return self._start(host, [*args, "--secret-file", str(self.secret_file)],
+            return self._start(host, args, container_id, WEIR_SECRET=self.secret,
+                               WEIR_TLS_CA=str(self.cert))
+        return self._start(host, [*args, "--secret-file", str(self.copied_secret_file)],
                            container_id)
 
     def logs(self) -> str:
@@ -219,7 +228,7 @@ def _submit(cluster: Cluster, tmp_path: Path, generator: dict[str, int]) -> tupl
     app = tmp_path / "multihost_app.py"
     app.write_text(textwrap.dedent(APP.format(
         state=(tmp_path / "shared" / "state").as_uri(), generator=generator, out=str(out))))
-    with WeirClient(cluster.address, secret=cluster.secret) as client:
+    with WeirClient(cluster.address, secret=cluster.secret, tls_ca=cluster.cert) as client:
         return client.submit(load_app(app).to_descriptor()), out
 
 
@@ -246,7 +255,7 @@ def test_containers_on_other_hosts_run_an_application(start_cluster, lab, tmp_pa
     assert cluster.address.startswith(f"{lab.addresses[0]}:")
     generator = {"rate_per_second": 20_000, "keys": 50, "total": 60_000, "batch_rows": 1_000}
     app_id, out = _submit(cluster, tmp_path, generator)
-    with WeirClient(cluster.address, secret=cluster.secret) as client:
+    with WeirClient(cluster.address, secret=cluster.secret, tls_ca=cluster.cert) as client:
         ids = sorted(c.id for c in client.containers(app_id))
         assert len(ids) == 2, ids
         cluster.container(1, ids[0], secret_in_env=True, listen=True)
@@ -270,7 +279,7 @@ def test_a_replacement_on_another_host_resumes_from_the_shared_state_dir(start_c
     assert cluster.address.startswith(f"{lab.addresses[0]}:")
     generator = {"rate_per_second": 8_000, "keys": 50, "total": 120_000, "batch_rows": 1_000}
     app_id, out = _submit(cluster, tmp_path, generator)
-    with WeirClient(cluster.address, secret=cluster.secret) as client:
+    with WeirClient(cluster.address, secret=cluster.secret, tls_ca=cluster.cert) as client:
         first, second = sorted(c.id for c in client.containers(app_id))
         cluster.container(1, first, secret_in_env=True)
         lost = cluster.container(2, second, secret_in_env=True)

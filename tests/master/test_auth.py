@@ -18,7 +18,9 @@ from master.client import WeirClient, WeirClientError
 from master.launcher import LocalProcessLauncher, RecordingLauncher
 from master.rpc import MAX_REQUEST_BYTES, MAX_SUBMIT_BYTES
 from master.server import MasterServer
+from master.tls import TlsFiles, make_self_signed, open_channel
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
+from proto.contract import SECRET_ENV, bearer_metadata
 from tests.harness import master_channel, poll_for
 from tests.master.fakes import chain_descriptor, container_heartbeat
 
@@ -51,6 +53,11 @@ def marker_descriptor(path) -> client_pb2.SubmitApplicationRequest:
     return client_pb2.SubmitApplicationRequest(dag=dag, attribute_overrides={"CONTAINERS": "1"})
 
 
+def _tls_channel(server: MasterServer) -> grpc.Channel:
+    """A channel that checks the master's certificate but sends no secret."""
+    return open_channel(server.address, server.tls.cert.read_bytes(), [])
+
+
 def _refused(call, *args, **kwargs) -> grpc.RpcError:
     with pytest.raises(grpc.RpcError) as caught:
         call(*args, timeout=5, **kwargs)
@@ -60,7 +67,7 @@ def _refused(call, *args, **kwargs) -> grpc.RpcError:
 @pytest.mark.parametrize("metadata", [None, (("authorization", "Bearer wrong"),),
                                       (("authorization", "not-even-bearer"),)])
 def test_calls_without_the_secret_are_refused_on_both_services(server, metadata):
-    with grpc.insecure_channel(server.address) as channel:
+    with _tls_channel(server) as channel:
         client = client_pb2_grpc.WeirClientStub(channel)
         umbilical = umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
         for call, request in [
@@ -82,7 +89,7 @@ def test_a_pickled_payload_sent_without_the_secret_never_runs(server, tmp_path):
     """The master refuses it unparsed and starts nothing (the e2e test shows a container
     would have run it, had it been sent with the secret)."""
     marker = tmp_path / "ran"
-    with grpc.insecure_channel(server.address) as channel:
+    with _tls_channel(server) as channel:
         stub = client_pb2_grpc.WeirClientStub(channel)
         error = _refused(stub.SubmitApplication, marker_descriptor(marker))
     assert error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -106,9 +113,9 @@ def test_the_secret_file_is_the_owners_only_and_goes_with_the_master(tmp_path, m
         assert path == tmp_path / "home" / f"master-{address.rsplit(':', 1)[1]}.secret"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        assert json.loads(path.read_text()) == {"address": address, "secret": "given-secret",
-                                                "tls_ca": None,
-                                                "dashboard": master.core.dashboard_url}
+        assert json.loads(path.read_text()) == {
+            "address": address, "secret": "given-secret",
+            "tls_ca_pem": master.tls.cert.read_text(), "dashboard": master.core.dashboard_url}
         assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
         with WeirClient(address, timeout_s=5) as client:  # found with no setup at all
             assert client.credentials.source == str(path)
@@ -122,9 +129,15 @@ def test_where_clients_find_the_secret(server, tmp_path, monkeypatch):
     port = int(server.address.rsplit(":", 1)[1])
     found = auth.client_credentials(f"localhost:{port}")
     assert (found.secret, found.source) == (server.secret, str(server.secret_file))
+    assert found.tls_roots == server.tls.cert.read_bytes()  # what the master must prove
     # a local master's secret is never sent to another host on the same port
-    assert auth.client_credentials(f"10.1.2.3:{port}").secret is None
-    monkeypatch.setenv(auth.SECRET_ENV, "from-env")
+    elsewhere = auth.client_credentials(f"10.1.2.3:{port}")
+    assert (elsewhere.secret, elsewhere.tls_roots) == (None, None)
+    with pytest.raises(ValueError, match="no certificate to check the master at 10.1.2.3"):
+        elsewhere.require_roots(f"10.1.2.3:{port}")
+    # a secret given another way still goes only to the master its local file proves
+    assert auth.client_credentials(server.address, secret="x").tls_roots == found.tls_roots
+    monkeypatch.setenv(SECRET_ENV, "from-env")
     assert auth.client_credentials(server.address).secret == "from-env"
     plain = tmp_path / "plain.secret"
     plain.write_text("from-file\n")
@@ -147,7 +160,7 @@ def test_where_clients_find_the_secret(server, tmp_path, monkeypatch):
 def test_cli_uses_the_secret_and_says_how_to_give_it(server, tmp_path, monkeypatch, capsys):
     assert cli.main(["--master", server.address, "apps"]) == 0
     assert "no applications" in capsys.readouterr().out
-    monkeypatch.setenv(auth.SECRET_ENV, "wrong")
+    monkeypatch.setenv(SECRET_ENV, "wrong")
     assert cli.main(["--master", server.address, "apps"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("weir: error: the master at ") and "WEIR_SECRET" in err
@@ -157,43 +170,93 @@ def test_cli_uses_the_secret_and_says_how_to_give_it(server, tmp_path, monkeypat
     assert cli.main(["--master", server.address, "--secret-file", str(secret), "apps"]) == 0
 
 
-def test_weir_container_passes_the_secret_in_the_environment(server, monkeypatch):
+def test_weir_container_is_pointed_at_the_masters_secret_file(server, monkeypatch):
+    """It holds the secret and the certificate; the secret is on no command line."""
     calls = []
     monkeypatch.setattr(os, "execv", lambda path, argv: calls.append(argv))
-    monkeypatch.setenv(auth.SECRET_ENV, "placeholder")
-    monkeypatch.delenv(auth.SECRET_ENV)  # restored (absent) after the test
+    monkeypatch.setenv(SECRET_ENV, "placeholder")
+    monkeypatch.delenv(SECRET_ENV)  # restored (absent) after the test
     cli.main(["--master", server.address, "container", "--id", "c0"])
     assert calls == [[sys.executable, "-m", "container", "--master", server.address,
-                      "--id", "c0"]]
-    assert os.environ[auth.SECRET_ENV] == server.secret
+                      "--id", "c0", "--secret-file", str(server.secret_file)]]
+    assert SECRET_ENV not in os.environ
 
 
 def test_launched_containers_get_the_secret_in_their_environment_only(tmp_path, monkeypatch):
     monkeypatch.setenv("WEIR_TLS_CERT", "/inherited/cert.pem")  # must not reach containers
+    tls = make_self_signed(tmp_path / "tls")
     out = tmp_path / "seen.json"
     script = ("import json, os, sys; json.dump({'argv': sys.argv, 'env': {k: v for k, v in "
               "os.environ.items() if k.startswith('WEIR_')}}, open(sys.argv[1], 'w'))")
     launcher = LocalProcessLauncher("127.0.0.1:1", command=[sys.executable, "-c", script,
                                                             str(out)])
-    launcher.set_credentials(auth.container_env("s3cret", None))
+    launcher.set_credentials(auth.container_env("s3cret", tls))
     launcher.launch("c0")
     try:
         poll_for(lambda: launcher.exit_code("c0") is not None, 20, "the fake container")
     finally:
         launcher.stop_all(grace_s=1)
     seen = json.loads(out.read_text())
-    assert seen["env"]["WEIR_SECRET"] == "s3cret" and "WEIR_TLS_CERT" not in seen["env"]
+    # the secret and the certificate to check the master by; its key comes over TLS later
+    assert seen["env"]["WEIR_SECRET"] == "s3cret"
+    assert seen["env"]["WEIR_TLS_CA"] == str(tls.cert) and "WEIR_TLS_CERT" not in seen["env"]
     assert not any("s3cret" in arg for arg in seen["argv"])
 
 
 def test_a_container_without_the_secret_refuses_to_start():
-    env = {k: v for k, v in os.environ.items() if k != auth.SECRET_ENV}
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
     result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
                              "--id", "c0"], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2
     assert "no secret for master 127.0.0.1:1: set WEIR_SECRET or pass --secret-file" in (
         result.stderr)
+
+
+def test_a_container_without_a_certificate_keeps_the_secret_and_refuses_to_start():
+    env = {**{k: v for k, v in os.environ.items() if k != "WEIR_TLS_CA"},
+           SECRET_ENV: "s3cret"}
+    result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
+                             "--id", "c0"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "no certificate to check master 127.0.0.1:1 by, so its secret stays here" in (
+        result.stderr)
+
+
+def test_every_master_serves_tls_with_a_certificate_it_made(server):
+    """No plaintext port at all; the certificate is pinned by its one name."""
+    with grpc.insecure_channel(server.address) as channel:
+        stub = client_pb2_grpc.WeirClientStub(channel)
+        error = _refused(stub.ListApplications, client_pb2.ListApplicationsRequest(),
+                         metadata=bearer_metadata(server.secret))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert b"BEGIN CERTIFICATE" in server.tls.cert.read_bytes()
+    assert stat.S_IMODE(server.tls.key.stat().st_mode) == 0o600
+    stranger = make_self_signed(server.tls.cert.parent.parent / "stranger")
+    with open_channel(server.address, stranger.cert.read_bytes(), []) as channel:
+        stub = client_pb2_grpc.WeirClientStub(channel)  # trusts another certificate
+        error = _refused(stub.ListApplications, client_pb2.ListApplicationsRequest(),
+                         metadata=bearer_metadata(server.secret))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+    folder = server.tls.cert.parent
+    server.stop()
+    assert not folder.exists()  # a master without a state folder keeps nothing
+
+
+def test_a_master_keeps_its_certificate_in_its_state_folder(tmp_path):
+    first = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "m")
+    first.start()
+    first.stop()
+    second = MasterServer(launcher_factory=RecordingLauncher, state_dir=tmp_path / "m")
+    second.start()
+    try:  # containers that outlived the first still trust the second
+        assert second.tls.cert == tmp_path / "m" / "tls" / "cert.pem"
+        assert second.tls.cert.read_bytes() == first.tls.cert.read_bytes()
+        with WeirClient(second.address, timeout_s=5) as client:
+            assert client.applications() == []
+    finally:
+        second.stop()
 
 
 def test_oversized_heartbeat_is_refused_and_the_master_goes_on(server):
@@ -224,22 +287,20 @@ def test_oversized_heartbeat_is_refused_and_the_master_goes_on(server):
 
 def test_tls_master_and_client(tls_files, tmp_path):
     cert, key = tls_files
-    master = MasterServer(launcher_factory=RecordingLauncher,
-                          tls=auth.TlsFiles(cert, key))
+    master = MasterServer(launcher_factory=RecordingLauncher, tls=TlsFiles(cert, key))
     address = master.start()
     try:
-        assert master.launcher.credential_env == {
-            "WEIR_SECRET": master.secret, "WEIR_TLS_CERT": str(cert),
-            "WEIR_TLS_KEY": str(key), "WEIR_TLS_CA": str(cert)}
-        with WeirClient(address, timeout_s=5) as client:  # the secret file names the CA
-            assert client.credentials.tls_ca == cert
+        assert master.launcher.credential_env == {"WEIR_SECRET": master.secret,
+                                                  "WEIR_TLS_CA": str(cert)}
+        with WeirClient(address, timeout_s=5) as client:  # the secret file holds the CA
+            assert client.credentials.tls_roots == cert.read_bytes()
             assert client.applications() == []
         with WeirClient(address, timeout_s=5, tls_ca=cert, secret=master.secret) as client:
             client.submit(chain_descriptor(2))
         with grpc.insecure_channel(address) as channel:  # plaintext gets nowhere
             stub = client_pb2_grpc.WeirClientStub(channel)
             error = _refused(stub.ListApplications, client_pb2.ListApplicationsRequest(),
-                             metadata=auth.bearer_metadata(master.secret))
+                             metadata=bearer_metadata(master.secret))
             assert error.code() == grpc.StatusCode.UNAVAILABLE
         with grpc.secure_channel(address, grpc.ssl_channel_credentials(cert.read_bytes())
                                  ) as channel:  # TLS without the secret: still refused
@@ -249,4 +310,4 @@ def test_tls_master_and_client(tls_files, tmp_path):
     finally:
         master.stop()
     with pytest.raises(ValueError, match="needs both"):
-        auth.TlsFiles.from_options(str(cert), None)
+        TlsFiles.from_options(str(cert), None)

@@ -83,7 +83,8 @@ def test_while_loading_calls_are_refused_as_retryable_and_the_client_retries(tmp
     try:
         server._loading = True  # as while a long journal is read back
         told: list[str] = []
-        with WeirClient(server.address, secret=server.secret, loading_wait_s=1.2,
+        with WeirClient(server.address, secret=server.secret, tls_ca=server.tls.cert,
+                        loading_wait_s=1.2,
                         on_loading=told.append) as client:
             with pytest.raises(WeirClientError, match="still loading its journal"):
                 client.applications()
