@@ -121,7 +121,7 @@ def route_address(master: str) -> str:
         OSError: the master's host cannot be resolved or has no route.
     """
     host, _, port = master.rpartition(":")
-    infos = socket.getaddrinfo(host.strip("[]"), int(port) if port.isdigit() else 0,
+    infos = socket.getaddrinfo(host.strip("[]"), int(port) if port.isdecimal() else 0,
                                socket.AF_INET, socket.SOCK_DGRAM)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect(infos[0][4])

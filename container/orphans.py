@@ -37,7 +37,7 @@ def remove_orphans(parent: Path, prefix: str) -> int:
     removed = 0
     for entry in entries:
         pid_text = entry.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or pid_alive(int(pid_text)):
+        if not pid_text.isdecimal() or int(pid_text) == os.getpid() or pid_alive(int(pid_text)):
             continue
         try:
             if entry.is_dir() and not entry.is_symlink() and entry.stat().st_uid == os.getuid():

@@ -15,7 +15,9 @@ file (``--secret-file``), or ``WEIR_SECRET`` with ``WEIR_TLS_CA``.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -39,6 +41,7 @@ __all__ = [
     "ClientCredentials",
     "client_credentials",
     "container_env",
+    "http_token",
     "new_secret",
     "read_secret_file",
     "remove_secret_file",
@@ -61,6 +64,18 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+def http_token(secret: str) -> str:
+    """The token the HTTP port wants: derived from the secret, good for reading only.
+
+    The HTTP API and dashboard are read-only, and a browser sends whatever it was given
+    to whoever holds the port (a dashboard tab keeps polling a master that died), so
+    they never see the secret itself: whoever learns this token can read figures, not
+    submit, deploy or call a container. It is the same for as long as the secret is.
+    """
+    digest = hmac.new(secret.encode(), b"weir http read-only token v1", hashlib.sha256)
+    return base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii")
+
+
 def container_env(secret: str, tls: TlsFiles) -> dict[str, str]:
     """What a container the master launches needs in its environment to call back: the
     secret and the certificate it checks the master (and other buffer servers) by.
@@ -76,15 +91,17 @@ def container_env(secret: str, tls: TlsFiles) -> dict[str, str]:
 class AuthInterceptor(grpc.ServerInterceptor):
     """Refuses, with UNAUTHENTICATED, every call that lacks the master's secret.
 
-    A refused request is never deserialised (its handler takes raw bytes), so nothing
-    in it is looked at. The comparison takes constant time.
+    A refused request is never read: its handler takes the request as a stream it never
+    iterates, so gRPC's flow control stops the caller after the first window (64 kB) and
+    a stranger's 60 MB body costs the master nothing; nothing in it is looked at. The
+    comparison takes constant time.
     """
 
     def __init__(self, secret: str) -> None:
         if not secret:
             raise ValueError("the master's secret must not be empty")
         self._expected = (BEARER + secret).encode()
-        self._deny = grpc.unary_unary_rpc_method_handler(self._refuse)
+        self._deny = grpc.stream_unary_rpc_method_handler(self._refuse)
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
@@ -95,7 +112,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         return self._deny
 
     @staticmethod
-    def _refuse(request: bytes, context: grpc.ServicerContext) -> None:
+    def _refuse(requests: Any, context: grpc.ServicerContext) -> None:
         context.abort(grpc.StatusCode.UNAUTHENTICATED,
                       f"this master needs its secret on every call: {_HOW}")
 
@@ -206,7 +223,7 @@ def _loopback(host: str) -> bool:
 
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port) if port.isdigit() else 0
+    return host.strip("[]"), int(port) if port.isdecimal() else 0
 
 
 def _local_secret_file(address: str) -> tuple[str | None, dict[str, Any], Path]:

@@ -158,8 +158,9 @@ def _cmd_master(args: argparse.Namespace) -> int:
         else:
             print(address)
             if dashboard:
-                print(f"weir: dashboard, JSON API and /metrics on {dashboard} (the secret "
-                      "opens them: ?token=SECRET or 'Authorization: Bearer SECRET')",
+                print(f"weir: dashboard, JSON API and /metrics on {dashboard} (its read-only "
+                      "token opens them, never the secret: ?token=TOKEN or 'Authorization: "
+                      "Bearer TOKEN'; TOKEN is the http_token in the secret file)",
                       file=sys.stderr)
             print(f"weir: the master's secret is in {secret_file} (mode 0600): `weir` finds "
                   f"it on this machine; elsewhere set {SECRET_ENV} or pass --secret-file"

@@ -49,7 +49,7 @@ def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` as a pair; raises WeirClientError on anything else."""
     host, sep, port = address.strip().rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
         raise WeirClientError(f"bad master address {address!r}: expected HOST:PORT")
     return host, int(port)
 

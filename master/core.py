@@ -200,7 +200,7 @@ class MasterCore:
         with self._lock:
             app = self._app(app_id)
             op = app.plan.operator_by_name(operator)
-            if op is None and operator.strip().isdigit():
+            if op is None and operator.strip().isdecimal():
                 op = app.plan.operators.get(int(operator))
             if op is None:
                 partitions = [o.name for o in app.plan.operators.values()
@@ -422,7 +422,7 @@ class MasterCore:
                 for cid in app.plan.containers:
                     self._container_apps[cid] = app.id
                 number = app.id.rsplit("-", 1)[-1]
-                if number.isdigit():
+                if number.isdecimal():
                     self._next_app_number = max(self._next_app_number, int(number) + 1)
                 if app.terminal:
                     continue
@@ -448,7 +448,7 @@ class MasterCore:
             stats.last_heartbeat_ms = now_ms
             container.allocated_ms = now_ms
             pid, _, host = stats.process_name.partition("@")
-            if pid.isdigit():
+            if pid.isdecimal():
                 self.launcher.adopt(container.id, int(pid), host)
         for op in app.plan.operators.values():
             app.operator_stats[op.id].window_moved_ms = now_ms

@@ -6,12 +6,13 @@ a scraper need nothing more. Every answer is built from the same messages as the
 client API (``master.views``, via ``MasterCore``), turned into JSON by protobuf's own
 mapping, so ``weir --json``, the API and the dashboard always agree.
 
-Security: the API and the dashboard need the master's secret unless ``open_api``
-(``--http-open``): ``Authorization: Bearer <secret>`` or ``?token=<secret>`` (the
-dashboard's URL carries it and the page sends it on as a header); ``/metrics`` needs it
-too unless ``open_metrics`` (``--metrics-open``). They show figures, never code or data,
-but they name hosts, operators and errors. With TLS the server speaks HTTPS with the
-master's certificate.
+Security: the API and the dashboard need the master's read-only HTTP token
+(``master.auth.http_token``: derived from the secret, never the secret itself) unless
+``open_api`` (``--http-open``): ``Authorization: Bearer <token>`` or ``?token=<token>``
+(the dashboard's URL carries it and the page sends it on as a header); ``/metrics`` needs
+it too unless ``open_metrics`` (``--metrics-open``). They show figures, never code or
+data, but they name hosts, operators and errors. With the user's own certificate the
+server speaks HTTPS with it.
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ _SECURITY_HEADERS = {
 _PAGE_POLICY = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
                 "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
                 "form-action 'none'; frame-ancestors 'none'")
-_UNAUTHORIZED_PAGE = """<!doctype html><meta charset="utf-8"><title>Weir: secret needed</title>
-<p>This Weir master needs its secret: open the URL that <code>weir run</code> printed, or add
-<code>?token=SECRET</code> (the <code>secret</code> in the master's secret file,
-<code>~/.weir/master-PORT.secret</code>).</p>"""
+_UNAUTHORIZED_PAGE = """<!doctype html><meta charset="utf-8"><title>Weir: token needed</title>
+<p>This Weir master needs its read-only HTTP token: open the URL that <code>weir run</code>
+or <code>weir master</code> printed, or add <code>?token=TOKEN</code> (the
+<code>http_token</code> in the master's secret file, <code>~/.weir/master-PORT.secret</code>;
+never the secret itself).</p>"""
 
 
 def _to_json(message: Message) -> dict[str, Any]:
@@ -76,18 +78,18 @@ class HttpApi:
 
     Args:
         core: the master's state.
-        secret: the master's secret (what callers must present).
+        token: what callers must present (the master's read-only HTTP token).
         host, port: where to listen (port 0 = any free port).
         open_api: serve the API and the dashboard without the secret.
         open_metrics: serve ``/metrics`` without the secret.
         tls: serve HTTPS with this certificate and key.
     """
 
-    def __init__(self, core: MasterCore, secret: str, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, core: MasterCore, token: str, host: str = "127.0.0.1", port: int = 0,
                  *, open_api: bool = False, open_metrics: bool = False,
                  tls: TlsFiles | None = None) -> None:
         self.core = core
-        self._expected = secret.encode()
+        self._expected = token.encode()
         self.host, self.port = host, port
         self.open_api, self.open_metrics = open_api, open_metrics
         self.tls = tls
@@ -112,7 +114,7 @@ class HttpApi:
 
     @property
     def url_with_token(self) -> str:
-        """The dashboard's URL with the secret in it (for the person who started the master)."""
+        """The dashboard's URL with the token in it (for the person who started the master)."""
         if not self.url or self.open_api:
             return self.url
         return f"{self.url}?token={urllib.parse.quote(self._expected.decode(), safe='')}"
@@ -269,8 +271,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
 
     def _unauthorized(self) -> None:
-        self._json(401, {"error": "this master needs its secret: send 'Authorization: Bearer "
-                                  "<secret>' (or ?token=<secret>)"},
+        self._json(401, {"error": "this master needs its read-only HTTP token: send "
+                                  "'Authorization: Bearer <token>' (or ?token=<token>); it is "
+                                  "the http_token in the master's secret file"},
                    {"WWW-Authenticate": 'Bearer realm="weir"'})
 
     def _json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:

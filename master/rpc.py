@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound
 
@@ -20,7 +21,7 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "MAX_SUBMIT_BYTES",
     "SERVER_OPTIONS",
-    "SizeLimitInterceptor",
+    "RequestGuard",
     "rpc_errors",
 ]
 
@@ -53,13 +54,14 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-class _Oversized:
-    """Stands in for a request too large to parse; its handler refuses it."""
+class _Refused:
+    """Stands in for a request that is not parsed (too large) or cannot be (malformed);
+    its handler refuses it with ``code`` and ``reason``."""
 
-    __slots__ = ("nbytes",)
+    __slots__ = ("code", "reason")
 
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
+    def __init__(self, code: grpc.StatusCode, reason: str) -> None:
+        self.code, self.reason = code, reason
 
 
 LOADING_MESSAGE = "the master is loading its journal; retry in a moment"
@@ -85,12 +87,15 @@ class LoadingInterceptor(grpc.ServerInterceptor):
         context.abort(grpc.StatusCode.UNAVAILABLE, LOADING_MESSAGE)
 
 
-class SizeLimitInterceptor(grpc.ServerInterceptor):
-    """Refuses, with RESOURCE_EXHAUSTED, requests above their method's limit, unparsed.
+class RequestGuard(grpc.ServerInterceptor):
+    """Refuses requests above their method's limit, unparsed (RESOURCE_EXHAUSTED), and
+    requests that are not valid messages (INVALID_ARGUMENT, with protobuf's reason).
 
     gRPC's own receive limit is one number for the whole server and must admit a large
     submitted DAG; this holds every other call (a heartbeat above all, which the master
-    would otherwise parse and store) to ``MAX_REQUEST_BYTES``.
+    would otherwise parse and store) to ``MAX_REQUEST_BYTES``. Without it, bytes that do
+    not parse would be answered INTERNAL ("Exception deserializing request!"), blaming
+    the master for the caller's mistake.
     """
 
     def __init__(self, limits: dict[str, int] | None = None,
@@ -117,18 +122,25 @@ class SizeLimitInterceptor(grpc.ServerInterceptor):
         parse = handler.request_deserializer
         behaviour = handler.unary_unary
 
+        name = method.rsplit("/", 1)[-1]
+
         def deserialize(raw: bytes) -> Any:
             if len(raw) > limit:
-                return _Oversized(len(raw))
-            return parse(raw) if parse else raw
+                return _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{name} request of {len(raw)} bytes is over the master's "
+                                f"limit of {limit} bytes")
+            try:
+                return parse(raw) if parse else raw
+            except DecodeError as exc:
+                return _Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{name} request of {len(raw)} bytes is not a valid message "
+                                f"({exc}); send one built from proto/*.proto")
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
-            if isinstance(request, _Oversized):
-                _LOGGER.warning("refused %s: request of %d bytes from %s (limit %d)", method,
-                                request.nbytes, context.peer(), limit)
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{method.rsplit('/', 1)[-1]} request of {request.nbytes} bytes "
-                              f"is over the master's limit of {limit} bytes")
+            if isinstance(request, _Refused):
+                _LOGGER.warning("refused %s from %s: %s", method, context.peer(),
+                                request.reason)
+                context.abort(request.code, request.reason)
             return behaviour(request, context)
 
         return grpc.unary_unary_rpc_method_handler(

@@ -24,7 +24,7 @@ from master.core import Clock, MasterCore, system_clock
 from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
 from master.persistence import ApplicationJournal, JournalError
-from master.rpc import SERVER_OPTIONS, LoadingInterceptor, SizeLimitInterceptor
+from master.rpc import SERVER_OPTIONS, LoadingInterceptor, RequestGuard
 from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
 from operators.durable import CorruptLog
@@ -168,7 +168,7 @@ class MasterServer:
                 concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
                                                       thread_name_prefix="weir-master-rpc"),
                 options=SERVER_OPTIONS,
-                interceptors=[auth.AuthInterceptor(self.secret), SizeLimitInterceptor(),
+                interceptors=[auth.AuthInterceptor(self.secret), RequestGuard(),
                               LoadingInterceptor(lambda: self._loading)])
             self._probe_port()
             self.tls = self._tls_identity()
@@ -238,7 +238,7 @@ class MasterServer:
 
     @property
     def dashboard_url(self) -> str:
-        """The dashboard's URL with the secret in it (empty without an HTTP server)."""
+        """The dashboard's URL with the read-only token in it (empty without an HTTP server)."""
         return self._http.url_with_token if self._http else ""
 
     def _start_http(self, core: MasterCore) -> None:
@@ -246,7 +246,7 @@ class MasterServer:
         port, open_api, open_metrics = self._http_options
         if port is None:
             return
-        http = HttpApi(core, self.secret, self.host, port, open_api=open_api,
+        http = HttpApi(core, auth.http_token(self.secret), self.host, port, open_api=open_api,
                        open_metrics=open_metrics, tls=self.own_tls)
         try:
             core.dashboard_url = http.start()
@@ -262,7 +262,9 @@ class MasterServer:
             assert self.tls is not None
             auth.write_secret_file(path, self._address, self.secret,
                                    read_pem(self.tls.trusted),
-                                   {"dashboard": self._http.url} if self._http else None)
+                                   {"dashboard": self._http.url,
+                                    "http_token": auth.http_token(self.secret)}
+                                   if self._http else None)
         except OSError as exc:
             _LOGGER.warning("cannot write the secret file %s (%s); clients need %s",
                             path, exc.strerror or exc, auth.SECRET_ENV)

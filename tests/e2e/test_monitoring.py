@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from master.auth import http_token
 from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
@@ -65,7 +66,8 @@ APP = """
 
 def get(master, path: str) -> bytes:
     request = urllib.request.Request(master.core.dashboard_url + path.lstrip("/"),
-                                     headers={"Authorization": f"Bearer {master.secret}"})
+                                     headers={"Authorization":
+                                              f"Bearer {http_token(master.secret)}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.read()
 

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pickle
+import threading
 import time
 
 import grpc
+import psutil
 import pytest
 
+from master import auth
 from master.client import WeirClient, WeirClientError
+from master.rpc import GRPC_OPTIONS
 from master.tls import TlsFiles, open_channel
 from operators import Dag
 from operators.library import FileSink
 from operators.testing import ListSource
 from proto import client_pb2, client_pb2_grpc
 from tests.e2e.conftest import container_logs, started_master
-from tests.harness import poll_for
+from tests.harness import WeirProcess, poll_for
 from tests.master.fakes import chain_descriptor
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,3 +88,54 @@ def test_an_application_runs_with_the_users_own_certificate(tls_master, tmp_path
     rows = [json.loads(line)["x"] for file in sorted(out.glob("*.jsonl"))
             for line in file.read_text().splitlines()]
     assert sorted(rows) == list(range(50))
+
+
+def test_unauthenticated_large_requests_cost_the_master_nothing(tmp_path):
+    """Eight parallel 60 MB submits without the secret: refused before their bodies are
+    read (they took a master 600 MB over its size before), so its memory barely moves."""
+    env = {**os.environ, "WEIR_HOME": str(tmp_path / "home")}
+    master = WeirProcess(["master", "--port", "0", "--json", "--http-port", "-1",
+                          "--launcher", "recording"], env, tmp_path, tmp_path / "master.log")
+    try:
+        info = poll_for(lambda: _json_block(master.output()), 60, "the master to start")
+        roots = auth.read_secret_file(info["secret_file"])[1]["tls_ca_pem"].encode()
+        process = psutil.Process(master.proc.pid)
+        base = process.memory_info().rss
+        peak = [base]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                peak[0] = max(peak[0], process.memory_info().rss)
+                time.sleep(0.01)
+
+        codes: list[grpc.StatusCode] = []
+
+        def submit() -> None:
+            with open_channel(info["address"], roots, GRPC_OPTIONS) as channel:
+                call = channel.unary_unary("/weir.v1.WeirClient/SubmitApplication")
+                with pytest.raises(grpc.RpcError) as caught:
+                    call(b"\x0a" + b"\xff" * 60_000_000, timeout=60)
+                codes.append(caught.value.code())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        callers = [threading.Thread(target=submit) for _ in range(8)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(90)
+        done.set()
+        sampler.join(5)
+    finally:
+        master.stop()
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8
+    assert peak[0] - base < 150 * 1024 * 1024, f"grew by {(peak[0] - base) >> 20} MB"
+
+
+def _json_block(output: str) -> dict | None:
+    lines = output.splitlines()
+    if "{" in lines and "}" in lines[lines.index("{"):]:
+        start = lines.index("{")
+        return json.loads("\n".join(lines[start:lines.index("}", start) + 1]))
+    return None

@@ -115,7 +115,8 @@ def test_the_secret_file_is_the_owners_only_and_goes_with_the_master(tmp_path, m
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
         assert json.loads(path.read_text()) == {
             "address": address, "secret": "given-secret",
-            "tls_ca_pem": master.tls.cert.read_text(), "dashboard": master.core.dashboard_url}
+            "tls_ca_pem": master.tls.cert.read_text(), "dashboard": master.core.dashboard_url,
+            "http_token": auth.http_token("given-secret")}
         assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
         with WeirClient(address, timeout_s=5) as client:  # found with no setup at all
             assert client.credentials.source == str(path)

@@ -20,6 +20,7 @@ from master.client import WeirClient
 from master.http_api import MAX_CONNECTIONS, HttpApi
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
+from master.tls import TlsFiles
 from tests.harness import poll_for
 from tests.master.fakes import chain_descriptor
 from tests.master.monitoring import WINDOWS, monitored_core
@@ -143,24 +144,38 @@ def test_page_and_metrics(api):
 def test_master_server_serves_it_and_tells_where(tmp_path):
     with MasterServer(launcher_factory=RecordingLauncher) as server:
         url = server.core.dashboard_url
+        token = auth.http_token(server.secret)
         assert url.startswith("http://127.0.0.1:") and server.dashboard_url.startswith(url)
-        assert server.secret in server.dashboard_url
+        assert token in server.dashboard_url and server.secret not in server.dashboard_url
         _, fields = auth.read_secret_file(server.secret_file)
-        assert fields["dashboard"] == url
+        assert (fields["dashboard"], fields["http_token"]) == (url, token)
         with WeirClient(server.address) as client:
             client.submit(chain_descriptor(3), {})
             assert client.applications()[0].dashboard_url == url
-        assert fetch(url + "api/apps", secret=server.secret)[0] == 200
+        assert fetch(url + "api/apps", secret=token)[0] == 200
     with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as server:
         assert server.core.dashboard_url == "" and server.dashboard_url == ""
 
 
-def test_https_with_the_masters_certificate(tls_files):
+def test_the_http_port_never_takes_the_secret_itself():
+    """A browser sends its token to whoever holds the port (a dashboard tab polling a
+    master that died): that token only reads figures; the secret is refused there."""
+    with MasterServer(launcher_factory=RecordingLauncher) as server:
+        url = server.core.dashboard_url
+        assert fetch(url + "api/apps", secret=server.secret)[0] == 401
+        assert fetch(url + "metrics", secret=server.secret)[0] == 401
+        token = auth.http_token(server.secret)
+        assert fetch(url + "metrics", secret=token)[0] == 200
+        assert len(token) >= 43 and token != auth.http_token(server.secret + "x")
+        assert fetch(url + "api/apps", secret=token, method="POST")[0] == 405  # read-only
+
+
+def test_https_with_the_users_certificate(tls_files):
     import ssl
 
     cert, key = tls_files
     core, _ = monitored_core()
-    http = HttpApi(core, SECRET, tls=auth.TlsFiles(cert, key))
+    http = HttpApi(core, SECRET, tls=TlsFiles(cert, key))
     http.start()
     try:
         assert http.url.startswith("https://127.0.0.1:")

@@ -434,3 +434,24 @@ def test_a_blocked_operator_is_found_by_the_master_loop():
             channel.close()
     finally:
         master.stop()
+
+
+@pytest.mark.parametrize("method", ["/weir.v1.WeirClient/SubmitApplication",
+                                    "/weir.v1.StreamingContainerUmbilical/ProcessHeartbeat"])
+def test_bytes_that_are_no_message_are_the_callers_error(server, method):
+    """INVALID_ARGUMENT with protobuf's reason, not INTERNAL (issue 17, item 12)."""
+    with master_channel(server.address, server.secret) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            channel.unary_unary(method)(b"\xff\xff\xff", timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not a valid message" in caught.value.details()
+    assert "Wire format was corrupt" in caught.value.details()
+
+
+def test_an_operator_named_with_a_digit_int_cannot_read_is_not_found(client, server):
+    """'²' is a digit to str.isdigit but not to int(): it must not become INTERNAL."""
+    app_id = client.submit(chain_descriptor(2))
+    for name in ("²", "١٢٣٤"):  # a superscript; Arabic-Indic digits (an id int() reads)
+        with pytest.raises(WeirClientError, match="has no operator") as caught:
+            client.operator_stats(app_id, name)
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
