@@ -6,6 +6,8 @@ import logging
 import threading
 import time
 
+import grpc
+
 from container.deploy import DeployError, Deployment
 from container.lease import Lease
 from container.stats import ProcessStats
@@ -67,7 +69,14 @@ class HeartbeatLoop:
         )
 
     def run(self) -> str:
-        """Heartbeats until told to stop; returns why it stopped."""
+        """Heartbeats until told to stop; returns why it stopped.
+
+        An error answer (INTERNAL, a refused secret, a master that stops) is not the end:
+        the container keeps its operators and heartbeats on, as for an unreachable master,
+        and gives up only when the master has kept refusing for the client's retry window.
+        Its lease is not renewed meanwhile, so its operators stop writing when it runs out.
+        """
+        refused_since: float | None = None
         while not self._stop.is_set():
             self._wake.clear()
             sent_at = time.monotonic()
@@ -78,6 +87,22 @@ class HeartbeatLoop:
                 if self.lease is not None:
                     self.lease.revoke()
                 return "master unreachable"
+            except grpc.RpcError as exc:
+                refused_since = refused_since if refused_since is not None else sent_at
+                refused_s = time.monotonic() - refused_since
+                detail = f"{exc.code()}: {exc.details()}" if hasattr(exc, "code") else exc
+                if refused_s >= self.client.retry_window_s:
+                    _LOGGER.error("container %s: the master kept refusing heartbeats for "
+                                  "%.0f s (%s); exiting", self.container_id, refused_s,
+                                  detail)
+                    if self.lease is not None:
+                        self.lease.revoke()
+                    return "master kept refusing"
+                _LOGGER.warning("container %s: the master refused a heartbeat (%s); "
+                                "retrying", self.container_id, detail)
+                self._wake.wait(self.interval_ms / 1000)
+                continue
+            refused_since = None
             if self.lease is not None:
                 if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
                     self.lease.revoke()

@@ -167,8 +167,11 @@ def _cmd_master(args: argparse.Namespace) -> int:
                   if secret_file else f"weir: clients need the master's secret: set "
                   f"{SECRET_ENV} or pass --secret-file", file=sys.stderr)
         sys.stdout.flush()
-        while not stop.wait(0.5):
+        while not stop.wait(0.5) and not server.halted.is_set():
             pass
+        if server.halted.is_set():
+            print(f"weir: error: {server.core.halted}", file=sys.stderr)
+            return 1
         _LOGGER.info("master at %s stopping", address)
     finally:
         server.stop()

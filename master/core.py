@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from master import heartbeat as rules
 from master import liveness, recovery, views
 from master.application import Application, ApplicationState, LauncherAction
-from master.errors import FailedPrecondition, InvalidArgument, NotFound
+from master.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
@@ -72,6 +72,8 @@ class MasterCore:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self.dashboard_url = ""  # the master's web dashboard (no secret), shown by `weir apps`
+        self.halted = ""  # why the master stopped serving ("" = it serves)
+        self.on_halt: Callable[[str], None] | None = None  # told once, from a handler thread
 
     # -- lookups (call with the lock held) ----------------------------------------------
     def _app(self, app_id: str) -> Application:
@@ -400,9 +402,32 @@ class MasterCore:
 
     # -- the journal ----------------------------------------------------------------------
     def _persist(self, app: Application) -> None:
-        """Journals ``app`` if what recovery needs of it changed (lock held)."""
-        if self.journal is not None:
+        """Journals ``app`` if what recovery needs of it changed (lock held).
+
+        A journal that cannot be written stops the master (Kafka halts a broker whose log
+        folder fails): it may not answer what it could not make durable, and a master
+        restarted on a healthy folder takes the applications back from the last record
+        that was. The change is not answered (UNAVAILABLE: containers retry).
+
+        Raises:
+            Unavailable: the journal could not be written, now or before.
+        """
+        if self.journal is None:
+            return
+        if self.halted:
+            raise Unavailable(self.halted)
+        try:
             self.journal.save(app, self._claims.get(app.id))
+        except OSError as exc:
+            self.halted = (f"the master stopped: it cannot write its journal "
+                           f"{self.journal.journal.folder} ({exc.strerror or exc}); free "
+                           "the disk and start it again on the same --state-dir: its "
+                           "containers keep running and it takes them back")
+            _LOGGER.critical("%s", self.halted)
+            self._stop.set()
+            if self.on_halt is not None:
+                self.on_halt(self.halted)
+            raise Unavailable(self.halted) from None
 
     def restore(self) -> int:
         """Takes back every application of the journal; returns how many.
@@ -475,5 +500,7 @@ class MasterCore:
             try:
                 self.check_liveness()
                 self.consult_listeners()
+            except Unavailable:
+                return  # halted: nothing more is decided here
             except Exception:  # noqa: BLE001 - the loop must survive a bug in one pass
                 _LOGGER.exception("master loop pass failed")

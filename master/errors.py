@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 __all__ = ["FailedPrecondition", "InvalidArgument", "InvalidTransition", "MasterError", "NotFound",
-           "PlanError"]
+           "PlanError", "Unavailable"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -24,6 +24,11 @@ class InvalidArgument(MasterError):
 
 class FailedPrecondition(MasterError):
     """A request that does not fit the current state (gRPC FAILED_PRECONDITION)."""
+
+
+class Unavailable(MasterError):
+    """The master cannot serve (gRPC UNAVAILABLE): it stopped because it could not write
+    its journal; containers keep retrying and are taken back by the next master."""
 
 
 class InvalidTransition(RuntimeError):

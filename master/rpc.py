@@ -11,11 +11,11 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound
+from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound, Unavailable
 
 __all__ = [
     "LOADING_MESSAGE",
-    "LoadingInterceptor",
+    "UnavailableInterceptor",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
     "MAX_REQUEST_BYTES",
@@ -67,24 +67,28 @@ class _Refused:
 LOADING_MESSAGE = "the master is loading its journal; retry in a moment"
 
 
-class LoadingInterceptor(grpc.ServerInterceptor):
-    """Answers UNAVAILABLE ("loading, retry") while the master reads its journal back.
+class UnavailableInterceptor(grpc.ServerInterceptor):
+    """Answers UNAVAILABLE, unread, while ``reason()`` names why the master cannot serve:
+    it is reading its journal back (``LOADING_MESSAGE``), or it stopped because it could
+    not write it.
 
     Kafka's offset manager does the same while it loads its log: callers retry (the
     containers' umbilical client and ``weir`` both do) instead of reading half a state.
     """
 
-    def __init__(self, loading: Callable[[], bool]) -> None:
-        self._loading = loading
-        self._busy = grpc.unary_unary_rpc_method_handler(self._refuse)
+    def __init__(self, reason: Callable[[], str]) -> None:
+        self._reason = reason
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
-        return self._busy if self._loading() else continuation(handler_call_details)
+        reason = self._reason()
+        if not reason:
+            return continuation(handler_call_details)
 
-    @staticmethod
-    def _refuse(request: bytes, context: grpc.ServicerContext) -> None:
-        context.abort(grpc.StatusCode.UNAVAILABLE, LOADING_MESSAGE)
+        def refuse(requests: Any, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, reason)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class RequestGuard(grpc.ServerInterceptor):
@@ -152,6 +156,7 @@ _CODES: list[tuple[type[MasterError], grpc.StatusCode]] = [
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -24,7 +24,7 @@ from master.core import Clock, MasterCore, system_clock
 from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
 from master.persistence import ApplicationJournal, JournalError
-from master.rpc import SERVER_OPTIONS, LoadingInterceptor, RequestGuard
+from master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, UnavailableInterceptor
 from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
 from operators.durable import CorruptLog
@@ -134,6 +134,7 @@ class MasterServer:
         self._address = ""
         self._stopped = False
         self._lock = threading.Lock()
+        self.halted = threading.Event()  # it stopped serving: its journal failed
 
     @property
     def address(self) -> str:
@@ -169,7 +170,7 @@ class MasterServer:
                                                       thread_name_prefix="weir-master-rpc"),
                 options=SERVER_OPTIONS,
                 interceptors=[auth.AuthInterceptor(self.secret), RequestGuard(),
-                              LoadingInterceptor(lambda: self._loading)])
+                              UnavailableInterceptor(self._unavailable)])
             self._probe_port()
             self.tls = self._tls_identity()
             try:
@@ -192,6 +193,7 @@ class MasterServer:
             core = MasterCore(launcher, clock=self.clock,
                               stop_grace_ms=self.container_stop_grace_ms,
                               loop_interval_s=self.loop_interval_s, journal=journal)
+            core.on_halt = self._halt
             umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
                 UmbilicalService(core, self.tls.identity()), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
@@ -209,6 +211,9 @@ class MasterServer:
                 raise
             finally:
                 self._loading = False
+            if core.halted:
+                server.stop(None)
+                raise MasterStartError(core.halted)
             if restored:
                 _LOGGER.info("master restored %d application(s) from %s", restored,
                              self.state_dir)
@@ -224,6 +229,28 @@ class MasterServer:
             _LOGGER.info("master listening on %s with TLS (certificate %s; launcher %s)",
                          self._address, self.tls.cert, type(launcher).__name__)
             return self._address
+
+    def _unavailable(self) -> str:
+        """Why calls are refused now ("" = they are served)."""
+        if self._loading:
+            return LOADING_MESSAGE
+        return self._core.halted if self._core is not None else ""
+
+    def _halt(self, reason: str) -> None:
+        """Stops serving, as a crash would, but cleanly: containers are left running for
+        the next master to take back (``halted`` tells ``weir master`` to exit)."""
+        def halt() -> None:
+            with self._lock:
+                server, self._stopped = self._server, True
+            if server is not None:
+                server.stop(grace=1.0).wait(5.0)
+            if self._http is not None:
+                self._http.stop()
+            if self._secret_file is not None:
+                auth.remove_secret_file(self._secret_file, self.secret)
+            self.halted.set()
+
+        threading.Thread(target=halt, name="weir-master-halt", daemon=True).start()
 
     def _tls_identity(self) -> TlsFiles:
         """The user's certificate, else the one kept in the state folder, else a fresh

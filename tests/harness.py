@@ -60,11 +60,11 @@ class _WithSecret(grpc.UnaryUnaryClientInterceptor):
         return continuation(call, request)
 
 
-def master_channel(address: str, secret: str) -> grpc.Channel:
-    """A TLS channel to a master (checked by the certificate in its secret file) that sends
-    its secret with every call, as containers do (for tests that play containers with the
-    generated stubs)."""
-    roots = client_credentials(address, secret=secret).require_roots(address)
+def master_channel(address: str, secret: str, roots: bytes | None = None) -> grpc.Channel:
+    """A TLS channel to a master (checked by ``roots``, else the certificate in its secret
+    file) that sends its secret with every call, as containers do (for tests that play
+    containers with the generated stubs)."""
+    roots = roots or client_credentials(address, secret=secret).require_roots(address)
     return grpc.intercept_channel(open_channel(address, roots, []), _WithSecret(secret))
 
 

@@ -105,7 +105,9 @@ def test_a_container_frozen_past_its_timeout_writes_nothing_when_it_wakes(master
         replacement = int(container_of("count").process_name.split("@")[0])
 
         os.kill(replacement, signal.SIGSTOP)  # from now on only the old deployment could write
-        try:
+        try:  # a signal is delivered asynchronously: snapshot once it has taken effect
+            poll_for(lambda: psutil.Process(replacement).status() == psutil.STATUS_STOPPED,
+                     10, "the replacement to stop", 0.01)
             before = snapshot(folders)
             os.kill(zombie, signal.SIGCONT)
             time.sleep(1.5)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 
+import grpc
 import pytest
 
 from master.client import WeirClient, WeirClientError
@@ -145,3 +146,51 @@ def test_a_write_that_failed_is_written_again_by_the_next_save(tmp_path, monkeyp
     journal.close()
     [(restored, _)] = ApplicationJournal(str(tmp_path / "journal")).load()
     assert restored.committed_window_id == 42
+
+
+def test_a_journal_that_cannot_be_written_stops_the_master_not_its_containers(tmp_path):
+    """Issue 17, item 4: the master may not answer what it could not make durable; it
+    stops serving (containers keep running) and the next master takes the app back."""
+    state = tmp_path / "master"
+    server = MasterServer(launcher_factory=RecordingLauncher, state_dir=state,
+                          publish_secret=False, http_port=None)
+    server.start()
+    cert = server.tls.cert
+    try:
+        with WeirClient(server.address, secret=server.secret, tls_ca=cert,
+                        timeout_s=5) as client:
+            app_id = client.submit(chain_descriptor(2, CONTAINERS=1), {})
+        (cid,) = server.core.application(app_id).plan.containers
+
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        server.core.journal.journal.put_many = full
+        with pytest.raises(grpc.RpcError) as caught:  # the registration is not answered
+            _umbilical(server).ProcessHeartbeat(container_heartbeat(cid), timeout=5)
+        assert caught.value.code().name == "UNAVAILABLE"
+        assert "cannot write its journal" in caught.value.details()
+        assert "No space left on device" in caught.value.details()
+        assert server.halted.wait(10)
+        assert server.core.halted and not server.launcher.stopped  # containers keep running
+        with WeirClient(server.address, secret=server.secret, tls_ca=cert, timeout_s=2,
+                        loading_wait_s=0) as client, pytest.raises(WeirClientError):
+            client.applications()  # nobody answers there any more
+    finally:
+        server.stop()
+    assert not server.launcher.stopped  # stop() after a halt leaves them for the next master
+    again = MasterServer(launcher_factory=RecordingLauncher, state_dir=state,
+                         publish_secret=False, http_port=None)
+    again.start()
+    try:  # the last durable record: submitted, its container not yet registered
+        assert again.core.application(app_id).state.value == "ACCEPTED"
+    finally:
+        again.stop()
+
+
+def _umbilical(server: MasterServer):
+    from proto import umbilical_pb2_grpc
+    from tests.harness import master_channel
+
+    channel = master_channel(server.address, server.secret, server.tls.cert.read_bytes())
+    return umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)

@@ -1,0 +1,64 @@
+"""The heartbeat loop outlives a master's error answers (issue 17, item 4): an INTERNAL
+reply, or a master that stopped, is retried like an unreachable master, not fatal."""
+
+from __future__ import annotations
+
+import types
+
+import grpc
+import pytest
+
+from container.heartbeat_loop import HeartbeatLoop
+from container.lease import Lease
+from proto import umbilical_pb2
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Refused(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL
+
+    def details(self) -> str:
+        return "internal error in the master: KeyError: 'x'"
+
+
+class _Client:
+    """Refuses the first ``refusals`` heartbeats, then answers ABORT."""
+
+    def __init__(self, refusals: int, retry_window_s: float = 30.0) -> None:
+        self.refusals = refusals
+        self.retry_window_s = retry_window_s
+        self.calls = 0
+
+    def heartbeat(self, heartbeat):
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise _Refused()
+        return umbilical_pb2.ContainerHeartbeatResponse(
+            shutdown=umbilical_pb2.SHUTDOWN_TYPE_ABORT)
+
+
+_STATS = types.SimpleNamespace(process_name="1@host", sample=lambda: types.SimpleNamespace(
+    memory_mb_free=1, memory_rss_mb=1, cpu_percent=0.0, gc_collection_count=0,
+    gc_collection_time_ms=0))
+_DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [])
+
+
+def _loop(client: _Client, lease: Lease | None = None) -> HeartbeatLoop:
+    return HeartbeatLoop("app-0001-c0", client, _DEPLOYMENT, _STATS,  # type: ignore[arg-type]
+                         ("127.0.0.1", 7001), 20, lease)
+
+
+def test_an_internal_error_answer_is_retried_not_fatal():
+    client = _Client(refusals=3)
+    assert _loop(client).run() == "aborted by the master"  # it got to the 4th answer
+    assert client.calls == 4
+
+
+def test_a_master_that_keeps_refusing_is_left_after_the_retry_window():
+    lease = Lease(10_000)
+    lease.renew(0.0)
+    client = _Client(refusals=10**9, retry_window_s=0.3)
+    assert _loop(client, lease).run() == "master kept refusing"
+    assert client.calls > 1 and not lease.valid
