@@ -150,9 +150,13 @@ class Publisher:
         """Appends one message, once there is room; subscribers waiting on it wake up.
 
         Raises:
-            PublishAborted: the server closed, ``stop`` was set, or a newer deployment
+            PublishAborted: the server closed, ``stop`` was set (the operator was
+                undeployed: nothing more of it reaches the stream), or a newer deployment
                 of the operator publishes this stream now (this one was replaced).
         """
+        if self._stop is not None and self._stop.is_set():
+            raise PublishAborted(f"stream {self._stream.stream_id!r}: its operator was "
+                                 "stopped; it publishes nothing more")
         if self.generation and self._stream.generation > self.generation:
             raise PublishAborted(f"stream {self._stream.stream_id!r}: generation "
                                  f"{self.generation} of its publisher was replaced by "

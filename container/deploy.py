@@ -31,6 +31,11 @@ __all__ = ["DeployError", "Deployment"]
 
 _LOGGER = logging.getLogger(__name__)
 
+UNDEPLOY_WAIT_S = 5.0
+"""How long an undeploy waits for the operator's thread to exit."""
+REDEPLOY_WAIT_S = 10.0
+"""How much longer a new deployment of it waits, before the container must restart."""
+
 
 class DeployError(RuntimeError):
     """A deploy request could not be carried out (bad payload, unknown port).
@@ -129,6 +134,7 @@ class Deployment:
         self.base_attributes = base_attributes
         self.on_change = on_change
         self.runners: dict[int, OperatorRunner] = {}
+        self.stopping: dict[int, OperatorRunner] = {}  # undeployed, thread not yet exited
         # operator id -> its FAILED report, for deploys that failed in a way no retry fixes
         self.failed_deploys: dict[int, umbilical_pb2.OperatorHeartbeat] = {}
         self._lock = threading.Lock()
@@ -152,7 +158,8 @@ class Deployment:
                             "%d still running here", self.container_id, info.name, info.id,
                             info.generation, running.generation)
             self.undeploy([info.id])
-        fence = self._claim(info)
+        fence = self._claim(info)  # first: a previous deployment still stopping is fenced
+        self._await_stopped(info)
         with self._lock:
             resume = info.checkpoint.window_id if info.HasField("checkpoint") else -1
             checkpointer = StoreCheckpointer(self.store, fence)
@@ -326,6 +333,13 @@ class Deployment:
                 fatal=True)
 
     def undeploy(self, operator_ids: Iterable[int]) -> None:
+        """Stops these operators: their inputs close, their publishers refuse anything more.
+
+        An operator whose thread has not exited within the stop timeout (stuck in user
+        code or a Spark job) is kept in ``stopping``: it is not undeployed until it
+        exits, and no new deployment of it starts here meanwhile (``deploy`` waits, then
+        fails so the master restarts the container: a process exit stops any thread).
+        """
         for operator_id in operator_ids:
             with self._lock:
                 self.failed_deploys.pop(operator_id, None)
@@ -335,7 +349,33 @@ class Deployment:
                              operator_id)
                 for port in runner.publishers:
                     self.buffer_server.suspend(stream_id(operator_id, port))
-                runner.stop()
+                runner.stop(timeout_s=UNDEPLOY_WAIT_S)
+                if runner.alive:
+                    _LOGGER.warning("container %s: operator %d has not stopped within %.0f s; "
+                                    "it counts as deployed until its thread exits",
+                                    self.container_id, operator_id, UNDEPLOY_WAIT_S)
+                    with self._lock:
+                        self.stopping[operator_id] = runner
+
+    def _await_stopped(self, info: plan_pb2.OperatorDeployInfo) -> None:
+        """Waits for an earlier deployment of the operator that is still stopping here.
+
+        Raises:
+            DeployError: it is still running after ``REDEPLOY_WAIT_S`` (not fatal: the
+                master restarts the container, and the process exit ends that thread).
+        """
+        with self._lock:
+            previous = self.stopping.get(info.id)
+        if previous is None:
+            return
+        if previous.join(REDEPLOY_WAIT_S):
+            with self._lock:
+                self.stopping.pop(info.id, None)
+            return
+        raise DeployError(f"operator {info.name} ({info.id}) is not deployed: its previous "
+                          f"deployment in container {self.container_id} has not stopped "
+                          f"within {REDEPLOY_WAIT_S + UNDEPLOY_WAIT_S:.0f} s (stuck in "
+                          "process() or a Spark job?); the container must be restarted")
 
     def activate(self, operator_ids: Iterable[int]) -> None:
         """Lets these input operators start their windows."""

@@ -179,8 +179,14 @@ class OperatorRunner:
         self._thread.join(timeout=timeout_s)
 
     def join(self, timeout_s: float) -> bool:
+        """Waits for the thread to exit; True if it has."""
         self._thread.join(timeout=timeout_s)
         return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the operator's thread still runs (after ``stop``: it has not exited)."""
+        return self._thread.is_alive()
 
     def drain_stats(self) -> list[umbilical_pb2.OperatorStats]:
         """Window stats completed since the previous call."""
@@ -218,7 +224,10 @@ class OperatorRunner:
             if not self.stopped.is_set():
                 _LOGGER.warning("operator %s (%d) stops: %s", name, self.operator_id, exc)
         except Exception as exc:  # noqa: BLE001 - any operator error fails the operator
-            self._fail(exc)
+            if self.stopped.is_set():  # undeployed meanwhile: what it did next was refused
+                _LOGGER.info("operator %s (%d) stopped: %s", name, self.operator_id, exc)
+            else:
+                self._fail(exc)
         finally:
             self._on_change()
 

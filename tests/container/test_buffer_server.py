@@ -900,3 +900,17 @@ def test_spill_folders_of_killed_containers_are_swept_by_the_next_one(tmp_path):
         assert store.path.name.startswith(f"weir-spill-{os.getpid()}-")
     finally:
         store.close()
+
+
+def test_a_stopped_operators_publisher_publishes_nothing_more():
+    """Issue 17, item 6: once its operator is stopped (undeployed), a thread that is still
+    running cannot append to the stream its replacement will rewind."""
+    stop = threading.Event()
+    with BufferServer() as server:
+        publisher = server.publisher("1.output", stop=stop)
+        publisher.begin_window(1)
+        stop.set()
+        with pytest.raises(PublishAborted, match="its operator was stopped"):
+            publisher.data(1, pa.record_batch({"x": [1]}))
+        with pytest.raises(PublishAborted):
+            publisher.end_window(1)

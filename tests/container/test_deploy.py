@@ -10,6 +10,7 @@ from container.deploy import DeployError, Deployment, partition_filter, stream_i
 from operators.operator import InputOperator
 from operators.partitioning import PartitionFilter
 from proto import plan_pb2
+from tests.harness import poll_for
 
 
 def test_input_of_an_ended_upstream_just_ends_without_subscribing():
@@ -72,4 +73,57 @@ def test_a_newer_generation_replaces_the_one_running_here_and_fences_it(tmp_path
                                               r"operator idle \(5\) is fenced off"):
             deployment.deploy(idle_info(1))  # a stale request
     finally:
+        deployment.stop_all()
+
+
+class Stuck(InputOperator):
+    """A source stuck in its first ``emit_tuples`` until ``release`` exists (a file); it
+    makes ``entered`` when it gets there."""
+
+    def __init__(self, entered: str, release: str) -> None:
+        self.entered, self.release = entered, release
+
+    def emit_tuples(self) -> bool:
+        import os
+        import pathlib
+        import time
+
+        pathlib.Path(self.entered).touch()
+        while not os.path.exists(self.release):
+            time.sleep(0.02)
+        return True
+
+
+def test_an_operator_counts_as_deployed_until_its_thread_exits(tmp_path, monkeypatch):
+    """Issue 17, item 6: an undeploy whose thread is stuck leaves it in ``stopping``; no
+    new deployment of it starts beside it (the container is restarted instead), and one
+    starts once it has exited."""
+    import container.deploy as deploy_module
+
+    monkeypatch.setattr(deploy_module, "UNDEPLOY_WAIT_S", 0.2)
+    monkeypatch.setattr(deploy_module, "REDEPLOY_WAIT_S", 0.2)
+    entered, release = tmp_path / "entered", tmp_path / "release"
+    stuck = plan_pb2.OperatorDeployInfo(
+        id=5, name="stuck", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="Stuck",
+        payload=cloudpickle.dumps(Stuck(str(entered), str(release))), generation=1)
+    deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None)
+    try:
+        deployment.deploy(stuck)
+        runner = deployment.runners[5]
+        deployment.activate([5])
+        poll_for(entered.exists, 10, "the source to get stuck in emit_tuples")
+        deployment.undeploy([5])
+        assert 5 not in deployment.runners and deployment.stopping[5] is runner
+        assert runner.alive
+        with pytest.raises(DeployError, match=r"its previous deployment in container "
+                                              r"app-0001-c1 has not stopped"):
+            deployment.deploy(idle_info(2))
+        assert 5 not in deployment.runners
+        release.touch()
+        assert runner.join(5)
+        deployment.deploy(idle_info(3))  # now it may start
+        assert deployment.runners[5].generation == 3 and 5 not in deployment.stopping
+    finally:
+        release.touch()
         deployment.stop_all()
