@@ -209,13 +209,42 @@ class _BoundedHTTPServerV6(_BoundedHTTPServer):
     address_family = socket.AF_INET6
 
 
+REQUEST_DEADLINE_S = 30.0
+"""The whole of one request, read and answered: a client that sends (or reads) a byte
+now and then, never silent for ``_Handler.timeout``, is still cut off."""
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
-    """One request: route, check the secret, answer JSON, HTML or metrics text."""
+    """One request: route, check the token, answer JSON, HTML or metrics text.
+
+    HTTP/1.0: one request per connection, so the connection's deadline is the request's.
+    """
 
     api: HttpApi
     timeout = 10  # a silent client frees its thread
     server_version = "weir"
     sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._cut_off)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut_off(self) -> None:
+        _LOGGER.debug("HTTP: a request from %s took over %.0f s; closed", self.client_address,
+                      REQUEST_DEADLINE_S)
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     def do_GET(self) -> None:  # noqa: N802 - the standard library's name
         try:

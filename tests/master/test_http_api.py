@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 from prometheus_client.parser import text_string_to_metric_families
 
-from master import auth
+from master import auth, http_api
 from master.client import WeirClient
 from master.http_api import MAX_CONNECTIONS, HttpApi
 from master.launcher import RecordingLauncher
@@ -219,3 +219,29 @@ def test_idle_connections_cannot_pile_up_threads(api):
             return False  # a slot not given back yet: the connection was closed
 
     poll_for(answered, 10, "the closed connections' slots to come back")
+
+
+def test_a_request_dripped_byte_by_byte_is_cut_off_at_its_deadline(api, monkeypatch):
+    """Issue 17, item 11: never silent for the idle timeout, still not kept forever."""
+    monkeypatch.setattr(http_api, "REQUEST_DEADLINE_S", 1.0)
+    http, _, _ = api
+    url = urllib.parse.urlsplit(http.url)
+    closed = False
+    with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
+        conn.sendall(b"GET /api/apps HTTP/1.0\r\n")
+        for _ in range(200):  # 60 s of dripping, far past the deadline
+            try:
+                conn.sendall(b"X")
+                time.sleep(0.3)
+                conn.setblocking(False)
+                try:
+                    closed = conn.recv(1) == b""
+                except BlockingIOError:
+                    pass
+                finally:
+                    conn.setblocking(True)
+            except OSError:
+                closed = True
+            if closed:
+                break
+    assert closed, "the server kept a dripping request open"
