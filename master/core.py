@@ -22,7 +22,14 @@ from master.launcher import Launcher
 from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
-from master.state_owner import StateClaim, claim_state_dir, new_run_id, release_state_dir
+from master.state_owner import (
+    StateClaim,
+    claim_state_dir,
+    delete_default_state_dir,
+    is_default_state_dir,
+    new_run_id,
+    release_state_dir,
+)
 from master.stats_listeners import StatsListenerError, load_listeners, operator_stats
 from operators.dag import DagError, validate_descriptor
 from operators.scaling import StatsListener
@@ -65,6 +72,8 @@ class MasterCore:
         self._changed = threading.Condition(self._lock)
         self._apps: dict[str, Application] = {}
         self._claims: dict[str, StateClaim] = {}  # app id -> its claim on its state folder
+        # app id -> its default state folder, deleted once its containers exited
+        self._discard: dict[str, str] = {}
         self._container_apps: dict[str, str] = {}
         # app id -> operator name -> its stats listener (user code: never journaled)
         self._listeners: dict[str, dict[str, StatsListener]] = {}
@@ -340,8 +349,7 @@ class MasterCore:
         actions: list[tuple[Application, LauncherAction]] = []
         with self._lock:
             now_ms = self.clock()
-            ended = [self._claims.pop(a.id) for a in self._apps.values()
-                     if a.terminal and a.id in self._claims]
+            ended, discard = self._ended_runs(all_stopped=False)
             for app in self._apps.values():
                 live = app.plan.live_containers()
                 if not live:
@@ -353,9 +361,46 @@ class MasterCore:
             if losses:
                 self._changed.notify_all()
         self._carry_out(actions)
+        self._release(ended, discard)
+        return [loss.container_id for loss in losses]
+
+    def release_ended_runs(self) -> None:
+        """Releases the state folders of ended runs and deletes their default ones; for
+        a master that stops, once it stopped every container."""
+        with self._lock:
+            ended, discard = self._ended_runs(all_stopped=True)
+        self._release(ended, discard)
+
+    def _ended_runs(self, all_stopped: bool) -> tuple[list[StateClaim], list[str]]:
+        """Claims of runs that ended, and default folders no container uses (lock held)."""
+        ended = [self._claims.pop(a.id) for a in self._apps.values()
+                 if a.terminal and a.id in self._claims]
+        for claim in ended:
+            self._discard_later(self._apps[claim.app_id], claim.state_dir)
+        discard = [self._discard.pop(a.id) for a in self._apps.values()
+                   if a.id in self._discard and (all_stopped or not a.plan.live_containers())]
+        return ended, discard
+
+    @staticmethod
+    def _release(ended: list[StateClaim], discard: list[str]) -> None:
         for claim in ended:
             release_state_dir(claim)
-        return [loss.container_id for loss in losses]
+        for state_dir in discard:
+            delete_default_state_dir(state_dir)
+
+    def _discard_later(self, app: Application, state_dir: str) -> None:
+        """Marks a finished or killed run's default state folder for deletion (lock held).
+
+        A failed run's is kept for inspection (its checkpoints, logs and error); a
+        folder the user named with STATE_DIR is never deleted.
+        """
+        if not is_default_state_dir(state_dir):
+            return
+        if app.state == ApplicationState.FAILED:
+            _LOGGER.info("app=%s failed; its state folder %s is kept for inspection",
+                         app.id, state_dir)
+            return
+        self._discard[app.id] = state_dir
 
     # -- stats listeners ------------------------------------------------------------------
     def consult_listeners(self) -> list[Repartition]:

@@ -366,6 +366,7 @@ class MasterServer:
         core.stop()
         try:
             core.launcher.stop_all(self.stop_grace_s)
+            core.release_ended_runs()
         finally:
             if self._secret_file is not None:
                 auth.remove_secret_file(self._secret_file, self.secret)

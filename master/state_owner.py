@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import socket
 import stat
 import tempfile
@@ -27,7 +28,8 @@ from master.errors import InvalidArgument
 
 __all__ = [
     "OWNER_FILE", "StateClaim", "check_private_root", "claim_state_dir", "default_state_dir",
-    "new_run_id", "private_root", "release_state_dir",
+    "delete_default_state_dir", "is_default_state_dir", "new_run_id", "private_root",
+    "release_state_dir",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -53,6 +55,32 @@ def default_state_dir(app_id: str, run_id: str) -> str:
     applications from ``app-0001`` never meet, nor do two users of one machine.
     """
     return os.path.join(private_root(), f"{app_id}-{run_id}")
+
+
+def is_default_state_dir(state_dir: str) -> bool:
+    """Whether ``state_dir`` is a run's own default folder (the master made it)."""
+    return "://" not in state_dir and os.path.dirname(
+        os.path.abspath(state_dir)) == private_root()
+
+
+def delete_default_state_dir(state_dir: str) -> bool:
+    """Deletes a run's default folder (never a folder the user named); True if it did.
+
+    Called once the run ended and its containers exited: nothing recovers it any more,
+    and left there, every run would leave its checkpoints and logs in $TMPDIR.
+    """
+    if not is_default_state_dir(state_dir):
+        return False
+    try:
+        shutil.rmtree(state_dir)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        _LOGGER.warning("could not delete the state folder %s of an ended run: %s",
+                        state_dir, exc)
+        return False
+    _LOGGER.info("deleted the state folder %s of an ended run", state_dir)
+    return True
 
 
 def check_private_root(path: str) -> None:

@@ -89,3 +89,44 @@ def test_a_state_dir_that_cannot_be_used_is_an_invalid_argument_naming_it(state_
     with pytest.raises(InvalidArgument, match=f"STATE_DIR '{state_dir}' cannot hold the "
                                               "application's state: .*this user can create"):
         claim_state_dir(state_dir, "app-0001", "r1")
+
+
+def _core_with_app(**attributes):
+    from master.core import MasterCore
+    from master.launcher import RecordingLauncher
+    from tests.master.fakes import ManualClock, chain_descriptor
+
+    core = MasterCore(RecordingLauncher(), clock=ManualClock())
+    app_id = core.submit(chain_descriptor(2, CONTAINERS=1, **attributes), {})
+    return core, core.application(app_id)
+
+
+def _containers_exit(core, app) -> None:
+    for container_id in app.plan.containers:
+        core.launcher.set_exit_code(container_id, 0)
+    for _ in range(3):
+        core.check_liveness()
+
+
+def test_a_killed_runs_default_folder_is_deleted_once_its_containers_exited():
+    """Issue 17, item 10: every run would leave its state in $TMPDIR otherwise."""
+    core, app = _core_with_app()
+    folder = app.plan.attributes["STATE_DIR"]
+    assert os.path.isdir(folder) and os.path.dirname(folder) == private_root()
+    core.kill_application(app.id, "done with it")
+    core.check_liveness()
+    _containers_exit(core, app)
+    assert not os.path.exists(folder)
+
+
+def test_a_failed_runs_folder_is_kept_and_a_named_one_always(tmp_path):
+    core, app = _core_with_app()
+    folder = app.plan.attributes["STATE_DIR"]
+    app.fail("an operator failed", core.clock())
+    _containers_exit(core, app)
+    assert os.path.isdir(folder)  # kept for inspection
+    shutil.rmtree(folder)
+    core, app = _core_with_app(STATE_DIR=str(tmp_path / "mine"))
+    core.kill_application(app.id)
+    _containers_exit(core, app)
+    assert (tmp_path / "mine").is_dir()  # the user's own folder is never deleted
