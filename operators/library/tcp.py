@@ -75,6 +75,9 @@ class TcpLineSource(ReplayableSource):
         batch_lines: lines per emitted batch at most (a window may hold many batches).
         segment_bytes: size of a WAL segment; whole segments are deleted when committed.
         max_line_bytes: a longer line is refused (the connection is closed).
+        max_wal_bytes: the write-ahead log's bound while commits stall (downstream slow
+            or stuck): past it the source stops reading senders (TCP holds them back,
+            nothing is lost or refused) until commits delete segments.
 
     Example:
         >>> src = TcpLineSource(port=7070, end_line="EOF")
@@ -89,11 +92,14 @@ class TcpLineSource(ReplayableSource):
 
     def __init__(self, port: int, host: str = "127.0.0.1", end_line: str | None = None,
                  batch_lines: int = 10_000, segment_bytes: int = 1 << 20,
-                 max_line_bytes: int = 1 << 20) -> None:
+                 max_line_bytes: int = 1 << 20, max_wal_bytes: int = 1 << 30) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {port}")
         if batch_lines <= 0 or segment_bytes <= 0 or max_line_bytes <= 0:
             raise ValueError("batch_lines, segment_bytes and max_line_bytes must be positive")
+        if max_wal_bytes < 2 * segment_bytes:
+            raise ValueError(f"max_wal_bytes ({max_wal_bytes}) must hold two segments "
+                             f"(2 x segment_bytes = {2 * segment_bytes})")
         if end_line is not None and ("\n" in end_line or "\r" in end_line):
             raise ValueError(f"end_line must be one line, not {end_line!r}")
         self.host = host
@@ -102,6 +108,7 @@ class TcpLineSource(ReplayableSource):
         self.batch_lines = batch_lines
         self.segment_bytes = segment_bytes
         self.max_line_bytes = max_line_bytes
+        self.max_wal_bytes = max_wal_bytes
         self.position = 0  # the next WAL sequence number to emit
         self.lines_emitted = 0
         self.ended = False
@@ -139,7 +146,8 @@ class TcpLineSource(ReplayableSource):
             return
         self._receiver = _Receiver(server, self._wal, end, self.max_line_bytes,
                                    context.crash_point, threading.current_thread(),
-                                   context.name)
+                                   context.name,
+                                   max_segments=self.max_wal_bytes // self.segment_bytes)
         with _WRITERS_LOCK:
             _WRITERS[folder] = self._receiver
         self._receiver.start()
@@ -337,6 +345,11 @@ class _Wal:
         with self.lock:
             return self.log.delete_before(seq)
 
+    @property
+    def segment_count(self) -> int:
+        with self.lock:
+            return self.log.segment_count
+
     def close(self) -> None:
         with self.lock:
             self.log.close()
@@ -370,7 +383,7 @@ class _Receiver:
 
     def __init__(self, server: socket.socket, wal: _Wal, end: bytes | None,
                  max_line_bytes: int, crash_point: Callable[[str], None],
-                 owner: threading.Thread, name: str) -> None:
+                 owner: threading.Thread, name: str, max_segments: int = 1 << 30) -> None:
         self.server = server
         self.port = server.getsockname()[1]
         self.wal = wal
@@ -379,6 +392,8 @@ class _Receiver:
         self.crash_point = crash_point
         self.owner = owner
         self.name = name
+        self.max_segments = max_segments
+        self.paused = False  # the WAL is full: senders are not read
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -397,6 +412,7 @@ class _Receiver:
         self._selector.register(self.server, selectors.EVENT_READ)
         try:
             while not self._stop.is_set() and self.owner.is_alive():
+                self._pause_while_full()
                 ready: list[_Connection] = []
                 for key, mask in self._selector.select(timeout=_POLL_S):
                     if key.fileobj is self.server:
@@ -416,6 +432,24 @@ class _Receiver:
         finally:
             self._shut_down()
 
+    def _pause_while_full(self) -> None:
+        """Stops reading senders while the WAL holds ``max_segments`` (commits stalled),
+        and reads them again once commits deleted some: TCP's own flow control holds the
+        senders back meanwhile, so nothing is refused or lost."""
+        full = self.wal.segment_count >= self.max_segments
+        if full == self.paused:
+            return
+        self.paused = full
+        if full:
+            _LOGGER.warning("operator %s: the write-ahead log holds %d segments, its bound; "
+                            "senders wait until commits free some", self.name,
+                            self.max_segments)
+        else:
+            _LOGGER.info("operator %s: commits freed write-ahead log segments; reading "
+                         "senders again", self.name)
+        for connection in list(self._connections.values()):
+            self._flush(connection)  # registers each for reading, or not
+
     def _accept(self) -> None:
         while True:
             try:
@@ -427,7 +461,7 @@ class _Receiver:
             sock.setblocking(False)
             connection = _Connection(sock, f"{peer[0]}:{peer[1]}")
             self._connections[sock.fileno()] = connection
-            self._selector.register(sock, selectors.EVENT_READ, connection)
+            self._watch(connection, 0 if self.paused else selectors.EVENT_READ)
 
     def _receive(self, connection: _Connection) -> None:
         try:
@@ -510,12 +544,26 @@ class _Receiver:
         if connection.closing and not connection.outbox:
             self._close(connection)
             return
-        if connection.closing:  # no more reading: an ended sender stays readable (EOF)
-            events = selectors.EVENT_WRITE
-        else:
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if connection.outbox else 0)
+        read = 0 if connection.closing or self.paused else selectors.EVENT_READ
+        events = read | (selectors.EVENT_WRITE if connection.outbox or connection.closing
+                         else 0)  # a closing sender stays readable (EOF): write only
+        self._watch(connection, events)
+
+    def _watch(self, connection: _Connection, events: int) -> None:
+        """Selects ``connection`` for ``events``; none (paused, nothing to send): not at all."""
+        sock = connection.sock
+        try:
+            key = self._selector.get_key(sock)
+        except (KeyError, ValueError):
+            key = None
         with contextlib.suppress(KeyError, ValueError):
-            self._selector.modify(connection.sock, events, connection)
+            if not events:
+                if key is not None:
+                    self._selector.unregister(sock)
+            elif key is None:
+                self._selector.register(sock, events, connection)
+            else:
+                self._selector.modify(sock, events, connection)
 
     def _close(self, connection: _Connection) -> None:
         if self._connections.pop(connection.sock.fileno(), None) is None:

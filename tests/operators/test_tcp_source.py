@@ -342,3 +342,33 @@ def _accepts(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_full_wal_holds_senders_back_until_commits_free_it(tmp_path: Path) -> None:
+    """Issue 17, item 10: while commits stall, the WAL stops at its bound; the sender is
+    not refused and loses nothing: it is simply not read until a commit frees segments."""
+    state = tmp_path / "state"
+    src = TcpLineSource(port=0, segment_bytes=200, max_wal_bytes=800)  # 4 segments
+    emitted = started(src, state)
+    sender = Sender(src.bound_port)
+    try:
+        counter = 0
+        while src._receiver.paused is False and counter < 50:
+            counter += 1
+            sender.send_acked([f"{counter}-{i}-" + "x" * 40 for i in range(4)])
+            window(src, emitted, counter, calls=10)
+        assert src._receiver.paused, "the WAL never reached its bound"
+        assert len(os.listdir(state / "wal")) <= 4
+        sender.send([f"held-{i}" for i in range(3)])  # not read, so not acknowledged yet
+        sender.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            sender.reply()
+        sender.sock.settimeout(TIMEOUT_S)
+        src.checkpointed(wid(counter))
+        src.committed(wid(counter))  # segments go: the held lines are read and logged
+        assert sender.acked() == sender.sent
+        window(src, emitted, counter + 1, calls=10)
+        assert [r["line"] for r in emitted.rows()][-3:] == ["held-0", "held-1", "held-2"]
+    finally:
+        sender.close()
+        src.teardown()
