@@ -2,9 +2,17 @@
 
 Write-ahead logs of push sources, the window logs of replayable sources and the
 commit-step stores of exactly-once sinks are all this log. A record is durable once
-``sync()`` returned; a crash may leave a torn last record, which opening the log cuts
-off with a warning. Damage anywhere else is never guessed around: opening raises
-``CorruptLog`` naming the file and the byte offset.
+``sync()`` returned; a crash may leave a torn tail, which opening the log cuts off with a
+warning. Damage anywhere else is never guessed around: opening raises ``CorruptLog``
+naming the file and the byte offset.
+
+What is a torn tail: the records appended since the last ``sync`` reach the disk in any
+order (page by page), so a crash can leave a zeroed or stale page *between* good ones.
+So each sync, once done, writes a *sync mark* (not itself synced): a small record stating
+the offset that sync made durable. Opening the last segment, a bad record
+at offset P is a torn tail, cut off with what follows, unless a later sync mark says a
+sync covered P: then it is damage to synced data (``CorruptLog``). In the other
+segments, which were synced whole before the next began, any bad record is damage.
 
 Layout: a folder of segments ``<sequence number of the first record, 20 digits>.log``.
 A segment is the 8 bytes ``WEIRLOG1`` followed by records:
@@ -12,9 +20,9 @@ A segment is the 8 bytes ``WEIRLOG1`` followed by records:
 ====== ===== =====================================================
 bytes  field
 ====== ===== =====================================================
-4      payload length (little-endian)
+4      payload length (little-endian); the top bit marks a sync mark
 4      CRC32 of those 4 length bytes: a damaged length is caught
-n      payload
+n      payload (a sync mark's: the durable offset, 8 bytes)
 4      CRC32 of the payload
 ====== ===== =====================================================
 
@@ -45,6 +53,10 @@ _LENGTH = struct.Struct("<II")  # length, CRC32 of the length bytes
 _CRC = struct.Struct("<I")
 _NAME = re.compile(r"^(\d{20})\.log$")
 MAX_RECORD = 1 << 30
+_MARK_FLAG = 1 << 31  # in the length field: a sync mark, not a record
+_MARK_LENGTH = _CRC.pack(_MARK_FLAG | 8)
+_MARK_HEAD = _MARK_LENGTH + _CRC.pack(zlib.crc32(_MARK_LENGTH))  # the same 8 bytes always
+_OFFSET = struct.Struct("<Q")
 
 
 class CorruptLog(Exception):
@@ -134,7 +146,8 @@ class RecordLog:
         return seq
 
     def sync(self) -> None:
-        """Makes every appended record durable (file and, for a new segment, folder)."""
+        """Makes every appended record durable (file and, for a new segment, folder), then
+        writes a sync mark saying so (it reaches the disk with the next sync, or sooner)."""
         if self._file is None:
             return
         self._guard()
@@ -143,6 +156,10 @@ class RecordLog:
         if self._new_segment:
             sync_folder(self.folder)
             self._new_segment = False
+        durable = _OFFSET.pack(self._file_bytes)
+        self._file.write(_MARK_HEAD + durable + _CRC.pack(zlib.crc32(durable)))
+        self._file.flush()
+        self._file_bytes += _LENGTH.size + _OFFSET.size + _CRC.size
 
     def roll(self) -> None:
         """Closes the current segment; the next record starts a new one."""
@@ -239,7 +256,8 @@ class RecordLog:
 
 
 def _read_segment(path: str, *, repair: bool) -> Iterator[tuple[bytes, int]]:
-    """``(payload, end offset)`` of each good record; a torn tail is cut off when ``repair``."""
+    """``(payload, end offset)`` of each good record (sync marks skipped); a torn tail is
+    cut off when ``repair`` (the last segment, at open)."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:len(MAGIC)] != MAGIC:
@@ -254,16 +272,38 @@ def _read_segment(path: str, *, repair: bool) -> Iterator[tuple[bytes, int]]:
         problem, torn = _check_record(data, offset)
         if problem is None:
             length = _CRC.unpack_from(data, offset)[0]
-            end = offset + _LENGTH.size + length + _CRC.size
-            yield data[offset + _LENGTH.size:end - _CRC.size], end
+            end = offset + _LENGTH.size + (length & ~_MARK_FLAG) + _CRC.size
+            if not length & _MARK_FLAG:
+                yield data[offset + _LENGTH.size:end - _CRC.size], end
             offset = end
             continue
-        if not torn:
+        synced = _synced_past(data, offset)
+        if synced is not None:
+            raise CorruptLog(path, offset, f"{problem}, in data a sync made durable (up to "
+                                           f"byte {synced})")
+        if not torn and not repair:
             raise CorruptLog(path, offset, problem)
         if not repair:
             return  # a reader of a log being repaired elsewhere: stop at the tear
         _truncate(path, offset, problem)
         return
+
+
+def _synced_past(data: bytes, offset: int) -> int | None:
+    """The durable offset a sync mark after ``offset`` states, if it is past ``offset``
+    (the bad record there was synced: damage, not a tear); None if no mark says so."""
+    found = data.find(_MARK_HEAD, offset + 1)
+    while found >= 0:
+        start = found + _LENGTH.size
+        end = start + _OFFSET.size + _CRC.size
+        if end <= len(data):
+            payload = data[start:start + _OFFSET.size]
+            if zlib.crc32(payload) == _CRC.unpack_from(data, end - _CRC.size)[0]:
+                (durable,) = _OFFSET.unpack(payload)
+                if durable > offset:
+                    return durable
+        found = data.find(_MARK_HEAD, found + 1)
+    return None
 
 
 def _check_record(data: bytes, offset: int) -> tuple[str | None, bool]:
@@ -277,7 +317,9 @@ def _check_record(data: bytes, offset: int) -> tuple[str | None, bool]:
     length, length_crc = _LENGTH.unpack_from(data, offset)
     if zlib.crc32(data[offset:offset + 4]) != length_crc:
         return "the record length fails its checksum", False
-    end = offset + _LENGTH.size + length + _CRC.size
+    if length & _MARK_FLAG and length != _MARK_FLAG | _OFFSET.size:
+        return "a sync mark of the wrong length", False
+    end = offset + _LENGTH.size + (length & ~_MARK_FLAG) + _CRC.size
     if end > len(data):
         return f"a record of {length} bytes cut short", True
     (crc,) = _CRC.unpack_from(data, end - _CRC.size)
@@ -287,9 +329,9 @@ def _check_record(data: bytes, offset: int) -> tuple[str | None, bool]:
 
 
 def _truncate(path: str, offset: int, problem: str) -> None:
-    _LOGGER.warning("log %s: cutting off a torn last record at byte %d (%s): the writer "
-                    "crashed before syncing it, so nobody was told it was durable",
-                    path, offset, problem)
+    _LOGGER.warning("log %s: cutting off a torn tail at byte %d (%s): the writer crashed "
+                    "before syncing it, so nobody was told it was durable", path, offset,
+                    problem)
     with open(path, "r+b") as f:
         f.truncate(offset)
         f.flush()

@@ -50,14 +50,22 @@ def test_segments_roll_and_old_ones_are_deleted(tmp_path):
     assert [s for s, _ in RecordLog(str(tmp_path), 200).records()] == list(range(4, 10))
 
 
+def crashed(log: RecordLog) -> None:
+    """What a crash leaves: the appended records are in the file, unsynced, not closed."""
+    assert log._file is not None
+    log._file.flush()
+
+
 def test_a_torn_last_record_is_cut_off_with_a_warning(tmp_path, caplog):
-    write_log(tmp_path, [b"kept", b"torn away"]).close()
+    log = write_log(tmp_path, [b"kept"])
+    log.append(b"torn away")
+    crashed(log)
     path = tmp_path / segments(tmp_path)[-1]
     path.write_bytes(path.read_bytes()[:-5])  # the crash hit the middle of the last write
     with caplog.at_level(logging.WARNING):
         log = RecordLog(str(tmp_path))
     assert list(log.records()) == [(0, b"kept")]
-    assert "torn last record" in caplog.text
+    assert "torn tail" in caplog.text
     assert log.append(b"next") == 1
     log.sync()
     assert [p for _, p in RecordLog(str(tmp_path)).records()] == [b"kept", b"next"]
@@ -183,3 +191,36 @@ def test_the_store_compacts_and_keeps_its_watermark(tmp_path):
         store.commit([AdvanceWatermark(w)])
     assert len(segments(tmp_path / "store")) <= 2
     assert CommitStepStore(str(tmp_path / "store"), segment_bytes=300).watermark == 49
+
+
+def test_unsynced_records_reaching_the_disk_out_of_order_are_a_tear_not_damage(tmp_path):
+    """Issue 17, item 5: pages of one unsynced batch land in any order; a zeroed page
+    between good ones is a torn tail (cut), never reported as corruption."""
+    log = write_log(tmp_path, [b"synced-1", b"synced-2"])
+    for i in range(6):
+        log.append(b"batch-%d-" % i + b"x" * 3000)  # one batch over several pages
+    crashed(log)
+    path = tmp_path / segments(tmp_path)[-1]
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = bytes(4096)  # the second page never reached the disk
+    path.write_bytes(bytes(data))
+    reopened = RecordLog(str(tmp_path))
+    kept = [p for _, p in reopened.records()]
+    assert kept[:2] == [b"synced-1", b"synced-2"]
+    assert all(p.startswith(b"batch-") for p in kept[2:]) and len(kept) < 8
+    assert reopened.append(b"after") == len(kept)  # and the log goes on from there
+
+
+def test_damage_to_synced_records_is_still_corruption(tmp_path):
+    """The same zeroed page after the batch was synced: a sync mark covers it."""
+    log = write_log(tmp_path, [b"synced-1", b"synced-2"])
+    for i in range(6):
+        log.append(b"batch-%d-" % i + b"x" * 3000)
+    log.sync()
+    crashed(log)
+    path = tmp_path / segments(tmp_path)[-1]
+    data = bytearray(path.read_bytes())
+    data[4096:8192] = bytes(4096)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptLog, match="in data a sync made durable"):
+        RecordLog(str(tmp_path))

@@ -306,7 +306,7 @@ def test_a_torn_last_record_is_cut_off_and_the_rest_is_read(tmp_path: Path, capl
     again = restore(TcpLineSource(port=0), before)
     with caplog.at_level(logging.WARNING):
         emitted = started(again, state, recovered=wid(0))
-    assert "cutting off a torn last record" in caplog.text
+    assert "cutting off a torn tail" in caplog.text
     window(again, emitted, 1)
     assert lines_by_window(emitted) == {wid(1): ["kept 1", "kept 2", "kept 3"]}
     again.teardown()
