@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 from master import heartbeat as rules
 from master import liveness, recovery, views
@@ -58,16 +59,22 @@ class MasterCore:
         loop_interval_s: period of the master loop.
         journal: where every application is saved when it changes, to restart from
             (``restore``); None = the master forgets everything when it stops.
+        ended_apps_kept, ended_app_ttl_ms: an ended application (its containers gone) is
+            forgotten, in memory and journal, this long after it ended, and the oldest
+            ones past this many: a long-lived master's memory follows what runs.
     """
 
     def __init__(self, launcher: Launcher, *, clock: Clock = system_clock,
                  stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
-                 journal: ApplicationJournal | None = None) -> None:
+                 journal: ApplicationJournal | None = None, ended_apps_kept: int = 100,
+                 ended_app_ttl_ms: int = 3_600_000) -> None:
         self.launcher = launcher
         self.journal = journal
         self.clock = clock
         self.stop_grace_ms = stop_grace_ms
         self.loop_interval_s = loop_interval_s
+        self.ended_apps_kept = ended_apps_kept
+        self.ended_app_ttl_ms = ended_app_ttl_ms
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._apps: dict[str, Application] = {}
@@ -350,6 +357,7 @@ class MasterCore:
         with self._lock:
             now_ms = self.clock()
             ended, discard = self._ended_runs(all_stopped=False)
+            self._forget_ended(now_ms)
             for app in self._apps.values():
                 live = app.plan.live_containers()
                 if not live:
@@ -363,6 +371,31 @@ class MasterCore:
         self._carry_out(actions)
         self._release(ended, discard)
         return [loss.container_id for loss in losses]
+
+    def _forget_ended(self, now_ms: int) -> None:
+        """Forgets ended applications past their time or count (lock held)."""
+        ended = sorted((a for a in self._apps.values()
+                        if a.terminal and a.id not in self._claims
+                        and a.id not in self._discard and not a.plan.live_containers()),
+                       key=lambda a: a.finished_ms)
+        surplus = len(ended) - self.ended_apps_kept
+        for index, app in enumerate(ended):
+            if index < surplus or now_ms - app.finished_ms >= self.ended_app_ttl_ms:
+                self._forget(app)
+
+    def _forget(self, app: Application) -> None:
+        """Removes an ended application from memory and the journal (lock held)."""
+        if self.journal is not None:
+            try:
+                self.journal.forget(app)
+            except OSError as exc:
+                self._halt_on(exc)
+        del self._apps[app.id]
+        self._listeners.pop(app.id, None)
+        for container_id in [c for c, a in self._container_apps.items() if a == app.id]:
+            del self._container_apps[container_id]
+        _LOGGER.info("app=%s forgotten (%s %d s ago)", app.id, app.state.value,
+                     (self.clock() - app.finished_ms) // 1000)
 
     def release_ended_runs(self) -> None:
         """Releases the state folders of ended runs and deletes their default ones; for
@@ -464,15 +497,20 @@ class MasterCore:
         try:
             self.journal.save(app, self._claims.get(app.id))
         except OSError as exc:
-            self.halted = (f"the master stopped: it cannot write its journal "
-                           f"{self.journal.journal.folder} ({exc.strerror or exc}); free "
-                           "the disk and start it again on the same --state-dir: its "
-                           "containers keep running and it takes them back")
-            _LOGGER.critical("%s", self.halted)
-            self._stop.set()
-            if self.on_halt is not None:
-                self.on_halt(self.halted)
-            raise Unavailable(self.halted) from None
+            self._halt_on(exc)
+
+    def _halt_on(self, exc: OSError) -> NoReturn:
+        """The journal failed: the master stops serving (lock held)."""
+        assert self.journal is not None
+        self.halted = (f"the master stopped: it cannot write its journal "
+                       f"{self.journal.journal.folder} ({exc.strerror or exc}); free the "
+                       "disk and start it again on the same --state-dir: its containers "
+                       "keep running and it takes them back")
+        _LOGGER.critical("%s", self.halted)
+        self._stop.set()
+        if self.on_halt is not None:
+            self.on_halt(self.halted)
+        raise Unavailable(self.halted) from None
 
     def restore(self) -> int:
         """Takes back every application of the journal; returns how many.

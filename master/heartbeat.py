@@ -21,6 +21,7 @@ from master.physical_plan import (
     StateSeed,
 )
 from master.recovery import is_operator_done, lose_container, record_checkpoints, update_recovery
+from master.report_filter import filter_report
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id, window_base_seconds, window_counter
 from proto import plan_pb2, umbilical_pb2
@@ -228,6 +229,12 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             op.ready, op.ready_ms = True, now_ms
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
+        removed = filter_report(op, report) if report.window_stats else ""
+        if removed:
+            app.log_limits.log(_LOGGER, logging.WARNING, ("filtered", container.id, op.id),
+                               now_ms, "app=%s container=%s operator=%s (%d) reported %s; "
+                               "left out (the rest of its report counts)", app.id,
+                               container.id, op.name, op.id, removed)
         problem = check_window_ids(app, op, tracker, report, now_ms) if report.window_stats \
             else None
         if problem is not None:

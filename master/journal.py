@@ -45,21 +45,27 @@ class Journal:
     Args:
         folder: where the journal's segments live.
         segment_bytes: size at which a segment is closed.
-        compact_ratio: compact when the log holds this many times more records than keys.
+        compact_ratio: compact when the log holds this many times more bytes than the live
+            records (and at least ``min_compact_bytes``): by size, not count, so a few
+            keys rewritten with large values cannot grow it unchecked.
+        min_compact_bytes: a log smaller than this is never compacted.
     """
 
     def __init__(self, folder: str, segment_bytes: int = 16 << 20,
-                 compact_ratio: int = 8) -> None:
+                 compact_ratio: int = 8, min_compact_bytes: int = 1 << 20) -> None:
         self.folder = folder
         self.compact_ratio = compact_ratio
+        self.min_compact_bytes = min_compact_bytes
         self._log = RecordLog(folder, segment_bytes)
         self._values: dict[str, bytes] = {}
-        self._records = 0
+        self._live_bytes = 0  # what a snapshot of the live records takes
+        self._log_bytes = 0  # record bytes in the log (what compaction would drop or keep)
         self.write_seconds = 0.0  # time spent appending and syncing, for the benchmark
         self.writes = 0
         self.compactions = 0
         for seq, payload in self._log.records():
             self._apply(seq, payload)
+            self._log_bytes += len(payload)
 
     def load(self) -> dict[str, bytes]:
         """The newest value of every key, as read at open and written since."""
@@ -70,8 +76,9 @@ class Journal:
 
     def put(self, key: str, value: bytes, *, sync: bool = True) -> None:
         """Records ``value`` for ``key``; durable when this returns (unless ``sync=False``)."""
-        self._append(key, value, 0, sync)
-        self._values[key] = value
+        self._write(_encode(key, value, 0), sync)
+        self._set(key, value)
+        self._maybe_compact()
 
     def put_many(self, items: list[tuple[str, bytes]], *, sync: bool = True) -> None:
         """Records every ``(key, value)`` at once: after a crash, all of them or none."""
@@ -82,13 +89,16 @@ class Journal:
         for key, value in items:
             record = _encode(key, value, 0)
             parts += [_LENGTH.pack(len(record)), record]
-        self._append("", b"".join(parts), _BATCH, sync)
-        self._values.update(items)
+        self._write(_encode("", b"".join(parts), _BATCH), sync)
+        for key, value in items:
+            self._set(key, value)
+        self._maybe_compact()
 
     def delete(self, key: str, *, sync: bool = True) -> None:
         if key in self._values:
-            self._append(key, b"", _TOMBSTONE, sync)
-            del self._values[key]
+            self._write(_encode(key, b"", _TOMBSTONE), sync)
+            self._remove(key)
+            self._maybe_compact()
 
     def sync(self) -> None:
         self._log.sync()
@@ -101,23 +111,41 @@ class Journal:
             self._log.append(_encode(key, value, 0))
         self._log.sync()
         self._log.delete_before(first)
-        self._records = len(self._values)
+        self._log_bytes = self._live_bytes
         self.compactions += 1
-        _LOGGER.debug("journal %s compacted to %d records", self.folder, self._records)
+        _LOGGER.debug("journal %s compacted to %d records (%d bytes)", self.folder,
+                      len(self._values), self._live_bytes)
 
     def close(self) -> None:
         self._log.close()
 
-    def _append(self, key: str, value: bytes, flags: int, sync: bool) -> None:
+    def _write(self, record: bytes, sync: bool) -> None:
         started = time.perf_counter()
-        self._log.append(_encode(key, value, flags))
+        self._log.append(record)
         if sync:
             self._log.sync()
-        self._records += 1
+        self._log_bytes += len(record)
         self.write_seconds += time.perf_counter() - started
         self.writes += 1
-        if self._records > self.compact_ratio * max(len(self._values), 16):
+
+    def _maybe_compact(self) -> None:
+        """Compacts once the log is ``compact_ratio`` times the live records' size; called
+        after the in-memory values took the write, so the snapshot holds it."""
+        if self._log_bytes > max(self.compact_ratio * self._live_bytes,
+                                 self.min_compact_bytes):
             self.compact()
+
+    def _set(self, key: str, value: bytes) -> None:
+        old = self._values.get(key)
+        if old is not None:
+            self._live_bytes -= _size(key, old)
+        self._values[key] = value
+        self._live_bytes += _size(key, value)
+
+    def _remove(self, key: str) -> None:
+        old = self._values.pop(key, None)
+        if old is not None:
+            self._live_bytes -= _size(key, old)
 
     def _apply(self, seq: int, payload: bytes) -> None:
         if len(payload) < _HEAD.size:
@@ -132,10 +160,14 @@ class Journal:
                 offset += _LENGTH.size + size
             return
         if flags & _TOMBSTONE:
-            self._values.pop(key, None)
+            self._remove(key)
         else:
-            self._values[key] = payload[_HEAD.size + length:]
-        self._records += 1
+            self._set(key, payload[_HEAD.size + length:])
+
+
+def _size(key: str, value: bytes) -> int:
+    """The bytes a live record takes in a snapshot."""
+    return _HEAD.size + len(key.encode("utf-8")) + len(value)
 
 
 def _encode(key: str, value: bytes, flags: int) -> bytes:

@@ -1,8 +1,9 @@
 """Prometheus metrics of every application, read from the master at each scrape.
 
 A custom collector (``prometheus_client``'s pattern for exporters): nothing is copied in
-the background; each scrape builds the same messages ``weir`` shows (``master.views``)
-under the master's lock and turns them into labelled metrics. Times are in seconds and
+the background; each scrape builds the same messages ``weir`` shows (``master.views``),
+taking the master's lock per application, never for the whole scrape, and turns them into
+labelled metrics outside it. Times are in seconds and
 sizes in bytes, as Prometheus expects. Window ids (64 bits, more than a float holds
 exactly) are exported as their counter: windows since the application's start.
 """
@@ -17,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from master.core import MasterCore
+from master.errors import NotFound
 from operators.windows import window_counter
 from proto import client_pb2
 
@@ -68,10 +70,12 @@ class WeirCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         families = _Families()
         core = self.core
-        with core.lock:  # one consistent reading; the views themselves are quick
-            apps = core.list_applications()
-            details = [(app, core.list_operators(app.id), core.list_containers(app.id))
-                       for app in apps]
+        details = []
+        for app in core.list_applications():  # the lock is held per call, never for all
+            try:
+                details.append((app, core.list_operators(app.id), core.list_containers(app.id)))
+            except NotFound:
+                continue  # forgotten meanwhile
         for app, operators, containers in details:
             _application(families, app)
             for op in operators:

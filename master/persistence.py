@@ -131,6 +131,20 @@ class ApplicationJournal:
             apps.append((app, claim))
         return apps
 
+    def forget(self, app: Application) -> None:
+        """Deletes every record of ``app`` (one synced write).
+
+        Raises:
+            OSError: the journal could not be written.
+        """
+        keys = [key for key in self.journal.load()
+                if key == app.id or key.startswith(f"{app.id}/")]
+        for key in keys:
+            self.journal.delete(key, sync=False)
+        self.journal.sync()
+        for key in keys:
+            self._saved.pop(key, None)
+
     @property
     def write_seconds(self) -> float:
         return self.journal.write_seconds

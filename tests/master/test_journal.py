@@ -27,7 +27,7 @@ def test_the_newest_value_of_each_key_survives_reopening(tmp_path):
 
 
 def test_compaction_keeps_the_state_and_drops_old_segments(tmp_path):
-    journal = Journal(str(tmp_path), segment_bytes=512, compact_ratio=2)
+    journal = Journal(str(tmp_path), segment_bytes=512, compact_ratio=2, min_compact_bytes=512)
     for i in range(400):
         journal.put(f"app-{i % 3}", f"state {i}".encode() * 5)
     assert journal.compactions > 0
@@ -120,3 +120,24 @@ def test_a_compaction_torn_before_its_sync_falls_back_to_the_older_segments(tmp_
     data[4096:8192] = bytes(4096)  # a page of the snapshot never reached the disk
     snapshot.write_bytes(bytes(data))
     assert Journal(str(tmp_path)).load() == expected
+
+
+def test_the_write_that_triggers_a_compaction_survives_it(tmp_path):
+    """The snapshot used to be taken before the new value was applied, and the segment
+    holding it deleted: the acknowledged write was gone on reopen."""
+    journal = Journal(str(tmp_path), compact_ratio=2, min_compact_bytes=64)
+    for i in range(60):
+        journal.put(f"k{i % 3}", b"value %d" % i)
+        assert Journal(str(tmp_path)).load() == journal.load(), f"after write {i}"
+    assert journal.compactions > 3
+
+
+def test_compaction_follows_size_not_count(tmp_path):
+    """One key rewritten with large values: the log stays within the ratio of what lives."""
+    journal = Journal(str(tmp_path), compact_ratio=4, min_compact_bytes=1 << 20)
+    for i in range(200):
+        journal.put("app-0001/plan", bytes([i % 256]) * 100_000)  # 20 MB written in all
+    on_disk = sum(p.stat().st_size for p in tmp_path.glob("*.log"))
+    assert journal.compactions >= 3
+    assert on_disk <= 4 * 100_000 + (1 << 20) + 100_000
+    assert Journal(str(tmp_path)).load() == journal.load()

@@ -194,3 +194,30 @@ def _umbilical(server: MasterServer):
 
     channel = master_channel(server.address, server.secret, server.tls.cert.read_bytes())
     return umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
+
+
+def test_ended_applications_are_forgotten_after_their_time_or_past_the_count(tmp_path):
+    """Issue 17, item 7: a long-lived master's memory (and journal) follows what runs."""
+    clock = ManualClock()
+    core = MasterCore(RecordingLauncher(), clock=clock, ended_apps_kept=2,
+                      ended_app_ttl_ms=60_000,
+                      journal=ApplicationJournal(str(tmp_path / "journal")))
+    ended = []
+    for _ in range(4):
+        app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
+        core.kill_application(app_id, "done")
+        for container_id in core.application(app_id).plan.containers:
+            core.launcher.set_exit_code(container_id, 0)
+        ended.append(app_id)
+        clock.advance(1_000)
+    running = core.submit(chain_descriptor(2, CONTAINERS=1), {})
+    for _ in range(3):
+        core.check_liveness()
+    assert [a.id for a in core.list_applications()] == [*ended[2:], running]  # newest 2
+    clock.advance(60_000)
+    core.check_liveness()
+    assert [a.id for a in core.list_applications()] == [running]  # past their time
+    reopened = ApplicationJournal(str(tmp_path / "journal"))
+    assert [app.id for app, _ in reopened.load()] == [running]
+    with pytest.raises(Exception, match="unknown application"):
+        core.application_info(ended[0])

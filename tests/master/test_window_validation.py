@@ -142,3 +142,26 @@ def test_log_limiter_keys_interval_and_memory():
     assert limiter.admit("c", 10) == 0  # "a" (least recently logged) is forgotten
     assert limiter.admit("a", 20) == 0 and limiter.admit("b", 30) == 0
     assert limiter.admit("b", 500) is None and limiter.admit("b", 1_030) == 1
+
+
+def test_ports_the_plan_did_not_give_and_metrics_past_the_bounds_are_left_out(cluster,
+                                                                               caplog):
+    """Issue 17, item 7: a report cannot grow the master with names of its choosing."""
+    from master.report_filter import MAX_METRIC_NAME_CHARS, MAX_METRICS
+
+    caplog.set_level(logging.WARNING, "master.heartbeat")
+    stats = cluster.app.operator_stats[RELAY]
+    flood = window(w(1), tuples_in=5, tuples_out=5)
+    for i in range(500):
+        flood.output_ports.add(id=f"made-up-{i}", tuple_count=1)
+    flood.metrics.update({f"m{i}": float(i) for i in range(1000)})
+    flood.metrics["x" * (MAX_METRIC_NAME_CHARS + 1)] = 1.0
+    cluster.report(RELAY, flood)
+    assert set(stats.ports) == {("input", "input"), ("output", "output")}
+    assert stats.total_tuples_processed == 5  # the declared ports count
+    assert len(stats.metrics) == MAX_METRICS and len(stats.recent[-1].metrics) == MAX_METRICS
+    assert all(len(name) <= MAX_METRIC_NAME_CHARS for name in stats.metrics)
+    [line] = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert "500 port(s) it does not have (output 'made-up-0'" in line
+    assert "936 metric(s) past the first 64" in line
+    assert "over 128 characters" in line
