@@ -17,6 +17,7 @@ __all__ = ["MasterUnreachable", "UmbilicalClient"]
 
 _LOGGER = logging.getLogger(__name__)
 _RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+_BUSY = "Concurrent RPC limit exceeded"  # gRPC's RESOURCE_EXHAUSTED of a master at its limit
 # Deploy requests carry pickled operators: allow large answers; never go through a proxy.
 # (The master refuses requests above its own limits, with a message naming them.)
 _CHANNEL_OPTIONS = [
@@ -87,6 +88,9 @@ class UmbilicalClient:
                                                metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = exc.code() if hasattr(exc, "code") else None
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _BUSY in (
+                        exc.details() or ""):
+                    code = grpc.StatusCode.UNAVAILABLE  # busy, not refused: try again
                 if code not in _RETRYABLE or time.monotonic() + delay_s > deadline:
                     if code in _RETRYABLE:
                         raise MasterUnreachable(

@@ -143,6 +143,9 @@ class WeirClient:
         if code == grpc.StatusCode.UNAVAILABLE:
             return WeirClientError(f"no master answers at {self.address}; start one with "
                                    "`weir master` or pass --master", code)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in details:
+            return WeirClientError(f"the master at {self.address} is busy (at its limit of "
+                                   "calls in progress); try again", code)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return WeirClientError(f"no answer from the master at {self.address} within "
                                    f"{self.timeout_s:g} s; is it running there? start one "

@@ -81,6 +81,9 @@ class MasterServer:
         container_stop_grace_ms: how long containers of an ended application may linger.
         loop_interval_s: period of the liveness loop.
         max_workers: gRPC handler threads.
+        max_concurrent_calls: calls in progress or waiting for a thread at most; more are
+            refused at once (RESOURCE_EXHAUSTED, which containers retry), so a flood of
+            calls cannot queue up memory in the master.
         secret: what every call must carry; a fresh random one if None.
         tls: serve TLS with this certificate and key (containers get them too); None:
             with one the master makes, kept in ``state_dir`` (so containers that outlive
@@ -101,7 +104,8 @@ class MasterServer:
                  launcher_factory: LauncherFactory | None = None, *,
                  clock: Clock = system_clock, stop_grace_s: float = 5.0,
                  container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
-                 max_workers: int = 16, secret: str | None = None,
+                 max_workers: int = 16, max_concurrent_calls: int = 1024,
+                 secret: str | None = None,
                  tls: TlsFiles | None = None, publish_secret: bool = True,
                  http_port: int | None = 0, http_open: bool = False,
                  metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None,
@@ -117,6 +121,7 @@ class MasterServer:
         self.container_stop_grace_ms = container_stop_grace_ms
         self.loop_interval_s = loop_interval_s
         self.max_workers = max_workers
+        self.max_concurrent_calls = max_concurrent_calls
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         if self.state_dir is not None:
             self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -168,7 +173,7 @@ class MasterServer:
             server = grpc.server(
                 concurrent.futures.ThreadPoolExecutor(max_workers=self.max_workers,
                                                       thread_name_prefix="weir-master-rpc"),
-                options=SERVER_OPTIONS,
+                options=SERVER_OPTIONS, maximum_concurrent_rpcs=self.max_concurrent_calls,
                 interceptors=[auth.AuthInterceptor(self.secret), RequestGuard(),
                               UnavailableInterceptor(self._unavailable)])
             self._probe_port()

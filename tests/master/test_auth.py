@@ -312,3 +312,45 @@ def test_tls_master_and_client(tls_files, tmp_path):
         master.stop()
     with pytest.raises(ValueError, match="needs both"):
         TlsFiles.from_options(str(cert), None)
+
+
+def test_calls_past_the_concurrency_limit_are_refused_at_once_and_containers_retry():
+    """Issue 17, item 8: a flood of calls cannot queue up in the master."""
+    import threading
+
+    from container.umbilical_client import UmbilicalClient
+
+    master = MasterServer(launcher_factory=RecordingLauncher, max_concurrent_calls=2,
+                          http_port=None)
+    master.start()
+    release = threading.Event()
+    listing, inside = master.core.list_applications, []
+
+    def held_listing():
+        inside.append(1)
+        release.wait(20)
+        return listing()
+
+    master.core.list_applications = held_listing
+    try:
+        with WeirClient(master.address, timeout_s=30) as client:
+            held = [threading.Thread(target=client.applications) for _ in range(2)]
+            for thread in held:
+                thread.start()
+            poll_for(lambda: len(inside) == 2, 10, "the two calls to be in progress")
+            with WeirClient(master.address, timeout_s=5) as third, pytest.raises(
+                    WeirClientError, match="is busy .at its limit of calls in progress"):
+                third.applications()
+            umbilical = UmbilicalClient(master.address, secret=master.secret,
+                                        tls_root_certs=master.tls.cert.read_bytes(),
+                                        retry_window_s=20)
+            threading.Timer(1.0, release.set).start()
+            with pytest.raises(grpc.RpcError) as caught:  # waited for room, then answered
+                umbilical.get_init_context("nobody")
+            assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+            umbilical.close()
+            for thread in held:
+                thread.join(20)
+    finally:
+        release.set()
+        master.stop()
