@@ -204,25 +204,24 @@ def test_launched_containers_get_the_secret_in_their_environment_only(tmp_path, 
     assert not any("s3cret" in arg for arg in seen["argv"])
 
 
-def test_a_container_without_the_secret_refuses_to_start():
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+def _container_refusal(**env: str | None) -> str:
+    """The error of a container started with ``env`` changed (None: unset); it must exit 2."""
+    environment = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
-                             "--id", "c0"], env=env, capture_output=True, text=True,
+                             "--id", "c0"], env=environment, capture_output=True, text=True,
                             timeout=60)
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr
+    return result.stderr
+
+
+def test_a_container_without_the_secret_refuses_to_start():
     assert "no secret for master 127.0.0.1:1: set WEIR_SECRET or pass --secret-file" in (
-        result.stderr)
+        _container_refusal(WEIR_SECRET=None))
 
 
 def test_a_container_without_a_certificate_keeps_the_secret_and_refuses_to_start():
-    env = {**{k: v for k, v in os.environ.items() if k != "WEIR_TLS_CA"},
-           SECRET_ENV: "s3cret"}
-    result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
-                             "--id", "c0"], env=env, capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 2
     assert "no certificate to check master 127.0.0.1:1 by, so its secret stays here" in (
-        result.stderr)
+        _container_refusal(WEIR_SECRET="s3cret", WEIR_TLS_CA=None))
 
 
 def test_every_master_serves_tls_with_a_certificate_it_made(server):
