@@ -23,14 +23,8 @@ from master.launcher import Launcher
 from master.persistence import ApplicationJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
-from master.state_owner import (
-    StateClaim,
-    claim_state_dir,
-    delete_default_state_dir,
-    is_default_state_dir,
-    new_run_id,
-    release_state_dir,
-)
+from master.run_folders import RunFolders
+from master.state_owner import new_run_id
 from master.stats_listeners import StatsListenerError, load_listeners, operator_stats
 from operators.dag import DagError, validate_descriptor
 from operators.scaling import StatsListener
@@ -78,9 +72,7 @@ class MasterCore:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._apps: dict[str, Application] = {}
-        self._claims: dict[str, StateClaim] = {}  # app id -> its claim on its state folder
-        # app id -> its default state folder, deleted once its containers exited
-        self._discard: dict[str, str] = {}
+        self._folders = RunFolders()  # each run's state folder: claimed, then released
         self._container_apps: dict[str, str] = {}
         # app id -> operator name -> its stats listener (user code: never journaled)
         self._listeners: dict[str, dict[str, StatsListener]] = {}
@@ -134,7 +126,7 @@ class MasterCore:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
             except (PlanError, DagError) as exc:
                 raise InvalidArgument(str(exc)) from None
-            self._claims[app_id] = claim_state_dir(plan.attributes["STATE_DIR"], app_id, run_id)
+            self._folders.claim(plan.attributes["STATE_DIR"], app_id, run_id)
             self._next_app_number += 1
             app = Application(app_id, dag, plan, self.clock())
             self._apps[app_id] = app
@@ -356,7 +348,7 @@ class MasterCore:
         actions: list[tuple[Application, LauncherAction]] = []
         with self._lock:
             now_ms = self.clock()
-            ended, discard = self._ended_runs(all_stopped=False)
+            ended, discard = self._folders.ended(self._apps.values(), all_stopped=False)
             self._forget_ended(now_ms)
             for app in self._apps.values():
                 live = app.plan.live_containers()
@@ -369,14 +361,14 @@ class MasterCore:
             if losses:
                 self._changed.notify_all()
         self._carry_out(actions)
-        self._release(ended, discard)
+        self._folders.release(ended, discard)
         return [loss.container_id for loss in losses]
 
     def _forget_ended(self, now_ms: int) -> None:
         """Forgets ended applications past their time or count (lock held)."""
         ended = sorted((a for a in self._apps.values()
-                        if a.terminal and a.id not in self._claims
-                        and a.id not in self._discard and not a.plan.live_containers()),
+                        if a.terminal and not self._folders.holds(a.id)
+                        and not a.plan.live_containers()),
                        key=lambda a: a.finished_ms)
         surplus = len(ended) - self.ended_apps_kept
         for index, app in enumerate(ended):
@@ -401,39 +393,8 @@ class MasterCore:
         """Releases the state folders of ended runs and deletes their default ones; for
         a master that stops, once it stopped every container."""
         with self._lock:
-            ended, discard = self._ended_runs(all_stopped=True)
-        self._release(ended, discard)
-
-    def _ended_runs(self, all_stopped: bool) -> tuple[list[StateClaim], list[str]]:
-        """Claims of runs that ended, and default folders no container uses (lock held)."""
-        ended = [self._claims.pop(a.id) for a in self._apps.values()
-                 if a.terminal and a.id in self._claims]
-        for claim in ended:
-            self._discard_later(self._apps[claim.app_id], claim.state_dir)
-        discard = [self._discard.pop(a.id) for a in self._apps.values()
-                   if a.id in self._discard and (all_stopped or not a.plan.live_containers())]
-        return ended, discard
-
-    @staticmethod
-    def _release(ended: list[StateClaim], discard: list[str]) -> None:
-        for claim in ended:
-            release_state_dir(claim)
-        for state_dir in discard:
-            delete_default_state_dir(state_dir)
-
-    def _discard_later(self, app: Application, state_dir: str) -> None:
-        """Marks a finished or killed run's default state folder for deletion (lock held).
-
-        A failed run's is kept for inspection (its checkpoints, logs and error); a
-        folder the user named with STATE_DIR is never deleted.
-        """
-        if not is_default_state_dir(state_dir):
-            return
-        if app.state == ApplicationState.FAILED:
-            _LOGGER.info("app=%s failed; its state folder %s is kept for inspection",
-                         app.id, state_dir)
-            return
-        self._discard[app.id] = state_dir
+            ended, discard = self._folders.ended(self._apps.values(), all_stopped=True)
+        self._folders.release(ended, discard)
 
     # -- stats listeners ------------------------------------------------------------------
     def consult_listeners(self) -> list[Repartition]:
@@ -495,7 +456,7 @@ class MasterCore:
         if self.halted:
             raise Unavailable(self.halted)
         try:
-            self.journal.save(app, self._claims.get(app.id))
+            self.journal.save(app, self._folders.get(app.id))
         except OSError as exc:
             self._halt_on(exc)
 
@@ -535,8 +496,7 @@ class MasterCore:
                 if app.terminal:
                     continue
                 if claim is not None:
-                    self._claims[app.id] = claim_state_dir(claim.state_dir, app.id,
-                                                           claim.run_id)
+                    self._folders.claim(claim.state_dir, app.id, claim.run_id)
                 self._resume(app, now_ms)
                 try:
                     self._listeners[app.id] = load_listeners(app.dag)

@@ -1,0 +1,77 @@
+"""The state folder of every application run the master knows: claimed while the run
+lives, released when it ends, and, for a default folder, deleted once its containers
+have exited (``master.state_owner`` does the claiming and deleting itself)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from master.application import Application, ApplicationState
+from master.state_owner import (
+    StateClaim,
+    claim_state_dir,
+    delete_default_state_dir,
+    is_default_state_dir,
+    release_state_dir,
+)
+
+__all__ = ["RunFolders"]
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class RunFolders:
+    """Claims by application id, and default folders waiting for their containers to exit.
+
+    Not thread-safe: the master calls it under its lock, and ``release`` (which touches
+    files) outside it.
+    """
+
+    def __init__(self) -> None:
+        self._claims: dict[str, StateClaim] = {}
+        self._discard: dict[str, str] = {}  # app id -> its default folder, to delete
+
+    def claim(self, state_dir: str, app_id: str, run_id: str) -> StateClaim:
+        """Claims ``state_dir`` for the run (``state_owner.claim_state_dir``'s errors)."""
+        claim = self._claims[app_id] = claim_state_dir(state_dir, app_id, run_id)
+        return claim
+
+    def get(self, app_id: str) -> StateClaim | None:
+        return self._claims.get(app_id)
+
+    def holds(self, app_id: str) -> bool:
+        """Whether the app's folder is still claimed or waits to be deleted."""
+        return app_id in self._claims or app_id in self._discard
+
+    def ended(self, apps: Iterable[Application], all_stopped: bool
+              ) -> tuple[list[StateClaim], list[str]]:
+        """Claims of runs that ended (to release), and default folders no container uses
+        any more (to delete); ``all_stopped``: every container has been stopped."""
+        apps = list(apps)
+        ended = [self._claims.pop(a.id) for a in apps if a.terminal and a.id in self._claims]
+        by_id = {a.id: a for a in apps}
+        for claim in ended:
+            self._discard_later(by_id[claim.app_id], claim.state_dir)
+        discard = [self._discard.pop(a.id) for a in apps
+                   if a.id in self._discard and (all_stopped or not a.plan.live_containers())]
+        return ended, discard
+
+    def _discard_later(self, app: Application, state_dir: str) -> None:
+        """A finished or killed run's default folder goes; a failed run's is kept for
+        inspection, and a folder the user named is never deleted."""
+        if not is_default_state_dir(state_dir):
+            return
+        if app.state == ApplicationState.FAILED:
+            _LOGGER.info("app=%s failed; its state folder %s is kept for inspection",
+                         app.id, state_dir)
+            return
+        self._discard[app.id] = state_dir
+
+    @staticmethod
+    def release(ended: list[StateClaim], discard: list[str]) -> None:
+        """Releases the claims and deletes the folders (files: call without the lock)."""
+        for claim in ended:
+            release_state_dir(claim)
+        for state_dir in discard:
+            delete_default_state_dir(state_dir)
