@@ -7,14 +7,13 @@ from typing import Any
 
 import cloudpickle
 
-from operators.operator import Operator
+from operators.operator import RUNTIME_ATTRIBUTES, Operator
 
 __all__ = ["OperatorStateError", "capture", "restore", "state_of"]
 
 _LOGGER = logging.getLogger(__name__)
 
 _FORMAT = "weir-operator-state/1"
-_RUNTIME_PREFIX = "_weir"  # attributes the runtime sets on operators (``_weir_emit``)
 
 
 class OperatorStateError(Exception):
@@ -23,9 +22,8 @@ class OperatorStateError(Exception):
 
 def state_of(operator: Operator) -> dict[str, Any]:
     """The operator's state: its instance attributes minus ``NON_STATE`` and runtime ones."""
-    skip = set(getattr(operator, "NON_STATE", ()))
-    return {k: v for k, v in vars(operator).items()
-            if k not in skip and not k.startswith(_RUNTIME_PREFIX)}
+    skip = {*getattr(operator, "NON_STATE", ()), *RUNTIME_ATTRIBUTES}
+    return {k: v for k, v in vars(operator).items() if k not in skip}
 
 
 def capture(operator: Operator, name: str | None = None) -> bytes:

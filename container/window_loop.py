@@ -153,7 +153,7 @@ class OperatorRunner:
         self._cpu_ns = 0
         self._thread = threading.Thread(target=self._run, name=f"operator-{context.name}",
                                         daemon=True)
-        operator._weir_emit = self._emit  # type: ignore[attr-defined]
+        operator.connect_outputs(self._emit)
 
     # -- lifecycle ---------------------------------------------------------------
     def start(self) -> None:

@@ -126,11 +126,20 @@ class OperatorContext:
         self._crash_points.reach(name)
 
 
+Emit = Callable[[str, pa.RecordBatch], None]
+"""Publishes a batch on an output port (by name) in the current window."""
+
+_EMITTER = "_emitter"
+RUNTIME_ATTRIBUTES = (_EMITTER,)
+"""Instance attributes the runtime sets on an operator: never state."""
+
+
 class Operator:
     """Base class of every operator; override the hooks you need (see the module docs).
 
     Ports are class attributes (``InputPort`` / ``OutputPort``). Every attribute of the
-    instance is state and is checkpointed, except those named in ``NON_STATE``.
+    instance is state and is checkpointed, except those named in ``NON_STATE`` and the one
+    the runtime sets (``connect_outputs``).
     """
 
     #: instance attributes that are not state (connections, caches): not checkpointed.
@@ -143,6 +152,16 @@ class Operator:
     #: column. When the operator is repartitioned at run time each new partition gets the
     #: entries (rows) of its keys from every old partition (``repartitioned``).
     KEYED_STATE: ClassVar[tuple[str, ...]] = ()
+
+    def connect_outputs(self, emit: Emit | None) -> None:
+        """Where the output ports publish: ``emit(port name, batch)``; set by the runtime
+        (or a test driver) before ``setup``; None disconnects them. Not state."""
+        self.__dict__[_EMITTER] = emit
+
+    @property
+    def emitter(self) -> Emit | None:
+        """What ``connect_outputs`` set (None: the outputs are not connected)."""
+        return self.__dict__.get(_EMITTER)
 
     def setup(self, context: OperatorContext) -> None:
         """Called once before the first window."""

@@ -123,7 +123,7 @@ class BoundPort:
         """Publishes ``data`` on this output port in the current window."""
         if self.spec.kind != "output":
             raise TypeError(f"{self.spec.name} is an input port; only output ports emit")
-        emit = getattr(self.operator, "_weir_emit", None)
+        emit = self.operator.emitter
         if emit is None:
             raise PortNotConnected(
                 f"output port {self.spec.name!r} emitted before the runtime connected it; "

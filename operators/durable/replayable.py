@@ -95,15 +95,15 @@ class ReplayableSource(TransientNonState, InputOperator):
         """AT_MOST_ONCE after a restart: the input the logged windows read was emitted
         before the failure (and maybe processed), so it is read again without being
         emitted, and the source goes on after it: those windows are lost, never repeated."""
-        runtime_emit = self.__dict__.get("_weir_emit")
-        self.__dict__["_weir_emit"] = lambda port, batch: None
+        runtime_emit = self.emitter
+        self.connect_outputs(lambda port, batch: None)
         try:
             skipped = list(self._replay)
             while self._replay:
                 self.begin_window(next(iter(self._replay)))
                 self.emit_tuples()
         finally:
-            self.__dict__["_weir_emit"] = runtime_emit
+            self.connect_outputs(runtime_emit)
         self._window_id, self._limit, self._limit_read = -1, None, False
         _LOGGER.info("%s: AT_MOST_ONCE restart skips the input of %d logged windows (%s to %s)",
                      type(self).__name__, len(skipped), format_window_id(skipped[0]),

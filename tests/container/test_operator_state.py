@@ -38,7 +38,7 @@ class Counter(Operator):
 
 def test_state_skips_non_state_and_runtime_attributes():
     op = Counter("a")
-    op._weir_emit = print  # type: ignore[attr-defined]
+    op.connect_outputs(print)
     assert set(state_of(op)) == {"label", "rows", "per_window"}
 
 
@@ -128,7 +128,7 @@ def test_restore_errors_name_the_operator():
 
 
 class Lines:
-    """Collects what a source emits, per window (``op._weir_emit``)."""
+    """Collects what a source emits, per window (``op.connect_outputs``)."""
 
     def __init__(self) -> None:
         self.window = -1
@@ -170,7 +170,7 @@ def test_text_file_source_resumes_at_the_checkpointed_position(tmp_path):
 
     op = cloudpickle.loads(payload)
     before = Lines()
-    op._weir_emit = before
+    op.connect_outputs(before)
     op.setup(_context())
     assert _run_windows(op, before, range(1, 4))  # windows 1..3: 12 lines
     assert before.all() == text[:12]
@@ -183,7 +183,7 @@ def test_text_file_source_resumes_at_the_checkpointed_position(tmp_path):
     fresh = restore(cloudpickle.loads(payload), store.load(1, store.latest(1)), name="source")
     assert fresh.position > 0 and fresh.line_number == 12
     after = Lines()
-    fresh._weir_emit = after
+    fresh.connect_outputs(after)
     fresh.setup(_context())
     assert not _run_windows(fresh, after, range(4, 100))
     fresh.teardown()

@@ -293,7 +293,7 @@ def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails(
 
     class Typo(TwoOutputs):
         def process(self, port, batch):
-            self._weir_emit("mian", batch)
+            self.emitter("mian", batch)
 
     runner, _ = run_with_output("main", Typo(), stream({1: [[1]]}))
     assert runner.state is RunnerState.FAILED

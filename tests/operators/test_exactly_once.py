@@ -25,7 +25,7 @@ def context(state: Path, recovered: int = -1, **attributes) -> OperatorContext:
 
 def started(op: Operator, state: Path, recovered: int = -1, **attributes) -> Emitted:
     emitted = Emitted()
-    op._weir_emit = emitted  # type: ignore[attr-defined]
+    op.connect_outputs(emitted)
     op.setup(context(state, recovered, **attributes))
     return emitted
 

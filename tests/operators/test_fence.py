@@ -96,7 +96,7 @@ def test_a_fenced_file_sink_stages_nothing_and_a_successor_sweeps_leftovers(tmp_
 
     def started(fence: Fence) -> FileSink:
         sink = FileSink(tmp_path / "out", exactly_once=True)
-        sink._weir_emit = Emitted()  # type: ignore[attr-defined]
+        sink.connect_outputs(Emitted())
         sink.setup(OperatorContext("sink", 4, "c0", {}, state_dir=str(tmp_path / "state"),
                                    generation=fence.generation, fence_check=fence.check))
         return sink

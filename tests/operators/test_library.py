@@ -54,7 +54,7 @@ class Emitted:
 
 def start(op: Operator, spark: Any = None, window_ms: int = 500) -> Emitted:
     emitted = Emitted()
-    op._weir_emit = emitted  # type: ignore[attr-defined]
+    op.connect_outputs(emitted)
     op.setup(OperatorContext(name=type(op).__name__.lower(), operator_id=1, container_id="c0",
                              attributes={"STREAMING_WINDOW_SIZE_MILLIS": window_ms},
                              spark=spark))

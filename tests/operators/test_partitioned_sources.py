@@ -15,7 +15,7 @@ from tests.operators.test_library import TEXT, Emitted, expected_lines, run_sour
 
 def start_partition(op: Operator, index: int, count: int) -> Emitted:
     emitted = Emitted()
-    op._weir_emit = emitted  # type: ignore[attr-defined]
+    op.connect_outputs(emitted)
     op.setup(OperatorContext(name="source", operator_id=1 + index, container_id="c0",
                              attributes={}, partition_index=index, partition_count=count))
     return emitted

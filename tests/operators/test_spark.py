@@ -33,7 +33,7 @@ class Emitted:
 
 def start(op: Operator, spark: Any, name: str = "op") -> Emitted:
     emitted = Emitted()
-    op._weir_emit = emitted  # type: ignore[attr-defined]
+    op.connect_outputs(emitted)
     op.setup(OperatorContext(name=name, operator_id=1, container_id="c0", attributes={},
                              spark=spark))
     return emitted

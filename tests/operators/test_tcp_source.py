@@ -36,7 +36,7 @@ def context(state: Path, recovered: int = -1) -> OperatorContext:
 def started(src: TcpLineSource, state: Path, recovered: int = -1,
             ctx: OperatorContext | None = None) -> Emitted:
     emitted = Emitted()
-    src._weir_emit = emitted  # type: ignore[attr-defined]
+    src.connect_outputs(emitted)
     src.setup(ctx or context(state, recovered))
     return emitted
 
