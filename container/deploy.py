@@ -307,12 +307,12 @@ class Deployment:
     @staticmethod
     def _subscriber(info: plan_pb2.InputDeployInfo, secret: str | None = None,
                     tls_root_certs: bytes | None = None):
-        ended = info.context_attributes.get("UPSTREAM_END_WINDOW")
+        ended = info.upstream_end_window if info.HasField("upstream_end_window") else None
         partition = partition_filter(info)
 
         def subscribe(from_window: int, latest: bool = False):
             if ended is not None:  # the upstream finished before our checkpoint: just end
-                return iter([Message(Kind.END_STREAM, int(ended))]), lambda: None
+                return iter([Message(Kind.END_STREAM, ended)]), lambda: None
             subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
                                         stream_id(info.source_node_id, info.source_port_name),
                                         from_window=from_window, secret=secret,

@@ -28,7 +28,6 @@ from proto import plan_pb2, umbilical_pb2
 
 __all__ = [
     "MAX_WINDOW_LEAD_MS",
-    "UPSTREAM_END_WINDOW",
     "WindowProblem",
     "abort_response",
     "check_window_ids",
@@ -51,14 +50,6 @@ ahead of the master's, or from a bogus report. Ten minutes tolerates any realist
 (NTP keeps hosts within a second; a resumed VM may lag until NTP steps it), while a
 report beyond it is rejected rather than allowed to run the operator's statistics ahead
 of every real window for longer than that.
-"""
-
-UPSTREAM_END_WINDOW = "UPSTREAM_END_WINDOW"
-"""Key of an input's ``context_attributes``: its upstream operator ended at this window.
-
-Set when the subscriber restarts at or after that window: everything the stream carried
-is already in its checkpoint, so the input is at END_STREAM from the start (the
-upstream, done, is not redeployed and its buffer server may be gone).
 """
 
 
@@ -402,7 +393,9 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             link_info.partition_keys.extend(link.partition.keys)
         end = app.operator_stats[upstream.id].current_window_id
         if is_operator_done(app, upstream) and end <= op.deploy_window_id:
-            link_info.context_attributes[UPSTREAM_END_WINDOW] = str(end)
+            # what the stream carried is all in the checkpoint: the input ends at once
+            # (the upstream, done, is not redeployed and its buffer server may be gone)
+            link_info.upstream_end_window = end
     for link in op.outputs:
         info.outputs.add(
             port_name=link.port_name, declared_stream_id=link.stream_name,

@@ -16,7 +16,7 @@ from tests.harness import poll_for
 def test_input_of_an_ended_upstream_just_ends_without_subscribing():
     info = plan_pb2.InputDeployInfo(port_name="input", source_node_id=4,
                                     source_port_name="output",
-                                    context_attributes={"UPSTREAM_END_WINDOW": "7"})
+                                    upstream_end_window=7)
     messages, cancel = Deployment._subscriber(info)(3)  # no buffer server is running
     assert [(m.kind, m.window_id) for m in messages] == [(Kind.END_STREAM, 7)]
     cancel()

@@ -10,7 +10,7 @@ import pytest
 
 from master import recovery
 from master.application import Application, ApplicationState
-from master.heartbeat import UPSTREAM_END_WINDOW, process_heartbeat
+from master.heartbeat import process_heartbeat
 from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState, build_physical_plan
 from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
@@ -435,8 +435,8 @@ def test_a_done_upstream_is_not_rerun_and_its_subscribers_are_told_it_ended():
     cluster.beat("app-0001-c3")
     [info] = cluster.beat("app-0001-c4").deploy_request
     left, right = info.inputs
-    assert (left.port_name, left.context_attributes[UPSTREAM_END_WINDOW]) == ("left", "30")
-    assert right.port_name == "right" and UPSTREAM_END_WINDOW not in right.context_attributes
+    assert (left.port_name, left.upstream_end_window) == ("left", 30)
+    assert right.port_name == "right" and not right.HasField("upstream_end_window")
     assert (right.buffer_server_port, info.checkpoint.window_id) == (7001, 40)
 
 
