@@ -269,7 +269,8 @@ class _Container:
         self.gc_time_ms += rng.randint(0, 2)
         message = umbilical_pb2.ContainerHeartbeat(
             container_id=self.id, buffer_server_host=_HOST, buffer_server_port=self.port,
-            jvm_name=self.process_name, memory_mb_free=self.memory_mb_free - rng.randint(0, 64),
+            jvm_name=self.process_name, pid=100_000 + self.index, host=socket.gethostname(),
+            memory_mb_free=self.memory_mb_free - rng.randint(0, 64),
             gc_collection_time_ms=self.gc_time_ms, gc_collection_count=self.gc_count,
             sent_tms=now_ms, cpu_percent=round(rng.uniform(5.0, 40.0), 1),
             memory_rss_mb=180 + rng.randint(0, 40))

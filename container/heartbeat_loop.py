@@ -58,6 +58,7 @@ class HeartbeatLoop:
             buffer_server_host=self.host,
             buffer_server_port=self.port,
             jvm_name=self.process_stats.process_name,
+            pid=self.process_stats.pid, host=self.process_stats.host,
             memory_mb_free=sample.memory_mb_free,
             memory_rss_mb=sample.memory_rss_mb,
             cpu_percent=sample.cpu_percent,

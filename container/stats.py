@@ -63,7 +63,8 @@ class ProcessStats:
         self._gc = GcMonitor()
         self._last_cpu_s = self._cpu_seconds()
         self._last_wall_s = time.monotonic()
-        self.process_name = f"{os.getpid()}@{socket.gethostname()}"
+        self.pid, self.host = os.getpid(), socket.gethostname()
+        self.process_name = f"{self.pid}@{self.host}"
 
     def _tree(self) -> list[psutil.Process]:
         try:

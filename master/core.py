@@ -515,9 +515,8 @@ class MasterCore:
             stats = app.container_stats[container.id]
             stats.last_heartbeat_ms = now_ms
             container.allocated_ms = now_ms
-            pid, _, host = stats.process_name.partition("@")
-            if pid.isdecimal():
-                self.launcher.adopt(container.id, int(pid), host)
+            if stats.pid > 0:
+                self.launcher.adopt(container.id, stats.pid, stats.host)
         for op in app.plan.operators.values():
             app.operator_stats[op.id].window_moved_ms = now_ms
             op.ready_ms = max(op.ready_ms, now_ms)

@@ -268,6 +268,8 @@ class ContainerStatsTracker:
     """The figures of a container's last heartbeat, and how many heartbeats it sent."""
 
     process_name: str = ""
+    pid: int = 0
+    host: str = ""
     cpu_percent: float = 0.0
     memory_rss_mb: int = 0
     memory_mb_free: int = 0
@@ -279,6 +281,8 @@ class ContainerStatsTracker:
 
     def record(self, heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int) -> None:
         self.process_name = heartbeat.jvm_name or self.process_name
+        if heartbeat.pid:
+            self.pid, self.host = heartbeat.pid, heartbeat.host
         self.cpu_percent = heartbeat.cpu_percent
         self.memory_rss_mb = heartbeat.memory_rss_mb
         self.memory_mb_free = heartbeat.memory_mb_free

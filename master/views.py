@@ -177,7 +177,7 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         heartbeats=stats.heartbeats, started_ms=container.allocated_ms,
         finished_ms=container.finished_ms, diagnostics=container.diagnostics,
         replaces=container.replaces, replaced_by=container.replaced_by,
-        host=stats.process_name.partition("@")[2],
+        host=stats.host,
     )
 
 

@@ -39,7 +39,8 @@ class _Client:
             shutdown=umbilical_pb2.SHUTDOWN_TYPE_ABORT)
 
 
-_STATS = types.SimpleNamespace(process_name="1@host", sample=lambda: types.SimpleNamespace(
+_STATS = types.SimpleNamespace(process_name="1@host", pid=1, host="host",
+                               sample=lambda: types.SimpleNamespace(
     memory_mb_free=1, memory_rss_mb=1, cpu_percent=0.0, gc_collection_count=0,
     gc_collection_time_ms=0))
 _DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [])

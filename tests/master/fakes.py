@@ -105,7 +105,8 @@ def container_heartbeat(container_id: str, port: int = 7000,
     """A heartbeat as a container sends it; ``port`` is its buffer server's."""
     heartbeat = umbilical_pb2.ContainerHeartbeat(
         container_id=container_id, buffer_server_host=host, buffer_server_port=port,
-        jvm_name=f"{port}@testhost", memory_mb_free=2048, memory_rss_mb=123,
+        jvm_name=f"{port}@testhost", pid=port, host="testhost", memory_mb_free=2048,
+        memory_rss_mb=123,
         cpu_percent=12.5, gc_collection_count=3, gc_collection_time_ms=4, **fields)
     heartbeat.stats.id = container_id
     heartbeat.stats.operators.extend(operators)
