@@ -19,7 +19,7 @@ from container.operator_state import OperatorStateError, capture, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
 from container.window_loop import OperatorRunner
-from operators.attributes import ATTRIBUTES
+from operators.attributes import ATTRIBUTES, ProcessingMode
 from operators.durable import Fence, Fenced
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
@@ -178,7 +178,7 @@ class Deployment:
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise
             # every window after the checkpoint is replayed
-            at_most_once = attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE"
+            at_most_once = attributes.get("PROCESSING_MODE") == ProcessingMode.AT_MOST_ONCE
             inputs = {
                 i.port_name: PortInput(
                     i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),

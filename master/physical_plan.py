@@ -18,7 +18,14 @@ import cloudpickle
 from master.errors import InvalidTransition, PlanError
 from master.processing_modes import check_processing_modes
 from master.state_owner import default_state_dir, new_run_id
-from operators.attributes import ATTRIBUTES, InvalidAttribute, Scope, parse_attributes, resolve
+from operators.attributes import (
+    ATTRIBUTES,
+    InvalidAttribute,
+    ProcessingMode,
+    Scope,
+    parse_attributes,
+    resolve,
+)
 from operators.dag import topological_order
 from operators.partitioning import partition_keys
 from operators.unifiers import ConcatUnifier, unifier_input
@@ -192,8 +199,9 @@ class PTOperator:
         return self.state in (OperatorState.PENDING_DEPLOY, OperatorState.PENDING_UNDEPLOY)
 
     @property
-    def processing_mode(self) -> str:
-        return str(self.attributes.get("PROCESSING_MODE", "AT_LEAST_ONCE"))
+    def processing_mode(self) -> ProcessingMode:
+        return ProcessingMode(self.attributes.get("PROCESSING_MODE",
+                                                  ProcessingMode.AT_LEAST_ONCE))
 
     def transition(self, to: OperatorState) -> bool:
         """Moves to ``to``; False if already there; raises InvalidTransition if not allowed."""

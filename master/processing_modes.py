@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from master.errors import PlanError
+from operators.attributes import ProcessingMode
 from proto import plan_pb2
 
 __all__ = ["check_processing_modes"]
@@ -37,18 +38,20 @@ def check_processing_modes(dag: plan_pb2.DagDescriptor, order: list[str],
                 f"of its APPLICATION_WINDOW_COUNT={application}: a checkpoint can only be "
                 "taken at the end of an application window; set "
                 f"-D {name}.CHECKPOINT_WINDOW_COUNT={fixed}")
-        if attributes["PROCESSING_MODE"] == "EXACTLY_ONCE" and checkpoint != application:
+        if attributes["PROCESSING_MODE"] == ProcessingMode.EXACTLY_ONCE \
+                and checkpoint != application:
             raise PlanError(
                 f"operator {name!r} has PROCESSING_MODE=EXACTLY_ONCE but "
                 f"CHECKPOINT_WINDOW_COUNT={checkpoint}; exactly-once needs a checkpoint "
                 f"after every application window: set -D {name}.CHECKPOINT_WINDOW_COUNT="
                 f"{application} (its APPLICATION_WINDOW_COUNT), or use AT_LEAST_ONCE")
     for stream in dag.streams:
-        if operator_attributes[stream.source_operator]["PROCESSING_MODE"] != "AT_MOST_ONCE":
+        source_mode = operator_attributes[stream.source_operator]["PROCESSING_MODE"]
+        if source_mode != ProcessingMode.AT_MOST_ONCE:
             continue
         for sink in stream.sinks:
             mode = operator_attributes[sink.operator]["PROCESSING_MODE"]
-            if mode != "AT_MOST_ONCE":
+            if mode != ProcessingMode.AT_MOST_ONCE:
                 raise PlanError(
                     f"operator {sink.operator!r} ({mode}) reads stream {stream.name!r} of "
                     f"AT_MOST_ONCE operator {stream.source_operator!r}, which skips the "

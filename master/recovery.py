@@ -30,6 +30,7 @@ from master.physical_plan import (
     container_id_for,
 )
 from master.stats import ContainerStatsTracker
+from operators.attributes import ProcessingMode
 from operators.windows import format_window_id
 from proto import umbilical_pb2
 
@@ -161,9 +162,9 @@ def deploy_checkpoint(op: PTOperator, book: CheckpointBook,
     latest window, and so do its readers (all AT_MOST_ONCE: the plan refuses another mode
     downstream of it).
     """
-    if op.processing_mode == "AT_LEAST_ONCE":
+    if op.processing_mode == ProcessingMode.AT_LEAST_ONCE:
         return op.recovery_window_id
-    if op.processing_mode == "EXACTLY_ONCE" and downstream_need is not None:
+    if op.processing_mode == ProcessingMode.EXACTLY_ONCE and downstream_need is not None:
         return max(book.floor(downstream_need), op.recovery_window_id)
     return max(book.latest, op.recovery_window_id)
 
@@ -195,10 +196,16 @@ def deploy_checkpoints(app: Application, operators: Sequence[PTOperator]) -> dic
     return chosen
 
 
+def _needs_no_replay(app: Application, reader: PTOperator) -> bool:
+    """Done, or AT_MOST_ONCE (it takes the upstream's latest window): nothing is replayed
+    to it."""
+    return reader.processing_mode == ProcessingMode.AT_MOST_ONCE or is_operator_done(app, reader)
+
+
 def _window_needed(app: Application, reader: PTOperator, chosen: dict[int, int]) -> int | None:
     """The window after which ``reader`` needs its input again when it restarts, or None if
     it does not restart (done, or AT_MOST_ONCE: it takes the upstream's latest window)."""
-    if reader.processing_mode == "AT_MOST_ONCE" or is_operator_done(app, reader):
+    if _needs_no_replay(app, reader):
         return None
     if reader.id in chosen:
         return chosen[reader.id]
@@ -216,7 +223,7 @@ def check_replay_invariant(app: Application, operators: Sequence[PTOperator],
         start = chosen[op.id]
         for d in app.plan.downstream_ids(op.id):
             reader = app.plan.operators[d]
-            if reader.processing_mode == "AT_MOST_ONCE" or is_operator_done(app, reader):
+            if _needs_no_replay(app, reader):
                 continue
             need = _window_needed(app, reader, chosen)
             if need is None:
@@ -228,7 +235,7 @@ def check_replay_invariant(app: Application, operators: Sequence[PTOperator],
                     f"operator {op.name!r} ({op.id}) would restart after window "
                     f"{format_window_id(start)}, but its reader {reader.name!r} ({d}) restarts "
                     f"after {format_window_id(need)}: windows in between would be lost")
-        if op.processing_mode == "AT_MOST_ONCE":
+        if op.processing_mode == ProcessingMode.AT_MOST_ONCE:
             continue
         for u in app.plan.upstream_ids(op.id):
             upstream = app.plan.operators[u]

@@ -34,6 +34,7 @@ from master.physical_plan import (
 )
 from master.recovery import downstream_closure, redeploy, update_recovery
 from master.stats import OperatorStatsTracker
+from operators.attributes import ProcessingMode
 from operators.windows import format_window_id
 from proto import plan_pb2
 
@@ -173,7 +174,7 @@ def _check(app: Application, operator: str, count: int) -> None:
         raise FailedPrecondition(f"operators {chain} are parallel partitions "
                                  "(PARALLEL_PARTITION); repartitioning those is not supported "
                                  "yet")
-    if instances[0].processing_mode == "AT_MOST_ONCE":
+    if instances[0].processing_mode == ProcessingMode.AT_MOST_ONCE:
         raise FailedPrecondition(f"operator {operator!r} is AT_MOST_ONCE: new partitions would "
                                  "skip the windows since the old ones' checkpoint; "
                                  "repartition AT_LEAST_ONCE or EXACTLY_ONCE operators")

@@ -17,6 +17,7 @@ __all__ = [
     "ATTRIBUTES",
     "Attribute",
     "InvalidAttribute",
+    "ProcessingMode",
     "Scope",
     "parse_attributes",
     "resolve",
@@ -77,11 +78,20 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _mode(text: str) -> str:
-    value = str(text).upper()
-    if value not in ("AT_LEAST_ONCE", "AT_MOST_ONCE", "EXACTLY_ONCE"):
-        raise ValueError(f"{text!r} is not AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE")
-    return value
+class ProcessingMode(enum.StrEnum):
+    """What an operator promises about a window after a failure (``PROCESSING_MODE``)."""
+
+    AT_LEAST_ONCE = "AT_LEAST_ONCE"  # replayed from its recovery checkpoint
+    AT_MOST_ONCE = "AT_MOST_ONCE"  # what it missed is skipped, never repeated
+    EXACTLY_ONCE = "EXACTLY_ONCE"  # replayed identically from the newest usable checkpoint
+
+
+def _mode(text: str) -> ProcessingMode:
+    try:
+        return ProcessingMode(str(text).upper())
+    except ValueError:
+        raise ValueError(f"{text!r} is not AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE") \
+            from None
 
 
 def _bool(text: str) -> bool:

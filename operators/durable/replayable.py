@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from operators.attributes import ProcessingMode
 from operators.durable.window_log import WindowLog
 from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.windows import format_window_id
@@ -85,7 +86,8 @@ class ReplayableSource(TransientNonState, InputOperator):
             self._window_log = WindowLog(context.durable_dir("window-log"),
                                          guard=context.check_fence)
             self._replay = self._window_log.after(context.recovered_window)
-            if self._replay and context.attributes.get("PROCESSING_MODE") == "AT_MOST_ONCE":
+            mode = context.attributes.get("PROCESSING_MODE")
+            if self._replay and mode == ProcessingMode.AT_MOST_ONCE:
                 self._skip_logged_windows()
         else:
             _LOGGER.warning("operator %s: no local state folder, so no window log: after a "
