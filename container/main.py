@@ -31,13 +31,12 @@ from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.attributes import ATTRIBUTES, resolve
-from proto.contract import SECRET_ENV, TLS_CA_ENV
+from proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["main"]
 
 _LOGGER = logging.getLogger("container")
 
-MASTER_FILE_ENV = "WEIR_MASTER_FILE"  # set by a master with a state folder: its master.json
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 
 

@@ -25,8 +25,10 @@ from typing import IO, Any
 
 import psutil
 
+from master.tls import TLS_CERT_ENV, TLS_KEY_ENV
+from proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
+
 __all__ = [
-    "CONTAINER_ID_ENV",
     "CREDENTIAL_ENV",
     "Launcher",
     "LauncherFactory",
@@ -41,10 +43,7 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-CONTAINER_ID_ENV = "WEIR_CONTAINER_ID"
-"""Set in every launched container's environment: its container id (for leak checks)."""
-
-CREDENTIAL_ENV = ("WEIR_SECRET", "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA")
+CREDENTIAL_ENV = (SECRET_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV)
 """The variables that carry the master's secret and TLS files to a container: set from
 the master's credentials, never inherited from the master's own environment."""
 

@@ -29,12 +29,9 @@ from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
 from operators.durable import CorruptLog
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
+from proto.contract import MASTER_FILE_ENV
 
-__all__ = ["MASTER_FILE_ENV", "MasterServer", "MasterStartError"]
-
-MASTER_FILE_ENV = "WEIR_MASTER_FILE"
-"""Set in launched containers when the master has a state folder: its ``master.json``,
-re-read by a container that lost the master (it may come back on another port)."""
+__all__ = ["MasterServer", "MasterStartError"]
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 __all__ = [
     "AUTH_HEADER",
     "BEARER",
+    "CONTAINER_ID_ENV",
+    "MASTER_FILE_ENV",
     "PINNED_SERVER_NAME",
     "SECRET_ENV",
     "TLS_CA_ENV",
@@ -37,6 +39,14 @@ SECRET_ENV = "WEIR_SECRET"
 TLS_CA_ENV = "WEIR_TLS_CA"
 """PEM file: the certificates a container or client trusts (the master's own, when the
 master made it)."""
+
+CONTAINER_ID_ENV = "WEIR_CONTAINER_ID"
+"""Set in every launched container's environment: its container id (what a restarted
+master checks before it adopts a process)."""
+
+MASTER_FILE_ENV = "WEIR_MASTER_FILE"
+"""Set in launched containers when the master has a state folder: its ``master.json``,
+re-read by a container that lost the master (it may come back on another port)."""
 
 PINNED_SERVER_NAME = "weir"
 """The one name in a certificate the master makes for itself."""

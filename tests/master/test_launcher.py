@@ -15,13 +15,13 @@ import psutil
 import pytest
 
 from master.launcher import (
-    CONTAINER_ID_ENV,
     LocalProcessLauncher,
     RecordingLauncher,
     ThreadLauncher,
     is_container_process,
     launcher_factory,
 )
+from proto.contract import CONTAINER_ID_ENV
 from tests.harness import poll_for
 
 pytestmark = pytest.mark.timeout(60)
