@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
-from container.control import (
+from container.stream_messages import (
     PARTITION_FILTER_ERROR,
     WINDOW_GAP_ERROR,
     Kind,

@@ -39,15 +39,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from container.control import (
-    ENVELOPE_SCHEMA,
-    PARTITION_FILTER_ERROR,
-    WINDOW_GAP_ERROR,
-    Kind,
-    Message,
-    WindowGap,
-    to_envelope,
-)
 from container.retained_stream import (
     LATEST_WINDOW,
     MAX_BLOCK_BYTES,
@@ -58,6 +49,15 @@ from container.retained_stream import (
     StreamStats,
 )
 from container.spill import Budget, SpillStore, read_block
+from container.stream_messages import (
+    ENVELOPE_SCHEMA,
+    PARTITION_FILTER_ERROR,
+    WINDOW_GAP_ERROR,
+    Kind,
+    Message,
+    WindowGap,
+    to_envelope,
+)
 from operators.partitioning import PartitionFilter
 from proto.contract import AUTH_HEADER, BEARER
 

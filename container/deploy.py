@@ -13,17 +13,17 @@ import cloudpickle
 from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
-from container.control import Kind, Message
 from container.lease import Lease
-from container.operator_state import OperatorStateError, capture, restore
+from container.operator_state import OperatorStateError, capture, new_partition, restore
 from container.port_input import PortInput
 from container.spark_bridge import SparkSessionBridge
+from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES, ProcessingMode
 from operators.durable import Fence, Fenced
+from operators.keyed_state import RepartitionError
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
-from operators.repartition import RepartitionError, new_partition
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 

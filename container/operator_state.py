@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
 
+from operators.keyed_state import RepartitionError
 from operators.operator import RUNTIME_ATTRIBUTES, Operator
+from operators.partitioning import PartitionFilter
 
-__all__ = ["OperatorStateError", "capture", "restore", "state_of"]
+__all__ = ["OperatorStateError", "capture", "new_partition", "restore", "state_of"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -97,3 +101,24 @@ def restore(operator_or_class: Operator | type[Operator], data: bytes,
     operator.__dict__.update((k, v) for k, v in saved["state"].items() if k not in skip)
     _LOGGER.debug("restored operator %s: %d attributes", label, len(saved["state"]))
     return operator
+
+
+def new_partition(partitions: Sequence[Operator], share: PartitionFilter | None) -> Operator:
+    """The state of a new partition taking ``share`` of the keys, from the old partitions
+    restored at the window it starts from.
+
+    Raises:
+        RepartitionError: there is no old partition, or they are of different classes.
+    """
+    if not partitions:
+        raise RepartitionError("a new partition needs the state of at least one old one")
+    classes = {type(p) for p in partitions}
+    if len(classes) != 1:
+        raise RepartitionError(f"old partitions are of different classes "
+                               f"{sorted(c.__qualname__ for c in classes)}")
+    first = copy.copy(partitions[0])
+    result = first.repartitioned(partitions, share)
+    if not isinstance(result, Operator):
+        raise RepartitionError(f"{type(first).__name__}.repartitioned returned a "
+                               f"{type(result).__name__}, not the operator")
+    return result

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from container.control import Kind, Message, WindowGap
+from container.stream_messages import Kind, Message, WindowGap
 from operators.ports import SchemaMismatch
 from operators.windows import format_window_id
 

@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from container.control import Kind, Message, WindowGap
 from container.spill import Budget, SpillStore
+from container.stream_messages import Kind, Message, WindowGap
 from operators.windows import format_window_id
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 A stream that outgrows the memory budget moves its oldest messages to disk a block at a
 time: one Arrow IPC file per block, holding the block's messages as envelope batches (the
-wire form of ``container.control``), so payloads are written and read back as the
+wire form of ``container.stream_messages``), so payloads are written and read back as the
 publisher encoded them. ``Budget`` counts the payload bytes held in memory and on disk
 against their limits; the buffer server spills past the first and makes publishers wait
 past both.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from container.control import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
 from container.orphans import remove_orphans
+from container.stream_messages import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
 
 __all__ = ["SPILL_BATCH_BYTES", "Budget", "SpillStore", "read_block", "write_block"]
 

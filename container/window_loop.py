@@ -17,10 +17,10 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from container.control import Kind
 from container.lease import Lease, LeaseRevoked
 from container.operator_errors import describe_error, is_fatal
 from container.port_input import InputClosed, PortInput
+from container.stream_messages import Kind
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import conform

@@ -39,6 +39,7 @@ from master.errors import MasterError, NotFound
 from master.metrics import master_registry
 from master.tls import TlsFiles
 from proto import client_pb2
+from proto.contract import BEARER
 
 __all__ = ["HttpApi"]
 
@@ -167,8 +168,8 @@ class HttpApi:
         if (needs == "api" and self.open_api) or (needs == "metrics" and self.open_metrics):
             return True
         offered = ""
-        if header and header.startswith("Bearer "):
-            offered = header[len("Bearer "):].strip()
+        if header and header.startswith(BEARER):
+            offered = header[len(BEARER):].strip()
         elif token:
             offered = token
         return bool(offered) and hmac.compare_digest(offered.encode(), self._expected)

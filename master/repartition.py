@@ -7,7 +7,7 @@ places, and a reader whose inputs change restarts like in a recovery, with every
 downstream of it, from its recovery checkpoint. The new partitions start at the old
 partitions' minimum recovery checkpoint: their first state is the old partitions' states
 there, merged and cut to each new partition's keys (``StateSeed``; the container that
-deploys a partition builds it, ``operators.repartition``), and the upstream buffer
+deploys a partition builds it, ``operators.keyed_state``), and the upstream buffer
 servers replay every later window to them. The old ones are undeployed first (an old
 and a new instance never write at once), and their checkpoints are deleted once the
 committed window has passed the new partitions' start.

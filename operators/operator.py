@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import pyarrow as pa
 
 from operators.faults import CrashPoints
+from operators.keyed_state import merge_keyed_state
 from operators.ports import InputPort, OutputPort
 
 if TYPE_CHECKING:
@@ -215,8 +216,6 @@ class Operator:
                 value; ``share.column``, the key column), or None when the new operator
                 is not partitioned (it takes every key).
         """
-        from operators.repartition import merge_keyed_state
-
         for name in type(self).KEYED_STATE:
             setattr(self, name, merge_keyed_state(
                 [getattr(p, name, None) for p in partitions], share,

@@ -10,7 +10,7 @@ import pytest
 
 from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
 from container.buffer_server import BufferServer
-from container.control import Kind
+from container.stream_messages import Kind
 
 pytestmark = pytest.mark.timeout(60)
 

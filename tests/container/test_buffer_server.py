@@ -21,9 +21,9 @@ from container.buffer_server import (
     PublishAborted,
     StreamStats,
 )
-from container.control import ENVELOPE_SCHEMA, Kind, Message, WindowGap
 from container.retained_stream import Cursor, RetainedStream, SpillResult
 from container.spill import Budget, SpillStore, read_block
+from container.stream_messages import ENVELOPE_SCHEMA, Kind, Message, WindowGap
 
 pytestmark = pytest.mark.timeout(60)
 

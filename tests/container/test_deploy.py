@@ -5,8 +5,8 @@ import cloudpickle
 import pytest
 
 from container.buffer_server import BufferServer
-from container.control import Kind
 from container.deploy import DeployError, Deployment, partition_filter, stream_id
+from container.stream_messages import Kind
 from operators.operator import InputOperator
 from operators.partitioning import PartitionFilter
 from proto import plan_pb2

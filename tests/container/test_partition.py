@@ -14,9 +14,9 @@ import pytest
 
 from container.buffer_client import PartitionKeyMissing, subscribe
 from container.buffer_server import BufferServer
-from container.control import Kind
 from container.operator_errors import is_fatal
 from container.port_input import InputClosed, PortInput
+from container.stream_messages import Kind
 from operators.partitioning import PartitionFilter, hash_column, partition_keys
 
 pytestmark = pytest.mark.timeout(60)

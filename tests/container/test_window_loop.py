@@ -8,8 +8,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from container.control import Kind, Message
 from container.port_input import PortInput
+from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner, RunnerState
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import InputPort, OutputPort

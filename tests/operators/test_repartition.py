@@ -8,10 +8,11 @@ import collections
 import pyarrow as pa
 import pytest
 
+from container.operator_state import new_partition
+from operators.keyed_state import RepartitionError, merge_keyed_state
 from operators.library import RunningCount
 from operators.operator import Operator
 from operators.partitioning import PartitionFilter, partition_keys
-from operators.repartition import RepartitionError, merge_keyed_state, new_partition
 
 
 def shares(count: int) -> list[PartitionFilter]:

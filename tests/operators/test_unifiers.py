@@ -7,7 +7,7 @@ import collections
 
 import pyarrow as pa
 
-from container.control import Kind
+from container.stream_messages import Kind
 from container.window_loop import RunnerState
 from operators.library import WindowedCount, WindowedCountUnifier
 from operators.unifiers import ConcatUnifier, unifier_input

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from operators.operator import Operator
 from operators.partitioning import PartitionFilter
 
-__all__ = ["RepartitionError", "merge_keyed_state", "new_partition"]
+__all__ = ["RepartitionError", "merge_keyed_state"]
 
 class RepartitionError(ValueError):
     """Old partitions' states cannot be merged into a new partition; says what and why."""
@@ -90,24 +89,3 @@ def _like(model: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
         result.update(items)
         return result
     return items
-
-
-def new_partition(partitions: Sequence[Operator], share: PartitionFilter | None) -> Operator:
-    """The state of a new partition taking ``share`` of the keys, from the old partitions
-    restored at the window it starts from.
-
-    Raises:
-        RepartitionError: there is no old partition, or they are of different classes.
-    """
-    if not partitions:
-        raise RepartitionError("a new partition needs the state of at least one old one")
-    classes = {type(p) for p in partitions}
-    if len(classes) != 1:
-        raise RepartitionError(f"old partitions are of different classes "
-                               f"{sorted(c.__qualname__ for c in classes)}")
-    first = copy.copy(partitions[0])
-    result = first.repartitioned(partitions, share)
-    if not isinstance(result, Operator):
-        raise RepartitionError(f"{type(first).__name__}.repartitioned returned a "
-                               f"{type(result).__name__}, not the operator")
-    return result
