@@ -25,15 +25,24 @@ import bisect
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from operators.windows import NO_WINDOW
+from master.physical_plan import OperatorState, PTOperator
+from operators.windows import NO_WINDOW, format_window_id
+
+if TYPE_CHECKING:
+    from master.application import Application
+    from proto import umbilical_pb2
 
 __all__ = [
     "CheckpointBook",
     "RecoveryNode",
     "committed_window",
     "is_done",
+    "is_operator_done",
+    "record_checkpoints",
     "recovery_checkpoints",
+    "update_recovery",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -197,3 +206,75 @@ def committed_window(recovery: Mapping[int, int],
 def is_done(node: RecoveryNode, recovery: int) -> bool:
     """An ended operator whose every downstream operator is past its end: never rerun."""
     return node.ended_window is not None and recovery >= node.ended_window
+
+
+# -- an application's books, on every heartbeat ------------------------------------------
+def record_checkpoints(app: Application, op: PTOperator,
+                       report: umbilical_pb2.OperatorHeartbeat) -> bool:
+    """Adds the checkpoints reported in ``report``'s window stats to ``op``'s book.
+
+    A checkpoint newer than any the operator ever saved is progress: its failures in a
+    row start over. Returns whether any checkpoint was new.
+    """
+    book = app.checkpoints[op.id]
+    added = False
+    for window in report.window_stats:
+        if not window.HasField("checkpoint"):
+            continue
+        window_id = window.checkpoint.window_id
+        high_water = book.high_water
+        if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
+                        window.checkpoint_stats.checkpoint_start_time):
+            continue
+        added = True
+        _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,
+                      format_window_id(window_id), window.checkpoint_stats.checkpoint_time_ms)
+        if window_id > high_water and op.failures_in_a_row:
+            _LOGGER.info("app=%s operator=%s (%d) checkpointed %s: its %d failure(s) in a row "
+                         "are forgiven", app.id, op.name, op.id, format_window_id(window_id),
+                         op.failures_in_a_row)
+            op.failures_in_a_row = 0
+    return added
+
+
+def _recovery_nodes(app: Application) -> dict[int, RecoveryNode]:
+    downstream = app.plan.downstream_map()
+    return {
+        op.id: RecoveryNode(
+            downstream=tuple(downstream[op.id]),
+            checkpoints=tuple(app.checkpoints[op.id].windows),
+            previous=op.recovery_window_id,
+            frozen=op.pending,
+            ended_window=(app.operator_stats[op.id].current_window_id
+                          if op.state == OperatorState.SHUTDOWN else None))
+        for op in app.plan.operators.values()
+    }
+
+
+def update_recovery(app: Application) -> None:
+    """Recomputes every recovery checkpoint and the committed window from the books.
+
+    Checkpoints older than an operator's recovery checkpoint are forgotten here (never
+    needed again); the files are the containers' to delete once committed.
+    """
+    nodes = _recovery_nodes(app)
+    recovery = recovery_checkpoints(nodes)
+    for op_id, window_id in recovery.items():
+        op = app.plan.operators[op_id]
+        if window_id != op.recovery_window_id:
+            _LOGGER.debug("app=%s operator=%s (%d) recovery checkpoint %s", app.id, op.name,
+                          op.id, format_window_id(window_id))
+            op.recovery_window_id = window_id
+        app.checkpoints[op_id].prune_before(window_id)
+    committed = committed_window(recovery, nodes)
+    if committed > app.committed_window_id:
+        _LOGGER.info("app=%s committed window %s", app.id, format_window_id(committed))
+        app.committed_window_id = committed
+
+
+def is_operator_done(app: Application, op: PTOperator) -> bool:
+    """Ended, and every downstream operator recovers from after its end: never rerun."""
+    if op.state != OperatorState.SHUTDOWN:
+        return False
+    end = app.operator_stats[op.id].current_window_id
+    return is_done(RecoveryNode(ended_window=end), op.recovery_window_id)

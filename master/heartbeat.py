@@ -12,6 +12,7 @@ import itertools
 import logging
 
 from master.application import Application, ApplicationState
+from master.checkpoints import is_operator_done, record_checkpoints, update_recovery
 from master.log_limits import LogLimiter
 from master.physical_plan import (
     ContainerState,
@@ -20,7 +21,7 @@ from master.physical_plan import (
     PTOperator,
     StateSeed,
 )
-from master.recovery import is_operator_done, lose_container, record_checkpoints, update_recovery
+from master.recovery import lose_container
 from master.report_filter import filter_report
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id, window_base_seconds, window_counter

@@ -137,6 +137,7 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     all_ready = all(op.ready for op in running)
     activation_ms = max((op.ready_ms for op in running), default=0)
     blocked: list[tuple[PTOperator, str]] = []
+    downstream = plan.downstream_map()
     for op in plan.operators.values():
         if op.state != OperatorState.ACTIVE or not op.ready:
             continue
@@ -152,7 +153,7 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
             continue
         window = tracker.last_window_id
         if any(plan.operators[d].state != OperatorState.ACTIVE
-               or stats[d].last_window_id < window for d in plan.downstream_ids(op.id)):
+               or stats[d].last_window_id < window for d in downstream[op.id]):
             continue
         waiting = ""
         if not op.is_input:

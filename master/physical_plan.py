@@ -304,19 +304,24 @@ class PhysicalPlan:
 
     def downstream_ids(self, operator_id: int) -> list[int]:
         """Physical ids of the operators ``operator_id`` feeds, without repeats, ascending."""
-        return [op.id for op in self.operators.values()
-                if any(link.source_operator_id == operator_id for link in op.inputs)]
+        return self.downstream_map()[operator_id]
+
+    def downstream_map(self) -> dict[int, list[int]]:
+        """Every operator's ``downstream_ids`` at once (the one place they are derived)."""
+        downstream: dict[int, list[int]] = {op_id: [] for op_id in self.operators}
+        for op in self.operators.values():
+            for upstream in self.upstream_ids(op.id):
+                downstream[upstream].append(op.id)
+        for ids in downstream.values():
+            ids.sort()
+        return downstream
 
     def topological_ids(self) -> list[int]:
         """Operator ids, each after every operator feeding it (ids alone are in that
         order only until a repartition adds operators)."""
-        waiting: dict[int, int] = {}  # id -> upstream operators not ordered yet
-        downstream: dict[int, list[int]] = {op_id: [] for op_id in self.operators}
-        for op_id in self.operators:
-            upstream = self.upstream_ids(op_id)
-            waiting[op_id] = len(upstream)
-            for up in upstream:
-                downstream[up].append(op_id)
+        # id -> how many of its upstream operators are not ordered yet
+        waiting = {op_id: len(self.upstream_ids(op_id)) for op_id in self.operators}
+        downstream = self.downstream_map()
         ready = collections.deque(op_id for op_id, n in waiting.items() if not n)
         order: list[int] = []
         while ready:

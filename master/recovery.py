@@ -15,13 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from master.application import Application, LauncherAction
-from master.checkpoints import (
-    CheckpointBook,
-    RecoveryNode,
-    committed_window,
-    is_done,
-    recovery_checkpoints,
-)
+from master.checkpoints import CheckpointBook, is_operator_done, update_recovery
 from master.physical_plan import (
     ContainerState,
     OperatorState,
@@ -32,7 +26,6 @@ from master.physical_plan import (
 from master.stats import ContainerStatsTracker
 from operators.attributes import ProcessingMode
 from operators.windows import format_window_id
-from proto import umbilical_pb2
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",
@@ -44,12 +37,9 @@ __all__ = [
     "deploy_checkpoints",
     "deploy_failed",
     "downstream_closure",
-    "is_operator_done",
     "lose_container",
     "max_restarts",
-    "record_checkpoints",
     "redeploy",
-    "update_recovery",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -73,81 +63,6 @@ class ContainerLoss:
 
 def max_restarts(op: PTOperator) -> int:
     return int(op.attributes.get("MAX_RESTARTS", DEFAULT_MAX_RESTARTS))
-
-
-# -- checkpoints and the committed window ---------------------------------------------------
-def record_checkpoints(app: Application, op: PTOperator,
-                       report: umbilical_pb2.OperatorHeartbeat) -> bool:
-    """Adds the checkpoints reported in ``report``'s window stats to ``op``'s book.
-
-    A checkpoint newer than any the operator ever saved is progress: its failures in a
-    row start over. Returns whether any checkpoint was new.
-    """
-    book = app.checkpoints[op.id]
-    added = False
-    for window in report.window_stats:
-        if not window.HasField("checkpoint"):
-            continue
-        window_id = window.checkpoint.window_id
-        high_water = book.high_water
-        if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
-                        window.checkpoint_stats.checkpoint_start_time):
-            continue
-        added = True
-        _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,
-                      format_window_id(window_id), window.checkpoint_stats.checkpoint_time_ms)
-        if window_id > high_water and op.failures_in_a_row:
-            _LOGGER.info("app=%s operator=%s (%d) checkpointed %s: its %d failure(s) in a row "
-                         "are forgiven", app.id, op.name, op.id, format_window_id(window_id),
-                         op.failures_in_a_row)
-            op.failures_in_a_row = 0
-    return added
-
-
-def _recovery_nodes(app: Application) -> dict[int, RecoveryNode]:
-    downstream: dict[int, list[int]] = {op_id: [] for op_id in app.plan.operators}
-    for op in app.plan.operators.values():
-        for upstream in dict.fromkeys(link.source_operator_id for link in op.inputs):
-            downstream[upstream].append(op.id)
-    return {
-        op.id: RecoveryNode(
-            downstream=tuple(downstream[op.id]),
-            checkpoints=tuple(app.checkpoints[op.id].windows),
-            previous=op.recovery_window_id,
-            frozen=op.pending,
-            ended_window=(app.operator_stats[op.id].current_window_id
-                          if op.state == OperatorState.SHUTDOWN else None))
-        for op in app.plan.operators.values()
-    }
-
-
-def update_recovery(app: Application) -> None:
-    """Recomputes every recovery checkpoint and the committed window from the books.
-
-    Checkpoints older than an operator's recovery checkpoint are forgotten here (never
-    needed again); the files are the containers' to delete once committed.
-    """
-    nodes = _recovery_nodes(app)
-    recovery = recovery_checkpoints(nodes)
-    for op_id, window_id in recovery.items():
-        op = app.plan.operators[op_id]
-        if window_id != op.recovery_window_id:
-            _LOGGER.debug("app=%s operator=%s (%d) recovery checkpoint %s", app.id, op.name,
-                          op.id, format_window_id(window_id))
-            op.recovery_window_id = window_id
-        app.checkpoints[op_id].prune_before(window_id)
-    committed = committed_window(recovery, nodes)
-    if committed > app.committed_window_id:
-        _LOGGER.info("app=%s committed window %s", app.id, format_window_id(committed))
-        app.committed_window_id = committed
-
-
-def is_operator_done(app: Application, op: PTOperator) -> bool:
-    """Ended, and every downstream operator recovers from after its end: never rerun."""
-    if op.state != OperatorState.SHUTDOWN:
-        return False
-    end = app.operator_stats[op.id].current_window_id
-    return is_done(RecoveryNode(ended_window=end), op.recovery_window_id)
 
 
 def deploy_checkpoint(op: PTOperator, book: CheckpointBook,
@@ -185,11 +100,12 @@ def deploy_checkpoints(app: Application, operators: Sequence[PTOperator]) -> dic
     """
     restarting = {op.id for op in operators}
     chosen: dict[int, int] = {}
+    downstream = app.plan.downstream_map()
     for op_id in reversed(app.plan.topological_ids()):
         if op_id not in restarting:
             continue
         op = app.plan.operators[op_id]
-        needs = [need for d in app.plan.downstream_ids(op_id)
+        needs = [need for d in downstream[op_id]
                  if (need := _window_needed(app, app.plan.operators[d], chosen)) is not None]
         chosen[op_id] = deploy_checkpoint(op, app.checkpoints[op_id], min(needs, default=None))
     check_replay_invariant(app, operators, chosen)
@@ -219,9 +135,10 @@ def check_replay_invariant(app: Application, operators: Sequence[PTOperator],
     running reader of a restarting operator (its stream would be rewound under it), or a
     reader needing windows its running upstream's buffer server already purged."""
     restarting = {op.id: op for op in operators}
+    downstream = app.plan.downstream_map()
     for op in operators:
         start = chosen[op.id]
-        for d in app.plan.downstream_ids(op.id):
+        for d in downstream[op.id]:
             reader = app.plan.operators[d]
             if _needs_no_replay(app, reader):
                 continue
@@ -267,8 +184,9 @@ def downstream_closure(app: Application, start: Sequence[PTOperator]) -> list[PT
     start = [op for op in start if not is_operator_done(app, op)]
     seen = {op.id for op in start}
     queue = [op.id for op in start]
+    downstream_map = plan.downstream_map()
     while queue:
-        for downstream_id in plan.downstream_ids(queue.pop()):
+        for downstream_id in downstream_map[queue.pop()]:
             downstream = plan.operators[downstream_id]
             if downstream_id not in seen and not is_operator_done(app, downstream):
                 seen.add(downstream_id)

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 
 from master.application import Application, ApplicationState
-from master.checkpoints import CheckpointBook
+from master.checkpoints import CheckpointBook, update_recovery
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
 from master.physical_plan import (
     ContainerState,
@@ -32,7 +32,7 @@ from master.physical_plan import (
     instantiate,
     spread,
 )
-from master.recovery import downstream_closure, redeploy, update_recovery
+from master.recovery import downstream_closure, redeploy
 from master.stats import OperatorStatsTracker
 from operators.attributes import ProcessingMode
 from operators.windows import format_window_id
