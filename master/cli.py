@@ -26,7 +26,8 @@ from master import auth, live_view, tables
 from master.client import WeirClient, WeirClientError, default_master, parse_address
 from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
-from master.physical_plan import PlanError, build_physical_plan
+from master.physical_plan import PlanError
+from master.planner import build_physical_plan
 from master.server import MasterServer, MasterStartError
 from master.tls import TlsFiles
 from operators.app import AppLoadError, load_app

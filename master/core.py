@@ -21,7 +21,8 @@ from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal
-from master.physical_plan import ContainerState, PlanError, PTContainer, build_physical_plan
+from master.physical_plan import ContainerState, PlanError, PTContainer
+from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
 from master.run_folders import RunFolders
 from master.state_owner import new_run_id

@@ -22,16 +22,8 @@ from collections.abc import Mapping
 from master.application import Application, ApplicationState
 from master.checkpoints import CheckpointBook, update_recovery
 from master.errors import FailedPrecondition, InvalidArgument, NotFound
-from master.physical_plan import (
-    ContainerState,
-    OperatorState,
-    PTContainer,
-    PTOperator,
-    StateSeed,
-    instance_names,
-    instantiate,
-    spread,
-)
+from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator, StateSeed
+from master.planner import instance_names, instantiate, spread
 from master.recovery import downstream_closure, redeploy
 from master.stats import OperatorStatsTracker
 from operators.attributes import ProcessingMode

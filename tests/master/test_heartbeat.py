@@ -7,7 +7,8 @@ import pytest
 from master.application import Application, ApplicationState
 from master.heartbeat import process_heartbeat
 from master.liveness import check_liveness
-from master.physical_plan import ContainerState, OperatorState, build_physical_plan
+from master.physical_plan import ContainerState, OperatorState
+from master.planner import build_physical_plan
 from proto import plan_pb2, umbilical_pb2
 from tests.master.fakes import (
     ManualClock,

@@ -11,7 +11,8 @@ from master.core import MasterCore
 from master.errors import NotFound
 from master.heartbeat import deploy_info
 from master.launcher import RecordingLauncher
-from master.physical_plan import OperatorState, PlanError, build_physical_plan
+from master.physical_plan import OperatorState, PlanError
+from master.planner import build_physical_plan
 from operators import Dag
 from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
 from operators.library.transforms import WindowedCountUnifier

@@ -8,14 +8,9 @@ import tempfile
 import pytest
 
 from master.errors import InvalidTransition
-from master.physical_plan import (
-    ContainerState,
-    OperatorState,
-    PlanError,
-    build_physical_plan,
-    place_operators,
-    resolve_attributes,
-)
+from master.physical_plan import ContainerState, OperatorState, PlanError
+from master.plan_attributes import resolve_attributes
+from master.planner import build_physical_plan, place_operators
 from operators import Dag
 from proto import plan_pb2
 from tests.master.fakes import Relay, Sink, Source, chain_dag, chain_descriptor

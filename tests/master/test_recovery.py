@@ -12,7 +12,8 @@ from master import recovery
 from master.application import Application, ApplicationState
 from master.heartbeat import process_heartbeat
 from master.liveness import check_liveness
-from master.physical_plan import ContainerState, OperatorState, build_physical_plan
+from master.physical_plan import ContainerState, OperatorState
+from master.planner import build_physical_plan
 from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
 from master.views import application_info, operator_info
 from operators import Dag, InputPort, Operator, OutputPort

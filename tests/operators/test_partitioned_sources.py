@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from master.physical_plan import PlanError, build_physical_plan
+from master.physical_plan import PlanError
+from master.planner import build_physical_plan
 from operators import Dag
 from operators.library import DirectorySource, TextFileSource
 from operators.operator import Operator, OperatorContext
