@@ -1,40 +1,42 @@
 """The ``weir`` command: run a master or a container, submit and inspect applications.
 
 Bad input ends with one line on stderr (``weir: error: ...``) and a non-zero exit, never
-a traceback. Attribute overrides: ``-D NAME=VALUE`` wins over ``--config FILE``, which
-wins over the DAG's code.
+a traceback. Here: the argument parser, logging and the entry point; the commands are in
+``master.cli_queries`` (calls to a running master) and ``master.cli_processes`` (a
+master, ``weir run`` and a container run here); overrides in ``master.cli_config``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
-from google.protobuf import json_format
-from google.protobuf.message import Message
-
-from master import auth, live_view, tables
-from master.client import WeirClient, WeirClientError, default_master, parse_address
+from master.cli_config import ConfigError, parse_defines, read_config
+from master.cli_processes import cmd_container, cmd_master, cmd_run
+from master.cli_queries import (
+    cmd_app,
+    cmd_apps,
+    cmd_containers,
+    cmd_kill,
+    cmd_kill_container,
+    cmd_operators,
+    cmd_repartition,
+    cmd_shutdown,
+    cmd_stats,
+    cmd_submit,
+    cmd_top,
+)
+from master.client import WeirClientError, default_master
 from master.errors import MasterError
-from master.launcher import LocalProcessLauncher, launcher_factory, launcher_names
+from master.launcher import launcher_names
 from master.physical_plan import PlanError
-from master.planner import build_physical_plan
-from master.server import MasterServer, MasterStartError
-from master.tls import TlsFiles
-from operators.app import AppLoadError, load_app
+from master.server import MasterStartError
+from operators.app import AppLoadError
 from operators.attributes import InvalidAttribute
 from operators.dag import DagError
-from proto import client_pb2, plan_pb2
-from proto.contract import SECRET_ENV
 
 __all__ = ["ConfigError", "main", "parse_defines", "read_config"]
 
@@ -42,11 +44,6 @@ _LOGGER = logging.getLogger(__name__)
 
 _USER_ERRORS = (WeirClientError, AppLoadError, DagError, PlanError, InvalidAttribute,
                 MasterError, MasterStartError, OSError, ValueError, TimeoutError)
-_VALUE_OPTIONS = {"--master", "--config", "-D", "--timeout", "--secret-file", "--tls-ca"}
-
-
-class ConfigError(ValueError):
-    """A malformed ``-D`` value or config file."""
 
 
 class _UsageError(Exception):
@@ -62,337 +59,6 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-# -- configuration ----------------------------------------------------------------------
-def read_config(path: str | Path) -> dict[str, str]:
-    """``NAME=VALUE`` lines; blank lines and ``#`` comments are skipped."""
-    file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    values: dict[str, str] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].split("\t#", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"{path}:{number}: expected NAME=VALUE, got {raw.strip()!r}")
-        values[name.strip()] = value.strip()
-    return values
-
-
-def parse_defines(defines: Sequence[str]) -> dict[str, str]:
-    """``-D NAME=VALUE`` options as a dict."""
-    values: dict[str, str] = {}
-    for define in defines:
-        name, sep, value = define.partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"bad -D {define!r}: expected NAME=VALUE")
-        values[name.strip()] = value.strip()
-    return values
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, str]:
-    values = read_config(args.config) if args.config else {}
-    values.update(parse_defines(args.define))
-    return values
-
-
-def _load(args: argparse.Namespace) -> tuple[plan_pb2.DagDescriptor, dict[str, str]]:
-    """The app's DAG descriptor and overrides, planned once here to fail early."""
-    overrides = _overrides(args)
-    descriptor = load_app(args.app).to_descriptor()
-    build_physical_plan(descriptor, overrides, "check")
-    return descriptor, overrides
-
-
-# -- output -----------------------------------------------------------------------------
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _to_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
-
-
-def _print_json(value: Message | dict[str, Any]) -> None:
-    data = _to_dict(value) if isinstance(value, Message) else value
-    print(json.dumps(data, indent=2, sort_keys=False))
-
-
-def _client(args: argparse.Namespace) -> WeirClient:
-    return WeirClient(args.master, timeout_s=args.timeout, secret_file=args.secret_file,
-                      tls_ca=args.tls_ca, on_loading=_say_loading)
-
-
-def _say_loading(message: str) -> None:
-    print(f"weir: {message} (retrying)", file=sys.stderr)
-
-
-def _tls(args: argparse.Namespace) -> TlsFiles | None:
-    """The user's certificate, if given (else the master makes one)."""
-    return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
-
-
-# -- commands ---------------------------------------------------------------------------
-def _cmd_master(args: argparse.Namespace) -> int:
-    factory = launcher_factory(args.launcher, **({"log_dir": args.log_dir}
-                                                 if args.launcher == "local" else {}))
-    secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
-              else os.environ.get(SECRET_ENV) or None)
-    server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
-                          state_dir=args.state_dir, advertise_host=args.advertise_host,
-                          **_http_options(args))
-    stop = threading.Event()
-    # SIGHUP: its terminal was closed; stop as cleanly as for Ctrl-C (containers, secret)
-    previous = {s: signal.signal(s, lambda *_: stop.set())
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        address = server.start()
-        secret_file = str(server.secret_file or "")
-        dashboard = server.core.dashboard_url
-        if args.json:
-            _print_json({"address": address, "secret_file": secret_file,
-                         "tls": server.tls is not None, "dashboard": dashboard})
-        else:
-            print(address)
-            if dashboard:
-                print(f"weir: dashboard, JSON API and /metrics on {dashboard} (its read-only "
-                      "token opens them, never the secret: ?token=TOKEN or 'Authorization: "
-                      "Bearer TOKEN'; TOKEN is the http_token in the secret file)",
-                      file=sys.stderr)
-            print(f"weir: the master's secret is in {secret_file} (mode 0600): `weir` finds "
-                  f"it on this machine; elsewhere set {SECRET_ENV} or pass --secret-file"
-                  if secret_file else f"weir: clients need the master's secret: set "
-                  f"{SECRET_ENV} or pass --secret-file", file=sys.stderr)
-        sys.stdout.flush()
-        while not stop.wait(0.5) and not server.halted.is_set():
-            pass
-        if server.halted.is_set():
-            print(f"weir: error: {server.core.halted}", file=sys.stderr)
-            return 1
-        _LOGGER.info("master at %s stopping", address)
-    finally:
-        server.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    return 0
-
-
-def _cmd_submit(args: argparse.Namespace) -> int:
-    parse_address(args.master)
-    descriptor, overrides = _load(args)
-    with _client(args) as client:
-        app_id = client.submit(descriptor, overrides)
-    if args.json:
-        _print_json(client_pb2.SubmitApplicationResponse(application_id=app_id))
-    else:
-        print(app_id)
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    descriptor, overrides = _load(args)
-    log_dir = args.log_dir
-
-    def factory(address: str) -> LocalProcessLauncher:
-        return LocalProcessLauncher(address, log_dir=log_dir)
-
-    server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000,
-                          tls=_tls(args), **_http_options(args))
-    app_id = ""
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        server.start()
-        app_id = server.core.submit(descriptor, overrides)
-        _LOGGER.info("running %s as %s on the embedded master %s", args.app, app_id,
-                     server.address)
-        if server.dashboard_url and not args.quiet:
-            print(f"weir: {app_id} dashboard: {server.dashboard_url}", file=sys.stderr)
-        info = _follow(server, app_id, args.run_timeout, args.quiet)
-        operators = server.core.list_operators(app_id)
-        _print_run_result(args, info, operators)
-        return 0 if info.state == "FINISHED" else 1
-    except KeyboardInterrupt:
-        print("weir: interrupted; stopping the application and its containers",
-              file=sys.stderr)
-        if app_id:
-            try:
-                server.core.kill_application(app_id, "interrupted (Ctrl-C)")
-            except MasterError:
-                pass
-        return 130
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        server.stop()
-
-
-def _http_options(args: argparse.Namespace) -> dict[str, Any]:
-    """MasterServer's HTTP settings from ``--http-port``, ``--http-open``, ``--metrics-open``."""
-    return {"http_port": None if args.http_port < 0 else args.http_port,
-            "http_open": args.http_open, "metrics_open": args.metrics_open}
-
-
-def _raise_interrupt(*_: object) -> NoReturn:
-    raise KeyboardInterrupt
-
-
-def _follow(server: MasterServer, app_id: str, timeout_s: float | None, quiet: bool = False
-            ) -> client_pb2.ApplicationInfo:
-    """Waits for the app to end, with a progress line on stderr (live on a terminal)."""
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    progress = live_view.ProgressLine(sys.stderr, quiet=quiet)
-    try:
-        while True:
-            try:
-                return server.wait_for_application(app_id, 0.5)
-            except TimeoutError:
-                pass
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"application {app_id} did not end within {timeout_s:g} s "
-                                   "(--run-timeout); it was stopped")
-            progress.show(server.core.application_info(app_id))
-    finally:
-        progress.clear()
-
-
-def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo,
-                      operators: list[client_pb2.OperatorInfo]) -> None:
-    if args.json:
-        _print_json({"application": _to_dict(info),
-                     "operators": [_to_dict(op) for op in operators]})
-        return
-    print(tables.render_table(tables.OPERATOR_HEADERS, tables.operator_rows(operators),
-                              tables.OPERATOR_RIGHT))
-    took = tables.format_duration_ms((info.finished_ms or _now_ms()) - info.submitted_ms)
-    line = f"{info.id} {info.name}: {info.state} after {took}"
-    print(line + (f": {info.diagnostics}" if info.diagnostics else ""))
-
-
-def _cmd_apps(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        apps = client.applications()
-    if args.json:
-        _print_json(client_pb2.ListApplicationsResponse(applications=apps))
-    elif not apps:
-        print("no applications; submit one with `weir submit APP.py`")
-    else:
-        print(tables.render_table(tables.APPLICATION_HEADERS,
-                                  tables.application_rows(apps, _now_ms()),
-                                  tables.APPLICATION_RIGHT))
-        if apps[0].dashboard_url:  # a hint for people, kept off the table's stream
-            print(f"weir: dashboard on {apps[0].dashboard_url} (add ?token=SECRET, the "
-                  "master's secret)", file=sys.stderr)
-    return 0
-
-
-def _cmd_app(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        info = client.application(args.app_id)
-    if args.json:
-        _print_json(info)
-    else:
-        print(tables.application_details(info, _now_ms()))
-    return 0
-
-
-def _cmd_top(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise ValueError(f"--interval must be positive, not {args.interval:g}")
-    with _client(args) as client:
-        client.application(args.app_id)  # an unknown application fails here, in one line
-
-        def read() -> live_view.Snapshot:
-            return live_view.Snapshot(client.application(args.app_id),
-                                      client.operators(args.app_id),
-                                      client.containers(args.app_id))
-
-        return live_view.run_top(read, interval_s=args.interval, count=args.count,
-                                 as_json=args.json)
-
-
-def _cmd_containers(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        containers = client.containers(args.app_id or args.app or "")
-    if args.json:
-        _print_json(client_pb2.ListContainersResponse(containers=containers))
-    elif not containers:
-        print("no containers")
-    else:
-        print(tables.render_table(tables.CONTAINER_HEADERS,
-                                  tables.container_rows(containers, _now_ms()),
-                                  tables.CONTAINER_RIGHT))
-    return 0
-
-
-def _cmd_operators(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        operators = client.operators(args.app_id)
-    if args.json:
-        _print_json(client_pb2.ListOperatorsResponse(operators=operators))
-    else:
-        print(tables.render_table(tables.OPERATOR_HEADERS, tables.operator_rows(operators),
-                                  tables.OPERATOR_RIGHT))
-    return 0
-
-
-def _cmd_stats(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        info = client.operator_stats(args.app_id, args.operator)
-    if args.json:
-        _print_json(info)
-    else:
-        print(tables.operator_details(info, _now_ms(), args.windows))
-    return 0
-
-
-def _cmd_kill_container(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        replacement = client.kill_container(args.container_id)
-    if args.json:
-        _print_json(client_pb2.KillContainerResponse(replacement_id=replacement))
-    elif replacement:
-        print(f"container {args.container_id} killed; {replacement} replaces it and its "
-              "operators restart from their checkpoints")
-    else:
-        print(f"container {args.container_id} killed")
-    return 0
-
-
-def _cmd_repartition(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        response = client.repartition(args.app_id, args.operator, args.partitions)
-    if args.json:
-        _print_json(response)
-    else:
-        print(f"{args.app_id}: {response.message}; new partitions {list(response.partitions)}")
-    return 0
-
-
-def _cmd_shutdown(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.shutdown(args.app_id)
-    if args.json:
-        _print_json(client_pb2.ShutdownApplicationResponse())
-    else:
-        print(f"{args.app_id}: shutdown requested; its inputs end after the current window")
-    return 0
-
-
-def _cmd_kill(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        client.kill(args.app_id, args.reason)
-    if args.json:
-        _print_json(client_pb2.KillApplicationResponse())
-    else:
-        print(f"{args.app_id} killed")
-    return 0
-
-
-# -- parsing ----------------------------------------------------------------------------
 def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (defaults filled in later)."""
     common = _Parser(add_help=False)
@@ -465,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    p = command("master", _cmd_master, "run a master until Ctrl-C or SIGTERM")
+    p = command("master", cmd_master, "run a master until Ctrl-C or SIGTERM")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; an address other hosts "
                         "reach, or 0.0.0.0, for containers on other hosts)")
@@ -481,11 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how containers start (recording: start none; run them by hand)")
     _tls_options(p)
     _http_arguments(p)
-    sub.add_parser("container", help="run a container (python -m container ...)",
-                   add_help=False)
-    p = command("submit", _cmd_submit, "submit an application to a running master")
+    p = command("container", cmd_container,
+                "run a container here (python -m container; its own options, such as "
+                "--id ID, --host ADDR and --advertise-host ADDR, are passed on)")
+    p.set_defaults(forwards=True)
+    p = command("submit", cmd_submit, "submit an application to a running master")
     _app_argument(p)
-    p = command("run", _cmd_run, "run an application here, with its own master and "
+    p = command("run", cmd_run, "run an application here, with its own master and "
                 "containers, until it ends")
     _app_argument(p)
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
@@ -495,86 +163,40 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no progress line (nor dashboard URL) while the application runs")
     _tls_options(p)
     _http_arguments(p)
-    command("apps", _cmd_apps, "list the applications")
-    p = command("app", _cmd_app, "one application: totals, rates, latency, operators, failures")
+    command("apps", cmd_apps, "list the applications")
+    p = command("app", cmd_app, "one application: totals, rates, latency, operators, failures")
     p.add_argument("app_id", metavar="APP_ID")
-    p = command("top", _cmd_top, "a live view of an application, refreshed until Ctrl-C "
+    p = command("top", cmd_top, "a live view of an application, refreshed until Ctrl-C "
                 "(--json: one document per line)")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="seconds between refreshes (default 1)")
     p.add_argument("--count", type=int, metavar="N", help="stop after N refreshes")
-    p = command("containers", _cmd_containers, "list the containers")
+    p = command("containers", cmd_containers, "list the containers")
     p.add_argument("app_id", nargs="?", metavar="APP_ID", help="only this application's")
     p.add_argument("--app", metavar="APP_ID", help="only this application's (same)")
-    p = command("operators", _cmd_operators, "list an application's operators and stats")
+    p = command("operators", cmd_operators, "list an application's operators and stats")
     p.add_argument("app_id", metavar="APP_ID")
-    p = command("stats", _cmd_stats, "one operator's stats and recent windows")
+    p = command("stats", cmd_stats, "one operator's stats and recent windows")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("operator", metavar="OPERATOR", help="operator name or physical id")
     p.add_argument("--windows", type=int, default=10, metavar="N",
                    help="recent windows to show (default 10)")
-    p = command("kill-container", _cmd_kill_container, "kill a container's process")
+    p = command("kill-container", cmd_kill_container, "kill a container's process")
     p.add_argument("container_id", metavar="CONTAINER_ID")
-    p = command("repartition", _cmd_repartition,
+    p = command("repartition", cmd_repartition,
                 "change the number of partitions of a running operator (its keyed state "
                 "moves to the new partitions)")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("operator", metavar="OPERATOR", help="the DAG's operator name")
     p.add_argument("partitions", type=int, metavar="N", help="the new number of partitions")
-    p = command("shutdown", _cmd_shutdown,
+    p = command("shutdown", cmd_shutdown,
                 "end an application gracefully: inputs stop after the current window")
     p.add_argument("app_id", metavar="APP_ID")
-    p = command("kill", _cmd_kill, "kill an application now")
+    p = command("kill", cmd_kill, "kill an application now")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("--reason", default="", help="recorded as the application's diagnostics")
     return parser
-
-
-def _split_command(argv: list[str]) -> tuple[list[str], str, list[str]]:
-    """(global options, subcommand, the rest)."""
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token in _VALUE_OPTIONS:
-            i += 2
-            continue
-        if not token.startswith("-"):
-            return argv[:i], token, argv[i + 1:]
-        i += 1
-    return argv, "", []
-
-
-def _option(argv: list[str], name: str) -> str | None:
-    """The value of ``name VALUE`` or ``name=VALUE`` in ``argv``, if there."""
-    value = next((argv[i + 1] for i, t in enumerate(argv[:-1]) if t == name), None)
-    return value or next((t.split("=", 1)[1] for t in argv if t.startswith(name + "=")), None)
-
-
-def _exec_container(head: list[str], tail: list[str]) -> int:
-    """``weir container ...`` is ``python -m container ...`` (the master never imports it).
-
-    The master's secret goes to the container in its environment (never its command
-    line): ``--secret-file`` is passed on as it is, else ``$WEIR_SECRET`` is, else the
-    secret file of a master on this machine (``auth.client_credentials``) is read here.
-    """
-    master = _option(tail, "--master") or _option(head, "--master") or default_master()
-    if _option(tail, "--master") is None:
-        tail = ["--master", master, *tail]
-    if any(t in ("-v", "--verbose") or t.startswith("-vv") for t in head):
-        tail = [*tail, "-v"]
-    for name in ("--secret-file", "--tls-ca"):
-        value = _option(head, name)
-        if value is not None and _option(tail, name) is None:
-            tail = [*tail, name, value]
-    if _option(tail, "--secret-file") is None and not os.environ.get(SECRET_ENV):
-        found = auth.client_credentials(master)
-        if found.secret and Path(found.source).is_file():  # the master's file: its certificate too
-            tail = [*tail, "--secret-file", found.source]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "container", *tail])
-    return 1  # not reached
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -615,15 +237,16 @@ def _fail(message: str, status: int = 1) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``weir`` entry point; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    head, command, tail = _split_command(argv)
-    if command == "container":
-        return _exec_container(head, tail)
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown and not getattr(args, "forwards", False):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     except _UsageError as exc:
         return _fail(str(exc), exc.status)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
+    args.forward = unknown
     args.master = getattr(args, "master", None) or default_master()
     args.json = getattr(args, "json", False)
     args.verbose = getattr(args, "verbose", 0)

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from master import cli, live_view
+from master import cli, cli_processes, live_view
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
 from proto import client_pb2
@@ -159,5 +159,5 @@ def test_weir_master_serves_http_on_the_port_asked_and_can_go_without():
             proc.wait(timeout=10)
         proc.stdout.close()
     off = cli.build_parser().parse_args(["master", "--http-port", "-1"])
-    assert cli._http_options(off) == {"http_port": None, "http_open": False,
-                                      "metrics_open": False}
+    assert cli_processes._http_options(off) == {"http_port": None, "http_open": False,
+                                                "metrics_open": False}

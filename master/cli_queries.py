@@ -1,0 +1,181 @@
+"""The ``weir`` commands that call a running master: submit, and the queries and
+controls of applications, containers and operators (tables, or ``--json``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from master import live_view, tables
+from master.cli_config import load_app_and_overrides
+from master.client import WeirClient, parse_address
+from proto import client_pb2
+
+__all__ = [
+    "client_for", "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container",
+    "cmd_operators", "cmd_repartition", "cmd_shutdown", "cmd_stats", "cmd_submit", "cmd_top",
+    "now_ms", "print_json", "to_dict",
+]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+
+
+def print_json(value: Message | dict[str, Any]) -> None:
+    data = to_dict(value) if isinstance(value, Message) else value
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def client_for(args: argparse.Namespace) -> WeirClient:
+    return WeirClient(args.master, timeout_s=args.timeout, secret_file=args.secret_file,
+                      tls_ca=args.tls_ca, on_loading=_say_loading)
+
+
+def _say_loading(message: str) -> None:
+    print(f"weir: {message} (retrying)", file=sys.stderr)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    parse_address(args.master)
+    descriptor, overrides = load_app_and_overrides(args)
+    with client_for(args) as client:
+        app_id = client.submit(descriptor, overrides)
+    if args.json:
+        print_json(client_pb2.SubmitApplicationResponse(application_id=app_id))
+    else:
+        print(app_id)
+    return 0
+
+
+def cmd_apps(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        apps = client.applications()
+    if args.json:
+        print_json(client_pb2.ListApplicationsResponse(applications=apps))
+    elif not apps:
+        print("no applications; submit one with `weir submit APP.py`")
+    else:
+        print(tables.render_table(tables.APPLICATION_HEADERS,
+                                  tables.application_rows(apps, now_ms()),
+                                  tables.APPLICATION_RIGHT))
+        if apps[0].dashboard_url:  # a hint for people, kept off the table's stream
+            print(f"weir: dashboard on {apps[0].dashboard_url} (add ?token=SECRET, the "
+                  "master's secret)", file=sys.stderr)
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        info = client.application(args.app_id)
+    if args.json:
+        print_json(info)
+    else:
+        print(tables.application_details(info, now_ms()))
+    return 0
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise ValueError(f"--interval must be positive, not {args.interval:g}")
+    with client_for(args) as client:
+        client.application(args.app_id)  # an unknown application fails here, in one line
+
+        def read() -> live_view.Snapshot:
+            return live_view.Snapshot(client.application(args.app_id),
+                                      client.operators(args.app_id),
+                                      client.containers(args.app_id))
+
+        return live_view.run_top(read, interval_s=args.interval, count=args.count,
+                                 as_json=args.json)
+
+
+def cmd_containers(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        containers = client.containers(args.app_id or args.app or "")
+    if args.json:
+        print_json(client_pb2.ListContainersResponse(containers=containers))
+    elif not containers:
+        print("no containers")
+    else:
+        print(tables.render_table(tables.CONTAINER_HEADERS,
+                                  tables.container_rows(containers, now_ms()),
+                                  tables.CONTAINER_RIGHT))
+    return 0
+
+
+def cmd_operators(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        operators = client.operators(args.app_id)
+    if args.json:
+        print_json(client_pb2.ListOperatorsResponse(operators=operators))
+    else:
+        print(tables.render_table(tables.OPERATOR_HEADERS, tables.operator_rows(operators),
+                                  tables.OPERATOR_RIGHT))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        info = client.operator_stats(args.app_id, args.operator)
+    if args.json:
+        print_json(info)
+    else:
+        print(tables.operator_details(info, now_ms(), args.windows))
+    return 0
+
+
+def cmd_kill_container(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        replacement = client.kill_container(args.container_id)
+    if args.json:
+        print_json(client_pb2.KillContainerResponse(replacement_id=replacement))
+    elif replacement:
+        print(f"container {args.container_id} killed; {replacement} replaces it and its "
+              "operators restart from their checkpoints")
+    else:
+        print(f"container {args.container_id} killed")
+    return 0
+
+
+def cmd_repartition(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        response = client.repartition(args.app_id, args.operator, args.partitions)
+    if args.json:
+        print_json(response)
+    else:
+        print(f"{args.app_id}: {response.message}; new partitions {list(response.partitions)}")
+    return 0
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        client.shutdown(args.app_id)
+    if args.json:
+        print_json(client_pb2.ShutdownApplicationResponse())
+    else:
+        print(f"{args.app_id}: shutdown requested; its inputs end after the current window")
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    with client_for(args) as client:
+        client.kill(args.app_id, args.reason)
+    if args.json:
+        print_json(client_pb2.KillApplicationResponse())
+    else:
+        print(f"{args.app_id} killed")
+    return 0
+
+
