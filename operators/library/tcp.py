@@ -17,16 +17,8 @@ closed (the lines before it stay acknowledged).
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import itertools
 import logging
-import selectors
-import socket
 import threading
-import time
-from collections import deque
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -34,6 +26,14 @@ import pyarrow as pa
 from operators.durable.records import RecordLog
 from operators.durable.replayable import ReplayableSource
 from operators.library.sources import LINE_SCHEMA
+from operators.library.tcp_receiver import (
+    Receiver,
+    encode_end,
+    listen,
+    register_writer,
+    stop_writer_of,
+)
+from operators.library.tcp_wal import Wal
 from operators.operator import OperatorContext
 from operators.ports import OutputPort
 
@@ -41,13 +41,6 @@ __all__ = ["TcpLineSource"]
 
 _LOGGER = logging.getLogger(__name__)
 
-_RECV_BYTES = 256 << 10
-_POLL_S = 0.1  # how often the receiver checks that it should still run
-_CACHE_BYTES = 16 << 20  # recent records kept in memory, so emitting rarely reads the disk
-_BIND_RETRY_S = 5.0  # a predecessor in this process may still hold the port this long
-
-_WRITERS: dict[str, _Receiver] = {}  # WAL folder -> the receiver writing it, in this process
-_WRITERS_LOCK = threading.Lock()
 
 
 class TcpLineSource(ReplayableSource):
@@ -126,12 +119,12 @@ class TcpLineSource(ReplayableSource):
         super().setup(context)
         self._context = context
         folder = context.durable_dir("wal")
-        _stop_writer_of(folder)  # a predecessor in this process (undeployed, not torn down)
-        end = _encode_end(self.end_line)
+        stop_writer_of(folder)  # a predecessor in this process (undeployed, not torn down)
+        end = encode_end(self.end_line)
         # the port is the mutex between processes: the log is opened only once it is ours
-        server = _listen(context.name, self.host, self.port)
+        server = listen(context.name, self.host, self.port)
         try:
-            self._wal = _Wal(RecordLog(folder, self.segment_bytes, guard=context.check_fence))
+            self._wal = Wal(RecordLog(folder, self.segment_bytes, guard=context.check_fence))
             self._check_position(context)
             input_complete = end is not None and self._wal.contains_line(self.position, end)
         except BaseException:
@@ -144,12 +137,11 @@ class TcpLineSource(ReplayableSource):
             _LOGGER.info("operator %s: the WAL already holds the end line %r: taking no more "
                          "input", context.name, self.end_line)
             return
-        self._receiver = _Receiver(server, self._wal, end, self.max_line_bytes,
+        self._receiver = Receiver(server, self._wal, end, self.max_line_bytes,
                                    context.crash_point, threading.current_thread(),
                                    context.name,
                                    max_segments=self.max_wal_bytes // self.segment_bytes)
-        with _WRITERS_LOCK:
-            _WRITERS[folder] = self._receiver
+        register_writer(folder, self._receiver)
         self._receiver.start()
         _LOGGER.info("operator %s listens on %s:%d, WAL %s from record %d", context.name,
                      self.host, self._receiver.port, folder, self.position)
@@ -214,8 +206,8 @@ class TcpLineSource(ReplayableSource):
     # -- pickling: only state travels (deploy payloads, checkpoints) ---------------------
     def reset_non_state(self) -> None:
         super().reset_non_state()
-        self._wal: _Wal | None = None
-        self._receiver: _Receiver | None = None
+        self._wal: Wal | None = None
+        self._receiver: Receiver | None = None
         self._ends: dict[int, int] = {}
         self._context: OperatorContext | None = None
 
@@ -268,375 +260,3 @@ class TcpLineSource(ReplayableSource):
             self.output.emit(pa.record_batch([pa.array(part, pa.string())], schema=LINE_SCHEMA))
         self.lines_emitted += len(lines)
         return not self.ended
-
-
-class _Wal:
-    """The RecordLog shared by the receiver (appends) and the operator (reads, deletes).
-
-    RecordLog is single-threaded, so every use holds the lock; an append and its sync
-    happen under one hold, so the operator only ever reads synced records. Recent records
-    are also kept in memory for the operator to emit without reading the disk.
-    """
-
-    def __init__(self, log: RecordLog) -> None:
-        self.log = log
-        self.folder = log.folder
-        self.lock = threading.Lock()
-        self._cache: deque[tuple[int, bytes, int]] = deque()  # (seq, payload, lines)
-        self._cache_bytes = 0
-
-    @property
-    def first_seq(self) -> int:
-        with self.lock:
-            return self.log.first_seq
-
-    @property
-    def next_seq(self) -> int:
-        with self.lock:
-            return self.log.next_seq
-
-    def append(self, payloads: list[bytes], before_sync: Callable[[], None]) -> None:
-        """Appends and syncs ``payloads``; ``before_sync`` runs in between (crash tests)."""
-        with self.lock:
-            seqs = [self.log.append(p) for p in payloads]
-            before_sync()
-            self.log.sync()
-            for seq, payload in zip(seqs, payloads, strict=True):
-                if self._cache and self._cache[-1][0] + 1 != seq:
-                    self._drop_cache()
-                if self._cache_bytes + len(payload) <= _CACHE_BYTES:
-                    self._cache.append((seq, payload, payload.count(b"\n")))
-                    self._cache_bytes += len(payload)
-
-    def take(self, position: int, max_lines: int) -> list[tuple[int, bytes]]:
-        """Whole records from ``position`` holding about ``max_lines`` lines (at least one)."""
-        with self.lock:
-            if position >= self.log.next_seq:
-                return []
-            while self._cache and self._cache[0][0] < position:
-                self._cache_bytes -= len(self._cache.popleft()[1])
-            if self._cache and self._cache[0][0] == position:
-                source = ((seq, payload) for seq, payload, _ in self._cache)
-            else:
-                source = self.log.records(position)
-            taken, lines = [], 0
-            for seq, payload in source:
-                taken.append((seq, payload))
-                lines += payload.count(b"\n")
-                if lines >= max_lines:
-                    break
-            return taken
-
-    def range(self, first: int, end: int) -> list[tuple[int, bytes]]:
-        """Records ``[first, end)``, all of them or an error."""
-        with self.lock:
-            records = list(itertools.islice(self.log.records(first), end - first))
-        if [seq for seq, _ in records] != list(range(first, end)):
-            raise RuntimeError(f"the WAL in {self.folder} no longer holds records [{first}, "
-                               f"{end}) that a window being replayed read")
-        return records
-
-    def contains_line(self, position: int, line: bytes) -> bool:
-        """Whether a record from ``position`` on holds ``line`` (a line without its break)."""
-        with self.lock:
-            return any(_has_line(payload, line) for _, payload in self.log.records(position))
-
-    def delete_before(self, seq: int) -> int:
-        with self.lock:
-            return self.log.delete_before(seq)
-
-    @property
-    def segment_count(self) -> int:
-        with self.lock:
-            return self.log.segment_count
-
-    def close(self) -> None:
-        with self.lock:
-            self.log.close()
-            self._drop_cache()
-
-    def _drop_cache(self) -> None:
-        self._cache.clear()
-        self._cache_bytes = 0
-
-
-class _Connection:
-    """One sender: bytes received but not yet logged, lines acknowledged, ACKs to send."""
-
-    def __init__(self, sock: socket.socket, peer: str) -> None:
-        self.sock = sock
-        self.peer = peer
-        self.inbox = bytearray()
-        self.outbox = bytearray()
-        self.acked = 0
-        self.eof = False
-        self.closing = False  # refused: send what is queued, then close
-
-
-class _Receiver:
-    """The background thread: accepts senders, logs their complete lines, acknowledges.
-
-    A daemon thread that also ends when the operator's thread is gone (the runtime stops an
-    undeployed operator without ``teardown``), so it never outlives its operator by more
-    than ``_POLL_S`` nor keeps the port from a successor.
-    """
-
-    def __init__(self, server: socket.socket, wal: _Wal, end: bytes | None,
-                 max_line_bytes: int, crash_point: Callable[[str], None],
-                 owner: threading.Thread, name: str, max_segments: int = 1 << 30) -> None:
-        self.server = server
-        self.port = server.getsockname()[1]
-        self.wal = wal
-        self.end = end
-        self.max_line_bytes = max_line_bytes
-        self.crash_point = crash_point
-        self.owner = owner
-        self.name = name
-        self.max_segments = max_segments
-        self.paused = False  # the WAL is full: senders are not read
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._selector = selectors.DefaultSelector()
-        self._connections: dict[int, _Connection] = {}
-        self._thread = threading.Thread(target=self._run, name=f"tcp-wal-{name}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=timeout_s)
-
-    def _run(self) -> None:
-        self._selector.register(self.server, selectors.EVENT_READ)
-        try:
-            while not self._stop.is_set() and self.owner.is_alive():
-                self._pause_while_full()
-                ready: list[_Connection] = []
-                for key, mask in self._selector.select(timeout=_POLL_S):
-                    if key.fileobj is self.server:
-                        self._accept()
-                        continue
-                    connection = key.data
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush(connection)
-                    if mask & selectors.EVENT_READ:
-                        self._receive(connection)
-                        ready.append(connection)
-                if ready and self._log(ready):
-                    break  # the end line is logged: no more input
-        except Exception as exc:  # noqa: BLE001 - the operator's thread reports it
-            self.error = exc
-            _LOGGER.error("operator %s: the TCP receiver stopped: %s", self.name, exc)
-        finally:
-            self._shut_down()
-
-    def _pause_while_full(self) -> None:
-        """Stops reading senders while the WAL holds ``max_segments`` (commits stalled),
-        and reads them again once commits deleted some: TCP's own flow control holds the
-        senders back meanwhile, so nothing is refused or lost."""
-        full = self.wal.segment_count >= self.max_segments
-        if full == self.paused:
-            return
-        self.paused = full
-        if full:
-            _LOGGER.warning("operator %s: the write-ahead log holds %d segments, its bound; "
-                            "senders wait until commits free some", self.name,
-                            self.max_segments)
-        else:
-            _LOGGER.info("operator %s: commits freed write-ahead log segments; reading "
-                         "senders again", self.name)
-        for connection in list(self._connections.values()):
-            self._flush(connection)  # registers each for reading, or not
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, peer = self.server.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionError:  # the sender gave up before we accepted
-                continue
-            sock.setblocking(False)
-            connection = _Connection(sock, f"{peer[0]}:{peer[1]}")
-            self._connections[sock.fileno()] = connection
-            self._watch(connection, 0 if self.paused else selectors.EVENT_READ)
-
-    def _receive(self, connection: _Connection) -> None:
-        try:
-            data = connection.sock.recv(_RECV_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if data:
-            connection.inbox += data
-        else:
-            connection.eof = True
-
-    def _log(self, ready: list[_Connection]) -> bool:
-        """Logs the complete lines of ``ready``, syncs, then acknowledges; True once the
-        end line is logged."""
-        chunks: list[tuple[_Connection, bytes]] = []
-        problems: dict[int, str] = {}
-        ended = False
-        for connection in ready:
-            if connection.closing:
-                continue
-            cut = connection.inbox.rfind(b"\n")
-            data, problem = self._check(bytes(connection.inbox[:cut + 1]), connection)
-            del connection.inbox[:cut + 1]
-            if ended:
-                data = b""  # the end line came from another sender: refuse the rest
-            elif self.end is not None and data:
-                data, ended = _cut_after_end(data, self.end)
-            if data:
-                chunks.append((connection, data))
-            if problem:
-                problems[id(connection)] = problem
-        if chunks:
-            self.wal.append([data for _, data in chunks],
-                            lambda: self.crash_point("wal.appended"))
-            for connection, data in chunks:  # durable: now the sender may know
-                connection.acked += data.count(b"\n")
-                connection.outbox += f"ACK {connection.acked}\n".encode()
-        for connection in ready:
-            problem = problems.get(id(connection))
-            if problem:
-                _LOGGER.warning("operator %s: closing the connection from %s: %s", self.name,
-                                connection.peer, problem)
-                connection.outbox += f"ERR {problem}\n".encode()
-            if problem or connection.eof:
-                connection.closing = True
-            self._flush(connection)
-        return ended
-
-    def _check(self, data: bytes, connection: _Connection) -> tuple[bytes, str]:
-        """The complete lines of ``data`` up to the first bad one, and what is wrong with
-        it ('' = nothing); the partial line left in the inbox counts too."""
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            good = data.rfind(b"\n", 0, exc.start) + 1
-            line = connection.acked + data.count(b"\n", 0, good) + 1
-            return data[:good], f"line {line} is not UTF-8 ({exc.reason})"
-        if len(data) > self.max_line_bytes:
-            start = 0
-            while start < len(data):
-                stop = data.index(b"\n", start)
-                if stop - start > self.max_line_bytes:
-                    return data[:start], f"a line is longer than {self.max_line_bytes} bytes"
-                start = stop + 1
-        if len(connection.inbox) - len(data) > self.max_line_bytes:
-            return data, f"a line is longer than {self.max_line_bytes} bytes"
-        return data, ""
-
-    def _flush(self, connection: _Connection) -> None:
-        try:
-            sent = connection.sock.send(connection.outbox) if connection.outbox else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:  # the sender is gone
-            self._close(connection)
-            return
-        del connection.outbox[:sent]
-        if connection.closing and not connection.outbox:
-            self._close(connection)
-            return
-        read = 0 if connection.closing or self.paused else selectors.EVENT_READ
-        events = read | (selectors.EVENT_WRITE if connection.outbox or connection.closing
-                         else 0)  # a closing sender stays readable (EOF): write only
-        self._watch(connection, events)
-
-    def _watch(self, connection: _Connection, events: int) -> None:
-        """Selects ``connection`` for ``events``; none (paused, nothing to send): not at all."""
-        sock = connection.sock
-        try:
-            key = self._selector.get_key(sock)
-        except (KeyError, ValueError):
-            key = None
-        with contextlib.suppress(KeyError, ValueError):
-            if not events:
-                if key is not None:
-                    self._selector.unregister(sock)
-            elif key is None:
-                self._selector.register(sock, events, connection)
-            else:
-                self._selector.modify(sock, events, connection)
-
-    def _close(self, connection: _Connection) -> None:
-        if self._connections.pop(connection.sock.fileno(), None) is None:
-            return
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(connection.sock)
-        connection.sock.close()
-
-    def _shut_down(self) -> None:
-        """Closes the port and every connection, sending queued ACKs first (briefly)."""
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(self.server)
-        self.server.close()
-        for connection in list(self._connections.values()):
-            if connection.outbox and self.error is None:
-                with contextlib.suppress(OSError):
-                    connection.sock.settimeout(1.0)
-                    connection.sock.sendall(connection.outbox)
-            self._close(connection)
-        self._selector.close()
-        with _WRITERS_LOCK:
-            for folder, receiver in list(_WRITERS.items()):
-                if receiver is self:
-                    del _WRITERS[folder]
-
-
-def _listen(name: str, host: str, port: int) -> socket.socket:
-    """A listening socket on ``host:port``; SO_REUSEADDR lets a recovered source take the
-    port of a killed one at once (its connections may linger in TIME_WAIT)."""
-    deadline = time.monotonic() + _BIND_RETRY_S
-    while True:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(128)
-            sock.setblocking(False)
-            return sock
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE and time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            raise OSError(exc.errno, f"operator {name!r}: TcpLineSource cannot listen on "
-                          f"{host}:{port}: {exc.strerror}; another process holds the port or "
-                          "the address is not this machine's: stop that process or give the "
-                          "operator another host/port") from None
-
-
-def _stop_writer_of(folder: str) -> None:
-    with _WRITERS_LOCK:
-        previous = _WRITERS.pop(folder, None)
-    if previous is not None:
-        _LOGGER.info("operator %s: stopping the receiver of an earlier instance", previous.name)
-        previous.stop()
-        previous.wal.close()
-
-
-def _encode_end(end_line: str | None) -> bytes | None:
-    return None if end_line is None else end_line.encode("utf-8")
-
-
-def _has_line(payload: bytes, line: bytes) -> bool:
-    return any(part.removesuffix(b"\r") == line for part in payload.split(b"\n"))
-
-
-def _cut_after_end(data: bytes, end: bytes) -> tuple[bytes, bool]:
-    """``data`` up to and including the end line, and whether it holds one."""
-    start = 0
-    while start < len(data):
-        stop = data.index(b"\n", start)
-        if data[start:stop].removesuffix(b"\r") == end:
-            return data[:stop + 1], True
-        start = stop + 1
-    return data, False

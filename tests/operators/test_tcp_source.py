@@ -124,7 +124,7 @@ def test_lines_are_emitted_in_order_as_line_batches(source) -> None:
 
 
 def test_lines_past_the_memory_cache_are_read_from_disk(source, monkeypatch) -> None:
-    monkeypatch.setattr("operators.library.tcp._CACHE_BYTES", 30)  # about one record
+    monkeypatch.setattr("operators.library.tcp_wal.CACHE_BYTES", 30)  # about one record
     src, emitted = source(batch_lines=4)
     sender = Sender(src.bound_port)
     for i in range(6):
@@ -313,7 +313,7 @@ def test_a_torn_last_record_is_cut_off_and_the_rest_is_read(tmp_path: Path, capl
 
 
 def test_a_port_in_use_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("operators.library.tcp._BIND_RETRY_S", 0.2)
+    monkeypatch.setattr("operators.library.tcp_receiver.BIND_RETRY_S", 0.2)
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
     try:
