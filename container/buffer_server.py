@@ -26,8 +26,6 @@ it keeps).
 from __future__ import annotations
 
 import dataclasses
-import hmac
-import json
 import logging
 import os
 import threading
@@ -35,10 +33,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from container.flight_service import FlightService, filtered
+from container.publisher import PublishAborted, Publisher
 from container.retained_stream import (
     LATEST_WINDOW,
     MAX_BLOCK_BYTES,
@@ -50,8 +49,6 @@ from container.retained_stream import (
 )
 from container.spill import Budget, SpillStore, read_block
 from container.stream_messages import (
-    ENVELOPE_SCHEMA,
-    PARTITION_FILTER_ERROR,
     WINDOW_GAP_ERROR,
     Kind,
     Message,
@@ -59,7 +56,6 @@ from container.stream_messages import (
     to_envelope,
 )
 from operators.partitioning import PartitionFilter
-from proto.contract import AUTH_HEADER, BEARER
 
 __all__ = [
     "LATEST_WINDOW",
@@ -69,8 +65,6 @@ __all__ = [
     "MEMORY_BUDGET_BYTES",
     "BufferServer",
     "BufferStats",
-    "PublishAborted",
-    "Publisher",
     "StreamStats",
 ]
 
@@ -93,13 +87,6 @@ _SHUTDOWN_WAIT_S = 2.0
 
 
 
-class PublishAborted(RuntimeError):
-    """A publisher waiting for room gave up: the server closed or its stop event was set.
-
-    The message was not stored.
-    """
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class BufferStats:
     """A buffer server's totals over all streams, its budgets and its publishers' waits.
@@ -120,170 +107,6 @@ class BufferStats:
     publisher_waits: int
     publisher_wait_s: float
     publishers_waiting: int
-
-
-class Publisher:
-    """Appends one output port's messages to its stream on the local buffer server.
-
-    Used by one thread (the operator's). Window ids must not decrease. When the server's
-    memory and disk budgets are both full, ``publish`` (and ``data``) block until a purge
-    frees room; they raise ``PublishAborted`` if the server closes or ``stop`` is set
-    meanwhile. ``wait_s`` and ``waits`` count that blocking.
-    """
-
-    def __init__(self, server: BufferServer, stream: RetainedStream,
-                 stop: threading.Event | None = None, generation: int = 0) -> None:
-        self._server = server
-        self._stream = stream
-        self._stop = stop
-        self.generation = generation
-        self.bytes_published = 0
-        self.messages_published = 0
-        self.wait_s = 0.0
-        self.waits = 0
-
-    @property
-    def stream_id(self) -> str:
-        return self._stream.stream_id
-
-    def publish(self, message: Message) -> None:
-        """Appends one message, once there is room; subscribers waiting on it wake up.
-
-        Raises:
-            PublishAborted: the server closed, ``stop`` was set (the operator was
-                undeployed: nothing more of it reaches the stream), or a newer deployment
-                of the operator publishes this stream now (this one was replaced).
-        """
-        if self._stop is not None and self._stop.is_set():
-            raise PublishAborted(f"stream {self._stream.stream_id!r}: its operator was "
-                                 "stopped; it publishes nothing more")
-        if self.generation and self._stream.generation > self.generation:
-            raise PublishAborted(f"stream {self._stream.stream_id!r}: generation "
-                                 f"{self.generation} of its publisher was replaced by "
-                                 f"generation {self._stream.generation}")
-        nbytes = message.nbytes
-        if nbytes:
-            with self._stream.cond:
-                self._stream.check(message)  # fail before waiting for room
-            waited = self._server._admit(self._stream, nbytes, self._stop)
-            if waited is not None:
-                self.wait_s += waited
-                self.waits += 1
-        try:
-            self._stream.append(message)
-        except BaseException:
-            self._server._budget.release(memory=nbytes)
-            raise
-        self.messages_published += 1
-        self.bytes_published += nbytes
-
-    def begin_window(self, window_id: int) -> None:
-        self.publish(Message(Kind.BEGIN_WINDOW, window_id))
-
-    def data(self, window_id: int, batch: pa.RecordBatch) -> None:
-        """Publishes one batch of window ``window_id`` (encoded once, as Arrow IPC)."""
-        self.publish(Message.data(window_id, batch))
-
-    def end_window(self, window_id: int) -> None:
-        self.publish(Message(Kind.END_WINDOW, window_id))
-
-    def reset_window(self, window_id: int) -> None:
-        self.publish(Message(Kind.RESET_WINDOW, window_id))
-
-    def end_stream(self) -> None:
-        """Publishes END_STREAM; the stream takes no more messages."""
-        self._stream.end()
-        self.messages_published += 1
-
-
-class _SecretCheck(flight.ServerMiddlewareFactory):
-    """Refuses every Flight call (``do_get``, ``list_flights``, any) without the secret."""
-
-    def __init__(self, secret: str) -> None:
-        super().__init__()
-        self._expected = (BEARER + secret).encode()
-
-    def start_call(self, info: flight.CallInfo, headers: dict[str, list[str]]) -> None:
-        for value in headers.get(AUTH_HEADER, ()):
-            if isinstance(value, str) and hmac.compare_digest(value.encode(), self._expected):
-                return None
-        raise flight.FlightUnauthenticatedError(
-            "this buffer server needs the master's secret on every call")
-
-
-class _FlightService(flight.FlightServerBase):
-    """The Flight face of a ``BufferServer``: ``do_get`` only."""
-
-    def __init__(self, owner: BufferServer, location: str, secret: str | None,
-                 tls: tuple[bytes, bytes] | None) -> None:
-        super().__init__(
-            location, middleware={"auth": _SecretCheck(secret)} if secret else None,
-            tls_certificates=[flight.CertKeyPair(cert=tls[0], key=tls[1])] if tls else None)
-        self._owner = owner
-
-    def do_get(self, context: flight.ServerCallContext,
-               ticket: flight.Ticket) -> flight.FlightDataStream:
-        stream_id, from_window, partition, latest, generation = _parse_ticket(ticket.ticket)
-        _LOGGER.debug("subscriber %s: stream %s from window %d%s%s", context.peer(), stream_id,
-                      from_window, " or the latest" if latest else "",
-                      f", partition {partition}" if partition else "")
-        return flight.GeneratorStream(
-            ENVELOPE_SCHEMA,
-            self._owner._serve(context, stream_id, from_window, partition, latest=latest,
-                               generation=generation))
-
-
-def _parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None, bool, int]:
-    try:
-        request = json.loads(raw)
-        stream_id = request["stream"]
-        from_window = request.get("from_window", -1)
-        latest = request.get("latest", False)
-        generation = request.get("generation", 0)
-        if not isinstance(stream_id, str) or not isinstance(from_window, int) \
-                or not isinstance(latest, bool) or not isinstance(generation, int):
-            raise TypeError("'stream' must be a string, 'from_window' and 'generation' "
-                            "integers and 'latest' a boolean")
-        partition = request.get("partition")
-        if partition is not None:
-            partition = PartitionFilter.from_json(partition)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise flight.FlightServerError(f"bad buffer-server ticket {raw[:200]!r}: {exc}") from exc
-    return stream_id, from_window, partition, latest, generation
-
-
-def _filtered(messages: list[Message], partition: PartitionFilter) -> list[Message]:
-    """The partition's rows of each DATA message; markers as they are, empty batches
-    dropped (the same batches are dropped on every replay, so positions stay stable)."""
-    out: list[Message] = []
-    for message in messages:
-        if message.kind != Kind.DATA:
-            out.append(message)
-            continue
-        try:
-            batch = message.batch()
-            batch = batch.filter(pa.array(partition.owns_buckets(_buckets(message, batch,
-                                                                          partition))))
-        except (KeyError, TypeError) as exc:
-            raise flight.FlightServerError(f"{PARTITION_FILTER_ERROR} {exc}") from exc
-        if batch.num_rows:
-            out.append(Message.data(message.window_id, batch))
-    return out
-
-
-def _buckets(message: Message, batch: pa.RecordBatch, partition: PartitionFilter
-             ) -> np.ndarray:
-    """The batch's hash buckets under the partition's column and mask, hashed once for all
-    the partitions that subscribe (cached on the message; racing threads compute the same)."""
-    key = (partition.column, partition.mask)
-    cache = message.buckets
-    if cache is None:
-        cache = {}
-        object.__setattr__(message, "buckets", cache)  # a cache, not part of its value
-    buckets = cache.get(key)
-    if buckets is None:
-        buckets = cache[key] = partition.buckets_of(batch)
-    return buckets
 
 
 class BufferServer:
@@ -333,7 +156,7 @@ class BufferServer:
         self._streams: dict[str, RetainedStream] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._service: _FlightService | None = None
+        self._service: FlightService | None = None
         self._started = False
         self._subscribers = 0
 
@@ -344,7 +167,7 @@ class BufferServer:
                 raise RuntimeError("buffer server already closed")
             if self._service is None:
                 scheme = "grpc+tls" if self._tls else "grpc+tcp"
-                self._service = _FlightService(self, f"{scheme}://{self._host}:{self._port}",
+                self._service = FlightService(self, f"{scheme}://{self._host}:{self._port}",
                                                self._secret, self._tls)
                 self._port = self._service.port
                 self._started = True
@@ -401,7 +224,7 @@ class BufferServer:
         finally:
             self._store.close()
 
-    def _shutdown(self, service: _FlightService | None) -> None:
+    def _shutdown(self, service: FlightService | None) -> None:
         if service is None:
             return
         # shutdown() blocks until every call ends, and a call blocked writing to a
@@ -515,8 +338,12 @@ class BufferServer:
                 publisher_wait_s=budget.wait_s, publishers_waiting=budget.waiting)
 
     # -- room for publishers -------------------------------------------------------
-    def _admit(self, stream: RetainedStream, nbytes: int, stop: threading.Event | None,
-               ) -> float | None:
+    def release(self, nbytes: int) -> None:
+        """Gives back memory ``admit`` reserved for a message that was not stored."""
+        self._budget.release(memory=nbytes)
+
+    def admit(self, stream: RetainedStream, nbytes: int, stop: threading.Event | None,
+              ) -> float | None:
         """Reserves memory for a message of ``nbytes``, spilling to make room, or waiting
         for a purge when nothing more can spill.
 
@@ -583,9 +410,9 @@ class BufferServer:
             self._budget.blocks_read += 1
         return rows
 
-    def _serve(self, context: flight.ServerCallContext, stream_id: str,
-               from_window: int, partition: PartitionFilter | None = None, *,
-               latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]:
+    def serve(self, context: flight.ServerCallContext, stream_id: str,
+              from_window: int, partition: PartitionFilter | None = None, *,
+              latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]:
         """One subscription: envelope batches until END_STREAM, cancellation or close.
 
         ``partition`` keeps only its rows of every DATA batch, filtered outside the
@@ -620,7 +447,7 @@ class BufferServer:
                     loaded = {} if rows is None else {needed: rows}
                     continue
                 if partition is not None:
-                    messages = _filtered(messages, partition)
+                    messages = filtered(messages, partition)
                     if not messages:
                         continue
                 yield to_envelope(messages)

@@ -15,12 +15,8 @@ import pyarrow.compute as pc
 import pytest
 
 from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
-from container.buffer_server import (
-    LATEST_WINDOW,
-    BufferServer,
-    PublishAborted,
-    StreamStats,
-)
+from container.buffer_server import LATEST_WINDOW, BufferServer, StreamStats
+from container.publisher import PublishAborted
 from container.retained_stream import Cursor, RetainedStream, SpillResult
 from container.spill import Budget, SpillStore, read_block
 from container.stream_messages import ENVELOPE_SCHEMA, Kind, Message, WindowGap
