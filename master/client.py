@@ -27,6 +27,7 @@ __all__ = ["DEFAULT_MASTER", "WeirClient", "WeirClientError", "default_master", 
 
 _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_RUNNING_STATES = ("ACCEPTED", "RUNNING")
 _HANDSHAKE_FAILED = "CERTIFICATE_VERIFY_FAILED"  # in gRPC's details: the peer proved nothing
 
 DEFAULT_MASTER = "127.0.0.1:5151"
@@ -203,6 +204,29 @@ class WeirClient:
     def shutdown(self, app_id: str) -> None:
         self._call(self._stub.ShutdownApplication,
                    client_pb2.ShutdownApplicationRequest(application_id=app_id))
+
+    def wait(self, app_id: str, timeout_s: float, *, interval_s: float = 0.2,
+             on_poll: Callable[[client_pb2.ApplicationInfo], None] | None = None
+             ) -> client_pb2.ApplicationInfo:
+        """Polls until the application ends (FINISHED, FAILED or KILLED); its last info.
+
+        ``on_poll`` sees every info polled on the way (a progress line, a peak figure).
+
+        Raises:
+            TimeoutError: still running after ``timeout_s``, naming its state and window.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = self.application(app_id)
+            if on_poll is not None:
+                on_poll(info)
+            if info.state not in _RUNNING_STATES:
+                return info
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"application {app_id} is still {info.state} after "
+                                   f"{timeout_s:g} s (committed window "
+                                   f"{info.committed_window_id})")
+            time.sleep(interval_s)
 
     def kill(self, app_id: str, reason: str = "") -> None:
         self._call(self._stub.KillApplication,

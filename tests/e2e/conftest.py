@@ -51,3 +51,16 @@ def container_logs(server: MasterServer) -> str:
     """Every container's log, for failure messages."""
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-4000:]}"
                      for p in sorted(server.log_dir.glob("*.log")))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that used a master gets its containers' logs in its report (so a
+    timeout says what the containers were doing, whatever raised it)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, MasterServer) and getattr(value, "log_dir", None):
+            report.sections.append(("container logs", container_logs(value)))

@@ -18,7 +18,6 @@ from operators.library import EventGenerator
 from operators.spark import SparkSql
 from operators.testing import CollectSink
 from tests.e2e.conftest import container_logs
-from tests.harness import poll_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,13 +29,7 @@ def run_until_ended(master, dag: Dag, timeout_s: float = 150):
     """Submits ``dag``; returns the client, the application id and its final info."""
     client = WeirClient(master.address)
     app_id = client.submit(dag.to_descriptor())
-
-    def ended():
-        info = client.application(app_id)
-        return info if info.state not in ("ACCEPTED", "RUNNING") else None
-
-    info = poll_for(ended, timeout_s, f"{app_id} to end\n{container_logs(master)}", 0.2)
-    return client, app_id, info
+    return client, app_id, client.wait(app_id, timeout_s)
 
 
 def assert_failed_in_one_attempt(client: WeirClient, app_id: str, info, operator: str,

@@ -7,7 +7,6 @@ exactly Python's counts."""
 from __future__ import annotations
 
 import collections
-import time
 
 from master.client import WeirClient
 from operators.app import load_app
@@ -31,11 +30,7 @@ def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_ref
 
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        deadline = time.monotonic() + 300
-        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
-            assert time.monotonic() < deadline, "the partitioned word count did not finish " \
-                "in 300 s\n" + container_logs(master)
-            time.sleep(0.5)
+        info = client.wait(app_id, 300)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
         operators = {op.name: op for op in client.operators(app_id)}
         logical = {op.name: op for op in info.logical_operators}

@@ -186,12 +186,7 @@ def test_every_acknowledged_line_is_processed_exactly_once_across_a_crash(master
             sender.join(30)
         assert sender.error is None, f"sender: {sender.error!r}"
         sender.send_end()
-
-        def ended():
-            info = client.application(app_id)
-            return info if info.state not in ("ACCEPTED", "RUNNING") else None
-
-        info = poll_for(ended, 120, f"{app_id} to end\n{container_logs(master)}", 0.2)
+        info = client.wait(app_id, 120)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
         operators = {o.name: o for o in client.operators(app_id)}
         assert operators["source"].failure_count >= 1

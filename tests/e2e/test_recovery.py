@@ -80,13 +80,9 @@ def start(master, tmp_path, mode: str = "AT_LEAST_ONCE") -> tuple[WeirClient, st
 
 
 def wait_finished(client: WeirClient, master, app_id: str, timeout_s: float = 120):
-    def ended():
-        info = client.application(app_id)
-        return info if info.state not in ("ACCEPTED", "RUNNING") else None
-
     try:
-        info = poll_for(ended, timeout_s, f"{app_id} to end", 0.2)
-    except AssertionError as exc:
+        info = client.wait(app_id, timeout_s)
+    except TimeoutError as exc:
         raise AssertionError(f"{exc}\n{where_it_stands(client, app_id)}\n"
                              f"{container_logs(master)}") from None
     assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"

@@ -77,11 +77,7 @@ def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
         with pytest.raises(WeirClientError, match="being \\(re\\)deployed|not ACTIVE"):
             client.repartition(app_id, "count", 3)
 
-        deadline = time.monotonic() + 300
-        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
-            assert time.monotonic() < deadline, "the word count did not finish in 300 s\n" \
-                + container_logs(master)
-            time.sleep(0.5)
+        info = client.wait(app_id, 300)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
         operators = {op.name: op for op in client.operators(app_id)}
 
@@ -154,9 +150,7 @@ def test_a_stats_listener_scales_a_busy_operator_out_while_it_runs(master, tmp_p
 
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(str(app)).to_descriptor())
-        info = poll_for(lambda: (i := client.application(app_id)).state != "RUNNING" and
-                        i.state != "ACCEPTED" and i, 180,
-                        "the scaled application to end\n" + container_logs(master))
+        info = client.wait(app_id, 180)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
         operators = {op.name: op for op in client.operators(app_id)}
 

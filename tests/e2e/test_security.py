@@ -80,10 +80,7 @@ def test_an_application_runs_with_the_users_own_certificate(tls_master, tmp_path
     with WeirClient(tls_master.address) as client:
         assert client.credentials.tls_roots == tls_master.tls.cert.read_bytes()
         app_id = client.submit(dag.to_descriptor())
-        deadline = time.monotonic() + 120
-        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
-            assert time.monotonic() < deadline, container_logs(tls_master)
-            time.sleep(0.2)
+        info = client.wait(app_id, 120)
     assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(tls_master)}"
     rows = [json.loads(line)["x"] for file in sorted(out.glob("*.jsonl"))
             for line in file.read_text().splitlines()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import subprocess
 import sys
-import time
 
 from master.client import WeirClient
 from operators.app import load_app
@@ -31,10 +30,7 @@ def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, ma
 
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        deadline = time.monotonic() + 150
-        while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING"):
-            assert time.monotonic() < deadline, f"no end in 150 s\n{logs()}"
-            time.sleep(0.2)
+        info = client.wait(app_id, 150)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{logs()}"
         spark_container = {op.name: op for op in client.operators(app_id)}["count"].container_id
 
