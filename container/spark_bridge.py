@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ipaddress
 import logging
 import os
 import shutil
@@ -42,17 +41,23 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from container.orphans import remove_orphans
-from operators.ports import conform
+from container.spark_handoff import (
+    Handoff,
+    arrow_dataframe,
+    default_scratch_parent,
+    handoff_for,
+    is_loopback_cluster,
+    row_group_rows,
+    to_table,
+)
+from container.spark_scratch import ScratchFiles
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,10 +66,6 @@ __all__ = ["Handoff", "SparkBridgeStopped", "SparkSessionBridge", "handoff_for"]
 
 _LOGGER = logging.getLogger(__name__)
 
-_SCRATCH_PREFIX = "weir-spark-"
-_SHM = "/dev/shm"
-
-Handoff = Literal["local", "shared", "arrow"]
 
 
 _LOG4J_TEMPLATE = """\
@@ -149,13 +150,12 @@ class SparkSessionBridge:
         self.app_name = app_name
         self.log_level = log_level
         self.conf = dict(conf or {})
-        self._scratch_parent = Path(scratch_dir) if scratch_dir is not None else _default_parent()
-        self._scratch: Path | None = None
+        self._files = ScratchFiles(Path(scratch_dir) if scratch_dir is not None
+                                   else default_scratch_parent(), self._check_running)
         self._log4j_dir: Path | None = None
         self._session: SparkSession | None = None
         self._lock = threading.RLock()
         self._warm = False
-        self._local = threading.local()
         self._stopped = False
 
     @classmethod
@@ -237,7 +237,7 @@ class SparkSessionBridge:
 
     def _create_session(self) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        loopback = _is_loopback_cluster(self.master)
+        loopback = is_loopback_cluster(self.master)
         if self.master.startswith("local") or loopback:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no host lookup, no warning
         from pyspark.sql import SparkSession
@@ -327,11 +327,10 @@ class SparkSessionBridge:
         there is no file.
         """
         spark = session if session is not None else self.session
-        table = _to_table(batches, schema)
+        table = to_table(batches, schema)
         if self.handoff == "arrow":
-            return _arrow_dataframe(spark, table)
-        path = self._scratch_folder() / f"{uuid.uuid4().hex}.parquet"
-        self._track(path)
+            return arrow_dataframe(spark, table)
+        path = self._files.new_path(".parquet")
         pq.write_table(
             table,
             path,
@@ -339,7 +338,7 @@ class SparkSessionBridge:
             use_dictionary=False,
             coerce_timestamps="us",
             allow_truncated_timestamps=True,
-            row_group_size=_row_group_rows(table.num_rows, self.shuffle_partitions),
+            row_group_size=row_group_rows(table.num_rows, self.shuffle_partitions),
         )
         if self.handoff == "shared":  # a file: URI, never the cluster's default file system
             return spark.read.parquet(path.as_uri())
@@ -354,30 +353,19 @@ class SparkSessionBridge:
         try:
             return df.toArrow()
         finally:
-            if not self._scopes():
+            if not self._files.in_job():
                 self.release()
 
-    @contextlib.contextmanager
-    def job(self) -> Iterator[None]:
+    def job(self) -> contextlib.AbstractContextManager[None]:
         """Keeps the files that ``to_dataframe`` writes in this block until the block ends.
 
         Use it to run several jobs over the same DataFrames (blocks nest).
         """
-        scopes = self._scopes()
-        files: list[Path] = []
-        scopes.append(files)
-        try:
-            yield
-        finally:
-            scopes.pop()
-            _delete(files)
+        return self._files.job()
 
     def release(self) -> None:
         """Deletes the files this thread handed out outside any ``job()`` block."""
-        loose = self._loose()
-        files = list(loose)
-        loose.clear()
-        _delete(files)
+        self._files.release()
 
     def stop(self) -> None:
         """Stops the SparkSession and removes the scratch folder; the bridge is done.
@@ -390,7 +378,6 @@ class SparkSessionBridge:
         self._stopped = True  # seen at once by a job's thread, even while the JVM starts
         with self._lock:
             session, self._session = self._session, None
-            scratch, self._scratch = self._scratch, None
         if session is not None:
             try:
                 session.sparkContext.setLogLevel("OFF")
@@ -403,52 +390,19 @@ class SparkSessionBridge:
                 # Typically the JVM is already gone (its process group was signalled).
                 _LOGGER.info("stopping the SparkSession failed; its JVM had exited",
                              exc_info=_LOGGER.isEnabledFor(logging.DEBUG))
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        self._files.remove()
         if self._log4j_dir is not None:
             shutil.rmtree(self._log4j_dir, ignore_errors=True)
 
     @property
     def scratch_dir(self) -> Path | None:
         """This bridge's scratch folder, once created."""
-        return self._scratch
+        return self._files.folder
 
     # -- helpers -----------------------------------------------------------------------
     def _check_running(self) -> None:
         if self._stopped:
             raise SparkBridgeStopped("the Spark bridge was stopped; create a new one")
-
-    def _scopes(self) -> list[list[Path]]:
-        scopes = getattr(self._local, "scopes", None)
-        if scopes is None:
-            scopes = self._local.scopes = []
-        return scopes
-
-    def _loose(self) -> list[Path]:
-        loose = getattr(self._local, "loose", None)
-        if loose is None:
-            loose = self._local.loose = []
-        return loose
-
-    def _track(self, path: Path) -> None:
-        scopes = self._scopes()
-        (scopes[-1] if scopes else self._loose()).append(path)
-
-    def _scratch_folder(self) -> Path:
-        scratch = self._scratch
-        if scratch is not None:
-            return scratch
-        with self._lock:
-            self._check_running()
-            if self._scratch is None:
-                self._scratch_parent.mkdir(parents=True, exist_ok=True)
-                remove_orphans(self._scratch_parent, _SCRATCH_PREFIX)
-                self._scratch = Path(tempfile.mkdtemp(
-                    prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-", dir=self._scratch_parent))
-                atexit.register(shutil.rmtree, self._scratch, True)
-                _LOGGER.debug("Spark scratch folder %s", self._scratch)
-            return self._scratch
-
 
 def _quiet_query_context_loggers() -> None:
     """PySpark logs every analysis error once more, as JSON with the whole JVM stack trace,
@@ -460,90 +414,5 @@ def _quiet_query_context_loggers() -> None:
         return
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def handoff_for(master: str, handoff_dir: str | os.PathLike[str] | None = None) -> Handoff:
-    """How windows reach Spark's executors for this master (see the module docs)."""
-    if handoff_dir:
-        return "shared"
-    if master.startswith("local") or _is_loopback_cluster(master):
-        return "local"
-    return "arrow"
-
-
-def _is_loopback_cluster(master: str) -> bool:
-    """A standalone master (or several, for HA) on loopback: its workers are on this host."""
-    if not master.startswith("spark://"):
-        return False
-    hosts = [urlsplit(f"spark://{part.strip()}").hostname
-             for part in master[len("spark://"):].split(",")]
-    return bool(hosts) and all(_is_loopback_host(host) for host in hosts)
-
-
-def _is_loopback_host(host: str | None) -> bool:
-    if not host:
-        return False
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-_UNSIGNED_AS_PARQUET = {pa.uint8(): pa.int16(), pa.uint16(): pa.int32(),
-                        pa.uint32(): pa.int64(), pa.uint64(): pa.decimal128(20, 0)}
-
-
-def _arrow_dataframe(spark: SparkSession, table: pa.Table) -> DataFrame:
-    """``createDataFrame`` with the Spark types the Parquet path gives the same table.
-
-    Spark's Arrow conversion refuses unsigned integers (its Parquet reader widens them)
-    and makes naive timestamps ``timestamp`` (Parquet: ``timestamp_ntz``), so results
-    would differ by path; both are evened out here.
-    """
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    for i, field in enumerate(table.schema):
-        wider = _UNSIGNED_AS_PARQUET.get(field.type)
-        if wider is not None:
-            table = table.set_column(i, field.with_type(wider), table.column(i).cast(wider))
-    schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
-    if table.num_rows == 0:  # PySpark fails on a table without chunks
-        return spark.createDataFrame([], schema=schema)
-    return spark.createDataFrame(table, schema=schema)
-
-
-def _default_parent() -> Path:
-    if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK):
-        return Path(_SHM)
-    return Path(tempfile.gettempdir())
-
-
-def _row_group_rows(num_rows: int, parallelism: int) -> int:
-    """Rows per row group: enough row groups for Spark to split a big file across cores."""
-    return max(131_072, -(-num_rows // max(1, parallelism * 2)))
-
-
-def _to_table(batches: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
-    batches = [conform(b, schema, "Spark input") for b in batches]
-    table = pa.Table.from_batches(batches, schema=schema)
-    # Parquet has no column type Spark reads for Arrow's null type: make such columns strings.
-    nulls = [i for i, f in enumerate(table.schema) if pa.types.is_null(f.type)]
-    for i in nulls:
-        field = table.schema.field(i)
-        table = table.set_column(i, field.with_type(pa.string()),
-                                 table.column(i).cast(pa.string()))
-    return table
-
-
-def _delete(files: list[Path]) -> None:
-    for path in files:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            _LOGGER.warning("could not delete Spark scratch file %s: %s", path, exc)
 
 

@@ -100,8 +100,8 @@ def test_orphaned_scratch_folders_are_removed(tmp_path: Path) -> None:
     for folder in (dead, alive, other):
         folder.mkdir()
     spark = SparkSessionBridge(scratch_dir=tmp_path)
-    scratch = spark._scratch_folder()  # noqa: SLF001 - what to_dataframe does first
-    assert scratch.parent == tmp_path and scratch.is_dir()
+    scratch = spark._files.new_path(".parquet").parent  # noqa: SLF001 - what to_dataframe does
+    assert scratch.parent == tmp_path and scratch.is_dir() and spark.scratch_dir == scratch
     assert not dead.exists() and alive.exists() and other.exists()
     spark.stop()
     assert not scratch.exists()
