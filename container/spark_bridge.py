@@ -112,13 +112,13 @@ class SparkSessionBridge:
         handoff_dir: a folder every executor reads at the same path; when set, the Parquet
             files go there (under ``<handoff_dir>/<hostname>/``) whatever the master.
 
-    Example:
-        >>> bridge = SparkSessionBridge(master="local[1]")  # doctest: +SKIP
-        >>> batch = pa.record_batch({"x": [1, 2, 3]})  # doctest: +SKIP
-        >>> df = bridge.to_dataframe([batch], batch.schema)  # doctest: +SKIP
-        >>> bridge.to_arrow(df.selectExpr("sum(x) AS s")).to_pylist()  # doctest: +SKIP
-        [{'s': 6}]
-        >>> bridge.stop()  # doctest: +SKIP
+    Example (it starts a JVM, so it is not a doctest)::
+
+        bridge = SparkSessionBridge(master="local[1]")
+        batch = pa.record_batch({"x": [1, 2, 3]})
+        df = bridge.to_dataframe([batch], batch.schema)
+        bridge.to_arrow(df.selectExpr("sum(x) AS s")).to_pylist()  # [{'s': 6}]
+        bridge.stop()
     """
 
     def __init__(

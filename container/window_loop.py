@@ -8,7 +8,6 @@ window ``w`` once every open port has begun it (alignment), and forwards the mar
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import threading
 import time
@@ -20,6 +19,7 @@ import pyarrow as pa
 from container.lease import Lease, LeaseRevoked
 from container.operator_errors import describe_error, is_fatal
 from container.port_input import InputClosed, PortInput
+from container.runner_phase import RunnerPhase, RunnerState
 from container.stream_messages import Kind
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
@@ -36,7 +36,6 @@ __all__ = [
     "Checkpointer",
     "OperatorRunner",
     "Publisher",
-    "RunnerState",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -64,12 +63,6 @@ class Checkpointer(Protocol):
     def committed(self, operator_id: int, window_id: int) -> None:
         """Deletes the operator's checkpoints older than the committed ``window_id``."""
         ...
-
-
-class RunnerState(enum.Enum):
-    ACTIVE = umbilical_pb2.OPERATOR_STATE_ACTIVE
-    SHUTDOWN = umbilical_pb2.OPERATOR_STATE_SHUTDOWN
-    FAILED = umbilical_pb2.OPERATOR_STATE_FAILED
 
 
 def _now_ms() -> int:
@@ -128,7 +121,8 @@ class OperatorRunner:
         self._committed_delivered = -1
         self._committed_arrived = threading.Event()
         self._last_checkpoint = -1
-        self.state = RunnerState.ACTIVE
+        self.phase = RunnerPhase.SETTING_UP
+        self._set_up = False
         self.error = ""
         self.fatal = False  # the error cannot succeed on retry (``is_fatal``)
         self._on_change = on_change
@@ -138,7 +132,6 @@ class OperatorRunner:
         self._input_schemas = {name: declared[name].schema for name in self.inputs
                                if name in declared and declared[name].schema is not None}
         self.end_requested = threading.Event()
-        self.ready = False  # setup() done
         self.activated = threading.Event()
         if not wait_for_activation:
             self.activated.set()
@@ -195,26 +188,46 @@ class OperatorRunner:
             self._stats.clear()
         return stats
 
+    @property
+    def state(self) -> RunnerState:
+        return self.phase.state
+
+    @property
+    def ready(self) -> bool:
+        """``setup()`` returned (what the master waits for before it activates sources)."""
+        return self._set_up
+
+    def _enter(self, phase: RunnerPhase) -> None:
+        self.phase = self.phase.to(phase, f"operator {self.context.name} ({self.operator_id})")
+
     def _run(self) -> None:
         name = self.context.name
         try:
             self.operator.setup(self.context)
-            self.ready = True
-            self._on_change()
+            self._set_up = True
             if isinstance(self.operator, InputOperator):
+                self._enter(RunnerPhase.WAITING)
+                self._on_change()
                 while not self.activated.wait(0.1):
                     if self.stopped.is_set():
+                        self._enter(RunnerPhase.STOPPED)
                         return
+                self._enter(RunnerPhase.RUNNING)
                 self._run_input()
             else:
+                self._enter(RunnerPhase.RUNNING)
+                self._on_change()
                 self._run_generic()
             if self.stopped.is_set():
+                self._enter(RunnerPhase.STOPPED)
                 return
+            self._enter(RunnerPhase.DRAINING)
             self._await_final_commit()
             if self.stopped.is_set():
+                self._enter(RunnerPhase.STOPPED)
                 return
             self.operator.teardown()
-            self.state = RunnerState.SHUTDOWN
+            self._enter(RunnerPhase.FINISHED)
             _LOGGER.info("operator %s (%d) finished after window %s", name, self.operator_id,
                          format_window_id(self._window))
         except InputClosed as exc:
@@ -229,6 +242,8 @@ class OperatorRunner:
             else:
                 self._fail(exc)
         finally:
+            if self.stopped.is_set() or not self.phase.ended:
+                self._enter(RunnerPhase.STOPPED)
             self._on_change()
 
     def _fail(self, exc: BaseException) -> None:
@@ -241,7 +256,7 @@ class OperatorRunner:
                       self.operator_id, format_window_id(self._window),
                       " (fatal: it cannot succeed on retry)" if self.fatal else "", self.error,
                       exc_info=exc)
-        self.state = RunnerState.FAILED
+        self._enter(RunnerPhase.FAILED)
 
     # -- emitting ----------------------------------------------------------------
     def _emit(self, port: str, batch: pa.RecordBatch) -> None:

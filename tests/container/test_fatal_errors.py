@@ -16,8 +16,8 @@ from container.deploy import DeployError, Deployment
 from container.heartbeat_loop import HeartbeatLoop
 from container.operator_errors import describe_error, is_fatal
 from container.operator_state import OperatorStateError
+from container.runner_phase import RunnerState
 from container.stream_messages import Kind
-from container.window_loop import RunnerState
 from operators.operator import Operator
 from operators.ports import InputPort, OutputPort, SchemaMismatch
 from operators.spark import SparkSchemaMismatch

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from container.port_input import PortInput
+from container.runner_phase import RunnerState
 from container.stream_messages import Kind, Message
-from container.window_loop import OperatorRunner, RunnerState
+from container.window_loop import OperatorRunner
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
 
@@ -311,3 +312,35 @@ def run_with_output(port: str, operator: Operator, messages: list[Message]
     runner.start()
     assert runner.join(10)
     return runner, publisher
+
+
+def test_a_runner_moves_through_its_phases_and_a_stopped_one_ends_stopped():
+    """The phases, not flags: a runner that ends its stream finishes; one that is stopped
+    ends STOPPED (it used to stay ACTIVE for good)."""
+    from container.runner_phase import RunnerPhase
+
+    class Relay(Operator):
+        input = InputPort()
+        output = OutputPort()
+
+        def process(self, port, batch):
+            self.output.emit(batch)
+
+    runner, _ = run_with_output("output", Relay(), stream({1: [[1, 2]]}))
+    assert runner.phase is RunnerPhase.FINISHED and runner.state is RunnerState.SHUTDOWN
+    assert runner.ready
+    stopped = threading.Event()
+    release = threading.Event()
+
+    def waiting(_window):  # an input that has nothing yet
+        release.wait(10)
+        return iter(()), release.set
+
+    inputs = {"input": PortInput("input", waiting, 4, stopped, retry_s=0)}
+    idle = OperatorRunner(2, Relay(), OperatorContext("op", 2, "c1", {}), {}, inputs,
+                          time.time_ns() // 1_000_000, lambda: None, stopped=stopped)
+    idle.start()
+    idle.stop(timeout_s=10)
+    assert not idle.alive and idle.phase is RunnerPhase.STOPPED
+    with pytest.raises(RuntimeError, match="no transition RUNNING -> SETTING_UP"):
+        RunnerPhase.RUNNING.to(RunnerPhase.SETTING_UP, "op")

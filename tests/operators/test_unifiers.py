@@ -7,8 +7,8 @@ import collections
 
 import pyarrow as pa
 
+from container.runner_phase import RunnerState
 from container.stream_messages import Kind
-from container.window_loop import RunnerState
 from operators.library import WindowedCount, WindowedCountUnifier
 from operators.unifiers import ConcatUnifier, unifier_input
 from tests.container.test_window_loop import run, stream
