@@ -9,11 +9,12 @@ import time
 import grpc
 
 from container.deploy import DeployError, Deployment
+from container.deploy_queue import DeployQueue
 from container.lease import Lease
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.windows import format_window_id
-from proto import umbilical_pb2
+from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["HeartbeatLoop"]
 
@@ -27,7 +28,8 @@ class HeartbeatLoop:
     cannot be reached for the client's retry window, or ``stop()`` is called.
     ``buffer_server_address`` is what the master hands to downstream containers: the
     advertised host (``--advertise-host``), which need not be the address bound. Every
-    answer but ABORT renews ``lease``; ABORT revokes it.
+    answer but ABORT renews ``lease``; ABORT revokes it. Deploys and undeploys go to a
+    ``DeployQueue`` (its own thread), so none of them delays a heartbeat.
     """
 
     def __init__(self, container_id: str, client: UmbilicalClient, deployment: Deployment,
@@ -43,6 +45,11 @@ class HeartbeatLoop:
         self.committed_window_id = -1
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.deploys = DeployQueue(deployment, self._deploy_failed, self.wake)
+
+    def close(self) -> None:
+        """Stops the deploy queue (after ``run`` returned)."""
+        self.deploys.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -65,7 +72,8 @@ class HeartbeatLoop:
             gc_collection_count=sample.gc_collection_count,
             gc_collection_time_ms=sample.gc_collection_time_ms,
             stats=umbilical_pb2.ContainerStats(
-                id=self.container_id, operators=self.deployment.heartbeats(self.interval_ms)),
+                id=self.container_id, operators=[*self.deployment.heartbeats(self.interval_ms),
+                                                 *self.deploys.placeholders()]),
             sent_tms=time.time_ns() // 1_000_000,
         )
 
@@ -121,18 +129,8 @@ class HeartbeatLoop:
         if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
             _LOGGER.info("container %s: master says ABORT", self.container_id)
             return "aborted by the master"
-        if response.undeploy_request:
-            self.deployment.undeploy(response.undeploy_request)
-        for info in response.deploy_request:
-            try:
-                self.deployment.deploy(info)
-            except DeployError as exc:
-                _LOGGER.error("container %s: %s%s", self.container_id, exc,
-                              " (fatal: it cannot succeed on retry)" if exc.fatal else "")
-                if exc.fatal:  # the next heartbeat says so: the master fails the application
-                    self.deployment.deploy_failed(info, exc)
-                else:  # the master restarts the container for another try
-                    self.client.report_error(self.container_id, [info.id], str(exc))
+        if response.undeploy_request or response.deploy_request:
+            self.deploys.submit(response.undeploy_request, response.deploy_request)
         if response.activate_request:
             self.deployment.activate(response.activate_request)
         if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
@@ -145,3 +143,16 @@ class HeartbeatLoop:
         if response.deploy_request:
             self.wake()  # report the new operators at once
         return None
+
+    def _deploy_failed(self, info: plan_pb2.OperatorDeployInfo, exc: DeployError) -> None:
+        """A deploy failed (in the deploy queue's thread)."""
+        _LOGGER.error("container %s: %s%s", self.container_id, exc,
+                      " (fatal: it cannot succeed on retry)" if exc.fatal else "")
+        if exc.fatal:  # the next heartbeat says so: the master fails the application
+            self.deployment.deploy_failed(info, exc)
+        else:  # the master restarts the container for another try
+            try:
+                self.client.report_error(self.container_id, [info.id], str(exc))
+            except (grpc.RpcError, MasterUnreachable) as error:
+                _LOGGER.warning("container %s: could not report the failed deploy of %d: %s",
+                                self.container_id, info.id, error)

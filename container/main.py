@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         reason = "interrupted"
     finally:
         lease.revoke()  # whatever the reason, this container acts no more
+        loop.close()
         deployment.stop_all()
         buffer_server.close()
         spark.stop()

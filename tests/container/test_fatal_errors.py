@@ -211,7 +211,9 @@ def test_a_fatal_deploy_error_goes_in_the_heartbeat_not_to_report_error(deployme
     response = umbilical_pb2.ContainerHeartbeatResponse(
         deploy_request=[deploy_info(b"garbage")], committed_window_id=-1)
     assert loop.apply(response) is None
-    assert client.errors == [] and loop._wake.is_set()  # the next heartbeat goes at once
+    assert loop._wake.is_set()  # the next heartbeat goes at once
+    assert loop.deploys.wait_idle(10)  # deploys run in their own thread
+    assert client.errors == []
     [report] = deployment.heartbeats(500)
     assert (report.node_id, report.state, report.fatal) == (
         2, umbilical_pb2.OPERATOR_STATE_FAILED, True)
@@ -223,6 +225,8 @@ def test_a_fatal_deploy_error_goes_in_the_heartbeat_not_to_report_error(deployme
         deploy_request=[deploy_info(cloudpickle.dumps(SumPerAppWindow()), checkpoint=40)],
         committed_window_id=-1)
     loop.apply(response)
+    assert loop.deploys.wait_idle(10)
+    loop.close()
     [(_, operators, msg)] = client.errors
     assert operators == [2] and "cannot be restored" in msg
     assert deployment.heartbeats(500) == []

@@ -3,6 +3,7 @@ reply, or a master that stopped, is retried like an unreachable master, not fata
 
 from __future__ import annotations
 
+import threading
 import types
 
 import grpc
@@ -10,7 +11,7 @@ import pytest
 
 from container.heartbeat_loop import HeartbeatLoop
 from container.lease import Lease
-from proto import umbilical_pb2
+from proto import plan_pb2, umbilical_pb2
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,7 +44,7 @@ _STATS = types.SimpleNamespace(process_name="1@host", pid=1, host="host",
                                sample=lambda: types.SimpleNamespace(
     memory_mb_free=1, memory_rss_mb=1, cpu_percent=0.0, gc_collection_count=0,
     gc_collection_time_ms=0))
-_DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [])
+_DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [], runners={})
 
 
 def _loop(client: _Client, lease: Lease | None = None) -> HeartbeatLoop:
@@ -63,3 +64,64 @@ def test_a_master_that_keeps_refusing_is_left_after_the_retry_window():
     client = _Client(refusals=10**9, retry_window_s=0.3)
     assert _loop(client, lease).run() == "master kept refusing"
     assert client.calls > 1 and not lease.valid
+
+
+class _SlowDeployment:
+    """A deployment whose deploys wait for ``release``; records what it did."""
+
+    def __init__(self) -> None:
+        self.runners: dict = {}
+        self.release = threading.Event()
+        self.deployed: list[int] = []
+
+    def heartbeats(self, interval_ms):
+        return []
+
+    def deploy(self, info) -> None:
+        self.release.wait(20)
+        self.deployed.append(info.id)
+
+    def undeploy(self, ids) -> None:
+        self.deployed = [i for i in self.deployed if i not in ids]
+
+    def committed(self, window_id: int) -> None:
+        pass
+
+
+class _Beats:
+    """Answers the first heartbeat with a deploy request, then plain answers; counts."""
+
+    retry_window_s = 30.0
+
+    def __init__(self, stop_after: int) -> None:
+        self.beats: list[umbilical_pb2.ContainerHeartbeat] = []
+        self.stop_after = stop_after
+
+    def heartbeat(self, heartbeat):
+        self.beats.append(heartbeat)
+        if len(self.beats) == 1:
+            return umbilical_pb2.ContainerHeartbeatResponse(deploy_request=[
+                plan_pb2.OperatorDeployInfo(id=7, name="slow", generation=1)])
+        if len(self.beats) >= self.stop_after:
+            return umbilical_pb2.ContainerHeartbeatResponse(
+                shutdown=umbilical_pb2.SHUTDOWN_TYPE_ABORT)
+        return umbilical_pb2.ContainerHeartbeatResponse()
+
+
+def test_a_slow_deploy_does_not_hold_heartbeats_back():
+    """Issue 18: the deploy waits in its own thread while heartbeats go on, and they report
+    the operator as setting up (so the master does not resend its deploy request)."""
+    deployment = _SlowDeployment()
+    client = _Beats(stop_after=4)
+    loop = HeartbeatLoop("app-0001-c0", client, deployment, _STATS,  # type: ignore[arg-type]
+                         ("127.0.0.1", 7001), 20)
+    try:
+        assert loop.run() == "aborted by the master"  # four heartbeats, the deploy unfinished
+        assert deployment.deployed == []
+        [placeholder] = client.beats[-1].stats.operators
+        assert (placeholder.node_id, placeholder.ready, placeholder.generation) == (7, False, 1)
+        deployment.release.set()
+        assert loop.deploys.wait_idle(10) and deployment.deployed == [7]
+    finally:
+        deployment.release.set()
+        loop.close()
