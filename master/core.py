@@ -419,8 +419,8 @@ class MasterCore:
                 if wanted is None or wanted == stats.partition_count:
                     continue
                 with self._lock:  # what the listener saw may be stale by now: then wait
-                    app = self._apps[app_id]
-                    if unhealthy(app) is not None or \
+                    app = self._apps.get(app_id)
+                    if app is None or unhealthy(app) is not None or \
                             len(app.plan.instances(name)) != stats.partition_count:
                         continue
                     done[app_id] = self.repartition(
@@ -433,7 +433,9 @@ class MasterCore:
     def _listener_failed(self, app_id: str, operator: str, error: str) -> None:
         """A listener raised, or asked for what cannot be done: recorded, rate-limited."""
         with self._lock:
-            app = self._apps[app_id]
+            app = self._apps.get(app_id)
+            if app is None:  # forgotten meanwhile
+                return
             message = f"master: the stats listener of {operator!r}: {error}"
             if not app.reported_errors or app.reported_errors[-1] != message:
                 app.reported_errors.append(message)
