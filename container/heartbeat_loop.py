@@ -10,6 +10,7 @@ import grpc
 
 from container.deploy import DeployError, Deployment
 from container.deploy_queue import DeployQueue
+from container.heartbeat_reply import Abort, Activate, Commit, EndInputs, Redeploy, instructions
 from container.lease import Lease
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -125,23 +126,26 @@ class HeartbeatLoop:
         return "stopped"
 
     def apply(self, response: umbilical_pb2.ContainerHeartbeatResponse) -> str | None:
-        """Carries out one answer; returns a reason to exit, or None to go on."""
-        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
-            _LOGGER.info("container %s: master says ABORT", self.container_id)
-            return "aborted by the master"
-        if response.undeploy_request or response.deploy_request:
-            self.deploys.submit(response.undeploy_request, response.deploy_request)
-        if response.activate_request:
-            self.deployment.activate(response.activate_request)
-        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
-            self.deployment.end_inputs()
-        if response.committed_window_id > self.committed_window_id:
-            self.committed_window_id = response.committed_window_id
-            _LOGGER.debug("container %s: committed window %s", self.container_id,
-                          format_window_id(self.committed_window_id))
-            self.deployment.committed(self.committed_window_id)
-        if response.deploy_request:
-            self.wake()  # report the new operators at once
+        """Carries out one answer (``heartbeat_reply.instructions``); returns a reason to
+        exit, or None to go on."""
+        for step in instructions(response, self.committed_window_id):
+            match step:
+                case Abort():
+                    _LOGGER.info("container %s: master says ABORT", self.container_id)
+                    return "aborted by the master"
+                case Redeploy(undeploy=undeploy, deploy=deploy):
+                    self.deploys.submit(undeploy, deploy)
+                    if deploy:
+                        self.wake()  # report the new operators at once
+                case Activate(operator_ids=ids):
+                    self.deployment.activate(ids)
+                case EndInputs():
+                    self.deployment.end_inputs()
+                case Commit(window_id=window_id):
+                    self.committed_window_id = window_id
+                    _LOGGER.debug("container %s: committed window %s", self.container_id,
+                                  format_window_id(window_id))
+                    self.deployment.committed(window_id)
         return None
 
     def _deploy_failed(self, info: plan_pb2.OperatorDeployInfo, exc: DeployError) -> None:

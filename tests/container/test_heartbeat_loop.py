@@ -125,3 +125,16 @@ def test_a_slow_deploy_does_not_hold_heartbeats_back():
     finally:
         deployment.release.set()
         loop.close()
+
+
+def test_an_answer_becomes_instructions_in_the_order_they_are_carried_out():
+    from container.heartbeat_reply import Activate, Commit, EndInputs, Redeploy, instructions
+
+    info = plan_pb2.OperatorDeployInfo(id=4, generation=2)
+    reply = umbilical_pb2.ContainerHeartbeatResponse(
+        undeploy_request=[4], deploy_request=[info], activate_request=[1, 2],
+        shutdown=umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE, committed_window_id=9)
+    assert instructions(reply, committed_window_id=8) == [
+        Redeploy((4,), (info,)), Activate((1, 2)), EndInputs(), Commit(9)]
+    assert instructions(reply, committed_window_id=9)[-1] == EndInputs()  # no news: no Commit
+    assert instructions(umbilical_pb2.ContainerHeartbeatResponse(), 5) == []

@@ -1,0 +1,75 @@
+"""What a heartbeat's answer asks of a container, as instructions: a pure step (dask's
+``WorkerState.handle_stimulus`` pattern), so the rules are read and tested apart from the
+threads and processes that carry them out (``container.heartbeat_loop``).
+
+>>> reply = umbilical_pb2.ContainerHeartbeatResponse(activate_request=[3],
+...                                                  committed_window_id=12)
+>>> instructions(reply, committed_window_id=10)
+[Activate(operator_ids=(3,)), Commit(window_id=12)]
+>>> instructions(umbilical_pb2.ContainerHeartbeatResponse(
+...     shutdown=umbilical_pb2.SHUTDOWN_TYPE_ABORT), committed_window_id=-1)
+[Abort()]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from proto import plan_pb2, umbilical_pb2
+
+__all__ = ["Abort", "Activate", "Commit", "EndInputs", "Instruction", "Redeploy",
+           "instructions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Abort:
+    """The master gave up on this container: it acts no more and exits."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Redeploy:
+    """Undeploy these operators, then deploy those (in the deploy queue, in order)."""
+
+    undeploy: tuple[int, ...]
+    deploy: tuple[plan_pb2.OperatorDeployInfo, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Activate:
+    """These input operators may start their windows (every operator is ready)."""
+
+    operator_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class EndInputs:
+    """The application shuts down gracefully: input operators end their streams."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    """A newer committed window: operators hear of it, the buffer server forgets it."""
+
+    window_id: int
+
+
+Instruction = Abort | Redeploy | Activate | EndInputs | Commit
+
+
+def instructions(response: umbilical_pb2.ContainerHeartbeatResponse,
+                 committed_window_id: int) -> list[Instruction]:
+    """What ``response`` asks, in the order to carry it out; ``committed_window_id``: the
+    newest committed window this container already heard of (older ones are no news)."""
+    if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT:
+        return [Abort()]
+    steps: list[Instruction] = []
+    if response.undeploy_request or response.deploy_request:
+        steps.append(Redeploy(tuple(response.undeploy_request),
+                              tuple(response.deploy_request)))
+    if response.activate_request:
+        steps.append(Activate(tuple(response.activate_request)))
+    if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
+        steps.append(EndInputs())
+    if response.committed_window_id > committed_window_id:
+        steps.append(Commit(response.committed_window_id))
+    return steps
