@@ -34,8 +34,10 @@ from proto import plan_pb2, umbilical_pb2
 
 __all__ = [
     "Checkpointer",
+    "Clock",
     "OperatorRunner",
     "Publisher",
+    "SystemClock",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -65,8 +67,33 @@ class Checkpointer(Protocol):
         ...
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+class Clock(Protocol):
+    """The time the window loop goes by (a test steps a fake one instead of sleeping)."""
+
+    def now_ms(self) -> int:
+        """Epoch milliseconds: window ids count from the application's start in them."""
+
+    def monotonic(self) -> float:
+        """Seconds, for a window's deadline."""
+
+    def sleep(self, seconds: float) -> None:
+        """Idles an input operator that had nothing to emit."""
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+_SYSTEM_CLOCK = SystemClock()
 
 
 class OperatorRunner:
@@ -93,6 +120,7 @@ class OperatorRunner:
         stopped: the stop event, shared with the input ports' subscribers.
         lease: the container's lease: each window, checkpoint and commit waits while it
             has lapsed (None: always held, in tests).
+        clock: wall and monotonic time, and idling (the real clock by default).
     """
 
     def __init__(self, operator_id: int, operator: Operator, context: OperatorContext,
@@ -100,7 +128,8 @@ class OperatorRunner:
                  start_window_millis: int, on_change: Callable[[], None], *,
                  wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
                  resume_window: int = -1, skip_missed_windows: bool = False,
-                 stopped: threading.Event | None = None, lease: Lease | None = None) -> None:
+                 stopped: threading.Event | None = None, lease: Lease | None = None,
+                 clock: Clock = _SYSTEM_CLOCK) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context
@@ -115,6 +144,7 @@ class OperatorRunner:
         self.skip_missed_windows = skip_missed_windows
         self.generation = context.generation
         self.lease = lease
+        self.clock = clock
         self._windows_done = 0  # since this deployment started
         self._checkpoint_due = False
         self._committed_pending = -1
@@ -312,7 +342,7 @@ class OperatorRunner:
             return
         self._hold_lease()
         self._last_checkpoint = window_id
-        started_ms, started = _now_ms(), time.perf_counter()
+        started_ms, started = self.clock.now_ms(), time.perf_counter()
         self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
         took_ms = round((time.perf_counter() - started) * 1000)
         stats.checkpoint.CopyFrom(plan_pb2.Checkpoint(
@@ -355,7 +385,7 @@ class OperatorRunner:
                 self.checkpointer.committed(self.operator_id, committed)
 
     def _record_stats(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
-        now = _now_ms()
+        now = self.clock.now_ms()
         stats.cpu_time_used_ns = self._cpu_ns
         stats.metrics.update(collect_metrics(self.operator))  # user metrics (@metric, METRICS)
         for port, count in self._in_counts.items():
@@ -379,7 +409,7 @@ class OperatorRunner:
         """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
         assert isinstance(self.operator, InputOperator)
         base_seconds = self.start_window_millis // 1000
-        counter = max(0, _now_ms() - self.start_window_millis) // self.window_ms
+        counter = max(0, self.clock.now_ms() - self.start_window_millis) // self.window_ms
         if self.resume_window >= 0:  # restored: carry on after the checkpointed window
             base_seconds = window_base_seconds(self.resume_window)
             after = window_counter(self.resume_window) + 1
@@ -390,7 +420,7 @@ class OperatorRunner:
         while not self.stopped.is_set():
             window_id = make_window_id(base_seconds, counter)
             self._begin(window_id)
-            deadline = time.monotonic() + self.window_ms / 1000
+            deadline = self.clock.monotonic() + self.window_ms / 1000
             exhausted = False
             while not self.stopped.is_set():
                 cpu_start = time.thread_time_ns()
@@ -400,11 +430,11 @@ class OperatorRunner:
                 if not more:
                     exhausted = True
                     break
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     break
                 if sum(self._out_counts.values()) == before:
-                    time.sleep(min(_IDLE_S, remaining))
+                    self.clock.sleep(min(_IDLE_S, remaining))
             if self.stopped.is_set():
                 return
             ending = exhausted or self.end_requested.is_set()
@@ -488,7 +518,7 @@ class OperatorRunner:
     def heartbeat(self, interval_ms: int) -> umbilical_pb2.OperatorHeartbeat:
         """This operator's part of the next heartbeat."""
         return umbilical_pb2.OperatorHeartbeat(
-            node_id=self.operator_id, generated_tms=_now_ms(), interval_ms=interval_ms,
+            node_id=self.operator_id, generated_tms=self.clock.now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
             ready=self.ready, fatal=self.fatal, generation=self.generation,
             recovering=self.recovering)

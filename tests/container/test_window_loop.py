@@ -226,18 +226,17 @@ def test_stream_not_starting_with_begin_window_fails(kind):
 
 
 def test_input_operator_waits_for_activation_after_setup():
+    from container.runner_phase import RunnerPhase
+
     publisher = RecordingPublisher()
-    changes: list[bool] = []
+    changed = threading.Event()
     runner = OperatorRunner(1, Counter(2), OperatorContext("op", 1, "c1", {}),
                             {"output": publisher}, {}, time.time_ns() // 1_000_000,
-                            on_change=lambda: changes.append(True), wait_for_activation=True)
+                            on_change=changed.set, wait_for_activation=True)
     runner.start()
     try:
-        deadline = time.monotonic() + 5
-        while not runner.ready and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert runner.ready and changes, "setup done must be reported at once"
-        time.sleep(0.3)
+        assert changed.wait(5), "setup done must be reported at once"
+        assert runner.ready and runner.phase is RunnerPhase.WAITING
         assert publisher.messages == [], "an input operator must not start before activation"
         assert runner.heartbeat(500).ready
         runner.activate()
@@ -245,6 +244,56 @@ def test_input_operator_waits_for_activation_after_setup():
         assert [x for _, xs in publisher.windows() for x in xs] == [0, 1]
     finally:
         runner.stop(timeout_s=2)
+
+
+class SteppedClock:
+    """A clock that moves only when the window loop idles: each sleep moves it on."""
+
+    def __init__(self, start_ms: int) -> None:
+        self.ms = start_ms
+        self.start_s = 1000.0
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def monotonic(self) -> float:
+        return self.start_s + (self.ms / 1000)
+
+    def sleep(self, seconds: float) -> None:
+        self.ms += max(1, round(seconds * 1000))
+
+
+class Quiet(InputOperator):
+    """Emits nothing for ``windows`` windows (it idles), then ends its stream."""
+
+    output = OutputPort()
+
+    def __init__(self, windows: int) -> None:
+        self.windows = windows
+        self.begun = 0
+
+    def begin_window(self, window_id: int) -> None:
+        self.begun += 1
+
+    def emit_tuples(self) -> bool:
+        return self.begun < self.windows
+
+
+def test_windows_close_by_the_injected_clock_not_by_sleeping():
+    """Issue 18: a test steps time; 50 windows of 500 ms take no half minute."""
+    from operators.windows import window_counter
+
+    publisher = RecordingPublisher()
+    start_ms = 1_700_000_000_000
+    clock = SteppedClock(start_ms)
+    runner = OperatorRunner(1, Quiet(50), OperatorContext(
+        "op", 1, "c1", {"STREAMING_WINDOW_SIZE_MILLIS": 500}), {"output": publisher}, {},
+        start_ms, lambda: None, clock=clock)
+    runner.start()
+    assert runner.join(10), "the stepped clock closed the windows"
+    ids = [w for w, _ in publisher.windows()]
+    assert [window_counter(w) for w in ids] == list(range(50))
+    assert clock.ms - start_ms >= 49 * 500  # every window lasted its 500 ms, of fake time
 
 
 def test_input_resubscribes_after_a_broken_connection_without_duplicates():
