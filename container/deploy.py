@@ -32,7 +32,7 @@ __all__ = ["DeployError", "Deployment"]
 _LOGGER = logging.getLogger(__name__)
 
 UNDEPLOY_WAIT_S = 5.0
-"""How long an undeploy waits for the operator's thread to exit."""
+"""How long an undeploy waits for the operator's thread to exit (by default)."""
 REDEPLOY_WAIT_S = 10.0
 """How much longer a new deployment of it waits, before the container must restart."""
 
@@ -117,14 +117,19 @@ class Deployment:
         secret: the master's secret, which other containers' buffer servers want.
         tls_root_certs: subscribe over TLS trusting these PEM certificates.
         lease: the container's lease, which every operator holds to act.
+        undeploy_wait_s, redeploy_wait_s: how long an undeploy waits for an operator's
+            thread to exit, and how much longer a new deployment of it then waits.
     """
 
     def __init__(self, application_id: str, container_id: str, buffer_server: BufferServer,
                  spark: SparkSessionBridge, start_window_millis: int,
                  base_attributes: dict[str, str], on_change: Callable[[], None], *,
                  secret: str | None = None, tls_root_certs: bytes | None = None,
-                 lease: Lease | None = None) -> None:
+                 lease: Lease | None = None, undeploy_wait_s: float = UNDEPLOY_WAIT_S,
+                 redeploy_wait_s: float = REDEPLOY_WAIT_S) -> None:
         self.container_id = container_id
+        self.undeploy_wait_s = undeploy_wait_s
+        self.redeploy_wait_s = redeploy_wait_s
         self.lease = lease
         self.secret = secret
         self.tls_root_certs = tls_root_certs
@@ -349,11 +354,11 @@ class Deployment:
                              operator_id)
                 for port in runner.publishers:
                     self.buffer_server.suspend(stream_id(operator_id, port))
-                runner.stop(timeout_s=UNDEPLOY_WAIT_S)
+                runner.stop(timeout_s=self.undeploy_wait_s)
                 if runner.alive:
                     _LOGGER.warning("container %s: operator %d has not stopped within %.0f s; "
                                     "it counts as deployed until its thread exits",
-                                    self.container_id, operator_id, UNDEPLOY_WAIT_S)
+                                    self.container_id, operator_id, self.undeploy_wait_s)
                     with self._lock:
                         self.stopping[operator_id] = runner
 
@@ -361,20 +366,20 @@ class Deployment:
         """Waits for an earlier deployment of the operator that is still stopping here.
 
         Raises:
-            DeployError: it is still running after ``REDEPLOY_WAIT_S`` (not fatal: the
+            DeployError: it is still running after ``redeploy_wait_s`` (not fatal: the
                 master restarts the container, and the process exit ends that thread).
         """
         with self._lock:
             previous = self.stopping.get(info.id)
         if previous is None:
             return
-        if previous.join(REDEPLOY_WAIT_S):
+        if previous.join(self.redeploy_wait_s):
             with self._lock:
                 self.stopping.pop(info.id, None)
             return
         raise DeployError(f"operator {info.name} ({info.id}) is not deployed: its previous "
                           f"deployment in container {self.container_id} has not stopped "
-                          f"within {REDEPLOY_WAIT_S + UNDEPLOY_WAIT_S:.0f} s (stuck in "
+                          f"within {self.redeploy_wait_s + self.undeploy_wait_s:.0f} s (stuck in "
                           "process() or a Spark job?); the container must be restarted")
 
     def activate(self, operator_ids: Iterable[int]) -> None:

@@ -74,6 +74,11 @@ class _Route:
         self.needs = needs  # which permission: "api" or "metrics"
 
 
+REQUEST_DEADLINE_S = 30.0
+"""The whole of one request, read and answered: a client that sends (or reads) a byte
+now and then, never silent for ``_Handler.timeout``, is still cut off."""
+
+
 class HttpApi:
     """The HTTP server; ``start`` binds and serves from a thread, ``stop`` ends it.
 
@@ -84,12 +89,15 @@ class HttpApi:
         open_api: serve the API and the dashboard without the secret.
         open_metrics: serve ``/metrics`` without the secret.
         tls: serve HTTPS with this certificate and key.
+        request_deadline_s: the whole of one request, read and answered.
     """
 
     def __init__(self, core: MasterCore, token: str, host: str = "127.0.0.1", port: int = 0,
                  *, open_api: bool = False, open_metrics: bool = False,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None,
+                 request_deadline_s: float = REQUEST_DEADLINE_S) -> None:
         self.core = core
+        self.request_deadline_s = request_deadline_s
         self._expected = token.encode()
         self.host, self.port = host, port
         self.open_api, self.open_metrics = open_api, open_metrics
@@ -210,11 +218,6 @@ class _BoundedHTTPServerV6(_BoundedHTTPServer):
     address_family = socket.AF_INET6
 
 
-REQUEST_DEADLINE_S = 30.0
-"""The whole of one request, read and answered: a client that sends (or reads) a byte
-now and then, never silent for ``_Handler.timeout``, is still cut off."""
-
-
 class _Handler(http.server.BaseHTTPRequestHandler):
     """One request: route, check the token, answer JSON, HTML or metrics text.
 
@@ -228,13 +231,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._cut_off)
+        self._deadline = threading.Timer(self.api.request_deadline_s, self._cut_off)
         self._deadline.daemon = True
         self._deadline.start()
 
     def _cut_off(self) -> None:
         _LOGGER.debug("HTTP: a request from %s took over %.0f s; closed", self.client_address,
-                      REQUEST_DEADLINE_S)
+                      self.api.request_deadline_s)
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:

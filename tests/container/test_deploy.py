@@ -94,20 +94,17 @@ class Stuck(InputOperator):
         return True
 
 
-def test_an_operator_counts_as_deployed_until_its_thread_exits(tmp_path, monkeypatch):
+def test_an_operator_counts_as_deployed_until_its_thread_exits(tmp_path):
     """Issue 17, item 6: an undeploy whose thread is stuck leaves it in ``stopping``; no
     new deployment of it starts beside it (the container is restarted instead), and one
     starts once it has exited."""
-    import container.deploy as deploy_module
-
-    monkeypatch.setattr(deploy_module, "UNDEPLOY_WAIT_S", 0.2)
-    monkeypatch.setattr(deploy_module, "REDEPLOY_WAIT_S", 0.2)
     entered, release = tmp_path / "entered", tmp_path / "release"
     stuck = plan_pb2.OperatorDeployInfo(
         id=5, name="stuck", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="Stuck",
         payload=cloudpickle.dumps(Stuck(str(entered), str(release))), generation=1)
     deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
-                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None)
+                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
+                            undeploy_wait_s=0.2, redeploy_wait_s=0.2)
     try:
         deployment.deploy(stuck)
         runner = deployment.runners[5]

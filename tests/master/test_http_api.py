@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import json_format
 from prometheus_client.parser import text_string_to_metric_families
 
-from master import auth, http_api
+from master import auth
 from master.client import WeirClient
 from master.http_api import MAX_CONNECTIONS, HttpApi
 from master.launcher import RecordingLauncher
@@ -221,10 +221,11 @@ def test_idle_connections_cannot_pile_up_threads(api):
     poll_for(answered, 10, "the closed connections' slots to come back")
 
 
-def test_a_request_dripped_byte_by_byte_is_cut_off_at_its_deadline(api, monkeypatch):
+def test_a_request_dripped_byte_by_byte_is_cut_off_at_its_deadline():
     """Issue 17, item 11: never silent for the idle timeout, still not kept forever."""
-    monkeypatch.setattr(http_api, "REQUEST_DEADLINE_S", 1.0)
-    http, _, _ = api
+    core, _ = monitored_core()
+    http = HttpApi(core, SECRET, request_deadline_s=1.0)
+    http.start()
     url = urllib.parse.urlsplit(http.url)
     closed = False
     with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
@@ -244,4 +245,5 @@ def test_a_request_dripped_byte_by_byte_is_cut_off_at_its_deadline(api, monkeypa
                 closed = True
             if closed:
                 break
+    http.stop()
     assert closed, "the server kept a dripping request open"
