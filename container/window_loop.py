@@ -12,13 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import pyarrow as pa
 
 from container.lease import Lease, LeaseRevoked
 from container.operator_errors import describe_error, is_fatal
 from container.port_input import InputClosed, PortInput
+from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.stream_messages import Kind
 from operators.metrics import collect_metrics
@@ -32,69 +32,11 @@ from operators.windows import (
 )
 from proto import plan_pb2, umbilical_pb2
 
-__all__ = [
-    "Checkpointer",
-    "Clock",
-    "OperatorRunner",
-    "Publisher",
-    "SystemClock",
-]
+__all__ = ["OperatorRunner"]
 
 _LOGGER = logging.getLogger(__name__)
 _STATS_RING = 1024
 _IDLE_S = 0.002
-
-class Publisher(Protocol):
-    """The output side of a port: the buffer server's in-process publisher."""
-
-    bytes_published: int
-
-    def begin_window(self, window_id: int) -> None: ...
-    def data(self, window_id: int, batch: pa.RecordBatch) -> None: ...
-    def end_window(self, window_id: int) -> None: ...
-    def end_stream(self) -> None: ...
-
-
-class Checkpointer(Protocol):
-    """Saves operator state durably and forgets what the committed window made useless."""
-
-    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
-        """Saves ``operator``'s state as of the end of ``window_id``; returns bytes written."""
-        ...
-
-    def committed(self, operator_id: int, window_id: int) -> None:
-        """Deletes the operator's checkpoints older than the committed ``window_id``."""
-        ...
-
-
-class Clock(Protocol):
-    """The time the window loop goes by (a test steps a fake one instead of sleeping)."""
-
-    def now_ms(self) -> int:
-        """Epoch milliseconds: window ids count from the application's start in them."""
-
-    def monotonic(self) -> float:
-        """Seconds, for a window's deadline."""
-
-    def sleep(self, seconds: float) -> None:
-        """Idles an input operator that had nothing to emit."""
-
-
-class SystemClock:
-    """The real clock."""
-
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-_SYSTEM_CLOCK = SystemClock()
-
 
 class OperatorRunner:
     """Runs one deployed operator in its own thread, window by window.
@@ -129,7 +71,7 @@ class OperatorRunner:
                  wait_for_activation: bool = False, checkpointer: Checkpointer | None = None,
                  resume_window: int = -1, skip_missed_windows: bool = False,
                  stopped: threading.Event | None = None, lease: Lease | None = None,
-                 clock: Clock = _SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.operator_id = operator_id
         self.operator = operator
         self.context = context

@@ -1,0 +1,65 @@
+"""What an operator runner is given (``container.window_loop``): where its output
+ports publish, where its checkpoints go, and the clock it goes by."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import pyarrow as pa
+
+from operators.operator import Operator
+
+__all__ = ["SYSTEM_CLOCK", "Checkpointer", "Clock", "Publisher", "SystemClock"]
+
+
+class Publisher(Protocol):
+    """The output side of a port: the buffer server's in-process publisher."""
+
+    bytes_published: int
+
+    def begin_window(self, window_id: int) -> None: ...
+    def data(self, window_id: int, batch: pa.RecordBatch) -> None: ...
+    def end_window(self, window_id: int) -> None: ...
+    def end_stream(self) -> None: ...
+
+
+class Checkpointer(Protocol):
+    """Saves operator state durably and forgets what the committed window made useless."""
+
+    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
+        """Saves ``operator``'s state as of the end of ``window_id``; returns bytes written."""
+        ...
+
+    def committed(self, operator_id: int, window_id: int) -> None:
+        """Deletes the operator's checkpoints older than the committed ``window_id``."""
+        ...
+
+
+class Clock(Protocol):
+    """The time the window loop goes by (a test steps a fake one instead of sleeping)."""
+
+    def now_ms(self) -> int:
+        """Epoch milliseconds: window ids count from the application's start in them."""
+
+    def monotonic(self) -> float:
+        """Seconds, for a window's deadline."""
+
+    def sleep(self, seconds: float) -> None:
+        """Idles an input operator that had nothing to emit."""
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
