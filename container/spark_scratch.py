@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from container.orphans import remove_orphans
+from operators.orphans import remove_orphans
 
 __all__ = ["ScratchFiles"]
 

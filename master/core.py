@@ -392,9 +392,11 @@ class MasterCore:
 
     def release_ended_runs(self) -> None:
         """Releases the state folders of ended runs and deletes their default ones; for
-        a master that stops, once it stopped every container."""
+        a master that stops, once it stopped every container. Without a journal nothing
+        can take a run back, so every run has ended then."""
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.values(), all_stopped=True)
+            ended, discard = self._folders.ended(self._apps.values(), all_stopped=True,
+                                                 forever=self.journal is None)
         self._folders.release(ended, discard)
 
     # -- stats listeners ------------------------------------------------------------------

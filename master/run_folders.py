@@ -44,12 +44,15 @@ class RunFolders:
         """Whether the app's folder is still claimed or waits to be deleted."""
         return app_id in self._claims or app_id in self._discard
 
-    def ended(self, apps: Iterable[Application], all_stopped: bool
+    def ended(self, apps: Iterable[Application], all_stopped: bool, *, forever: bool = False
               ) -> tuple[list[StateClaim], list[str]]:
         """Claims of runs that ended (to release), and default folders no container uses
-        any more (to delete); ``all_stopped``: every container has been stopped."""
+        any more (to delete); ``all_stopped``: every container has been stopped;
+        ``forever``: no master will take any run back (one without a journal stops), so
+        every run has ended."""
         apps = list(apps)
-        ended = [self._claims.pop(a.id) for a in apps if a.terminal and a.id in self._claims]
+        ended = [self._claims.pop(a.id) for a in apps
+                 if (a.terminal or forever) and a.id in self._claims]
         by_id = {a.id: a for a in apps}
         for claim in ended:
             self._discard_later(by_id[claim.app_id], claim.state_dir)

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from operators.orphans import remove_orphans
 from proto import umbilical_pb2
 from proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
 
@@ -32,6 +33,7 @@ __all__ = ["TemporaryIdentity", "TlsFiles", "identity_for", "make_self_signed",
            "open_channel", "read_pem"]
 
 _CERT, _KEY = "cert.pem", "key.pem"
+_TEMP_PREFIX = "weir-tls-"
 _VALID_DAYS = 3650  # a pinned certificate is replaced with its master, not by expiry
 
 TLS_CERT_ENV = "WEIR_TLS_CERT"
@@ -139,7 +141,9 @@ class TemporaryIdentity:
     (a master without a state folder: nothing of it survives a stop)."""
 
     def __init__(self) -> None:
-        folder = Path(tempfile.mkdtemp(prefix="weir-tls-"))
+        parent = Path(tempfile.gettempdir())
+        remove_orphans(parent, _TEMP_PREFIX)  # a killed master's key goes too
+        folder = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{os.getpid()}-", dir=parent))
         self._remove = weakref.finalize(self, shutil.rmtree, folder, True)
         self.files = make_self_signed(folder)
 

@@ -124,6 +124,8 @@ def test_unauthenticated_large_requests_cost_the_master_nothing(tmp_path):
             caller.join(90)
         done.set()
         sampler.join(5)
+        master.interrupt()  # a clean stop: its temporary key goes with it
+        master.wait(30)
     finally:
         master.stop()
     assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8

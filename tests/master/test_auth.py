@@ -9,6 +9,7 @@ import pickle
 import stat
 import subprocess
 import sys
+import tempfile
 
 import grpc
 import pytest
@@ -353,3 +354,14 @@ def test_calls_past_the_concurrency_limit_are_refused_at_once_and_containers_ret
     finally:
         release.set()
         master.stop()
+
+
+def test_a_killed_masters_temporary_key_is_swept_by_the_next_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    left = tmp_path / "weir-tls-999999999-abc"  # no such process
+    left.mkdir()
+    (left / "key.pem").write_text("a dead master's key")
+    with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as master:
+        assert not left.exists()
+        assert master.tls.cert.parent.parent == tmp_path
+        assert master.tls.cert.parent.name.startswith(f"weir-tls-{os.getpid()}-")

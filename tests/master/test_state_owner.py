@@ -130,3 +130,16 @@ def test_a_failed_runs_folder_is_kept_and_a_named_one_always(tmp_path):
     core.kill_application(app.id)
     _containers_exit(core, app)
     assert (tmp_path / "mine").is_dir()  # the user's own folder is never deleted
+
+
+def test_a_master_without_a_journal_releases_every_run_when_it_stops():
+    """Nothing can take its runs back: their default folders go, running or not."""
+    from master.launcher import RecordingLauncher
+    from master.server import MasterServer
+    from tests.master.fakes import chain_descriptor
+
+    with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as server:
+        app_id = server.core.submit(chain_descriptor(2, CONTAINERS=1), {})
+        folder = server.core.application(app_id).plan.attributes["STATE_DIR"]
+        assert os.path.isdir(folder)
+    assert not os.path.exists(folder)

@@ -1,8 +1,8 @@
-"""Folders a container process leaves behind when it is killed, swept by the next one.
+"""Folders a Weir process leaves behind when it is killed, swept by the next one.
 
-A container names its temporary folders ``<prefix><pid>-<random>``; one whose process no
-longer runs (SIGKILLed, or its machine restarted) is removed by the next container that
-makes a folder with the same prefix, if it belongs to the same user.
+A master or container names its temporary folders ``<prefix><pid>-<random>``; one whose
+process no longer runs (SIGKILLed, or its machine restarted) is removed by the next
+process that makes a folder with the same prefix, if it belongs to the same user.
 """
 
 from __future__ import annotations
