@@ -71,8 +71,8 @@ def cmd_apps(args: argparse.Namespace) -> int:
                                   tables.application_rows(apps, now_ms()),
                                   tables.APPLICATION_RIGHT))
         if apps[0].dashboard_url:  # a hint for people, kept off the table's stream
-            print(f"weir: dashboard on {apps[0].dashboard_url} (add ?token=SECRET, the "
-                  "master's secret)", file=sys.stderr)
+            print(f"weir: dashboard on {apps[0].dashboard_url} (add ?token=TOKEN, the "
+                  "http_token in the master's secret file)", file=sys.stderr)
     return 0
 
 
