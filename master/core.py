@@ -13,14 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import NoReturn
 
 from master import heartbeat as rules
 from master import liveness, recovery, views
 from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from master.launcher import Launcher
-from master.persistence import ApplicationJournal
+from master.persistence import ApplicationJournal, HaltingJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer
 from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
@@ -81,8 +80,8 @@ class MasterCore:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self.dashboard_url = ""  # the master's web dashboard (no secret), shown by `weir apps`
-        self.halted = ""  # why the master stopped serving ("" = it serves)
         self.on_halt: Callable[[str], None] | None = None  # told once, from a handler thread
+        self._writer = HaltingJournal(journal, self._halting) if journal is not None else None
 
     # -- lookups (call with the lock held) ----------------------------------------------
     def _app(self, app_id: str) -> Application:
@@ -378,11 +377,8 @@ class MasterCore:
 
     def _forget(self, app: Application) -> None:
         """Removes an ended application from memory and the journal (lock held)."""
-        if self.journal is not None:
-            try:
-                self.journal.forget(app)
-            except OSError as exc:
-                self._halt_on(exc)
+        if self._writer is not None:
+            self._writer.forget(app)
         del self._apps[app.id]
         self._listeners.pop(app.id, None)
         for container_id in [c for c, a in self._container_apps.items() if a == app.id]:
@@ -445,38 +441,23 @@ class MasterCore:
                                self.clock(), "app=%s %s", app_id, message)
 
     # -- the journal ----------------------------------------------------------------------
+    @property
+    def halted(self) -> str:
+        """Why the master stopped serving: its journal failed ("" = it serves)."""
+        return self._writer.halted if self._writer is not None else ""
+
     def _persist(self, app: Application) -> None:
-        """Journals ``app`` if what recovery needs of it changed (lock held).
+        """Journals ``app`` if what recovery needs of it changed (lock held); a journal
+        that fails halts the master (``HaltingJournal``): the change is not answered
+        (UNAVAILABLE, which containers retry)."""
+        if self._writer is not None:
+            self._writer.save(app, self._folders.get(app.id))
 
-        A journal that cannot be written stops the master (Kafka halts a broker whose log
-        folder fails): it may not answer what it could not make durable, and a master
-        restarted on a healthy folder takes the applications back from the last record
-        that was. The change is not answered (UNAVAILABLE: containers retry).
-
-        Raises:
-            Unavailable: the journal could not be written, now or before.
-        """
-        if self.journal is None:
-            return
-        if self.halted:
-            raise Unavailable(self.halted)
-        try:
-            self.journal.save(app, self._folders.get(app.id))
-        except OSError as exc:
-            self._halt_on(exc)
-
-    def _halt_on(self, exc: OSError) -> NoReturn:
-        """The journal failed: the master stops serving (lock held)."""
-        assert self.journal is not None
-        self.halted = (f"the master stopped: it cannot write its journal "
-                       f"{self.journal.journal.folder} ({exc.strerror or exc}); free the "
-                       "disk and start it again on the same --state-dir: its containers "
-                       "keep running and it takes them back")
-        _LOGGER.critical("%s", self.halted)
+    def _halting(self, reason: str) -> None:
+        """The journal failed: nothing more is decided here, and the server stops."""
         self._stop.set()
         if self.on_halt is not None:
-            self.on_halt(self.halted)
-        raise Unavailable(self.halted) from None
+            self.on_halt(reason)
 
     def restore(self) -> int:
         """Takes back every application of the journal; returns how many.
@@ -502,7 +483,8 @@ class MasterCore:
                     continue
                 if claim is not None:
                     self._folders.claim(claim.state_dir, app.id, claim.run_id)
-                self._resume(app, now_ms)
+                for container_id, pid, host in recovery.resume(app, now_ms):
+                    self.launcher.adopt(container_id, pid, host)
                 try:
                     self._listeners[app.id] = load_listeners(app.dag)
                 except StatsListenerError as exc:
@@ -513,18 +495,6 @@ class MasterCore:
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()
         return len(loaded)
-
-    def _resume(self, app: Application, now_ms: int) -> None:
-        """A restored application's clocks start over, and its processes are adopted."""
-        for container in app.plan.live_containers():
-            stats = app.container_stats[container.id]
-            stats.last_heartbeat_ms = now_ms
-            container.allocated_ms = now_ms
-            if stats.pid > 0:
-                self.launcher.adopt(container.id, stats.pid, stats.host)
-        for op in app.plan.operators.values():
-            app.operator_stats[op.id].window_moved_ms = now_ms
-            op.ready_ms = max(op.ready_ms, now_ms)
 
     def start(self) -> None:
         """Starts the master loop thread."""

@@ -15,15 +15,17 @@ import copy
 import dataclasses
 import logging
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 from master.application import Application
 from master.checkpoints import CheckpointBook
+from master.errors import Unavailable
 from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.state_owner import StateClaim
 
-__all__ = ["ApplicationJournal", "JournalError"]
+__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -168,3 +170,43 @@ def _without_operators(app: Application) -> Application:
     light.operator_stats = {}
     light.launcher_actions = []
     return light
+
+
+class HaltingJournal:
+    """The journal as the master's core writes it: a write that fails halts the master.
+
+    Kafka halts a broker whose log folder fails: the master may not answer what it could
+    not make durable, and a master restarted on a healthy folder takes the applications
+    back from the last record that was. Every later write is refused the same way.
+
+    Args:
+        journal: where the applications go.
+        on_halt: told once, with the reason, when a write first fails.
+    """
+
+    def __init__(self, journal: ApplicationJournal, on_halt: Callable[[str], None]) -> None:
+        self.journal = journal
+        self.halted = ""  # why the master stopped serving ("" = it serves)
+        self._on_halt = on_halt
+
+    def save(self, app: Application, claim: StateClaim | None) -> None:
+        """``ApplicationJournal.save``; raises Unavailable once the journal failed."""
+        self._write(lambda: self.journal.save(app, claim))
+
+    def forget(self, app: Application) -> None:
+        """``ApplicationJournal.forget``; raises Unavailable once the journal failed."""
+        self._write(lambda: self.journal.forget(app))
+
+    def _write(self, write: Callable[[], object]) -> None:
+        if self.halted:
+            raise Unavailable(self.halted)
+        try:
+            write()
+        except OSError as exc:
+            self.halted = (f"the master stopped: it cannot write its journal "
+                           f"{self.journal.journal.folder} ({exc.strerror or exc}); free the "
+                           "disk and start it again on the same --state-dir: its "
+                           "containers keep running and it takes them back")
+            _LOGGER.critical("%s", self.halted)
+            self._on_halt(self.halted)
+            raise Unavailable(self.halted) from None

@@ -40,6 +40,7 @@ __all__ = [
     "lose_container",
     "max_restarts",
     "redeploy",
+    "resume",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -341,3 +342,20 @@ def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
                      op.processing_mode, format_window_id(op.recovery_window_id),
                      f"; forgets newer checkpoints {[format_window_id(w) for w in dropped]}"
                      if dropped else "")
+
+
+def resume(app: Application, now_ms: int) -> list[tuple[str, int, str]]:
+    """A restored application's clocks start over from ``now_ms`` (every container gets a
+    fresh heartbeat timeout, every operator a fresh window timeout); returns the
+    processes to adopt: ``(container id, pid, host)`` as their last heartbeats said."""
+    adopt = []
+    for container in app.plan.live_containers():
+        stats = app.container_stats[container.id]
+        stats.last_heartbeat_ms = now_ms
+        container.allocated_ms = now_ms
+        if stats.pid > 0:
+            adopt.append((container.id, stats.pid, stats.host))
+    for op in app.plan.operators.values():
+        app.operator_stats[op.id].window_moved_ms = now_ms
+        op.ready_ms = max(op.ready_ms, now_ms)
+    return adopt
