@@ -10,6 +10,7 @@ from master.liveness import check_liveness
 from master.physical_plan import ContainerState, OperatorState
 from master.planner import build_physical_plan
 from proto import plan_pb2, umbilical_pb2
+from tests.master.cluster import Cluster
 from tests.master.fakes import (
     ManualClock,
     chain_descriptor,
@@ -29,15 +30,9 @@ FAILED = umbilical_pb2.OPERATOR_STATE_FAILED
 
 def make_app(clock: ManualClock, n: int = 3, containers: int = 3, **overrides: str
              ) -> Application:
-    """An application whose containers were just launched (ALLOCATED)."""
-    dag = chain_descriptor(n)
-    plan = build_physical_plan(dag, {"CONTAINERS": str(containers), **overrides}, "app-0001")
-    app = Application("app-0001", dag, plan, clock())
-    app.start_window_millis = 0  # epoch 0: the tests' window ids are plain counters
-    for container in plan.containers.values():
-        container.transition(ContainerState.ALLOCATED)
-        container.allocated_ms = clock()
-    return app
+    """An application whose containers were just launched (ALLOCATED), window ids plain
+    counters: the shared fake cluster's, with the test playing each heartbeat itself."""
+    return Cluster(chain_descriptor(n), containers, clock=clock, **overrides).app
 
 
 def activate_all(app: Application, clock: ManualClock) -> dict[str, umbilical_pb2.

@@ -155,8 +155,14 @@ def test_thread_launcher_runs_the_given_entry_point():
 
 
 def _sleeper(**env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                            env={**os.environ, **env}, start_new_session=True)
+    """A process that sleeps, returned once it runs (exec'd, with ``env`` as its own: just
+    after the fork, /proc still shows the parent's environment)."""
+    process = subprocess.Popen([sys.executable, "-c",
+                                "import time; print('ready', flush=True); time.sleep(60)"],
+                               env={**os.environ, **env}, start_new_session=True,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
 
 
 def test_a_restarted_master_adopts_only_processes_proven_to_be_its_containers():

@@ -21,8 +21,8 @@ from operators.ports import OutputPort
 from operators.testing import CollectSink, ListSource
 from operators.unifiers import ConcatUnifier
 from proto import plan_pb2
+from tests.master.cluster import Cluster, checkpointed
 from tests.master.fakes import ManualClock, chain_descriptor
-from tests.master.test_recovery import Cluster, checkpointed
 
 
 def wordcount(containers: int = 3, **count_attributes: object) -> Dag:

@@ -16,6 +16,7 @@ from master.stats_listeners import operator_stats
 from master.views import application_info, container_info
 from operators.library import FileSink
 from operators.partitioning import partition_keys
+from tests.master.cluster import Cluster, checkpointed
 from tests.master.fakes import (
     ManualClock,
     chain_dag,
@@ -24,7 +25,6 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
-from tests.master.test_recovery import Cluster, checkpointed
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,8 +14,8 @@ from master.heartbeat import MAX_WINDOW_LEAD_MS
 from master.log_limits import LogLimiter
 from master.physical_plan import OperatorState
 from operators.windows import make_window_id
+from tests.master.cluster import C1, C3, RELAY, SINK, SOURCE, chain
 from tests.master.fakes import T0_MS, window
-from tests.master.test_recovery import C1, C3, RELAY, SINK, SOURCE, chain
 
 pytestmark = pytest.mark.timeout(30)
 
