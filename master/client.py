@@ -94,12 +94,14 @@ class WeirClient:
         except (OSError, ValueError) as exc:
             raise WeirClientError(str(exc)) from None
         self._metadata = bearer_metadata(self.credentials.secret)
+        self._stub_made = (client_pb2_grpc.WeirClientStub(self._channel)
+                           if self._channel is not None else None)
 
     @property
     def _stub(self) -> client_pb2_grpc.WeirClientStub:
-        if self._channel is None:
+        if self._stub_made is None:
             raise self._no_certificate()
-        return client_pb2_grpc.WeirClientStub(self._channel)
+        return self._stub_made
 
     def _no_certificate(self) -> WeirClientError:
         """Why no call is made: nobody listens there, or nothing proves it is the master."""

@@ -17,6 +17,8 @@ certificate checks that name (:func:`pinned_server_name`).
 
 from __future__ import annotations
 
+import functools
+
 __all__ = [
     "AUTH_HEADER",
     "BEARER",
@@ -62,6 +64,7 @@ def grpc_tls_options(server_name: str | None) -> list[tuple[str, str]]:
     return [("grpc.ssl_target_name_override", server_name)] if server_name else []
 
 
+@functools.lru_cache(maxsize=16)
 def pinned_server_name(roots: bytes) -> str | None:
     """:data:`PINNED_SERVER_NAME` if ``roots`` is one certificate naming only it (one the
     master made), else None (check the peer's host as usual).
