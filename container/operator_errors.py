@@ -12,6 +12,7 @@ import os
 import pickle
 import sys
 import traceback
+from types import FrameType
 
 from container.operator_state import OperatorStateError
 from operators.ports import SchemaMismatch
@@ -76,9 +77,25 @@ def describe_error(exc: BaseException) -> str:
     message = lines[0] if lines else ""
     if len(message) > _ERROR_CHARS:
         message = message[:_ERROR_CHARS - 3] + "..."
-    frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if not _LIBRARY_DIRS.intersection(f.filename.split(os.sep))]
-    frame = (own or frames)[-1] if frames else None
-    where = f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})" \
-        if frame is not None else ""
+    frames = [(_source_file(frame), lineno, frame.f_code.co_name)
+              for frame, lineno in traceback.walk_tb(exc.__traceback__)]
+    own = [f for f in frames if not _LIBRARY_DIRS.intersection(f[0].split(os.sep))]
+    place = (own or frames)[-1] if frames else None
+    where = f" (at {os.path.basename(place[0])}:{place[1]} in {place[2]})" \
+        if place is not None else ""
     return f"{type(exc).__name__}: {message}{where}"
+
+
+def _source_file(frame: FrameType) -> str:
+    """The file a frame's code came from, also for code shipped by value.
+
+    cloudpickle (3.1.3 on) names code it pickles by value ``<dynamic-code>`` so that a
+    payload does not depend on where it was built; the function's globals still carry
+    the module's ``__file__``, which is the file the user knows.
+    """
+    filename = frame.f_code.co_filename
+    if filename.startswith("<"):
+        module_file = frame.f_globals.get("__file__")
+        if isinstance(module_file, str) and module_file:
+            return module_file
+    return filename

@@ -100,6 +100,19 @@ def test_description_is_one_line_with_the_operators_own_frame():
     assert text.endswith(" in transform)") and "\n" not in text
 
 
+def test_description_names_the_users_file_for_code_shipped_by_value():
+    # cloudpickle 3.1.3 on names code it pickles by value <dynamic-code>; its globals keep
+    # the module's __file__, the name the user knows
+    app: dict[str, object] = {"__file__": "/home/me/app.py"}
+    exec(compile("def process(x):\n    raise ValueError('cannot double this')\n",
+                 "<dynamic-code>", "exec"), app)
+    try:
+        app["process"](1)  # type: ignore[operator]
+    except ValueError as exc:
+        text = describe_error(exc)
+    assert text == "ValueError: cannot double this (at app.py:2 in process)"
+
+
 def test_description_of_a_huge_message_is_cut():
     text = describe_error(raised(ValueError("x" * 5_000)))
     assert len(text) < 600 and "..." in text
