@@ -25,9 +25,14 @@ from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
 from master.run_folders import RunFolders
 from master.state_owner import new_run_id
-from master.stats_listeners import StatsListenerError, load_listeners, operator_stats
+from master.stats_listeners import (
+    ListenerAsk,
+    StatsListenerError,
+    StatsListeners,
+    consult,
+    load_listeners,
+)
 from operators.dag import DagError, validate_descriptor
-from operators.scaling import StatsListener
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
@@ -74,8 +79,7 @@ class MasterCore:
         self._apps: dict[str, Application] = {}
         self._folders = RunFolders()  # each run's state folder: claimed, then released
         self._container_apps: dict[str, str] = {}
-        # app id -> operator name -> its stats listener (user code: never journaled)
-        self._listeners: dict[str, dict[str, StatsListener]] = {}
+        self._listeners = StatsListeners()
         self._next_app_number = 1
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
@@ -130,8 +134,7 @@ class MasterCore:
             self._next_app_number += 1
             app = Application(app_id, dag, plan, self.clock())
             self._apps[app_id] = app
-            if listeners:
-                self._listeners[app_id] = listeners
+            self._listeners.add(app_id, listeners)
             for cid in plan.containers:
                 self._container_apps[cid] = app_id
             self._persist(app)
@@ -209,17 +212,7 @@ class MasterCore:
         """One operator by name or physical id, with its recent windows."""
         with self._lock:
             app = self._app(app_id)
-            op = app.plan.operator_by_name(operator)
-            if op is None and operator.strip().isdecimal():
-                op = app.plan.operators.get(int(operator))
-            if op is None:
-                partitions = [o.name for o in app.plan.operators.values()
-                              if o.logical_name == operator]
-                if partitions:
-                    raise NotFound(f"operator {operator!r} of application {app_id} runs as "
-                                   f"partitions {partitions}; name one of them")
-                raise NotFound(f"application {app_id} has no operator {operator!r}; "
-                               f"`weir operators {app_id}` lists them")
+            op = views.find_operator(app, operator)
             return views.operator_info(app, op, with_windows=True)
 
     def kill_container(self, container_id: str) -> str:
@@ -300,13 +293,7 @@ class MasterCore:
             if container.state == ContainerState.KILLED:
                 raise FailedPrecondition(f"container {container_id} was killed: "
                                          f"{container.diagnostics}")
-            return umbilical_pb2.StreamingContainerContext(
-                container_id=container_id, application_id=app.id,
-                start_window_millis=app.start_window_millis,
-                heartbeat_interval_millis=app.attribute("HEARTBEAT_INTERVAL_MILLIS"),
-                streaming_window_size_millis=app.attribute("STREAMING_WINDOW_SIZE_MILLIS"),
-                checkpoint_window_count=app.attribute("CHECKPOINT_WINDOW_COUNT"),
-                deploy_buffer_server=True, attributes=app.plan.attribute_text())
+            return rules.container_context(app, container)
 
     def heartbeat(self, heartbeat: umbilical_pb2.ContainerHeartbeat
                   ) -> umbilical_pb2.ContainerHeartbeatResponse:
@@ -380,7 +367,7 @@ class MasterCore:
         if self._writer is not None:
             self._writer.forget(app)
         del self._apps[app.id]
-        self._listeners.pop(app.id, None)
+        self._listeners.forget(app.id)
         for container_id in [c for c, a in self._container_apps.items() if a == app.id]:
             del self._container_apps[container_id]
         _LOGGER.info("app=%s forgotten (%s %d s ago)", app.id, app.state.value,
@@ -399,46 +386,31 @@ class MasterCore:
     def consult_listeners(self) -> list[Repartition]:
         """Feeds every stats listener of a healthy application its operator's stats (the
         listeners run outside the lock); returns the repartitions they asked for."""
-        asks = []
         with self._lock:
-            now_ms = self.clock()
-            for app_id, listeners in self._listeners.items():
-                app = self._apps[app_id]
-                if app.terminal or unhealthy(app) is not None:
-                    continue
-                asks += [(app_id, name, listener, operator_stats(app, name, now_ms))
-                         for name, listener in listeners.items()]
-        done: dict[str, Repartition] = {}  # one repartition per application and pass
-        for app_id, name, listener, stats in asks:
-            if app_id in done:
-                continue
-            try:
-                wanted = listener.process_stats(stats)
-                if wanted is None or wanted == stats.partition_count:
-                    continue
-                with self._lock:  # what the listener saw may be stale by now: then wait
-                    app = self._apps.get(app_id)
-                    if app is None or unhealthy(app) is not None or \
-                            len(app.plan.instances(name)) != stats.partition_count:
-                        continue
-                    done[app_id] = self.repartition(
-                        app_id, name, int(wanted),
-                        f"asked by its stats listener {type(listener).__name__}")
-            except Exception as exc:  # noqa: BLE001 - user code, or a request refused
-                self._listener_failed(app_id, name, f"{type(exc).__name__}: {exc}")
-        return list(done.values())
+            asks = self._listeners.asks(self._apps.values(), self.clock())
+        return consult(asks, self._repartition_asked, self._listener_failed)
 
-    def _listener_failed(self, app_id: str, operator: str, error: str) -> None:
+    def _repartition_asked(self, ask: ListenerAsk, wanted: int) -> Repartition | None:
+        """A listener's request, unless what it saw is stale by now (then it asks again)."""
+        with self._lock:
+            app = self._apps.get(ask.app_id)
+            if app is None or unhealthy(app) is not None or \
+                    len(app.plan.instances(ask.operator)) != ask.stats.partition_count:
+                return None
+            return self.repartition(ask.app_id, ask.operator, wanted,
+                                    f"asked by its stats listener {type(ask.listener).__name__}")
+
+    def _listener_failed(self, ask: ListenerAsk, error: str) -> None:
         """A listener raised, or asked for what cannot be done: recorded, rate-limited."""
         with self._lock:
-            app = self._apps.get(app_id)
+            app = self._apps.get(ask.app_id)
             if app is None:  # forgotten meanwhile
                 return
-            message = f"master: the stats listener of {operator!r}: {error}"
+            message = f"master: the stats listener of {ask.operator!r}: {error}"
             if not app.reported_errors or app.reported_errors[-1] != message:
                 app.reported_errors.append(message)
-            app.log_limits.log(_LOGGER, logging.WARNING, ("stats listener", operator),
-                               self.clock(), "app=%s %s", app_id, message)
+            app.log_limits.log(_LOGGER, logging.WARNING, ("stats listener", ask.operator),
+                               self.clock(), "app=%s %s", ask.app_id, message)
 
     # -- the journal ----------------------------------------------------------------------
     @property
@@ -485,12 +457,7 @@ class MasterCore:
                     self._folders.claim(claim.state_dir, app.id, claim.run_id)
                 for container_id, pid, host in recovery.resume(app, now_ms):
                     self.launcher.adopt(container_id, pid, host)
-                try:
-                    self._listeners[app.id] = load_listeners(app.dag)
-                except StatsListenerError as exc:
-                    app.reported_errors.append(f"master: {exc}")
-                    _LOGGER.warning("app=%s restored without its stats listeners: %s",
-                                    app.id, exc)
+                self._listeners.restore(app)
                 _LOGGER.info("app=%s restored from the journal: %s, committed window %s",
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()

@@ -32,6 +32,7 @@ __all__ = [
     "WindowProblem",
     "abort_response",
     "check_window_ids",
+    "container_context",
     "deploy_info",
     "process_heartbeat",
 ]
@@ -58,6 +59,18 @@ def abort_response() -> umbilical_pb2.ContainerHeartbeatResponse:
     """The answer to a container that must stop now."""
     return umbilical_pb2.ContainerHeartbeatResponse(
         shutdown=umbilical_pb2.SHUTDOWN_TYPE_ABORT, committed_window_id=-1)
+
+
+def container_context(app: Application, container: PTContainer
+                      ) -> umbilical_pb2.StreamingContainerContext:
+    """What a container asks for first: the application's clock and settings."""
+    return umbilical_pb2.StreamingContainerContext(
+        container_id=container.id, application_id=app.id,
+        start_window_millis=app.start_window_millis,
+        heartbeat_interval_millis=app.attribute("HEARTBEAT_INTERVAL_MILLIS"),
+        streaming_window_size_millis=app.attribute("STREAMING_WINDOW_SIZE_MILLIS"),
+        checkpoint_window_count=app.attribute("CHECKPOINT_WINDOW_COUNT"),
+        deploy_buffer_server=True, attributes=app.plan.attribute_text())
 
 
 def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.ContainerHeartbeat,

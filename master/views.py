@@ -11,14 +11,15 @@ import dataclasses
 import logging
 
 from master.application import Application
+from master.errors import NotFound
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import max_restarts
 from master.stats import latency_ms, window_latency_ms
 from operators.attributes import ATTRIBUTES
 from proto import client_pb2
 
-__all__ = ["application_info", "application_plan", "container_info", "operator_info",
-           "operator_infos"]
+__all__ = ["application_info", "application_plan", "container_info", "find_operator",
+           "operator_info", "operator_infos"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -184,6 +185,26 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
 def operator_infos(app: Application) -> list[client_pb2.OperatorInfo]:
     """Every operator of ``app`` in id order, without recent windows."""
     return [operator_info(app, op) for op in app.plan.operators.values()]
+
+
+def find_operator(app: Application, operator: str) -> PTOperator:
+    """The operator a user names: by name or physical id.
+
+    Raises:
+        NotFound: no such operator; a partitioned operator's logical name names its
+            partitions in the message.
+    """
+    op = app.plan.operator_by_name(operator)
+    if op is None and operator.strip().isdecimal():
+        op = app.plan.operators.get(int(operator))
+    if op is not None:
+        return op
+    partitions = [o.name for o in app.plan.operators.values() if o.logical_name == operator]
+    if partitions:
+        raise NotFound(f"operator {operator!r} of application {app.id} runs as partitions "
+                       f"{partitions}; name one of them")
+    raise NotFound(f"application {app.id} has no operator {operator!r}; "
+                   f"`weir operators {app.id}` lists them")
 
 
 def operator_info(app: Application, op: PTOperator, *, with_windows: bool = False
