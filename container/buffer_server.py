@@ -187,6 +187,16 @@ class BufferServer:
         with self._lock:
             return self._subscribers
 
+    def idle_subscribers(self, stream_id: str) -> int:
+        """Subscriptions of ``stream_id`` that were given all there is for them now (a
+        suspended stream or another generation: nothing) and wait for more."""
+        with self._lock:
+            stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        with stream.cond:
+            return stream.idle_subscribers
+
     @property
     def spill_path(self) -> Path | None:
         """This server's spill folder, once something was spilled (None before and after
@@ -441,7 +451,11 @@ class BufferServer:
                         if context.is_cancelled():
                             _LOGGER.debug("subscriber of %s cancelled", stream_id)
                             return
-                        stream.cond.wait(_POLL_S)
+                        stream.idle_subscribers += 1
+                        try:
+                            stream.cond.wait(_POLL_S)
+                        finally:
+                            stream.idle_subscribers -= 1
                 if needed is not None:  # read outside the lock: publishing goes on
                     rows = self._load(stream, needed)
                     loaded = {} if rows is None else {needed: rows}

@@ -132,6 +132,7 @@ class RetainedStream:
         # publisher restarted from a checkpoint into an empty stream starts after it)
         self.floor = -1
         self.generation = 0  # its publisher's (0: not given); an older one cannot publish
+        self.idle_subscribers = 0  # subscriptions placed, given all there is, waiting for more
 
     @property
     def end_seq(self) -> int:

@@ -7,7 +7,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -739,7 +738,7 @@ def test_suspended_stream_serves_nothing_until_its_publisher_rewinds():
         sub = Subscription(host, port, "s", from_window=1)
         reader = threading.Thread(target=lambda: received.extend(sub), daemon=True)
         reader.start()
-        time.sleep(0.5)
+        _wait_for(lambda: server.idle_subscribers("s") == 1, "the subscriber to wait")
         assert received == [], "a suspended stream must not serve stale windows"
         new = server.publisher("s", from_window=1)  # the successor, from checkpoint 1
         for w in (2, 3):
@@ -772,7 +771,7 @@ def test_latest_window_subscriber_gets_only_windows_begun_after_it_joined():
         sub = Subscription(host, port, "s", from_window=LATEST_WINDOW)
         reader = threading.Thread(target=lambda: received.extend(sub), daemon=True)
         reader.start()
-        time.sleep(0.3)
+        _wait_for(lambda: server.idle_subscribers("s") == 1, "the subscriber to be placed")
         pub.end_window(3)
         pub.begin_window(4)
         pub.data(4, pa.record_batch({"x": [4]}))
@@ -837,8 +836,8 @@ def test_a_latest_window_subscriber_skips_by_its_promise(server):
     host, port = server.address
     bg = _Background(Subscription(host, port, _STREAM, from_window=LATEST_WINDOW,
                                   timeout_s=_WAIT_S))
-    _wait_for(lambda: server.subscribers == 1, "the subscription")
-    time.sleep(0.2)  # placed on the empty stream: "after window -1"
+    # placed on the empty stream: "after window -1"
+    _wait_for(lambda: server.idle_subscribers(_STREAM) == 1, "the subscription placed")
     _publish_window(pub, 6)
     pub.end_stream()
     assert _shape(bg.take(5)) == _expected([6]) + [(Kind.END_STREAM, 6)]
@@ -868,7 +867,7 @@ def test_a_subscriber_waits_for_the_generation_it_reads_and_an_older_publisher_i
                                   timeout_s=_WAIT_S))
     _wait_for(lambda: server.subscribers == 1, "the subscription")
     _publish_window(old, 2)  # the replaced deployment's window: not for this subscriber
-    time.sleep(0.2)
+    _wait_for(lambda: server.idle_subscribers(_STREAM) == 1, "the subscriber to wait")
     assert bg.items.empty()
     new = server.publisher(_STREAM, from_window=1, generation=2)
     with pytest.raises(PublishAborted, match="generation 1 of its publisher was replaced by "
