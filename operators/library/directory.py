@@ -20,7 +20,6 @@ from operators.ports import OutputPort
 __all__ = ["DirectorySource"]
 
 _LOGGER = logging.getLogger(__name__)
-_READ_BYTES = 1 << 20
 _SCAN_S = 0.1
 
 
@@ -46,6 +45,7 @@ class DirectorySource(ReplayableSource):
         move_consumed_to: instead of deleting, move each committed file to this folder.
         bytes_per_window: read at most about this many bytes per streaming window (whole
             lines; None = as fast as possible), to spread input over windows.
+        read_bytes: bytes read from a file per call at most.
 
     Example:
         >>> DirectorySource("incoming", pattern="*.log", delete_consumed=True).pattern
@@ -61,9 +61,11 @@ class DirectorySource(ReplayableSource):
     def __init__(self, path: str | os.PathLike[str], pattern: str = "*", watch: bool = False,
                  delete_consumed: bool = False,
                  move_consumed_to: str | os.PathLike[str] | None = None,
-                 bytes_per_window: int | None = None) -> None:
+                 bytes_per_window: int | None = None, read_bytes: int = 1 << 20) -> None:
         if bytes_per_window is not None and bytes_per_window <= 0:
             raise ValueError(f"bytes_per_window must be positive or None, not {bytes_per_window}")
+        if read_bytes <= 0:
+            raise ValueError(f"read_bytes must be positive, not {read_bytes}")
         if delete_consumed and move_consumed_to is not None:
             raise ValueError("DirectorySource: choose delete_consumed or move_consumed_to, "
                              "not both")
@@ -74,6 +76,7 @@ class DirectorySource(ReplayableSource):
         self.move_consumed_to = (os.path.abspath(os.fspath(move_consumed_to))
                                  if move_consumed_to is not None else None)
         self.bytes_per_window = bytes_per_window
+        self.read_bytes = read_bytes
         self.done: list[str] = []  # files read to the end
         self.current: str | None = None  # the file being read
         self.offset = 0  # the next byte of ``current``
@@ -123,7 +126,7 @@ class DirectorySource(ReplayableSource):
             self.offset = 0
             if self.current is None:
                 return self.watch
-        want = _READ_BYTES
+        want = self.read_bytes
         if self.bytes_per_window is not None:
             if self._window_bytes >= self.bytes_per_window:
                 return True

@@ -27,8 +27,6 @@ EVENT_SCHEMA = pa.schema([
     ("event_time_ms", pa.int64()),
 ])
 
-_READ_BYTES = 1 << 20
-
 
 class TextFileSource(ReplayableSource):
     """Emits the lines of a UTF-8 text file, then ends the stream (a bounded source).
@@ -45,6 +43,7 @@ class TextFileSource(ReplayableSource):
         lines_per_window: emit at most this many lines per streaming window (None = as
             fast as possible), to spread a small file over several windows.
         batch_lines: lines per emitted batch at most.
+        read_bytes: bytes read from the file per call at most.
 
     Example:
         >>> src = TextFileSource("book.txt", lines_per_window=1000)
@@ -60,11 +59,13 @@ class TextFileSource(ReplayableSource):
                                             "_window_start")
 
     def __init__(self, path: str | os.PathLike[str], lines_per_window: int | None = None,
-                 batch_lines: int = 10_000) -> None:
+                 batch_lines: int = 10_000, read_bytes: int = 1 << 20) -> None:
         if lines_per_window is not None and lines_per_window <= 0:
             raise ValueError(f"lines_per_window must be positive or None, not {lines_per_window}")
-        if batch_lines <= 0:
-            raise ValueError(f"batch_lines must be positive, not {batch_lines}")
+        if batch_lines <= 0 or read_bytes <= 0:
+            raise ValueError(f"batch_lines and read_bytes must be positive, not {batch_lines} "
+                             f"and {read_bytes}")
+        self.read_bytes = read_bytes
         self.path = os.path.abspath(os.fspath(path))
         self.lines_per_window = lines_per_window
         self.batch_lines = batch_lines
@@ -180,7 +181,7 @@ class TextFileSource(ReplayableSource):
 
     def _fill(self) -> None:
         assert self._file is not None
-        want = _READ_BYTES if self.end is None else min(_READ_BYTES,
+        want = self.read_bytes if self.end is None else min(self.read_bytes,
                                                         self.end - self._file.tell())
         chunk = self._file.read(max(0, want))
         if not chunk:

@@ -71,6 +71,10 @@ class TcpLineSource(ReplayableSource):
         max_wal_bytes: the write-ahead log's bound while commits stall (downstream slow
             or stuck): past it the source stops reading senders (TCP holds them back,
             nothing is lost or refused) until commits delete segments.
+        cache_bytes: the newest logged lines kept in memory too, so that emitting them
+            rarely reads the disk.
+        bind_retry_s: how long a port in use is tried again before setup fails (a
+            predecessor in this process may still hold it).
 
     Example:
         >>> src = TcpLineSource(port=7070, end_line="EOF")
@@ -85,7 +89,8 @@ class TcpLineSource(ReplayableSource):
 
     def __init__(self, port: int, host: str = "127.0.0.1", end_line: str | None = None,
                  batch_lines: int = 10_000, segment_bytes: int = 1 << 20,
-                 max_line_bytes: int = 1 << 20, max_wal_bytes: int = 1 << 30) -> None:
+                 max_line_bytes: int = 1 << 20, max_wal_bytes: int = 1 << 30,
+                 cache_bytes: int = 16 << 20, bind_retry_s: float = 5.0) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {port}")
         if batch_lines <= 0 or segment_bytes <= 0 or max_line_bytes <= 0:
@@ -102,6 +107,8 @@ class TcpLineSource(ReplayableSource):
         self.segment_bytes = segment_bytes
         self.max_line_bytes = max_line_bytes
         self.max_wal_bytes = max_wal_bytes
+        self.cache_bytes = cache_bytes
+        self.bind_retry_s = bind_retry_s
         self.position = 0  # the next WAL sequence number to emit
         self.lines_emitted = 0
         self.ended = False
@@ -122,9 +129,10 @@ class TcpLineSource(ReplayableSource):
         stop_writer_of(folder)  # a predecessor in this process (undeployed, not torn down)
         end = encode_end(self.end_line)
         # the port is the mutex between processes: the log is opened only once it is ours
-        server = listen(context.name, self.host, self.port)
+        server = listen(context.name, self.host, self.port, self.bind_retry_s)
         try:
-            self._wal = Wal(RecordLog(folder, self.segment_bytes, guard=context.check_fence))
+            self._wal = Wal(RecordLog(folder, self.segment_bytes, guard=context.check_fence),
+                            self.cache_bytes)
             self._check_position(context)
             input_complete = end is not None and self._wal.contains_line(self.position, end)
         except BaseException:

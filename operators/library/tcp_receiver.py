@@ -22,7 +22,6 @@ _LOGGER = logging.getLogger("operators.library.tcp")
 
 _RECV_BYTES = 256 << 10
 _POLL_S = 0.1  # how often the receiver checks that it should still run
-BIND_RETRY_S = 5.0  # a predecessor in this process may still hold the port this long
 
 _WRITERS: dict[str, Receiver] = {}  # WAL folder -> the receiver writing it, in this process
 _WRITERS_LOCK = threading.Lock()
@@ -264,10 +263,11 @@ class Receiver:
                     del _WRITERS[folder]
 
 
-def listen(name: str, host: str, port: int) -> socket.socket:
+def listen(name: str, host: str, port: int, retry_s: float = 5.0) -> socket.socket:
     """A listening socket on ``host:port``; SO_REUSEADDR lets a recovered source take the
-    port of a killed one at once (its connections may linger in TIME_WAIT)."""
-    deadline = time.monotonic() + BIND_RETRY_S
+    port of a killed one at once (its connections may linger in TIME_WAIT), and a port in
+    use is tried again for ``retry_s`` (a predecessor in this process may still hold it)."""
+    deadline = time.monotonic() + retry_s
     while True:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

@@ -13,7 +13,6 @@ from operators.durable.records import RecordLog
 
 __all__ = ["Wal", "has_line"]
 
-CACHE_BYTES = 16 << 20  # recent records kept in memory, so emitting rarely reads the disk
 
 
 class Wal:
@@ -24,8 +23,9 @@ class Wal:
     are also kept in memory for the operator to emit without reading the disk.
     """
 
-    def __init__(self, log: RecordLog) -> None:
+    def __init__(self, log: RecordLog, cache_bytes: int = 16 << 20) -> None:
         self.log = log
+        self.cache_bytes = cache_bytes  # recent records in memory: emitting rarely reads disk
         self.folder = log.folder
         self.lock = threading.Lock()
         self._cache: deque[tuple[int, bytes, int]] = deque()  # (seq, payload, lines)
@@ -50,7 +50,7 @@ class Wal:
             for seq, payload in zip(seqs, payloads, strict=True):
                 if self._cache and self._cache[-1][0] + 1 != seq:
                     self._drop_cache()
-                if self._cache_bytes + len(payload) <= CACHE_BYTES:
+                if self._cache_bytes + len(payload) <= self.cache_bytes:
                     self._cache.append((seq, payload, payload.count(b"\n")))
                     self._cache_bytes += len(payload)
 

@@ -56,9 +56,9 @@ def inbox(tmp_path: Path) -> Path:
     return folder
 
 
-def test_directory_source_replays_identical_windows_after_a_restore(tmp_path, inbox, monkeypatch):
-    monkeypatch.setattr("operators.library.directory._READ_BYTES", 40)  # several reads a file
-    src = DirectorySource(inbox, pattern="*.txt", delete_consumed=True)
+def test_directory_source_replays_identical_windows_after_a_restore(tmp_path, inbox):
+    # several reads a file
+    src = DirectorySource(inbox, pattern="*.txt", delete_consumed=True, read_bytes=40)
     emitted = started(src, tmp_path / "state")
     source_window(src, emitted, 1, calls=2)
     checkpoint = capture(src)  # the state as of window 1
@@ -78,9 +78,8 @@ def test_directory_source_replays_identical_windows_after_a_restore(tmp_path, in
 
 
 def test_an_at_most_once_source_never_emits_again_what_it_emitted_before_a_restart(
-        tmp_path, inbox, monkeypatch):
-    monkeypatch.setattr("operators.library.directory._READ_BYTES", 40)
-    src = DirectorySource(inbox, pattern="*.txt")
+        tmp_path, inbox):
+    src = DirectorySource(inbox, pattern="*.txt", read_bytes=40)
     emitted = started(src, tmp_path / "state", PROCESSING_MODE="AT_MOST_ONCE")
     source_window(src, emitted, 1, calls=2)
     checkpoint = capture(src)  # the state as of window 1

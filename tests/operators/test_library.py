@@ -107,9 +107,8 @@ def text_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_text_file_source_emits_every_line(text_file: Path, monkeypatch) -> None:
-    monkeypatch.setattr(sources, "_READ_BYTES", 7)  # lines span reads
-    op = TextFileSource(text_file, batch_lines=4)
+def test_text_file_source_emits_every_line(text_file: Path) -> None:
+    op = TextFileSource(text_file, batch_lines=4, read_bytes=7)  # lines span reads
     emitted = start(op)
     run_source(op, emitted)
     assert [r["line"] for r in emitted.rows()] == expected_lines(TEXT)

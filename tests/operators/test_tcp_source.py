@@ -123,9 +123,8 @@ def test_lines_are_emitted_in_order_as_line_batches(source) -> None:
     assert src.lines_emitted == 9
 
 
-def test_lines_past_the_memory_cache_are_read_from_disk(source, monkeypatch) -> None:
-    monkeypatch.setattr("operators.library.tcp_wal.CACHE_BYTES", 30)  # about one record
-    src, emitted = source(batch_lines=4)
+def test_lines_past_the_memory_cache_are_read_from_disk(source) -> None:
+    src, emitted = source(batch_lines=4, cache_bytes=30)  # about one record
     sender = Sender(src.bound_port)
     for i in range(6):
         sender.send_acked([f"{i}-a", f"{i}-b", f"{i}-c"])
@@ -312,13 +311,12 @@ def test_a_torn_last_record_is_cut_off_and_the_rest_is_read(tmp_path: Path, capl
     again.teardown()
 
 
-def test_a_port_in_use_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr("operators.library.tcp_receiver.BIND_RETRY_S", 0.2)
+def test_a_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
     try:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}.*another host/port"):
-            started(TcpLineSource(port=port), tmp_path / "state")
+            started(TcpLineSource(port=port, bind_retry_s=0.2), tmp_path / "state")
     finally:
         holder.close()
 
