@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from master import auth
-from master.rpc import GRPC_OPTIONS, LOADING_MESSAGE
+from master.rpc import GRPC_OPTIONS, LOADING_MESSAGE, STOPPED_MESSAGE
 from master.tls import open_channel
 from proto import client_pb2, client_pb2_grpc, plan_pb2
 from proto.contract import SECRET_ENV, bearer_metadata
@@ -143,6 +143,8 @@ class WeirClient:
                 f"{self.credentials.source or 'the trusted certificates given'}), so the "
                 "secret was not sent: is another program, or another master, listening "
                 "there?", code)
+        if code == grpc.StatusCode.UNAVAILABLE and details.startswith(STOPPED_MESSAGE):
+            return WeirClientError(f"the master at {self.address}: {details}", code)
         if code == grpc.StatusCode.UNAVAILABLE:
             return WeirClientError(f"no master answers at {self.address}; start one with "
                                    "`weir master` or pass --master", code)

@@ -23,6 +23,7 @@ from master.checkpoints import CheckpointBook
 from master.errors import Unavailable
 from master.journal import Journal
 from master.physical_plan import PTOperator
+from master.rpc import STOPPED_MESSAGE
 from master.state_owner import StateClaim
 
 __all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
@@ -203,7 +204,7 @@ class HaltingJournal:
         try:
             write()
         except OSError as exc:
-            self.halted = (f"the master stopped: it cannot write its journal "
+            self.halted = (f"{STOPPED_MESSAGE} it cannot write its journal "
                            f"{self.journal.journal.folder} ({exc.strerror or exc}); free the "
                            "disk and start it again on the same --state-dir: its "
                            "containers keep running and it takes them back")

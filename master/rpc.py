@@ -15,6 +15,7 @@ from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotF
 
 __all__ = [
     "LOADING_MESSAGE",
+    "STOPPED_MESSAGE",
     "UnavailableInterceptor",
     "GRPC_OPTIONS",
     "MAX_MESSAGE_BYTES",
@@ -65,6 +66,8 @@ class _Refused:
 
 
 LOADING_MESSAGE = "the master is loading its journal; retry in a moment"
+STOPPED_MESSAGE = "the master stopped:"
+"""How the reason a master halted begins (it answers UNAVAILABLE with it)."""
 
 
 class UnavailableInterceptor(grpc.ServerInterceptor):

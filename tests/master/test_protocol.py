@@ -196,6 +196,18 @@ def test_kill_application_aborts_containers(server, client, umbilical):
              "the containers to be stopped")
 
 
+def test_wait_names_a_running_application_at_its_timeout_and_returns_its_end(client,
+                                                                            umbilical):
+    app_id = deploy_all(client, umbilical)
+    seen: list[str] = []
+    with pytest.raises(TimeoutError, match=f"application {app_id} is still RUNNING after "
+                                           r"0.3 s \(committed window "):
+        client.wait(app_id, 0.3, interval_s=0.05, on_poll=lambda info: seen.append(info.state))
+    assert len(seen) >= 2 and set(seen) == {"RUNNING"}
+    client.kill(app_id, "enough")
+    assert client.wait(app_id, 5).state == "KILLED"
+
+
 def test_kill_container_replaces_it(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
     assert client.kill_container(C1) == "app-0001-c3"
