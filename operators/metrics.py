@@ -17,9 +17,10 @@ Two ways to declare them::
         def _size(self) -> float:
             return self.size_bytes
 
-Values must be numbers (``bool``, ``int``, ``float``); anything else, or a method that
-raises, is left out of that window's figures and logged once per operator and metric:
-a metric must never stop the operator it measures.
+Values must be numbers (``bool``, ``int``, ``float``); a method may also return a
+mapping of numbers, reported as ``name[key]`` each (a figure per topic partition, say).
+Anything else, or a method that raises, is left out of that window's figures and logged
+once per operator and metric: a metric must never stop the operator it measures.
 
 >>> class Probe:
 ...     METRICS = ("seen",)
@@ -27,8 +28,11 @@ a metric must never stop the operator it measures.
 ...     @metric
 ...     def twice(self):
 ...         return self.seen * 2
+...     @metric("lag")
+...     def lags(self):
+...         return {"orders/0": 5, "orders/1": 0}
 >>> collect_metrics(Probe())
-{'seen': 3.0, 'twice': 6.0}
+{'seen': 3.0, 'twice': 6.0, 'lag[orders/0]': 5.0, 'lag[orders/1]': 0.0}
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, overload
 
 __all__ = ["collect_metrics", "metric", "metric_names"]
@@ -126,7 +130,10 @@ def collect_metrics(operator: object) -> dict[str, float]:
         except Exception as exc:  # noqa: BLE001 - a metric must not fail its operator
             _warn_once(operator, name, f"{type(exc).__name__}: {exc}")
             continue
-        number = _number(operator, name, value)
-        if number is not None:
-            values[name] = number
+        parts = value.items() if isinstance(value, Mapping) else [(None, value)]
+        for key, part in parts:
+            label = name if key is None else f"{name}[{key}]"
+            number = _number(operator, label, part)
+            if number is not None:
+                values[label] = number
     return values

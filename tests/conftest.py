@@ -59,6 +59,15 @@ def postgres_dsn():
 
 
 @pytest.fixture(scope="session")
+def kafka_bootstrap():
+    """A real Kafka-protocol broker's bootstrap address for the session
+    (``tests/kafka_broker.py``)."""
+    from tests.kafka_broker import broker_for_session
+
+    yield from broker_for_session()
+
+
+@pytest.fixture(scope="session")
 def tls_files(tmp_path_factory):
     """A user's own certificate: self-signed for 127.0.0.1 and localhost (checked by host,
     not pinned by name), and its key (PEM paths)."""

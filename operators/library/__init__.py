@@ -6,6 +6,7 @@
 import logging
 
 from operators.library.directory import DirectorySource
+from operators.library.kafka_source import KafkaSource  # confluent_kafka is imported in setup()
 from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
@@ -24,6 +25,7 @@ __all__ = [
     "ConsoleSink",
     "EventGenerator",
     "FileSink",
+    "KafkaSource",
     "PostgresSink",
     "RunningCount",
     "TcpLineSource",
