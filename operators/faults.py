@@ -14,6 +14,9 @@ Points the library reaches (``operator`` is the operator's name):
 - ``commit.executed``: every step ran, the sequence is not marked done.
 - ``wal.appended``: a push source's log holds records it has not acknowledged yet.
 - ``postgres.before_commit``: a window's rows are written, the transaction is open.
+- ``kafka.records_sent``: a window's records are acknowledged, its transaction is open.
+- ``kafka.before_commit``: its progress record too; the transaction is not committed.
+- ``kafka.committed``: the transaction is committed, the window has not ended.
 
 >>> parse_crash_points("commit.between_steps, wal.appended@3")
 {'commit.between_steps': 1, 'wal.appended': 3}

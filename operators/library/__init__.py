@@ -6,7 +6,8 @@
 import logging
 
 from operators.library.directory import DirectorySource
-from operators.library.kafka_source import KafkaSource  # confluent_kafka is imported in setup()
+from operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
+from operators.library.kafka_source import KafkaSource
 from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
@@ -25,6 +26,7 @@ __all__ = [
     "ConsoleSink",
     "EventGenerator",
     "FileSink",
+    "KafkaSink",
     "KafkaSource",
     "PostgresSink",
     "RunningCount",

@@ -33,6 +33,7 @@ def kafka() -> Any:
     """``confluent_kafka``, imported when an operator first needs it."""
     try:
         import confluent_kafka
+        import confluent_kafka.admin  # noqa: F401 - makes confluent_kafka.admin available
     except ImportError as exc:
         raise ImportError("Kafka operators need confluent-kafka: pip install "
                           "'confluent-kafka>=2.5'") from exc
