@@ -308,7 +308,7 @@ class KafkaSink(TransientNonState, _WindowBuffer):
         found = metadata.topics.get(self.progress_topic)
         if found is not None and found.error is None and found.partitions:
             return
-        admin = confluent.admin.AdminClient(self._client_settings())
+        admin = confluent.admin.AdminClient(self._client_settings(), logger=_LOGGER)
         future = admin.create_topics([confluent.admin.NewTopic(
             self.progress_topic, 1, 1, config={"cleanup.policy": "compact"})])
         try:

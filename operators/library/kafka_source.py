@@ -73,6 +73,8 @@ class KafkaSource(ReplayableSource):
         value_schema: for ``"json"``: the Arrow schema of the fields to read.
         headers: add a ``headers`` column (list of key/value structs).
         batch_records: records per emitted batch at most.
+        records_per_window: read at most this many records per streaming window (None =
+            as fast as possible), to spread a backlog over windows.
         config: more librdkafka consumer settings (security, timeouts); the ones Weir
             owns (auto commit, offset reset) are refused.
 
@@ -88,13 +90,14 @@ class KafkaSource(ReplayableSource):
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_consumer",
                                             "_context", "_window_start", "_ends", "_owned",
-                                            "_next_discovery")
+                                            "_next_discovery", "_window_records")
 
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str,
                  group_id: str | None = None, start_from: str | int = "earliest",
                  stop_at: str | None = None, value_format: str = "bytes",
                  value_schema: pa.Schema | None = None, headers: bool = False,
-                 batch_records: int = 10_000, config: Mapping[str, Any] | None = None,
+                 batch_records: int = 10_000, records_per_window: int | None = None,
+                 config: Mapping[str, Any] | None = None,
                  discover_partitions_s: float = 10.0) -> None:
         self.topics = [topics] if isinstance(topics, str) else list(topics)
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
@@ -110,6 +113,9 @@ class KafkaSource(ReplayableSource):
             raise ValueError(f"stop_at must be None or 'end', not {stop_at!r}")
         if batch_records <= 0:
             raise ValueError(f"batch_records must be positive, not {batch_records}")
+        if records_per_window is not None and records_per_window <= 0:
+            raise ValueError(f"records_per_window must be positive or None, not "
+                             f"{records_per_window}")
         self.output_schema = record_schema(value_format, value_schema, headers)
         client_config(bootstrap_servers, config, _DEFAULTS, _FIXED, "KafkaSource")
         self.bootstrap_servers = bootstrap_servers
@@ -119,6 +125,7 @@ class KafkaSource(ReplayableSource):
         self.value_format = value_format
         self.headers = headers
         self.batch_records = batch_records
+        self.records_per_window = records_per_window
         self.config = dict(config or {})
         self.discover_partitions_s = discover_partitions_s
         self.positions: dict[str, int] = {}  # "topic/partition" -> the next offset to read
@@ -134,6 +141,7 @@ class KafkaSource(ReplayableSource):
         self._ends: dict[int, dict[str, int]] = {}  # window -> positions at its end
         self._owned: list[str] = []
         self._next_discovery = 0.0
+        self._window_records = 0
 
     def repartitioned(self, partitions: Sequence[Operator],
                       share: PartitionFilter | None) -> Operator:
@@ -167,6 +175,7 @@ class KafkaSource(ReplayableSource):
     def begin_window(self, window_id: int) -> None:
         super().begin_window(window_id)
         self._window_start = {key: self.positions[key] for key in self._owned}
+        self._window_records = 0
 
     def end_window(self) -> None:
         super().end_window()
@@ -193,7 +202,12 @@ class KafkaSource(ReplayableSource):
             return False
         if time.monotonic() >= self._next_discovery:
             self._discover(first=False)
-        messages = self._consumer.consume(self.batch_records, _POLL_S)
+        wanted = self.batch_records
+        if self.records_per_window is not None:
+            wanted = min(wanted, self.records_per_window - self._window_records)
+            if wanted <= 0:
+                return True
+        messages = self._consumer.consume(wanted, _POLL_S)
         if messages:
             self._emit(self._checked(messages))
         self._advance_past_markers()
@@ -347,6 +361,7 @@ class KafkaSource(ReplayableSource):
                 self.positions[key] = message.offset() + 1
         batch = records_to_batch(records, self.value_format, self.output_schema, self.headers)
         self.records_read += batch.num_rows
+        self._window_records += batch.num_rows
         self.output.emit(batch)
 
     def _advance_past_markers(self) -> None:
