@@ -281,3 +281,10 @@ def test_settings_weir_owns_are_refused():
         KafkaSource("t", "b:9092", value_format="json")
     with pytest.raises(ValueError, match="start_from must be one of"):
         KafkaSource("t", "b:9092", start_from="yesterday")
+
+
+def test_a_new_partition_takes_every_old_partitions_offsets():
+    old = [KafkaSource("t", "b:9092") for _ in range(2)]
+    old[0].positions, old[1].positions = {"t/0": 5, "t/2": 7}, {"t/1": 3}
+    new = KafkaSource("t", "b:9092").repartitioned(old, None)
+    assert new.positions == {"t/0": 5, "t/1": 3, "t/2": 7}
