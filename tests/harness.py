@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -58,6 +59,13 @@ class _WithSecret(grpc.UnaryUnaryClientInterceptor):
                             (*(details.metadata or ()), *self.metadata), details.credentials,
                             details.wait_for_ready, details.compression)
         return continuation(call, request)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now (a server may still lose it to a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def master_channel(address: str, secret: str, roots: bytes | None = None) -> grpc.Channel:

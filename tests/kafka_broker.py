@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import free_port
+
 __all__ = ["BOOTSTRAP_VARIABLE", "PrivateBroker", "broker_for_session", "find_broker"]
 
 BOOTSTRAP_VARIABLE = "WEIR_TEST_KAFKA_BOOTSTRAP"
@@ -51,12 +53,6 @@ def find_broker() -> str | None:
     return str(binary) if os.access(binary, os.X_OK) else None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class PrivateBroker:
     """A throwaway broker on loopback; ``start()`` then ``stop()``."""
 
@@ -74,7 +70,7 @@ class PrivateBroker:
     def start(self) -> str:
         """Starts the broker on a free port; returns its bootstrap address."""
         for attempt in range(3):  # the port may be taken between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
                     [self.binary, "start", "--data-dir", os.path.join(self.root, "data"),

@@ -18,12 +18,13 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+from tests.harness import free_port
 
 __all__ = ["PrivatePostgres", "find_server_binaries", "postgres_dsn_for_session"]
 
@@ -49,12 +50,6 @@ def find_server_binaries() -> str | None:
                for b in ("initdb", "pg_ctl", "postgres")):
             return folder
     return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class PrivatePostgres:
@@ -107,7 +102,7 @@ class PrivatePostgres:
         self._run("initdb", "-D", self.data, "-U", SUPERUSER, "-A", "trust", "-E", "UTF8",
                   "--locale=C", "--no-sync")
         for attempt in range(3):  # the port may be taken between probe and bind
-            self.port = _free_port()
+            self.port = free_port()
             options = (f"-p {self.port} -k {shlex.quote(self.root)} "
                        "-c listen_addresses=127.0.0.1 -c fsync=off "
                        "-c full_page_writes=off -c max_connections=50")

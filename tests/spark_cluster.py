@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.harness import poll_for, tagged_env, tagged_processes
+from tests.harness import free_port, poll_for, tagged_env, tagged_processes
 
 __all__ = ["SparkCluster", "standalone_cluster"]
 
@@ -60,12 +59,6 @@ class SparkCluster:
         """The master's, the worker's and the executors' logs, for failure messages."""
         files = sorted(self.log_dir.glob("*.log")) + sorted(self.work_dir.glob("app-*/*/stderr"))
         return "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-tail:]}" for p in files)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _spark_home() -> Path:
@@ -119,7 +112,7 @@ def standalone_cluster(folder: Path, *, cores: int = 1, memory: str = "1g",
     log_dir, work_dir, conf_dir = folder / "logs", folder / "work", folder / "conf"
     for path in (log_dir, work_dir, conf_dir):
         path.mkdir(parents=True, exist_ok=True)
-    port, web_port, worker_web_port = _free_port(), _free_port(), _free_port()
+    port, web_port, worker_web_port = free_port(), free_port(), free_port()
     env, tag = tagged_env(
         SPARK_HOME=str(spark_home),
         SPARK_CONF_DIR=str(conf_dir),  # the user's spark-env.sh and defaults stay out

@@ -24,7 +24,26 @@ from operators.durable.window_log import WindowLog
 from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.windows import format_window_id
 
-__all__ = ["ReplayableSource"]
+__all__ = ["ReplayableSource", "take_committed"]
+
+
+def take_committed(ends: dict[int, Any], window_id: int) -> Any | None:
+    """What the newest window at or before ``window_id`` ended at (a read position), or
+    None if no such window is known; older windows are dropped from ``ends``: a ``release``
+    frees input up to the committed window with it.
+
+    >>> ends = {1: "a", 2: "b", 5: "c"}
+    >>> take_committed(ends, 3), ends
+    ('b', {2: 'b', 5: 'c'})
+    """
+    known = [w for w in ends if w <= window_id]
+    if not known:
+        return None
+    newest = max(known)
+    for w in known:
+        if w != newest:
+            del ends[w]
+    return ends[newest]
 
 
 def _unfenced() -> None:

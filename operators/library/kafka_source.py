@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.durable.replayable import ReplayableSource
+from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.kafka_client import (
     client_config,
     kafka,
@@ -215,14 +215,9 @@ class KafkaSource(ReplayableSource):
 
     def release(self, window_id: int) -> None:
         """Commits the offsets read up to ``window_id`` to the consumer group."""
-        known = [w for w in self._ends if w <= window_id]
-        if not known or self._consumer is None:
+        positions = take_committed(self._ends, window_id)
+        if positions is None or self._consumer is None:
             return
-        newest = max(known)
-        positions = self._ends[newest]
-        for w in known:
-            if w != newest:
-                del self._ends[w]
         confluent = kafka()
         offsets = [confluent.TopicPartition(*split_key(key), offset)
                    for key, offset in positions.items() if key in self._owned and offset >= 0]

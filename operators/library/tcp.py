@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from operators.durable.records import RecordLog
-from operators.durable.replayable import ReplayableSource
+from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.sources import LINE_SCHEMA
 from operators.library.tcp_receiver import (
     Receiver,
@@ -198,14 +198,9 @@ class TcpLineSource(ReplayableSource):
 
     def release(self, window_id: int) -> None:
         """Deletes the WAL segments that only windows up to ``window_id`` read."""
-        known = [w for w in self._ends if w <= window_id]
-        if not known or self._wal is None:
+        position = take_committed(self._ends, window_id)
+        if position is None or self._wal is None:
             return
-        newest = max(known)
-        position = self._ends[newest]
-        for w in known:
-            if w != newest:
-                del self._ends[w]
         deleted = self._wal.delete_before(position)
         if deleted:
             _LOGGER.debug("operator %s: deleted %d WAL segments before record %d", self._name,

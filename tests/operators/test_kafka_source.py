@@ -16,6 +16,7 @@ from operators.library.kafka_client import KafkaSetupError
 from operators.library.kafka_records import RecordDecodeError
 from operators.metrics import collect_metrics
 from operators.operator import OperatorContext
+from tests.operators.test_exactly_once import source_window
 from tests.operators.test_library import Emitted, wid
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,15 +65,7 @@ def started(src: KafkaSource, state: Path, **options) -> Emitted:
 
 
 def window(src: KafkaSource, emitted: Emitted, counter: int, calls: int = 3) -> bool:
-    emitted.window = wid(counter)
-    src.begin_window(emitted.window)
-    more = True
-    for _ in range(calls):
-        more = src.emit_tuples()
-        if not more:
-            break
-    src.end_window()
-    return more
+    return source_window(src, emitted, counter, calls)
 
 
 def values(emitted: Emitted) -> dict[int, list[str]]:
