@@ -32,11 +32,12 @@ run: install
 test: install
 	@$(PY) -m pytest -q
 
-# The peers (Bytewax) and the chart (matplotlib) go into the bench environment only.
+# The peers (Bytewax), the chart (matplotlib) and the Kafka row's private broker (noida-db)
+# go into the bench environment only.
 $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	@$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax matplotlib
+	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax matplotlib noida-db==0.2.2
 	@touch $@
 
 bench: install $(BENCH_STAMP)

@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                              "sustains here, so the figure is Weir's ceiling, while windows "
                              "stay bounded (an unpaced source makes one giant first window)")
     parser.add_argument("--bytewax-events", type=int, default=1_000_000)
+    parser.add_argument("--kafka-events", type=int, default=1_000_000,
+                        help="events of the Kafka row (a pre-filled topic through the job)")
     parser.add_argument("--app-windows", type=int, default=2,
                         help="Weir: streaming windows per Spark job")
     parser.add_argument("--containers", type=int, default=1000, help="control-plane load")
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scaling-events", type=int, default=10_000_000,
                         help="events per scaling run (offered at --max-rate)")
     parser.add_argument("--skip", action="append", default=[],
-                        choices=["weir", "weir-paced", "spark-streaming", "bytewax", "startup",
+                        choices=["weir", "weir-paced", "weir-kafka", "spark-streaming",
+                                 "bytewax", "startup",
                                  "recovery", "master-restart", "control-plane", "scaling"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
@@ -265,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     if "weir-paced" not in args.skip:
         paced = dataclasses.replace(spec, rate_per_second=args.rate)
         results.append(_run("weir", paced, args.timeout, *app_windows))
+    if "weir-kafka" not in args.skip:
+        kafka = dataclasses.replace(spec, events=args.kafka_events)
+        results.append(_run("weir-kafka", kafka, args.timeout, *app_windows))
     if "spark-streaming" not in args.skip:
         results.append(_run("spark-streaming", spec, args.timeout))
     if "bytewax" not in args.skip:

@@ -17,8 +17,8 @@ from bench.common import JobSpec
 
 __all__ = ["SYSTEMS", "main"]
 
-SYSTEMS = ("weir", "spark-streaming", "bytewax", "startup", "recovery", "master-restart",
-           "control-plane")
+SYSTEMS = ("weir", "weir-kafka", "spark-streaming", "bytewax", "startup", "recovery",
+           "master-restart", "control-plane")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +55,10 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = weir_job.run(spec, args.app_windows, work_dir=work,
                               partitions=args.partitions).to_dict()
+    elif args.system == "weir-kafka":
+        from bench import kafka_job
+
+        result = kafka_job.run(spec, args.app_windows, work_dir=work).to_dict()
     elif args.system == "spark-streaming":
         from bench import spark_streaming
 

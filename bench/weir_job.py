@@ -141,6 +141,18 @@ def _run_app(dag: Dag, work: Path, timeout_s: float) -> tuple[_Windows, str, flo
         server.stop()
 
 
+def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], int]:
+    """Seconds from the first window's start to the last result out, the latency of each
+    result window (its close at the source to its END_WINDOW at the sink), and how many
+    windows carried results."""
+    src, sink = windows.end_ms["events"], windows.end_ms["sink"]
+    result_windows = [w for w, n in windows.processed["sink"].items() if n > 0]
+    latencies = [sink[w] - src[w] for w in sorted(result_windows) if w in src]
+    first_in = min(src.values()) - window_ms if src else 0
+    last_out = max((sink[w] for w in result_windows), default=0)
+    return max(last_out - first_in, 1) / 1000, latencies, len(result_windows)
+
+
 def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
         work_dir: Path | None = None, partitions: int = 0) -> JobResult:
     """Runs the job on a local master with container processes; checks the output.
@@ -161,15 +173,10 @@ def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
     if error:
         return JobResult(name, spec.events, 0.0, [], False, error)
     correct, detail = check_totals(_totals(out_dir), spec.expected())
-    src, sink = windows.end_ms["events"], windows.end_ms["sink"]
-    result_windows = [w for w, n in windows.processed["sink"].items() if n > 0]
-    latencies = [sink[w] - src[w] for w in sorted(result_windows) if w in src]
-    first_in = min(src.values()) - spec.window_ms if src else 0
-    last_out = max((sink[w] for w in result_windows), default=0)
-    seconds = max(last_out - first_in, 1) / 1000
+    seconds, latencies, result_windows = job_figures(windows, spec.window_ms)
     return JobResult(name, spec.events, seconds, latencies, correct, detail, extra={
-        "application_windows": len(result_windows),
-        "streaming_windows": len(src),
+        "application_windows": result_windows,
+        "streaming_windows": len(windows.end_ms["events"]),
         "app_window_count": app_window_count,
         "wall_seconds_with_startup": round(wall_s, 1),
         **({"partitions": partitions, "containers": 1 + partitions} if partitions else {}),

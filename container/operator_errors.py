@@ -15,6 +15,7 @@ import traceback
 from types import FrameType
 
 from container.operator_state import OperatorStateError
+from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
 
 __all__ = ["describe_error", "is_fatal"]
@@ -26,6 +27,7 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     pickle.PicklingError, pickle.UnpicklingError,  # the operator cannot be (un)pickled
     OperatorStateError,  # its state cannot be checkpointed
     SchemaMismatch,  # a batch does not fit its port's schema
+    RecordDecodeError,  # a Kafka record that does not decode is read again on replay
 )
 # Spark analysis errors that may pass on retry: a file that is not there (yet, or any more).
 _RETRYABLE_SPARK_CONDITIONS = frozenset({"PATH_NOT_FOUND"})

@@ -27,8 +27,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from tests.harness import free_port
 
 __all__ = ["BOOTSTRAP_VARIABLE", "PrivateBroker", "broker_for_session", "find_broker"]
@@ -118,6 +116,8 @@ class PrivateBroker:
 
 def broker_for_session() -> Iterator[str]:
     """Yields a bootstrap address of a real broker for the session; see the module docs."""
+    import pytest  # here: the benchmark uses the broker without pytest
+
     given = os.environ.get(BOOTSTRAP_VARIABLE)
     if given:
         yield given

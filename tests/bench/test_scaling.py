@@ -99,7 +99,8 @@ def test_partition_counts_are_parsed_and_checked():
             _partition_counts(bad)
 
 
-_ALL_BUT_SCALING = ["--skip", "weir", "--skip", "weir-paced", "--skip", "bytewax",
+_ALL_BUT_SCALING = ["--skip", "weir", "--skip", "weir-paced", "--skip", "weir-kafka",
+                    "--skip", "bytewax",
                     "--skip", "startup", "--skip", "recovery", "--skip", "master-restart",
                     "--skip", "control-plane"]
 

@@ -22,6 +22,7 @@ from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly, table_counts, write_input
 from tests.e2e.test_recovery import wait_finished
+from tests.e2e.test_weir_run import weir  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -195,3 +196,34 @@ def test_lag_and_records_read_show_in_the_operator_stats(master, tmp_path, kafka
             assert sum(per_partition.values()) == seen["lag_total"]
         finally:
             client.kill(app_id)
+
+
+def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
+        tmp_path, kafka_bootstrap, weir):  # noqa: F811 - the fixture
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka_bootstrap, topic)
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for value in (b'{"n": 1}', b"not json", b'{"n": 3}'):
+        producer.produce(topic, value, partition=1)
+    assert producer.flush(30) == 0
+    app = tmp_path / "bad_app.py"
+    app.write_text(textwrap.dedent(f"""
+        import pyarrow as pa
+        from operators import Dag
+        from operators.library import ConsoleSink, KafkaSource
+
+        dag = Dag("bad", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
+        source = dag.add_operator("source", KafkaSource(
+            {topic!r}, {kafka_bootstrap!r}, value_format="json", stop_at="end",
+            value_schema=pa.schema([("n", pa.int64())])))
+        sink = dag.add_operator("sink", ConsoleSink(limit=0))
+        dag.add_stream("records", source.output, sink.input)
+    """))
+    proc = weir("run", str(app))
+    assert proc.wait(120) == 1, proc.output()
+    result = proc.output()[proc.output().rindex("app-0001 bad: FAILED"):]
+    assert "not retried: this error cannot succeed on retry" in result, result
+    assert f"RecordDecodeError: the record at topic '{topic}', partition 1, offset 1 is " \
+           "not JSON" in result, result
