@@ -233,7 +233,8 @@ class _Container:
         self.base_seconds = 0
         self.checkpoint_window_count = 20
         self.next_window = 0
-        self.operators: list[tuple[int, bool]] = []  # (node id, is input), deployed
+        # (node id, is input, has an output), deployed
+        self.operators: list[tuple[int, bool, bool]] = []
         self.deployed_at = 0.0
         self.last_sent = 0.0
         self.max_gap_s = 0.0
@@ -247,10 +248,11 @@ class _Container:
     def deploy(self, infos: Iterable[plan_pb2.OperatorDeployInfo], now_ms: int,
                at: float) -> None:
         """Takes the deploy requests: from the next heartbeat on, they are reported ACTIVE."""
-        known = {node_id for node_id, _ in self.operators}
+        known = {node_id for node_id, *_ in self.operators}
         for info in infos:
             if info.id not in known:
-                self.operators.append((info.id, info.type == plan_pb2.OPERATOR_TYPE_INPUT))
+                self.operators.append((info.id, info.type == plan_pb2.OPERATOR_TYPE_INPUT,
+                                       bool(info.outputs)))
         self.operators.sort()
         if not self.next_window:
             self.next_window = max(1, (now_ms - self.start_window_millis) // _WINDOW_MS)
@@ -282,7 +284,7 @@ class _Container:
         self.next_window += self.windows_per_heartbeat
         counters = range(first, first + self.windows_per_heartbeat)
         extra = {"ready": True} if _HAS_READY else {}
-        for position, (node_id, is_input) in enumerate(self.operators):
+        for position, (node_id, is_input, has_output) in enumerate(self.operators):
             windows = []
             for counter in counters:
                 end_ms = self.start_window_millis + (counter + 1) * _WINDOW_MS + position
@@ -295,7 +297,7 @@ class _Container:
                     window_id=window_id, input_ports=inputs,
                     output_ports=[umbilical_pb2.PortStats(
                         id="output", tuple_count=rows, end_window_timestamp=end_ms,
-                        buffer_server_bytes=rows * 24)],
+                        buffer_server_bytes=rows * 24)] if has_output else [],
                     cpu_time_used_ns=rng.randint(200_000, 2_000_000))
                 if (counter + 1) % self.checkpoint_window_count == 0:
                     window.checkpoint.window_id = window_id
