@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pajson
 
-__all__ = ["VALUE_FORMATS", "RecordDecodeError", "record_schema", "records_to_batch"]
+__all__ = ["VALUE_FORMATS", "RecordDecodeError", "json_value", "record_schema",
+           "records_to_batch"]
 
 VALUE_FORMATS = ("bytes", "utf8", "json")
 

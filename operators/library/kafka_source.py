@@ -340,18 +340,14 @@ class KafkaSource(ReplayableSource):
         return records
 
     def _emit(self, records: list[Any], until: dict[str, int] | None = None) -> None:
-        """Emits ``records`` (those before ``until`` of their partition, if given) and
-        moves the positions past them."""
-        if until is not None:
+        """Emits ``records`` before their partition's end (``until`` when replaying a
+        window, else the bounded read's stop offsets) and moves the positions past them."""
+        ends, unknown = (until, -1) if until is not None else (self.stop_offsets, 1 << 62)
+        if ends is not None:
             records = [m for m in records
-                       if m.offset() < until.get(partition_key(m.topic(), m.partition()), -1)]
+                       if m.offset() < ends.get(partition_key(m.topic(), m.partition()), unknown)]
         if not records:
             return
-        if self.stop_offsets is not None and until is None:
-            stops = self.stop_offsets
-            records = [m for m in records
-                       if m.offset() < stops.get(partition_key(m.topic(), m.partition()),
-                                                 1 << 62)]
         for message in records:
             key = partition_key(message.topic(), message.partition())
             if key in self.positions and message.offset() >= self.positions[key]:
