@@ -13,7 +13,7 @@ import psutil
 
 from operators.library import EventGenerator
 
-__all__ = ["JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile"]
+__all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +136,51 @@ class PeakMemory:
         while not self._stop.is_set():
             self.peak_mb = max(self.peak_mb, self.sample_mb())
             time.sleep(self._interval_s)
+
+
+class CpuMeter:
+    """CPU seconds per process of a run between its first and its last ``poll``: this
+    process (the master), and each container's Python process and its JVM children."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self._started = self._stopped = 0.0
+
+    def poll(self, containers: Any) -> None:
+        """``containers``: the master's ContainerInfo list (``process_name`` is pid@host)."""
+        now = time.monotonic()
+        samples = {"master": _cpu_s(psutil.Process())}
+        for container in containers:
+            pid = container.process_name.split("@")[0]
+            if not pid.isdecimal():
+                continue
+            role = container.id.rsplit("-", 1)[-1]
+            try:
+                proc = psutil.Process(int(pid))
+                samples[f"{role} python"] = _cpu_s(proc)
+                jvm = sum(_cpu_s(child) for child in proc.children(recursive=True))
+            except psutil.Error:
+                continue
+            if jvm:
+                samples[f"{role} jvm"] = jvm
+        if not self._first:
+            self._started = now
+        for role, cpu in samples.items():
+            self._first.setdefault(role, cpu)
+            self._last[role] = cpu
+        self._stopped = now
+
+    def seconds(self) -> dict[str, float]:
+        return {role: round(self._last[role] - self._first[role], 2) for role in self._last}
+
+    def elapsed(self) -> float:
+        return self._stopped - self._started
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+    except psutil.Error:
+        return 0.0
+    return times.user + times.system

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import JobResult, JobSpec, check_totals
+from bench.common import CpuMeter, JobResult, JobSpec, check_totals, percentile
 from master.launcher import LocalProcessLauncher
 from master.server import MasterServer
 from operators import Dag
@@ -99,26 +99,35 @@ def _totals(out_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 class _Windows:
-    """Per-operator END_WINDOW times and tuple counts, gathered from the master's stats.
+    """Per-operator END_WINDOW times, tuple counts and user metrics (running totals, the
+    newest), gathered from the master's stats, and the CPU time of the run's processes.
 
-    Only the source and the sink: the figures need no more, and a partitioned aggregation
-    has no single operator of that name.
+    The aggregation only when it is one operator (a partitioned one has no single
+    operator of that name).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, operators: tuple[str, ...] = ("events", "sink")) -> None:
+        self.operators = operators
         self.end_ms: dict[str, dict[int, int]] = defaultdict(dict)
         self.processed: dict[str, dict[int, int]] = defaultdict(dict)
+        self.metrics: dict[str, dict[str, float]] = defaultdict(dict)
+        self.cpu = CpuMeter()
 
     def poll(self, server: MasterServer, app_id: str) -> None:
-        for name in ("events", "sink"):
+        for name in self.operators:
             info = server.core.operator_info(app_id, name)
             for w in info.recent_windows:
                 self.end_ms[name][w.window_id] = w.end_window_ms
                 self.processed[name][w.window_id] = w.tuples_processed
+                if w.metrics:
+                    self.metrics[name] = dict(w.metrics)
+        if self.end_ms["events"]:  # the sources run: the timed part
+            self.cpu.poll(server.core.list_containers(app_id))
 
 
-def _run_app(dag: Dag, work: Path, timeout_s: float) -> tuple[_Windows, str, float]:
-    windows = _Windows()
+def _run_app(dag: Dag, work: Path, timeout_s: float,
+             operators: tuple[str, ...] = ("events", "sink")) -> tuple[_Windows, str, float]:
+    windows = _Windows(operators)
     server = _master(work)
     started = time.monotonic()
     try:
@@ -153,6 +162,37 @@ def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], 
     return max(last_out - first_in, 1) / 1000, latencies, len(result_windows)
 
 
+def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
+    """Where an application window's time goes, from the operators' running totals.
+
+    Per Spark job (means): ``handoff_ms`` (the window's Arrow batches to DataFrames),
+    ``job_ms`` (the transform, run by Spark, and its result back as Arrow), ``emit_ms``
+    (the result out on the port); per sink file, ``sink_write_ms``. ``waiting_ms`` is
+    the median window latency minus those: input in transit and queued (behind the
+    previous job) before its job starts. ``cpu_seconds``: per process, during the timed
+    part (sources running).
+    """
+    spark = windows.metrics.get("aggregate", {})
+    sink = windows.metrics.get("sink", {})
+    jobs = spark.get("spark[jobs]", 0.0)
+    figures: dict[str, object] = {}
+    if jobs:
+        for phase in ("handoff", "job", "emit"):
+            figures[f"{phase}_ms"] = round(spark.get(f"spark[{phase}_ms]", 0.0) / jobs, 1)
+        figures["rows_per_job"] = round(spark.get("spark[rows_in]", 0.0) / jobs)
+        figures["jobs"] = int(jobs)
+    if sink.get("files_written"):
+        figures["sink_write_ms"] = round(sink.get("write_ms", 0.0) / sink["files_written"], 1)
+    if latencies and jobs:
+        spent = sum(float(v) for k, v in figures.items()  # type: ignore[arg-type]
+                    if k.endswith("_ms"))
+        figures["latency_p50_ms"] = percentile(latencies, 50)
+        figures["waiting_ms"] = round(max(0.0, percentile(latencies, 50) - spent), 1)
+    figures["cpu_seconds"] = windows.cpu.seconds()
+    figures["timed_seconds"] = round(windows.cpu.elapsed(), 2)
+    return figures
+
+
 def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
         work_dir: Path | None = None, partitions: int = 0) -> JobResult:
     """Runs the job on a local master with container processes; checks the output.
@@ -169,12 +209,14 @@ def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
         dag = build_dag(spec, out_dir, app_window_count)
         name = "weir" if spec.rate_per_second is None else \
             f"weir @ {spec.rate_per_second / 1e6:g} M/s"
-    windows, error, wall_s = _run_app(dag, work, timeout_s)
+    operators = ("events", "sink") if partitions > 1 else ("events", "aggregate", "sink")
+    windows, error, wall_s = _run_app(dag, work, timeout_s, operators)
     if error:
         return JobResult(name, spec.events, 0.0, [], False, error)
     correct, detail = check_totals(_totals(out_dir), spec.expected())
     seconds, latencies, result_windows = job_figures(windows, spec.window_ms)
     return JobResult(name, spec.events, seconds, latencies, correct, detail, extra={
+        "breakdown": breakdown(windows, latencies),
         "application_windows": result_windows,
         "streaming_windows": len(windows.end_ms["events"]),
         "app_window_count": app_window_count,

@@ -46,7 +46,16 @@ class ScratchFiles:
 
     def new_path(self, suffix: str) -> Path:
         """A fresh file path, tracked for the calling thread (its job, or loose)."""
-        path = self._scratch_folder() / f"{uuid.uuid4().hex}{suffix}"
+        return self.track(self.reserve(suffix))
+
+    def reserve(self, suffix: str) -> Path:
+        """A fresh file path, not tracked yet: its writer ``track``s it once the file is
+        handed to Spark, or deletes it."""
+        return self._scratch_folder() / f"{uuid.uuid4().hex}{suffix}"
+
+    def track(self, path: Path) -> Path:
+        """Deletes ``path`` with the calling thread's files: at the end of its job, or
+        loose (see ``release``)."""
         scopes = self._scopes()
         (scopes[-1] if scopes else self._loose()).append(path)
         return path

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from operators.metrics import metric
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
 
@@ -62,9 +64,10 @@ class SparkOperator(Operator):
     input = InputPort()
     output = OutputPort()
 
-    #: not checkpointed: the bridge and Spark sessions are recreated in ``setup``.
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session")
-    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session")
+    #: not checkpointed: the bridge and Spark sessions are recreated in ``setup``; the
+    #: cost counters start again with each deployment.
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session", "_costs", "_inputs")
+    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session", "_costs", "_inputs")
 
     # -- what subclasses implement ---------------------------------------------------
     def transform(
@@ -116,50 +119,95 @@ class SparkOperator(Operator):
 
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id
-        self._buffers: dict[str, list[pa.RecordBatch]] = {}
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
-        buffers = self.__dict__.setdefault("_buffers", {})
-        buffers.setdefault(port, []).append(batch)
+        inputs: dict[str, Any] = self.__dict__.setdefault("_inputs", {})
+        window_input = inputs.get(port)
+        if window_input is None:
+            spec = type(self).input_ports().get(port)
+            schema = (spec.schema if spec is not None else None) or batch.schema
+            self.__dict__.setdefault("_input_schemas", {})[port] = schema
+            if batch.num_rows == 0:
+                return  # a schema, no rows: nothing to hand to Spark yet
+            make = getattr(self.spark, "window_input", None)
+            window_input = inputs[port] = (make(schema) if make is not None
+                                           else _BufferedInput(self.spark, schema))
+        batch = conform(batch, self._input_schemas[port],
+                        f"operator {self._name!r}, input port {port!r}")
+        with self._job_costs().phase("write"):  # while the window's input arrives
+            window_input.append(batch)
 
     def end_window(self) -> None:
-        buffers: dict[str, list[pa.RecordBatch]] = self.__dict__.get("_buffers") or {}
-        self._buffers = {}
-        schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
-        for port, batches in buffers.items():
-            if batches:
-                schemas[port] = batches[0].schema
-        if not any(b.num_rows for batches in buffers.values() for b in batches):
+        inputs: dict[str, Any] = self.__dict__.get("_inputs") or {}
+        self._inputs = {}
+        if not any(window_input.num_rows for window_input in inputs.values()):
+            for window_input in inputs.values():
+                window_input.discard()
             return
         spark = self.spark
         window_id = int(self.__dict__.get("_window_id", -1))
-        with _job_scope(spark):
+        costs = self._job_costs()
+        try:
+            self._run_job(spark, window_id, inputs, costs)
+        finally:
+            for window_input in inputs.values():  # a job that failed before taking them
+                window_input.discard()
+
+    def _run_job(self, spark: SparkBridge, window_id: int, inputs: dict[str, Any],
+                 costs: JobCosts) -> None:
+        schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
+        with _job_scope(spark), costs.job():
             session = self.dataframe_session()
-            extra = {} if session is None else {"session": session}
-            inputs: dict[str, DataFrame] = {}
+            frames: dict[str, DataFrame] = {}
             for port, spec in type(self).input_ports().items():
-                batches = buffers.get(port, [])
-                schema = spec.schema or schemas.get(port)
-                if schema is None:
-                    raise SparkOperatorError(
-                        f"operator {self._name!r}: input port {port!r} has had no data yet "
-                        "and declares no schema, so Spark cannot know its columns; declare "
-                        f"it as InputPort(pa.schema([...])) in {type(self).__name__}"
-                    )
-                where = f"operator {self._name!r}, input port {port!r}"
-                batches = [conform(b, schema, where) for b in batches]
-                inputs[port] = spark.to_dataframe(batches, schema, **extra)
-            outputs = self._outputs(self.transform(inputs, window_id))
-            for port, df in outputs.items():
-                table = self.collected(port, spark.to_arrow(df))
-                schema = self.output_schema(port)
-                if schema is not None:
-                    table = _conform(table, schema, f"operator {self._name!r}, port {port!r}")
-                if table.num_rows:
-                    getattr(self, port).emit(table)
+                window_input = inputs.pop(port, None)
+                with costs.phase("handoff"):
+                    if window_input is not None:
+                        costs.rows_in += window_input.num_rows
+                        frames[port] = window_input.dataframe(session)
+                        continue
+                    schema = spec.schema or schemas.get(port)
+                    if schema is None:
+                        raise SparkOperatorError(
+                            f"operator {self._name!r}: input port {port!r} has had no data "
+                            "yet and declares no schema, so Spark cannot know its columns; "
+                            f"declare it as InputPort(pa.schema([...])) in "
+                            f"{type(self).__name__}")
+                    extra = {} if session is None else {"session": session}
+                    frames[port] = spark.to_dataframe([], schema, **extra)
+            with costs.phase("job"):  # Spark is lazy: the job runs in to_arrow
+                outputs = self._outputs(self.transform(frames, window_id))
+                tables = {port: spark.to_arrow(df) for port, df in outputs.items()}
+            with costs.phase("emit"):
+                for port, table in tables.items():
+                    table = self.collected(port, table)
+                    schema = self.output_schema(port)
+                    if schema is not None:
+                        table = _conform(table, schema,
+                                         f"operator {self._name!r}, port {port!r}")
+                    if table.num_rows:
+                        getattr(self, port).emit(table)
 
     def teardown(self) -> None:
         self._sql_session = None
+        for window_input in (self.__dict__.get("_inputs") or {}).values():
+            window_input.discard()  # a window cut short: its file goes
+        self._inputs = {}
+
+    def _job_costs(self) -> JobCosts:
+        costs = self.__dict__.get("_costs")
+        if costs is None:
+            costs = self._costs = JobCosts()
+        return costs
+
+    @metric("spark")
+    def spark_costs(self) -> dict[str, float]:
+        """Where this deployment's window jobs spent their time, as running totals: jobs,
+        rows handed to Spark, and ms writing the input as it arrived (``write``), handing
+        it over at the window's end (``handoff``), in the job (the transform, run by Spark,
+        and its results back as Arrow) and emitting them (``collected`` and out)."""
+        costs = self.__dict__.get("_costs")
+        return costs.figures() if costs is not None else {}
 
     # -- helpers -----------------------------------------------------------------------
     @property
@@ -272,6 +320,55 @@ class SparkSql(SparkOperator):
             df.createOrReplaceTempView(port)
         args = {"window_id": window_id} if ":window_id" in self.query else None
         return session.sql(self.query, args=args)
+
+
+class _BufferedInput:
+    """A window's batches kept for its end: the input of a bridge without
+    ``window_input`` (a test double, say)."""
+
+    def __init__(self, spark: SparkBridge, schema: pa.Schema) -> None:
+        self.spark, self.schema = spark, schema
+        self.batches: list[pa.RecordBatch] = []
+        self.num_rows = 0
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.num_rows += batch.num_rows
+
+    def dataframe(self, session: SparkSession | None) -> DataFrame:
+        extra = {} if session is None else {"session": session}
+        return self.spark.to_dataframe(self.batches, self.schema, **extra)
+
+    def discard(self) -> None:
+        self.batches = []
+
+
+class JobCosts:
+    """Running totals of a Spark operator's window jobs, by phase (see ``spark_costs``)."""
+
+    PHASES = ("write", "handoff", "job", "emit")
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.rows_in = 0
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def job(self) -> Any:
+        yield
+        self.jobs += 1
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Any:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - started
+
+    def figures(self) -> dict[str, float]:
+        return {"jobs": self.jobs, "rows_in": self.rows_in,
+                **{f"{name}_ms": round(s * 1000, 3) for name, s in self.seconds.items()}}
 
 
 def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str, Any]:

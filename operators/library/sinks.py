@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -207,6 +208,8 @@ class FileSink(_WindowBuffer):
 
     FORMATS: ClassVar[tuple[str, ...]] = ("jsonl", "parquet")
     NON_STATE: ClassVar[tuple[str, ...]] = ("_store", "_staged", "_fence")
+    #: running totals: files written and the ms spent writing them (synced and renamed)
+    METRICS: ClassVar[tuple[str, ...]] = ("files_written", "write_ms")
 
     def __init__(self, path: str | os.PathLike[str], format: str = "jsonl",  # noqa: A002
                  exactly_once: bool = False) -> None:
@@ -216,6 +219,7 @@ class FileSink(_WindowBuffer):
         self.format = format
         self.exactly_once = exactly_once
         self.files_written = 0
+        self.write_ms = 0.0
         self._store: CommitStepStore | None = None
         self._staged: dict[int, str] = {}  # window id -> staged file, not yet published
         self._fence: Callable[[], None] | None = None
@@ -261,7 +265,9 @@ class FileSink(_WindowBuffer):
         else:
             final = os.path.join(self.staging, self.file_name(self.window_id))
             self._staged[self.window_id] = final
+        started = time.perf_counter()
         _write_atomically(table, final, self.format, before_rename=self._fence)
+        self.write_ms = getattr(self, "write_ms", 0.0) + (time.perf_counter() - started) * 1000
         self.files_written += 1
         _LOGGER.debug("wrote %d rows to %s", table.num_rows, final)
 

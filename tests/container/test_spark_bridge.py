@@ -194,3 +194,36 @@ def test_the_jvm_log_config_is_private_and_not_a_planted_shared_file(tmp_path: P
     finally:
         if not existed:
             planted.unlink()
+
+
+def test_window_input_is_written_while_it_arrives(bridge: SparkSessionBridge,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    schema = pa.schema([("word", pa.string()), ("n", pa.int64()), ("nothing", pa.null())])
+    big = pa.record_batch([pa.array(["a"] * 200_000), pa.array([1] * 200_000),
+                           pa.nulls(200_000)], schema=schema)
+    small = pa.record_batch([pa.array(["b"]), pa.array([5]), pa.nulls(1)], schema=schema)
+    window_input = bridge.window_input(schema)
+    window_input.append(small)
+    window_input.append(big)  # past a row group's worth: written now, not at the end
+    written = scratch_files(bridge)
+    assert len(written) == 1 and os.path.getsize(bridge.scratch_dir / written[0]) > 0
+    window_input.append(small)
+    with bridge.job():
+        df = window_input.dataframe()
+        result = bridge.to_arrow(df.groupBy("word").sum("n").orderBy("word"))
+    assert result.to_pylist() == [{"word": "a", "sum(n)": 200_000}, {"word": "b", "sum(n)": 10}]
+    assert scratch_files(bridge) == []  # gone with its job
+
+    dropped = bridge.window_input(schema)
+    dropped.append(big)
+    assert len(scratch_files(bridge)) == 1
+    dropped.discard()  # a window cut short leaves no file behind
+    assert scratch_files(bridge) == []
+
+    monkeypatch.setattr(bridge, "handoff", "arrow")
+    via_arrow = bridge.window_input(schema)
+    for batch in (small, big, small):
+        via_arrow.append(batch)
+    result = bridge.to_arrow(via_arrow.dataframe().groupBy("word").sum("n").orderBy("word"))
+    assert result.to_pylist() == [{"word": "a", "sum(n)": 200_000}, {"word": "b", "sum(n)": 10}]
+    assert scratch_files(bridge) == []

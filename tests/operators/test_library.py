@@ -210,6 +210,34 @@ def test_generated_events_counted_in_spark(bridge: SparkSessionBridge) -> None:
     assert got == gen.expected_counts()
 
 
+def test_windowed_count_groups_on_key_codes_and_maps_them_back(
+        bridge: SparkSessionBridge, monkeypatch: pytest.MonkeyPatch) -> None:
+    count = WindowedCount(key="key", value="value")
+    counts = start(count, bridge)
+
+    def window(counter: int, *columns: list) -> dict:
+        batches = [pa.record_batch({"key": keys, "value": list(range(len(keys)))})
+                   for keys in columns]
+        counts.batches.clear()
+        run_window(count, counts, wid(counter), batches)
+        spark_key_type = count._input_schemas["input"].field("key").type  # noqa: SLF001
+        return spark_key_type, {r["key"]: (r["count"], r["sum"]) for r in counts.rows()}
+
+    key_type, got = window(1, ["b", "a", None, "b"], ["c", "a"])
+    assert key_type == pa.int32()  # Spark grouped the codes ...
+    assert got == {"a": (2, 1 + 1), "b": (2, 0 + 3), None: (1, 2), "c": (1, 0)}  # ... exactly
+    key_type, got = window(2, ["z", "b"])  # a new window has its own dictionary
+    assert got == {"z": (1, 0), "b": (1, 1)}
+    assert counts.all_batches()[0].schema.field("key").type == pa.string()
+
+    monkeypatch.setattr("operators.library.key_codes.MAX_KEYS", 2)
+    _, got = window(3, ["p", "q", "r"])  # more keys than worth coding ...
+    key_type, later = window(4, ["p", "p"])  # ... so the next window groups the strings
+    assert got == {"p": (1, 0), "q": (1, 1), "r": (1, 2)} and later == {"p": (2, 1)}
+    assert key_type == pa.string()
+    assert os.listdir(bridge.scratch_dir) == []
+
+
 # -- sinks ---------------------------------------------------------------------------------
 COUNTS_1 = pa.record_batch({"word": ["a", "b", "c"], "count": [5, 9, 1]})
 COUNTS_2 = pa.record_batch({"word": ["a", "d"], "count": [10, 2]})
