@@ -107,7 +107,7 @@ def replenish(app: Application) -> list[PTContainer]:
 
 
 def spare_lost(app: Application, container: PTContainer) -> None:
-    """A spare was lost (call it marked KILLED): launch another, unless spares keep
+    """A spare was lost (call it marked KILLED): another replaces it, unless spares keep
     failing before they are ready (then recovery goes on without them, and says so)."""
     if app.terminal:
         return
@@ -122,4 +122,5 @@ def spare_lost(app: Application, container: PTContainer) -> None:
                        "containers are replaced by new ones")
             app.reported_errors.append(message)
             _LOGGER.warning("app=%s %s", app.id, message)
-    replenish(app)
+    for new in replenish(app)[:1]:
+        container.replaced_by, new.replaces = new.id, container.id

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from master import spares
+from master import spares, tables
 from master.application import ApplicationState
 from master.core import MasterCore
 from master.errors import PlanError
@@ -98,6 +98,9 @@ def test_a_spare_is_ready_once_active_and_warm_and_the_views_say_so():
         "SPARE", True, True, [])
     app = application_info(cluster.app)
     assert (app.containers_spare, app.containers_planned, app.containers_active) == (1, 4, 4)
+    now = cluster.clock()
+    assert tables.container_rows([info], now)[0][:3] == [C3, "app-0001", "SPARE"]
+    assert "4 active of 4 (0 replaced, 1 spare)" in tables.application_details(app, now)
     without_spark = spared(spark=False, spare_ready=False)  # no Spark to warm: ready at once
     assert spares.is_ready(without_spark.app, without_spark.app.plan.containers[C3])
 
@@ -147,8 +150,11 @@ def test_a_lost_spare_only_gets_a_new_spare():
     [loss] = cluster.liveness({C3: -9})
     assert (loss.container_id, loss.replacement_id) == (C3, "")
     assert (cluster.killed, cluster.launched) == ([C3], [C4])
-    assert cluster.app.plan.containers[C4].spare
+    plan = cluster.app.plan
+    assert plan.containers[C4].spare
+    assert (plan.containers[C3].replaced_by, plan.containers[C4].replaces) == (C4, C3)
     assert {op.id: (op.state, op.generation) for op in cluster.ops.values()} == states
+    assert application_info(cluster.app).containers_planned == 4  # the lost spare is not
     assert cluster.app.recoveries == 0 and cluster.app.state == ApplicationState.RUNNING
 
 
