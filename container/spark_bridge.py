@@ -154,10 +154,10 @@ class SparkSessionBridge:
                                    else default_scratch_parent(), self._check_running)
         self._log4j_dir: Path | None = None
         self._session: SparkSession | None = None
-        self._lock = threading.RLock()
-        self._warm = False  # a warm-up started
-        self._warmed = threading.Event()  # ... and ended
+        self._warmed = threading.Event()  # a warm-up (``_warm``: started) ended
         self._warm_ok = False  # ... and ran its jobs
+        self._lock = threading.RLock()
+        self._warm = False
         self._stopped = False
 
     @classmethod

@@ -50,6 +50,7 @@ def uses_spark(dag: plan_pb2.DagDescriptor) -> bool:
 
 
 def wanted(app: Application) -> int:
+    """SPARE_CONTAINERS: how many live spares the application keeps."""
     return int(app.plan.attributes.get("SPARE_CONTAINERS", 0))
 
 
@@ -102,7 +103,7 @@ def replenish(app: Application) -> list[PTContainer]:
     for spare in added:
         app.container_stats[spare.id] = ContainerStatsTracker()
         app.launcher_actions.append(LauncherAction("launch", spare.id))
-        _LOGGER.info("app=%s container=%s new spare launched", app.id, spare.id)
+        _LOGGER.info("app=%s container=%s new spare, to be launched", app.id, spare.id)
     return added
 
 
