@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(0 = the two-container job)")
     parser.add_argument("--events-per-trigger", type=int, default=0,
                         help="Spark Structured Streaming: events per micro-batch (0 = default)")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="recovery: SPARE_CONTAINERS (warm standbys the lost container's "
+                             "operators go to)")
     parser.add_argument("--containers", type=int, default=1000, help="control plane")
     parser.add_argument("--operators", type=int, default=10, help="control plane")
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
@@ -77,7 +80,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
     elif args.system == "recovery":
         from bench import weir_job
 
-        result = weir_job.recovery(spec)
+        result = weir_job.recovery(spec, spares=args.spares)
     elif args.system == "master-restart":
         from bench import master_restart
 

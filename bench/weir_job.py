@@ -261,11 +261,12 @@ def startup(timeout_s: float = 180.0) -> dict[str, float]:
         server.stop()
 
 
-def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
+def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[str, object]:
     """Kills the Spark container mid-run: seconds until windows move again, windows replayed.
 
     The job runs paced (``spec.rate_per_second``) with checkpoints every 10 windows; once
-    a window is committed, the aggregation's container gets SIGKILL. "Moving again" is the
+    a window is committed (and, with ``spares`` (SPARE_CONTAINERS), a spare is ready:
+    its Spark warm), the aggregation's container gets SIGKILL. "Moving again" is the
     sink's window passing the last one it had before the kill; the replayed windows are
     those between the aggregation's recovery checkpoint and its window at the kill.
     """
@@ -276,21 +277,23 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
 
     work = Path(tempfile.mkdtemp(prefix="weir-recovery-"))
     dag = build_dag(spec, work / "out", app_window_count=2)
-    dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000)
+    dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000,
+                       SPARE_CONTAINERS=spares)
     server = _master(work)
     try:
         server.start()
         core = server.core
         app_id = core.submit(dag.to_descriptor(), {})
         deadline = time.monotonic() + timeout_s
-        while core.application_info(app_id).committed_window_id < 0:
+        while core.application_info(app_id).committed_window_id < 0 or spares and not any(
+                c.state == "SPARE" for c in core.list_containers(app_id)):
             if time.monotonic() > deadline:
-                return {"error": "no window was committed"}
+                return {"error": "no window was committed (or no spare became ready)"}
             time.sleep(0.1)
         agg = core.operator_info(app_id, "aggregate")
         sink_before = core.operator_info(app_id, "sink").current_window_id
         container = next(c for c in core.list_containers(app_id) if c.id == agg.container_id)
-        killed_at = time.monotonic()
+        killed_at, killed_at_ms = time.monotonic(), time.time_ns() // 1_000_000
         os.kill(int(container.process_name.split("@")[0]), signal.SIGKILL)
         while core.operator_info(app_id, "sink").current_window_id <= sink_before:
             if time.monotonic() > deadline:
@@ -298,12 +301,16 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0) -> dict[str, object]:
             time.sleep(0.05)
         moving_s = time.monotonic() - killed_at
         after = core.operator_info(app_id, "aggregate")
+        moved_to = next(c for c in core.list_containers(app_id) if c.id == after.container_id)
+        how = "a spare" if 0 < moved_to.started_ms < killed_at_ms else "a new container"
         info = core.wait_for_application(app_id, max(1.0, deadline - time.monotonic()))
         got = _totals(work / "out")
         want = spec.expected()
         at_least_once = all(got.get(k, (0, 0))[0] >= c for k, (c, _) in want.items())
         return {
             "killed": f"{container.id} (Spark aggregation)",
+            "spares": spares,
+            "moved_to": f"{moved_to.id} ({how})",
             "seconds_until_windows_move_again": round(moving_s, 2),
             "windows_replayed": max(0, window_counter(agg.current_window_id)
                                     - window_counter(after.recovery_window_id)),

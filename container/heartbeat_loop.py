@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -31,11 +32,17 @@ class HeartbeatLoop:
     advertised host (``--advertise-host``), which need not be the address bound. Every
     answer but ABORT renews ``lease``; ABORT revokes it. Deploys and undeploys go to a
     ``DeployQueue`` (its own thread), so none of them delays a heartbeat.
+
+    A spare (``spare_interval_ms`` > 0) heartbeats that often until its first deploy
+    request: deploys come only in replies, and a spare's come when it must take over a
+    lost container's operators, at once. ``spark_warm`` says whether the container's
+    SparkSession is warm, for the master to know when a spare is ready.
     """
 
     def __init__(self, container_id: str, client: UmbilicalClient, deployment: Deployment,
                  process_stats: ProcessStats, buffer_server_address: tuple[str, int],
-                 interval_ms: int, lease: Lease | None = None) -> None:
+                 interval_ms: int, lease: Lease | None = None, *, spare_interval_ms: int = 0,
+                 spark_warm: Callable[[], bool] = lambda: False) -> None:
         self.container_id = container_id
         self.client = client
         self.deployment = deployment
@@ -43,6 +50,8 @@ class HeartbeatLoop:
         self.host, self.port = buffer_server_address
         self.interval_ms = interval_ms
         self.lease = lease
+        self.spare_interval_ms = spare_interval_ms  # 0 once it was given operators
+        self.spark_warm = spark_warm
         self.committed_window_id = -1
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -75,7 +84,7 @@ class HeartbeatLoop:
             stats=umbilical_pb2.ContainerStats(
                 id=self.container_id, operators=[*self.deployment.heartbeats(self.interval_ms),
                                                  *self.deploys.placeholders()]),
-            sent_tms=time.time_ns() // 1_000_000,
+            sent_tms=time.time_ns() // 1_000_000, spark_warm=self.spark_warm(),
         )
 
     def run(self) -> str:
@@ -121,7 +130,8 @@ class HeartbeatLoop:
             outcome = self.apply(response)
             if outcome:
                 return outcome
-            delay_s = 0.05 if response.has_pending_requests else self.interval_ms / 1000
+            delay_s = 0.05 if response.has_pending_requests else \
+                (self.spare_interval_ms or self.interval_ms) / 1000
             self._wake.wait(delay_s)
         return "stopped"
 
@@ -136,6 +146,7 @@ class HeartbeatLoop:
                 case Redeploy(undeploy=undeploy, deploy=deploy):
                     self.deploys.submit(undeploy, deploy)
                     if deploy:
+                        self.spare_interval_ms = 0  # a spare no more: the usual pace
                         self.wake()  # report the new operators at once
                 case Activate(operator_ids=ids):
                     self.deployment.activate(ids)

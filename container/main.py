@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import grpc
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSessionBridge.from_attributes(
         {name: resolve(name, attributes) for name in ATTRIBUTES if name.startswith("SPARK_")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
+    if context.warm_spark:  # a spare: Spark is hot by the time it is given operators
+        threading.Thread(target=spark.warm_up, name="spark-warm-up", daemon=True).start()
     process_stats = ProcessStats()
     lease = Lease(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes))
     loop: HeartbeatLoop | None = None
@@ -214,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                             secret=credentials.secret,
                             tls_root_certs=credentials.tls_root_certs, lease=lease)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,
-                         advertised, context.heartbeat_interval_millis, lease)
+                         advertised, context.heartbeat_interval_millis, lease,
+                         spare_interval_ms=context.spare_heartbeat_interval_millis
+                         if context.spare else 0,
+                         spark_warm=lambda: spark.warm)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
     _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
                  "%s:%d", args.container_id, os.getpid(), client.address,

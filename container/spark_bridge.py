@@ -155,6 +155,8 @@ class SparkSessionBridge:
                                    else default_scratch_parent(), self._check_running)
         self._log4j_dir: Path | None = None
         self._session: SparkSession | None = None
+        self._warmed = threading.Event()  # a warm-up (``_warm``: started) ended
+        self._warm_ok = False  # ... and ran its jobs
         self._lock = threading.RLock()
         self._warm = False
         self._spark_schemas: dict[pa.Schema, Any] = {}  # Arrow schema -> Spark's (inferred)
@@ -202,16 +204,19 @@ class SparkSessionBridge:
         until the JIT compiles the hot paths (Parquet scan, hash aggregation, Arrow
         collection): measured, the first two 1 M-row windows took 2-3x the steady time.
         Grouped aggregations over ``warmup_rows`` rows at deploy time, before the sources
-        start (operators report ready after this), keep that out of the first windows.
+        start (operators report ready after this), keep that out of the first windows. A
+        spare container warms up as it starts; a call while another thread warms up waits
+        for it to end.
         """
         import numpy as np
         import pyarrow as pa
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         with self._lock:
-            if self._warm:
-                return
-            self._warm = True
+            started, self._warm = self._warm, True
+        if started:  # another thread warms it: callers report ready only once it is warm
+            self._warmed.wait()
+            return
         try:
             rows = max(1, self.warmup_rows)
             keys = pa.array([f"k{i:04d}" for i in range(10_000)]).take(
@@ -227,6 +232,7 @@ class SparkSessionBridge:
                 if took > 0.8 * previous:  # no longer getting faster: warm
                     break
                 previous = took
+            self._warm_ok = True
             _LOGGER.info("Spark session warm (%s)", self.master)
         except SparkBridgeStopped:
             _LOGGER.info("Spark warm-up interrupted: the container is stopping")
@@ -236,6 +242,13 @@ class SparkSessionBridge:
                              type(exc).__name__)
             else:
                 _LOGGER.warning("warming up Spark failed", exc_info=True)
+        finally:
+            self._warmed.set()
+
+    @property
+    def warm(self) -> bool:
+        """Whether ``warm_up`` ran to its end: the session is up and its JIT warm."""
+        return self._warm_ok and not self._stopped
 
     def _create_session(self) -> SparkSession:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

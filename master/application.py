@@ -79,6 +79,7 @@ class Application:
     repartitions = 0  # run-time changes of an operator's partition count
     last_repartition = ""
     last_repartition_ms = 0
+    spare_losses_in_a_row = 0  # spares lost before they were ready (``master.spares``)
 
     def __init__(self, app_id: str, dag: plan_pb2.DagDescriptor, plan: PhysicalPlan,
                  submitted_ms: int) -> None:
@@ -124,8 +125,9 @@ class Application:
         return int(self.attribute("HEARTBEAT_TIMEOUT_MILLIS"))
 
     def all_containers_active(self) -> bool:
-        """Every container not given up on is ACTIVE (lost ones were replaced)."""
-        live = self.plan.live_containers()
+        """Every container not given up on is ACTIVE (lost ones were replaced); spares do
+        not count: nothing waits for a spare to start."""
+        live = self.plan.working_containers()
         return bool(live) and all(c.state == ContainerState.ACTIVE for c in live)
 
     def take_launcher_actions(self) -> list[LauncherAction]:

@@ -11,6 +11,7 @@ import dataclasses
 import itertools
 import logging
 
+from master import spares
 from master.application import Application, ApplicationState
 from master.checkpoints import is_operator_done, record_checkpoints, update_recovery
 from master.log_limits import LogLimiter
@@ -63,14 +64,21 @@ def abort_response() -> umbilical_pb2.ContainerHeartbeatResponse:
 
 def container_context(app: Application, container: PTContainer
                       ) -> umbilical_pb2.StreamingContainerContext:
-    """What a container asks for first: the application's clock and settings."""
+    """What a container asks for first: the application's clock and settings; a spare
+    is told to heartbeat often until it has operators, and to warm Spark now if the
+    application uses it."""
+    interval = int(app.attribute("HEARTBEAT_INTERVAL_MILLIS"))
     return umbilical_pb2.StreamingContainerContext(
         container_id=container.id, application_id=app.id,
         start_window_millis=app.start_window_millis,
-        heartbeat_interval_millis=app.attribute("HEARTBEAT_INTERVAL_MILLIS"),
+        heartbeat_interval_millis=interval,
         streaming_window_size_millis=app.attribute("STREAMING_WINDOW_SIZE_MILLIS"),
         checkpoint_window_count=app.attribute("CHECKPOINT_WINDOW_COUNT"),
-        deploy_buffer_server=True, attributes=app.plan.attribute_text())
+        deploy_buffer_server=True, attributes=app.plan.attribute_text(),
+        spare=container.spare,
+        spare_heartbeat_interval_millis=min(interval, spares.SPARE_HEARTBEAT_INTERVAL_MS)
+        if container.spare else 0,
+        warm_spark=container.spare and spares.uses_spark(app.dag))
 
 
 def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.ContainerHeartbeat,
@@ -111,6 +119,8 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
                   len(heartbeat.stats.operators))
     if container.state != ContainerState.ACTIVE:
         _activate(app, container, heartbeat, now_ms)
+    if heartbeat.spark_warm != container.spark_warm:
+        spares.record_warmth(app, container, heartbeat.spark_warm)
     if heartbeat.restart_requested and not app.terminal:
         lose_container(app, container, "it asked to be restarted (its buffer server failed)",
                        now_ms)

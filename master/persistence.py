@@ -39,7 +39,7 @@ def _app_mark(app: Application) -> tuple[Any, ...]:
     """What of the application itself must be journaled again when it changes."""
     return (app.state, app.diagnostics, app.committed_window_id, app.shutdown_requested,
             app.recoveries, app.repartitions,
-            tuple((c.id, c.state, c.replaced_by, c.buffer_server_port)
+            tuple((c.id, c.state, c.replaced_by, c.buffer_server_port, c.spare)
                   for c in app.plan.containers.values()))
 
 

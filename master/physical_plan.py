@@ -203,7 +203,9 @@ class PTContainer:
     Created with the plan (NEW); ALLOCATED when launched, ACTIVE from its first
     heartbeat, KILLED when it is lost, killed or has exited. A lost container of a
     running application is replaced by a new one (``replaced_by``) that takes its
-    operators; ``operator_ids`` keeps the operators it held, for the record.
+    operators; ``operator_ids`` keeps the operators it held, for the record. A ``spare``
+    (SPARE_CONTAINERS) holds no operators until it replaces a lost container; it is
+    ready for that once ACTIVE and, when the application needs Spark, ``spark_warm``.
     """
 
     id: str
@@ -219,6 +221,8 @@ class PTContainer:
     finished_ms: int = 0
     diagnostics: str = ""
     ended_with_app: bool = False  # stopped because its application ended: not a failure
+    spare: bool = False  # a warm standby without operators (until it replaces a lost one)
+    spark_warm: bool = False  # its heartbeats say its SparkSession is started and warm
 
     @property
     def buffer_server_address(self) -> str:
@@ -315,6 +319,10 @@ class PhysicalPlan:
 
     def live_containers(self) -> list[PTContainer]:
         return [c for c in self.containers.values() if c.state != ContainerState.KILLED]
+
+    def working_containers(self) -> list[PTContainer]:
+        """The live containers that hold (or wait for) operators: not the spares."""
+        return [c for c in self.live_containers() if not c.spare]
 
     def next_container_index(self) -> int:
         return max((c.index for c in self.containers.values()), default=-1) + 1

@@ -22,6 +22,7 @@ from master.physical_plan import (
 )
 from master.plan_attributes import resolve_attributes
 from master.processing_modes import check_processing_modes
+from master.spares import add_spares
 from master.state_owner import default_state_dir, new_run_id
 from operators.dag import topological_order
 from operators.partitioning import partition_keys
@@ -89,6 +90,7 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     (the operator's ``unifier()``, else ``ConcatUnifier``) is placed with each reading
     instance and merges the partitions; it takes the reader's share when the reader is
     partitioned. Physical ids stay in topological order (unifiers before their reader).
+    SPARE_CONTAINERS spare containers, without operators, follow the others.
 
     Raises:
         PlanError: bad overrides, placement or partitioning.
@@ -121,8 +123,10 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     operators = instantiate(dag, operator_attributes, counts, app_id, placement)
     for op in operators.values():
         containers[op.container_id].operator_ids.append(op.id)
-    return PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
+    plan = PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
                         operators=operators, containers=containers)
+    add_spares(plan, dag_attributes["SPARE_CONTAINERS"])
+    return plan
 
 
 def instantiate(dag: plan_pb2.DagDescriptor, operator_attributes: Mapping[str, dict[str, Any]],

@@ -1,11 +1,12 @@
 """Recovery from a lost container: who restarts, from which checkpoint, and in which container.
 
 Apex's cascade, as rules over the plan (no I/O; the caller holds the master's lock): the
-lost container is KILLED and a new one replaces it and takes its operators; its
-operators and everything downstream of them restart from their recovery checkpoints
-(operators in surviving containers are undeployed first); upstream operators are not
-touched, their buffer servers replay. Processes to kill and launch are queued on the
-application as ``LauncherAction``s for the master to carry out outside its lock.
+lost container is KILLED and a new one (or a ready spare, ``master.spares``) replaces it
+and takes its operators; its operators and everything downstream of them restart from
+their recovery checkpoints (operators in surviving containers are undeployed first);
+upstream operators are not touched, their buffer servers replay. Processes to kill and
+launch are queued on the application as ``LauncherAction``s for the master to carry out
+outside its lock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
+from master import spares
 from master.application import Application, LauncherAction
 from master.checkpoints import CheckpointBook, is_operator_done, update_recovery
 from master.physical_plan import (
@@ -222,6 +224,9 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
         _LOGGER.info("app=%s container=%s stopped: %s", app.id, container.id, cause)
         return ContainerLoss(container.id, cause)
     _LOGGER.warning("app=%s container=%s lost: %s", app.id, container.id, cause)
+    if container.spare:  # it held nothing: only another spare to launch
+        spares.spare_lost(app, container)
+        return ContainerLoss(container.id, cause)
     update_recovery(app)
     held = app.plan.operators_in(container)
     live = [op for op in held if not is_operator_done(app, op)]
@@ -293,18 +298,26 @@ def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequen
 
 
 def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTContainer:
-    """A NEW container taking the place (and the operators) of ``lost``, queued for launch."""
-    index = app.plan.next_container_index()
-    replacement = PTContainer(id=container_id_for(app.id, index), index=index, replaces=lost.id)
+    """The container taking the place (and the operators) of ``lost``: a ready spare,
+    with a new spare queued for launch behind it, else a NEW container queued for launch."""
+    replacement = spares.take_ready(app)
+    if replacement is not None:
+        spares.replenish(app)
+        how = "a ready spare"
+    else:
+        index = app.plan.next_container_index()
+        replacement = PTContainer(id=container_id_for(app.id, index), index=index)
+        app.plan.containers[replacement.id] = replacement
+        app.container_stats[replacement.id] = ContainerStatsTracker()
+        app.launcher_actions.append(LauncherAction("launch", replacement.id))
+        how = "a new container"
+    replacement.replaces = lost.id
     lost.replaced_by = replacement.id
-    app.plan.containers[replacement.id] = replacement
-    app.container_stats[replacement.id] = ContainerStatsTracker()
     for op in held:
         op.container_id = replacement.id
         replacement.operator_ids.append(op.id)
-    app.launcher_actions.append(LauncherAction("launch", replacement.id))
-    _LOGGER.info("app=%s container=%s replaces %s and takes operators %s", app.id,
-                 replacement.id, lost.id, [f"{op.name} ({op.id})" for op in held])
+    _LOGGER.info("app=%s container=%s (%s) replaces %s and takes operators %s", app.id,
+                 replacement.id, how, lost.id, [f"{op.name} ({op.id})" for op in held])
     return replacement
 
 
@@ -346,13 +359,18 @@ def redeploy(app: Application, operators: list[PTOperator], now_ms: int,
 
 def resume(app: Application, now_ms: int) -> list[tuple[str, int, str]]:
     """A restored application's clocks start over from ``now_ms`` (every container gets a
-    fresh heartbeat timeout, every operator a fresh window timeout); returns the
+    fresh heartbeat timeout, a NEW one counts as launched, every operator gets a fresh
+    window timeout); returns the
     processes to adopt: ``(container id, pid, host)`` as their last heartbeats said."""
     adopt = []
     for container in app.plan.live_containers():
         stats = app.container_stats[container.id]
         stats.last_heartbeat_ms = now_ms
         container.allocated_ms = now_ms
+        if container.state == ContainerState.NEW:
+            # queued for launch when the master stopped, launched or not: it has the
+            # usual time to call in, or it is lost and recovered (a spare: replaced)
+            container.transition(ContainerState.ALLOCATED)
         if stats.pid > 0:
             adopt.append((container.id, stats.pid, stats.host))
     for op in app.plan.operators.values():

@@ -235,7 +235,7 @@ def _placement(app: Application, operator: str, count: int) -> dict[str, int]:
         placement.update((name, pinned.index) for name in instance_names(operator, count))
         return placement
     load = {c.index: sum(op.logical_name != operator for op in app.plan.operators_in(c))
-            for c in app.plan.containers.values() if c.state == ContainerState.ACTIVE}
+            for c in app.plan.working_containers() if c.state == ContainerState.ACTIVE}
     placement.update(spread(instance_names(operator, count), load))
     return placement
 

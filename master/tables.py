@@ -271,7 +271,8 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
         ("submitted", f"{format_time(app.submitted_ms)} "
                       f"({format_duration_ms(end_ms - app.submitted_ms)})"),
         ("containers", f"{app.containers_active} active of {app.containers_planned}"
-                       f" ({app.containers_replaced} replaced)"),
+                       f" ({app.containers_replaced} replaced"
+                       + (f", {app.containers_spare} spare)" if app.containers_spare else ")")),
         ("operators", f"{app.operators} ({app.operators_failed} failed)"),
         ("current window", format_window_id(app.current_window_id)),
         ("committed window", format_window_id(app.committed_window_id)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from master import spares
 from master.application import Application
 from master.errors import NotFound
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
@@ -89,6 +90,7 @@ def application_info(app: Application, dashboard_url: str = "") -> client_pb2.Ap
         tuples_emitted_per_second=sum(f.emitted_per_second for f in figures.values()),
         latency_ms=path_latency, critical_path=path, dashboard_url=dashboard_url,
         repartitions=app.repartitions, last_repartition=app.last_repartition,
+        containers_spare=sum(c.spare for c in app.plan.live_containers()),
     )
     _add_logical_operators(app, figures, info)
     info.recent_failures.extend(_recent_failures(app))
@@ -166,7 +168,7 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
     """One container: state, process, buffer server and its last heartbeat's figures."""
     stats = app.container_stats[container.id]
     return client_pb2.ContainerInfo(
-        id=container.id, application_id=app.id, state=container.state.value,
+        id=container.id, application_id=app.id, state=_shown_state(app, container),
         process_name=stats.process_name,
         buffer_server_address=container.buffer_server_address,
         last_heartbeat_ms=stats.last_heartbeat_ms,
@@ -178,8 +180,16 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         heartbeats=stats.heartbeats, started_ms=container.allocated_ms,
         finished_ms=container.finished_ms, diagnostics=container.diagnostics,
         replaces=container.replaces, replaced_by=container.replaced_by,
-        host=stats.host,
+        host=stats.host, spare=container.spare, spark_warm=container.spark_warm,
     )
+
+
+def _shown_state(app: Application, container: PTContainer) -> str:
+    """The state users see: a live spare is SPARE once it can take over, else
+    SPARE_STARTING (launched, or its Spark still warming up)."""
+    if not container.spare or container.state == ContainerState.KILLED:
+        return container.state.value
+    return "SPARE" if spares.is_ready(app, container) else "SPARE_STARTING"
 
 
 def operator_infos(app: Application) -> list[client_pb2.OperatorInfo]:

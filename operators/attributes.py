@@ -17,6 +17,7 @@ __all__ = [
     "ATTRIBUTES",
     "Attribute",
     "InvalidAttribute",
+    "MAX_SPARES",
     "ProcessingMode",
     "Scope",
     "parse_attributes",
@@ -60,6 +61,19 @@ def _count(text: str) -> int:
     if value > MAX_COUNT:
         raise ValueError(f"{value} is more than {MAX_COUNT}, the most an application may ask "
                          "for")
+    return value
+
+
+MAX_SPARES = 16
+"""The most spare containers an application may keep: each is a process with a warm JVM
+(about 1 GB), so more than a few is a typo, not a plan."""
+
+
+def _spare_count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_SPARES:
+        raise ValueError(f"{value} is not a number of spares: set 0 (none) to {MAX_SPARES} "
+                         "(each spare keeps a process with a warm Spark JVM)")
     return value
 
 
@@ -122,6 +136,10 @@ _ALL = [
               "once per application window."),
     Attribute("CONTAINERS", _count, 2, Scope.DAG,
               "Number of containers the operators are spread over."),
+    Attribute("SPARE_CONTAINERS", _spare_count, 0, Scope.DAG,
+              "Warm standby containers kept beside the plan's: a lost container's operators "
+              "go to a ready spare at once (its Spark already warm) instead of a new process; "
+              "a new spare is then started in the background."),
     Attribute("CONTAINER", _int, -1, Scope.OPERATOR,
               "Pin the operator to container number N (0-based); -1 = placed by the master."),
     Attribute("SPARK_MASTER", _str, "local[2]", Scope.DAG,

@@ -150,6 +150,7 @@ class Dag:
                     op.unifier_class_name = _class_name(unifier)
                 op.repartition_refusal = operator.repartition_refusal() or ""
                 op.splits_input = bool(getattr(operator, "SPLITS_INPUT", False))
+                op.uses_spark = bool(operator.USES_SPARK or getattr(unifier, "USES_SPARK", False))
                 listener = self._stats_listeners.get(name)
                 if listener is not None:
                     op.stats_listener_payload = _pickle(f"{name} (its stats listener)", listener)

@@ -153,6 +153,9 @@ class Operator:
     #: column. When the operator is repartitioned at run time each new partition gets the
     #: entries (rows) of its keys from every old partition (``repartitioned``).
     KEYED_STATE: ClassVar[tuple[str, ...]] = ()
+    #: its window logic runs in Spark (``SparkOperator``, or one using ``context.spark``):
+    #: the master's spare containers then keep a warm SparkSession ready for it.
+    USES_SPARK: ClassVar[bool] = False
 
     def connect_outputs(self, emit: Emit | None) -> None:
         """Where the output ports publish: ``emit(port name, batch)``; set by the runtime

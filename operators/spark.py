@@ -61,6 +61,8 @@ class SparkOperator(Operator):
         (['input'], ['output'])
     """
 
+    USES_SPARK: ClassVar[bool] = True
+
     input = InputPort()
     output = OutputPort()
 

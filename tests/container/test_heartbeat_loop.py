@@ -138,3 +138,21 @@ def test_an_answer_becomes_instructions_in_the_order_they_are_carried_out():
         Redeploy((4,), (info,)), Activate((1, 2)), EndInputs(), Commit(9)]
     assert instructions(reply, committed_window_id=9)[-1] == EndInputs()  # no news: no Commit
     assert instructions(umbilical_pb2.ContainerHeartbeatResponse(), 5) == []
+
+
+def test_a_spare_heartbeats_at_its_pace_until_given_operators_and_says_when_spark_is_warm():
+    deployment = _SlowDeployment()
+    deployment.release.set()
+    client = _Beats(stop_after=3)  # the first answer deploys operator 7
+    warm = iter([False, True, True])
+    loop = HeartbeatLoop("app-0001-c3", client, deployment, _STATS,  # type: ignore[arg-type]
+                         ("127.0.0.1", 7001), 20, spare_interval_ms=5,
+                         spark_warm=lambda: next(warm))
+    try:
+        assert loop.spare_interval_ms == 5
+        assert loop.run() == "aborted by the master"
+        assert [beat.spark_warm for beat in client.beats] == [False, True, True]
+        assert loop.spare_interval_ms == 0  # given an operator: a spare no more
+        assert loop.deploys.wait_idle(10) and deployment.deployed == [7]
+    finally:
+        loop.close()

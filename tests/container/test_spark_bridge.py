@@ -93,6 +93,25 @@ def test_threads_share_the_bridge(bridge: SparkSessionBridge) -> None:
     assert scratch_files(bridge) == []
 
 
+def test_a_warm_up_is_waited_for_by_every_caller(bridge: SparkSessionBridge) -> None:
+    """A spare warms its Spark as it starts; an operator deployed meanwhile calls warm_up
+    too and must report ready only once Spark is warm, not return at once."""
+    assert not bridge.warm
+    seen: list[bool] = []
+
+    def warm_up() -> None:
+        bridge.warm_up(max_rounds=2)
+        seen.append(bridge.warm)
+
+    threads = [threading.Thread(target=warm_up) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert seen == [True, True]
+    assert scratch_files(bridge) == []
+
+
 def test_orphaned_scratch_folders_are_removed(tmp_path: Path) -> None:
     dead = tmp_path / "weir-spark-999999999-abc"  # no such pid
     alive = tmp_path / f"weir-spark-{os.getppid()}-abc"

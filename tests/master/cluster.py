@@ -63,10 +63,11 @@ class Cluster:
     def port(self, cid: str) -> int:
         return 7000 + self.app.plan.containers[cid].index
 
-    def beat(self, cid: str, *reports: umbilical_pb2.OperatorHeartbeat
+    def beat(self, cid: str, *reports: umbilical_pb2.OperatorHeartbeat, **fields: object
              ) -> umbilical_pb2.ContainerHeartbeatResponse:
+        """One heartbeat of ``cid``; ``fields`` set more of it (``spark_warm=True``)."""
         response = process_heartbeat(self.app, container_heartbeat(
-            cid, port=self.port(cid), operators=reports), self.clock())
+            cid, port=self.port(cid), operators=reports, **fields), self.clock())
         self._launcher()
         return response
 
@@ -90,7 +91,9 @@ class Cluster:
                 self.killed.append(action.container_id)
             else:
                 self.launched.append(action.container_id)
-                self.app.plan.containers[action.container_id].transition(ContainerState.ALLOCATED)
+                container = self.app.plan.containers[action.container_id]
+                container.transition(ContainerState.ALLOCATED)
+                container.allocated_ms = self.clock()
 
     def deploy_all(self) -> None:
         for cid in list(self.app.plan.containers):

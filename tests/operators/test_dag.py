@@ -128,3 +128,27 @@ def test_operator_that_cannot_be_pickled_is_named():
     dag.add_stream("s", src.output, held.input)
     with pytest.raises(DagError, match=r"operator 'held' \(Holder\) cannot be serialized"):
         dag.to_descriptor()
+
+
+class SparkUnified(Pass):
+    """Plain itself, its partitions merged in Spark."""
+
+    def unifier(self) -> Operator:
+        from operators.spark import SparkSql
+
+        return SparkSql("SELECT * FROM input")
+
+
+def test_the_descriptor_says_which_operators_use_spark():
+    from operators.spark import SparkSql
+
+    dag = Dag("spark")
+    src = dag.add_operator("src", Source())
+    sql = dag.add_operator("sql", SparkSql("SELECT word FROM input"))
+    merged = dag.add_operator("merged", SparkUnified())
+    plain = dag.add_operator("plain", Pass())
+    dag.add_stream("s1", src.output, sql.input)
+    dag.add_stream("s2", sql.output, merged.input)
+    dag.add_stream("s3", merged.output, plain.input)
+    uses = {op.name: op.uses_spark for op in dag.to_descriptor().operators}
+    assert uses == {"src": False, "sql": True, "merged": True, "plain": False}
