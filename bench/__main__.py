@@ -51,6 +51,50 @@ def _run(system: str, spec: JobSpec, timeout_s: float, *extra: str) -> dict[str,
     return result
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's repeated runs as one result: the median run's figures (events/s and
+    p50/p99 are each the median over the runs), the spread (min and max), and each run.
+
+    A wrong run makes the result wrong (with that run's detail): a median never hides one.
+    """
+    first = runs[0]
+    wrong = [r for r in runs if not r.get("correct")]
+    if wrong:
+        return {**wrong[0], "repeats": len(runs), "runs": runs}
+    eps = [float(r.get("events_per_second", 0)) for r in runs]
+    p50 = [float(r.get("latency_p50_ms", 0)) for r in runs]
+    p99 = [float(r.get("latency_p99_ms", 0)) for r in runs]
+    median_run = min(runs, key=lambda r: abs(float(r.get("events_per_second", 0))
+                                             - _median(eps)))
+    return {**median_run, "system": first["system"], "repeats": len(runs),
+            "events_per_second": _median(eps), "latency_p50_ms": _median(p50),
+            "latency_p99_ms": _median(p99),
+            "spread": {"events_per_second": [min(eps), max(eps)],
+                       "latency_p99_ms": [min(p99), max(p99)]},
+            "peak_rss_mb": max(float(r.get("peak_rss_mb", 0)) for r in runs),
+            "runs": [{k: r.get(k) for k in ("events_per_second", "latency_p50_ms",
+                                             "latency_p99_ms", "run_seconds")}
+                     for r in runs]}
+
+
+def _repeated(jobs: list[tuple[str, Any]], repeat: int) -> list[dict[str, Any]]:
+    """Runs each ``(name, run)`` job ``repeat`` times, interleaved (A B A B ...) so a
+    machine that slows down over the run slows every system alike; one summary each."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in jobs}
+    for round_ in range(repeat):
+        for name, run in jobs:
+            if repeat > 1:
+                print(f"  [{round_ + 1}/{repeat}] {name}", file=sys.stderr, flush=True)
+            runs[name].append(run())
+    return [summarize(runs[name]) for name, _ in jobs]
+
+
 def _machine() -> dict[str, Any]:
     import psutil
 
@@ -75,25 +119,47 @@ def _fmt(value: float, digits: int = 0) -> str:
 
 
 def render(results: list[dict[str, Any]]) -> str:
-    """The comparison table; every peer's figures also as a ratio to Weir's."""
-    weir = next((r for r in results if r["system"] == "weir" and r.get("correct")), None)
-    headers = ["system", "events", "events/s", "p50 ms", "p99 ms", "peak MB", "correct",
-               "events/s ÷ Weir", "p99 ÷ Weir"]
+    """The comparison table: medians over the repeats with their spread, and every
+    system's figures as a ratio to Spark Structured Streaming's in the same run."""
+    spark = next((r for r in results if r["system"] == SPARK_STREAMING and r.get("correct")),
+                 None)
+    headers = ["system", "events", "runs", "events/s (median)", "min-max", "p50 ms",
+               "p99 ms", "peak MB", "correct", "events/s ÷ Spark SS", "p99 ÷ Spark SS"]
     rows = []
     for r in results:
         eps, p50, p99 = (r.get("events_per_second", 0), r.get("latency_p50_ms", 0),
                          r.get("latency_p99_ms", 0))
-        ratio = (f"{eps / weir['events_per_second']:.2f}"
-                 if weir and weir.get("events_per_second") else "-")
-        p99_ratio = f"{p99 / weir['latency_p99_ms']:.2f}" if weir and weir.get(
-            "latency_p99_ms") else "-"
-        rows.append([r["system"], _fmt(r.get("events", 0)), _fmt(eps), _fmt(p50), _fmt(p99),
+        low, high = r.get("spread", {}).get("events_per_second", [eps, eps])
+        ratio = (f"{eps / spark['events_per_second']:.2f}"
+                 if spark and spark.get("events_per_second") and r.get("correct") else "-")
+        p99_ratio = (f"{p99 / spark['latency_p99_ms']:.2f}"
+                     if spark and spark.get("latency_p99_ms") and r.get("correct") else "-")
+        rows.append([r["system"], _fmt(r.get("events", 0)), str(r.get("repeats", 1)),
+                     _fmt(eps), f"{_fmt(low)}-{_fmt(high)}", _fmt(p50), _fmt(p99),
                      _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
                      ratio, p99_ratio])
     lines = _table(headers, rows)
     wrong = [r for r in results if not r.get("correct")]
     lines += [f"  {r['system']}: {r.get('detail', '')}" for r in wrong]
+    for r in results:
+        costs = r.get("extra", {}).get("breakdown")
+        if costs and r.get("correct"):
+            lines.append(f"  {r['system']}: {render_breakdown(costs)}")
     return "\n".join(lines)
+
+
+def render_breakdown(costs: dict[str, Any]) -> str:
+    """One line: where a window's time went (per Spark job, means) and CPU per process."""
+    parts = [f"{name} {costs[key]:,.0f} ms" for key, name in (
+        ("write_ms", "input written as it arrived"), ("handoff_ms", "handoff"),
+        ("job_ms", "Spark job + result to Arrow"), ("emit_ms", "emit"),
+        ("sink_write_ms", "sink write"), ("waiting_ms", "waiting (in transit, queued)"))
+        if key in costs]
+    cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in
+                    costs.get("cpu_seconds", {}).items())
+    return (f"per job of {costs.get('rows_per_job', 0):,} rows (p50 latency "
+            f"{costs.get('latency_p50_ms', 0):,.0f} ms): " + "; ".join(parts)
+            + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -229,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="events for Weir and Spark Structured Streaming")
     parser.add_argument("--rate", type=float, default=1_000_000,
                         help="events/s of Weir's paced run (the latency target's setting)")
-    parser.add_argument("--max-rate", type=float, default=2_500_000,
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each of Weir, Weir paced and Spark Structured "
+                             "Streaming (interleaved); the table shows medians and spread")
+    parser.add_argument("--max-rate", type=float, default=4_000_000,
                         help="events/s offered in Weir's throughput run: above what Spark "
                              "sustains here, so the figure is Weir's ceiling, while windows "
                              "stay bounded (an unpaced source makes one giant first window)")
@@ -259,20 +328,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"weir bench on {report['machine']['cores']} cores: {spec.events:,} events, "
           f"{spec.keys:,} keys, {spec.window_ms} ms windows", file=sys.stderr)
     app_windows = ["--app-windows", str(args.app_windows)]
+    jobs: list[tuple[str, Any]] = []
     if "weir" not in args.skip:
         offered = dataclasses.replace(spec, rate_per_second=args.max_rate)
-        result = _run("weir", offered, args.timeout, *app_windows)
-        result["system"] = "weir"
-        result.setdefault("extra", {})["offered_events_per_second"] = args.max_rate
-        results.append(result)
+
+        def weir() -> dict[str, Any]:
+            result = _run("weir", offered, args.timeout, *app_windows)
+            result["system"] = "weir"
+            result.setdefault("extra", {})["offered_events_per_second"] = args.max_rate
+            return result
+        jobs.append(("weir", weir))
     if "weir-paced" not in args.skip:
         paced = dataclasses.replace(spec, rate_per_second=args.rate)
-        results.append(_run("weir", paced, args.timeout, *app_windows))
+        jobs.append(("weir-paced", lambda: _run("weir", paced, args.timeout, *app_windows)))
+    if "spark-streaming" not in args.skip:
+        jobs.append(("spark-streaming", lambda: _run("spark-streaming", spec, args.timeout)))
+    results.extend(_repeated(jobs, max(1, args.repeat)))
     if "weir-kafka" not in args.skip:
         kafka = dataclasses.replace(spec, events=args.kafka_events)
         results.append(_run("weir-kafka", kafka, args.timeout, *app_windows))
-    if "spark-streaming" not in args.skip:
-        results.append(_run("spark-streaming", spec, args.timeout))
     if "bytewax" not in args.skip:
         small = dataclasses.replace(spec, events=args.bytewax_events)
         results.append(_run("bytewax", small, args.timeout))
@@ -291,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         report["startup"] = _run("startup", spec, args.timeout)
     if "recovery" not in args.skip:
         paced = JobSpec(events=min(args.events, 8_000_000), rate_per_second=500_000)
-        report["recovery"] = _run("recovery", paced, args.timeout)
+        report["recovery"] = _run("recovery", paced, args.timeout, "--spares", "1")
+        report["recovery_without_spare"] = _run("recovery", paced, args.timeout)
     if "master-restart" not in args.skip:
         report["master_restart"] = _run("master-restart", spec, args.timeout)
     if "control-plane" not in args.skip:
@@ -309,9 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nstartup: first window result {s.get('first_result_seconds', '?')} s after the "
               f"master started; idle (source-only) container {s.get('source_container_rss_mb')}"
               f" MB, Spark container {s.get('spark_container_rss_mb')} MB")
-    if "recovery" in report:
-        r = report["recovery"]
-        print(f"recovery: {r.get('killed', '?')} killed; windows moving again after "
+    for key, label in (("recovery", "with a warm spare"),
+                       ("recovery_without_spare", "without a spare")):
+        if key not in report:
+            continue
+        r = report[key]
+        print(f"recovery {label}: {r.get('killed', '?')} killed, its operators moved to "
+              f"{r.get('moved_to', '?')}; windows moving again after "
               f"{r.get('seconds_until_windows_move_again', '?')} s, "
               f"{r.get('windows_replayed', '?')} windows replayed, final state "
               f"{r.get('final_state', '?')}, every event counted at least once: "

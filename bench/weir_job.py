@@ -165,7 +165,8 @@ def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], 
 def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
     """Where an application window's time goes, from the operators' running totals.
 
-    Per Spark job (means): ``handoff_ms`` (the window's Arrow batches to DataFrames),
+    Per Spark job (means): ``write_ms`` (the input written for Spark as it arrived,
+    overlapped with the waiting), ``handoff_ms`` (the rest, at the window's end),
     ``job_ms`` (the transform, run by Spark, and its result back as Arrow), ``emit_ms``
     (the result out on the port); per sink file, ``sink_write_ms``. ``waiting_ms`` is
     the median window latency minus those: input in transit and queued (behind the
@@ -177,15 +178,15 @@ def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
     jobs = spark.get("spark[jobs]", 0.0)
     figures: dict[str, object] = {}
     if jobs:
-        for phase in ("handoff", "job", "emit"):
+        for phase in ("write", "handoff", "job", "emit"):
             figures[f"{phase}_ms"] = round(spark.get(f"spark[{phase}_ms]", 0.0) / jobs, 1)
         figures["rows_per_job"] = round(spark.get("spark[rows_in]", 0.0) / jobs)
         figures["jobs"] = int(jobs)
     if sink.get("files_written"):
         figures["sink_write_ms"] = round(sink.get("write_ms", 0.0) / sink["files_written"], 1)
     if latencies and jobs:
-        spent = sum(float(v) for k, v in figures.items()  # type: ignore[arg-type]
-                    if k.endswith("_ms"))
+        spent = sum(float(figures.get(k, 0.0))  # type: ignore[arg-type]
+                    for k in ("handoff_ms", "job_ms", "emit_ms", "sink_write_ms"))
         figures["latency_p50_ms"] = percentile(latencies, 50)
         figures["waiting_ms"] = round(max(0.0, percentile(latencies, 50) - spent), 1)
     figures["cpu_seconds"] = windows.cpu.seconds()

@@ -1,0 +1,39 @@
+"""make bench's repeated runs: medians with their spread, ratios to Spark SS, no hidden failures."""
+
+from __future__ import annotations
+
+from bench.__main__ import SPARK_STREAMING, render, summarize
+
+
+def run(system: str, eps: float, p99: float, correct: bool = True) -> dict:
+    return {"system": system, "events": 100, "events_per_second": eps, "latency_p50_ms": p99 / 2,
+            "latency_p99_ms": p99, "correct": correct, "detail": "" if correct else "WRONG: x",
+            "peak_rss_mb": eps / 10}
+
+
+def test_repeats_give_the_median_and_the_spread() -> None:
+    summary = summarize([run("weir", 30, 900), run("weir", 10, 300), run("weir", 20, 600)])
+    assert summary["repeats"] == 3
+    assert summary["events_per_second"] == 20 and summary["latency_p99_ms"] == 600
+    assert summary["spread"]["events_per_second"] == [10, 30]
+    assert summary["peak_rss_mb"] == 3  # the worst run's memory, not the median's
+    assert [r["events_per_second"] for r in summary["runs"]] == [30, 10, 20]
+
+
+def test_an_even_count_takes_the_middle_two() -> None:
+    assert summarize([run("weir", 10, 100), run("weir", 20, 300)])["events_per_second"] == 15
+
+
+def test_one_wrong_run_makes_the_result_wrong() -> None:
+    summary = summarize([run("weir", 30, 900), run("weir", 10, 300, correct=False)])
+    assert not summary["correct"] and summary["detail"] == "WRONG: x"
+
+
+def test_the_table_shows_ratios_to_spark_streaming() -> None:
+    results = [summarize([run("weir", 30, 300), run("weir", 36, 600)]),
+               summarize([run(SPARK_STREAMING, 20, 600), run(SPARK_STREAMING, 30, 600)])]
+    lines = render(results).splitlines()
+    weir = lines[2].split()
+    assert weir[0] == "weir" and weir[2] == "2" and weir[3] == "33" and weir[4] == "30-36"
+    assert weir[-2:] == ["1.32", "0.75"]  # 33 / 25 events/s, 450 / 600 ms
+    assert lines[3].split()[-2:] == ["1.00", "1.00"]
