@@ -8,6 +8,7 @@ import logging
 from operators.library.directory import DirectorySource
 from operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
 from operators.library.kafka_source import KafkaSource
+from operators.library.parquet_source import ParquetSource
 from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from operators.library.sinks import ConsoleSink, FileSink
 from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
@@ -28,6 +29,7 @@ __all__ = [
     "FileSink",
     "KafkaSink",
     "KafkaSource",
+    "ParquetSource",
     "PostgresSink",
     "RunningCount",
     "TcpLineSource",

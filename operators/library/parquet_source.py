@@ -1,0 +1,359 @@
+"""A replayable source over Parquet or Arrow IPC files, in a folder or any ``pyarrow.fs``
+filesystem: columnar input that reaches the DAG as the record batches it is stored in."""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import os
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from operators.durable.replayable import ReplayableSource
+from operators.operator import OperatorContext
+from operators.ports import OutputPort
+
+__all__ = ["ParquetSource"]
+
+_SCAN_S = 0.1  # a watched folder found empty is listed again after this long at most
+_FORMATS = ("parquet", "arrow")
+
+
+class _FileChunks:
+    """A file as numbered chunks with row counts (Parquet row groups, IPC record batches):
+    what lets a replayed window read rows ``start..end`` without reading the file from the
+    top. The newest chunk is cached, so reading a chunk in several slices reads it once."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, fmt: str,
+                 columns: list[str] | None) -> None:
+        self.path = path
+        self._handle = fs.open_input_file(path)
+        self._columns = columns
+        try:
+            if fmt == "parquet":
+                self._parquet: pq.ParquetFile | None = pq.ParquetFile(self._handle)
+                self._ipc: ipc.RecordBatchFileReader | None = None
+                schema = self._parquet.schema_arrow
+                self.count = self._parquet.metadata.num_row_groups
+            else:
+                self._parquet, self._ipc = None, ipc.open_file(self._handle)
+                schema = self._ipc.schema
+                self.count = self._ipc.num_record_batches
+        except (pa.ArrowInvalid, OSError) as exc:
+            self._handle.close()
+            raise ValueError(f"ParquetSource: {path} is not a readable {fmt} file ({exc}); "
+                             f"check format= or remove the file") from exc
+        missing = [c for c in columns or () if c not in schema.names]
+        if missing:
+            self._handle.close()
+            raise ValueError(f"ParquetSource: {path} has no column(s) {missing} (it has "
+                             f"{schema.names}); fix columns= or the file")
+        self.schema = pa.schema([schema.field(c) for c in columns]) if columns else schema
+        self._starts = [0]  # the first row of chunks 0..len-1, learnt in order
+        self._cached: tuple[int, pa.Table] | None = None
+
+    def chunk(self, index: int) -> pa.Table:
+        """Chunk ``index``'s rows (the selected columns)."""
+        if self._cached is None or self._cached[0] != index:
+            if self._parquet is not None:
+                table = self._parquet.read_row_group(index, columns=self._columns)
+            else:
+                assert self._ipc is not None
+                batch = self._ipc.get_batch(index)
+                table = pa.Table.from_batches(
+                    [batch.select(self._columns) if self._columns else batch])
+            self._cached = (index, table)
+        return self._cached[1]
+
+    def rows(self, index: int) -> int:
+        if self._parquet is not None:
+            return self._parquet.metadata.row_group(index).num_rows
+        return self.chunk(index).num_rows  # IPC: the footer has no row counts
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """(chunk, row in it) of file row ``row``; ``(count, 0)`` at or past the end."""
+        while len(self._starts) <= self.count and self._starts[-1] <= row:
+            self._starts.append(self._starts[-1] + self.rows(len(self._starts) - 1))
+        index = bisect.bisect_right(self._starts, row) - 1  # skips empty chunks
+        if index >= self.count:
+            return self.count, 0
+        return index, row - self._starts[index]
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class ParquetSource(ReplayableSource):
+    """Emits the rows of the Parquet (or Arrow IPC) files in a folder, file by file in
+    name order, as record batches with the files' schema.
+
+    Use it for input that is already columnar: a folder filled by another job, a data
+    lake prefix (any ``pyarrow.fs`` URI: ``file://``, ``s3://``, ``hdfs://``, ``gs://``).
+    Nothing is parsed: a Parquet row group or an IPC record batch is sliced into batches
+    as it is. The read position (the files read, the current file and a row offset in it)
+    is checkpointed and each window's row ranges are logged, so a recovered source
+    re-reads exactly the same windows (random access by row group / record batch): with
+    an exactly-once sink, every row is counted once whatever fails. A file must be
+    complete when it appears (write it under a name starting with ``.`` or ending in
+    ``.tmp`` and rename it) and must not change afterwards; names must not be reused.
+    All files must have the same schema (after selecting ``columns``). With
+    ``PARTITIONS=N`` each partition reads the files whose name hashes to it.
+
+    The output port has no declared schema (a port's schema is fixed by its class):
+    it is taken from the first batch; ``schema`` holds the files' schema once read.
+
+    Args:
+        path: a folder, a single file, or a ``pyarrow.fs`` URI of either (local paths are
+            made absolute when the operator is built).
+        format: ``"parquet"``, or ``"arrow"`` for the Arrow IPC file format (Feather v2).
+        pattern: a glob on file names in the folder, e.g. ``"*.parquet"``.
+        columns: the columns to read (None = all), in this order.
+        rows_per_window: emit at most about this many rows per streaming window (None =
+            as fast as possible): how a window's size is bounded.
+        batch_rows: rows per emitted batch at most.
+        watch: keep looking for new files forever; False = end the stream once every
+            file has been read (a bounded source: the application finishes).
+
+    Example:
+        >>> src = ParquetSource("events/", columns=["user", "amount"], rows_per_window=100_000)
+        >>> src.columns, src.format
+        (['user', 'amount'], 'parquet')
+    """
+
+    output = OutputPort()
+    SPLITS_INPUT = True
+    METRICS: ClassVar[tuple[str, ...]] = ("rows_read", "files_read")
+
+    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_fs", "_root",
+                                            "_single", "_file", "_pending", "_ranges",
+                                            "_next_scan", "_window_rows")
+
+    def __init__(self, path: str | os.PathLike[str],
+                 format: Literal["parquet", "arrow"] = "parquet",
+                 pattern: str = "*", columns: Sequence[str] | None = None,
+                 rows_per_window: int | None = None, batch_rows: int = 65_536,
+                 watch: bool = False) -> None:
+        if format not in _FORMATS:
+            raise ValueError(f"format must be one of {_FORMATS}, not {format!r}")
+        if rows_per_window is not None and rows_per_window <= 0:
+            raise ValueError(f"rows_per_window must be positive or None, not {rows_per_window}")
+        if batch_rows <= 0:
+            raise ValueError(f"batch_rows must be positive, not {batch_rows}")
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ValueError(f"columns must be a non-empty list of names or None, not "
+                             f"{columns!r}")
+        path = os.fspath(path)
+        self.path = path if "://" in path else os.path.abspath(path)
+        self.format = format
+        self.pattern = pattern
+        self.columns = list(columns) if columns is not None else None
+        self.rows_per_window = rows_per_window
+        self.batch_rows = batch_rows
+        self.watch = watch
+        self.schema: pa.Schema | None = None  # the files' schema, from the first one read
+        self.done: list[str] = []  # files read to the end
+        self.current: str | None = None  # the file being read
+        self.offset = 0  # the next row of ``current``
+        self.rows_read = 0
+        self.files_read = 0
+        self.partition = (0, 1)  # (index, count): the files this partition reads
+        self.reset_non_state()
+
+    def reset_non_state(self) -> None:
+        super().reset_non_state()
+        self._fs: pafs.FileSystem | None = None
+        self._root = ""  # the folder (or the single file's folder) in ``_fs``
+        self._single: str | None = None  # the file's name when ``path`` is one file
+        self._file: _FileChunks | None = None
+        self._pending: list[str] = []  # listed, not read yet, in name order
+        self._ranges: list[list[Any]] = []
+        self._next_scan = 0.0
+        self._window_rows = 0
+
+    # -- runtime hooks -------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        self.reset_non_state()
+        self._fs, self._root, self._single = self._open_path(context.name)
+        self.partition = (context.partition_index, context.partition_count)
+        super().setup(context)
+
+    def begin_window(self, window_id: int) -> None:
+        self._ranges = []
+        self._window_rows = 0
+        super().begin_window(window_id)
+
+    def teardown(self) -> None:
+        self._close()
+        super().teardown()
+
+    # -- ReplayableSource ------------------------------------------------------------
+    def window_record(self) -> list[list[Any]]:
+        return self._ranges
+
+    def read(self, limit: list[list[Any]] | None) -> bool:
+        if limit is not None:
+            for name, start, end, finished in limit:
+                self._read_range(name, start, end, finished)
+            return True
+        if self.current is None:
+            self.current, self.offset = self._next_file(), 0
+            if self.current is None:
+                return self.watch
+        want = self.batch_rows
+        if self.rows_per_window is not None:
+            if self._window_rows >= self.rows_per_window:
+                return True
+            want = min(want, self.rows_per_window - self._window_rows)
+        chunks = self._chunks(self.current)
+        index, skip = chunks.locate(self.offset)
+        if index == chunks.count:
+            self._record(self.current, self.offset, self.offset, finished=True)
+            return True
+        rows = chunks.chunk(index).slice(skip, want)  # never past this chunk
+        self._emit(rows)
+        end = self.offset + rows.num_rows
+        last = index == chunks.count - 1 and skip + rows.num_rows == chunks.rows(index)
+        self._record(self.current, self.offset, end, finished=last)
+        return True
+
+    # -- reading ---------------------------------------------------------------------
+    def _open_path(self, name: str) -> tuple[pafs.FileSystem, str, str | None]:
+        """(filesystem, folder, single file name or None) of ``path``."""
+        try:
+            if "://" in self.path:
+                fs, where = pafs.FileSystem.from_uri(self.path)
+            else:
+                fs, where = pafs.LocalFileSystem(), self.path
+            info = fs.get_file_info(where)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise FileNotFoundError(f"operator {name!r}: ParquetSource cannot open "
+                                    f"{self.path!r}: {exc}; fix the path or URI") from exc
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(f"operator {name!r}: ParquetSource path {self.path!r} "
+                                    "does not exist; create the folder or fix the path")
+        if info.type == pafs.FileType.File:
+            folder, _, single = where.rstrip("/").rpartition("/")
+            return fs, folder, single
+        return fs, where.rstrip("/"), None
+
+    def _next_file(self) -> str | None:
+        done = set(self.done)
+        self._pending = [n for n in self._pending if n not in done]
+        if not self._pending:
+            if time.monotonic() < self._next_scan:
+                return None  # listed a moment ago: do not list it in a busy loop
+            self._pending = [n for n in self._list() if n not in done]
+            if not self._pending:
+                self._next_scan = time.monotonic() + _SCAN_S
+                return None
+        return self._pending.pop(0)
+
+    def _list(self) -> list[str]:
+        """The names of the input files of this partition, in name order."""
+        assert self._fs is not None
+        if self._single is not None:
+            return [self._single]
+        infos = self._fs.get_file_info(pafs.FileSelector(self._root, recursive=False))
+        return sorted(i.base_name for i in infos
+                      if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, self.pattern)
+                      and not i.base_name.startswith(".") and not i.base_name.endswith(".tmp")
+                      and self._mine(i.base_name))
+
+    def _mine(self, name: str) -> bool:
+        """Whether this partition reads file ``name`` (a stable hash of the name)."""
+        index, count = self.partition
+        return count <= 1 or zlib.crc32(name.encode()) % count == index
+
+    def _chunks(self, name: str) -> _FileChunks:
+        """The open file ``name``, its schema checked against the files before it."""
+        if self._file is not None and self._file.path == self._file_path(name):
+            return self._file
+        self._close()
+        assert self._fs is not None
+        path = self._file_path(name)
+        try:
+            chunks = _FileChunks(self._fs, path, self.format, self.columns)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"ParquetSource: {path} disappeared; input files must "
+                                    "stay in place until the application is done") from None
+        if self.schema is None:
+            self.schema = chunks.schema
+        elif not chunks.schema.equals(self.schema):
+            chunks.close()
+            raise ValueError(f"ParquetSource: {path} has another schema than the files read "
+                             f"before it: {_difference(self.schema, chunks.schema)}; every "
+                             "file must have the same schema (rewrite the file, move it "
+                             "elsewhere, or read common columns with columns=[...])")
+        self._file = chunks
+        return chunks
+
+    def _file_path(self, name: str) -> str:
+        return f"{self._root}/{name}" if self._root else name
+
+    def _read_range(self, name: str, start: int, end: int, finished: bool) -> None:
+        """Reads rows ``start..end`` of ``name`` again (a replayed window), exactly."""
+        chunks = self._chunks(name)
+        row = start
+        while row < end:
+            index, skip = chunks.locate(row)
+            if index == chunks.count:
+                raise RuntimeError(
+                    f"ParquetSource: {self._file_path(name)} has {row} rows, fewer than when "
+                    f"the window was first read (rows {start}..{end}); input files must not "
+                    "change once they are in the folder")
+            rows = chunks.chunk(index).slice(skip, end - row)
+            self._emit(rows)
+            row += rows.num_rows
+        self.current, self.offset = name, start
+        self._record(name, start, end, finished)
+
+    def _emit(self, rows: pa.Table) -> None:
+        for batch in rows.to_batches(max_chunksize=self.batch_rows):
+            if batch.num_rows:
+                self.output.emit(batch)
+        self.rows_read += rows.num_rows
+        self._window_rows += rows.num_rows
+
+    def _record(self, name: str, start: int, end: int, finished: bool) -> None:
+        """Advances the position and notes the range in the window's record."""
+        if self._ranges and self._ranges[-1][0] == name and self._ranges[-1][2] == start:
+            self._ranges[-1][2] = end
+            self._ranges[-1][3] = finished
+        else:
+            self._ranges.append([name, start, end, finished])
+        self.offset = end
+        if finished:
+            self.done.append(name)
+            self.files_read += 1
+            self.current, self.offset = None, 0
+            self._close()
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _difference(expected: pa.Schema, found: pa.Schema) -> str:
+    """What differs between two schemas, column by column.
+
+    >>> _difference(pa.schema([("a", pa.int64()), ("b", pa.string())]),
+    ...             pa.schema([("a", pa.int32()), ("c", pa.string())]))
+    'a: int64 there, int32 here; b missing here; c: new here'
+    """
+    theirs = {f.name: f.type for f in found}
+    ours = {f.name: f.type for f in expected}
+    parts = [f"{n}: {t} there, {theirs[n]} here" for n, t in ours.items()
+             if n in theirs and theirs[n] != t]
+    parts += [f"{n} missing here" for n in ours if n not in theirs]
+    parts += [f"{n}: new here" for n in theirs if n not in ours]
+    if not parts and expected.names != found.names:
+        parts.append(f"columns in another order ({found.names} instead of {expected.names})")
+    return "; ".join(parts) or f"({found}) instead of ({expected})"
