@@ -131,7 +131,7 @@ class ParquetSource(ReplayableSource):
     SPLITS_INPUT = True
     METRICS: ClassVar[tuple[str, ...]] = ("rows_read", "files_read")
 
-    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_fs", "_root",
+    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_fs", "_prefix",
                                             "_single", "_file", "_pending", "_ranges",
                                             "_next_scan", "_window_rows")
 
@@ -169,7 +169,7 @@ class ParquetSource(ReplayableSource):
     def reset_non_state(self) -> None:
         super().reset_non_state()
         self._fs: pafs.FileSystem | None = None
-        self._root = ""  # the folder (or the single file's folder) in ``_fs``
+        self._prefix = ""  # the folder (of the single file) in ``_fs``, with its "/"
         self._single: str | None = None  # the file's name when ``path`` is one file
         self._file: _FileChunks | None = None
         self._pending: list[str] = []  # listed, not read yet, in name order
@@ -180,7 +180,7 @@ class ParquetSource(ReplayableSource):
     # -- runtime hooks -------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
         self.reset_non_state()
-        self._fs, self._root, self._single = self._open_path(context.name)
+        self._fs, self._prefix, self._single = self._open_path(context.name)
         self.partition = (context.partition_index, context.partition_count)
         super().setup(context)
 
@@ -225,12 +225,13 @@ class ParquetSource(ReplayableSource):
 
     # -- reading ---------------------------------------------------------------------
     def _open_path(self, name: str) -> tuple[pafs.FileSystem, str, str | None]:
-        """(filesystem, folder, single file name or None) of ``path``."""
+        """(filesystem, folder with its "/", single file name or None) of ``path``."""
         try:
             if "://" in self.path:
                 fs, where = pafs.FileSystem.from_uri(self.path)
             else:
                 fs, where = pafs.LocalFileSystem(), self.path
+            where = where.rstrip("/") or where  # "/" stays "/"
             info = fs.get_file_info(where)
         except (pa.ArrowInvalid, OSError) as exc:
             raise FileNotFoundError(f"operator {name!r}: ParquetSource cannot open "
@@ -239,9 +240,9 @@ class ParquetSource(ReplayableSource):
             raise FileNotFoundError(f"operator {name!r}: ParquetSource path {self.path!r} "
                                     "does not exist; create the folder or fix the path")
         if info.type == pafs.FileType.File:
-            folder, _, single = where.rstrip("/").rpartition("/")
-            return fs, folder, single
-        return fs, where.rstrip("/"), None
+            cut = where.rfind("/") + 1
+            return fs, where[:cut], where[cut:]
+        return fs, where.rstrip("/") + "/", None
 
     def _next_file(self) -> str | None:
         done = set(self.done)
@@ -260,7 +261,7 @@ class ParquetSource(ReplayableSource):
         assert self._fs is not None
         if self._single is not None:
             return [self._single]
-        infos = self._fs.get_file_info(pafs.FileSelector(self._root, recursive=False))
+        infos = self._fs.get_file_info(pafs.FileSelector(self._prefix.rstrip("/") or "/"))
         return sorted(i.base_name for i in infos
                       if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, self.pattern)
                       and not i.base_name.startswith(".") and not i.base_name.endswith(".tmp")
@@ -295,7 +296,7 @@ class ParquetSource(ReplayableSource):
         return chunks
 
     def _file_path(self, name: str) -> str:
-        return f"{self._root}/{name}" if self._root else name
+        return self._prefix + name
 
     def _read_range(self, name: str, start: int, end: int, finished: bool) -> None:
         """Reads rows ``start..end`` of ``name`` again (a replayed window), exactly."""

@@ -191,7 +191,7 @@ def test_watch_picks_up_a_file_that_appears_later(tmp_path):
 
 def test_a_file_uri_and_a_single_file_are_read(tmp_path):
     expected = make_inbox(tmp_path, "parquet", files=2)
-    src = ParquetSource(tmp_path.as_uri())
+    src = ParquetSource(tmp_path.as_uri() + "/")
     assert src.path.startswith("file://")
     emitted = start(src)
     run_source(src, emitted)
