@@ -308,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-windows", type=int, default=2,
                         help="Weir: streaming windows per Spark job")
     parser.add_argument("--containers", type=int, default=1000, help="control-plane load")
-    parser.add_argument("--control-seconds", type=float, default=30.0)
+    parser.add_argument("--control-seconds", type=float, default=300.0,
+                        help="control plane: how long the containers are played")
+    parser.add_argument("--control-warmup", type=float, default=60.0,
+                        help="control plane: figures (round trips, memory growth) from then "
+                             "on; the master's recent-window rings fill in the first ~50 s")
     parser.add_argument("--scaling-partitions", default="1,2,4",
                         help="partition counts of the scaling row, comma-separated")
     parser.add_argument("--scaling-events", type=int, default=10_000_000,
@@ -372,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if "control-plane" not in args.skip:
         report["control_plane"] = _run("control-plane", spec, args.timeout, "--containers",
                                        str(args.containers), "--duration",
-                                       str(args.control_seconds))
+                                       str(args.control_seconds), "--warmup",
+                                       str(min(args.control_warmup, args.control_seconds / 2)))
 
     args.out.mkdir(parents=True, exist_ok=True)
     table = render(results)

@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--containers", type=int, default=1000, help="control plane")
     parser.add_argument("--operators", type=int, default=10, help="control plane")
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
+    parser.add_argument("--warmup", type=float, default=5.0,
+                        help="control plane: seconds before the figures are taken")
     args = parser.parse_args(argv)
     spec = JobSpec.from_json(args.spec)
     # Memory-backed like Weir's Spark scratch files, so both read their input from RAM.
@@ -90,7 +92,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = control_plane.run(containers=args.containers,
                                    operators_per_container=args.operators,
-                                   duration_s=args.duration)
+                                   duration_s=args.duration, warmup_s=args.warmup)
     return result
 
 

@@ -29,10 +29,7 @@ _LOGGER = logging.getLogger(__name__)
 RECENT_WINDOWS = 100
 """How many recent windows each operator keeps (the ``weir stats`` ring)."""
 
-_END_WINDOW_HISTORY = 200  # END_WINDOW times kept for downstream latency lookups
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class WindowRecord:
     """One streaming window of one operator, as reported in a heartbeat."""
 
@@ -44,8 +41,8 @@ class WindowRecord:
     metrics: dict[str, float] | None = None  # user metrics at the window's end, if any
 
 
-def _within(points: Sequence[tuple[int, float]], interval_ms: int | None
-            ) -> Sequence[tuple[int, float]]:
+def _within(points: Sequence[tuple[int, ...]], interval_ms: int | None
+            ) -> Sequence[tuple[int, ...]]:
     """The points of the last ``interval_ms`` before the newest one (all if None)."""
     if interval_ms is None or len(points) < 2:
         return points
@@ -56,9 +53,10 @@ def _within(points: Sequence[tuple[int, float]], interval_ms: int | None
     return [points[first - 1], *recent] if first > 0 else recent
 
 
-def _rate_per_second(points: Sequence[tuple[int, float]], interval_ms: int | None = None
-                     ) -> float:
-    """Sum of values after the first point over the time the points span, per second.
+def _rate_per_second(points: Sequence[tuple[int, ...]], interval_ms: int | None = None,
+                     column: int = 1) -> float:
+    """Sum of the values (``point[column]``) after the first point over the time the
+    points (``point[0]``) span, per second.
 
     A moving average: with ``interval_ms``, only over the points of that last interval.
     """
@@ -68,7 +66,7 @@ def _rate_per_second(points: Sequence[tuple[int, float]], interval_ms: int | Non
     span_ms = points[-1][0] - points[0][0]
     if span_ms <= 0:
         return 0.0
-    return sum(value for _, value in list(points)[1:]) * 1000.0 / span_ms
+    return sum(point[column] for point in list(points)[1:]) * 1000.0 / span_ms
 
 
 @dataclasses.dataclass
@@ -80,15 +78,18 @@ class PortTotals:
     total_tuples: int = 0
     buffer_server_bytes: int = 0
     queue_size: int = 0
-    recent: collections.deque[tuple[int, float]] = dataclasses.field(
-        default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
-    recent_bytes: collections.deque[tuple[int, float]] = dataclasses.field(
+    #: per recent window: (END_WINDOW ms, tuples, buffer-server bytes); one small tuple
+    #: a window, as the master keeps one ring per port of every operator
+    recent: collections.deque[tuple[int, int, int]] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
 
     def __getstate__(self) -> dict[str, object]:
-        """Without the recent-window rings (see ``OperatorStatsTracker.__getstate__``)."""
-        return {**self.__dict__, "recent": collections.deque(maxlen=RECENT_WINDOWS),
-                "recent_bytes": collections.deque(maxlen=RECENT_WINDOWS)}
+        """Without the recent-window ring (see ``OperatorStatsTracker.__getstate__``)."""
+        return {**self.__dict__, "recent": collections.deque(maxlen=RECENT_WINDOWS)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        state.pop("recent_bytes", None)  # a journal written before the rings were merged
+        self.__dict__.update(state)
 
     def record(self, stats: umbilical_pb2.PortStats) -> tuple[int, int]:
         """Adds one window's figures; returns its tuple count and END_WINDOW time."""
@@ -96,8 +97,7 @@ class PortTotals:
         self.total_tuples += count
         self.buffer_server_bytes += stats.buffer_server_bytes
         self.queue_size = stats.queue_size
-        self.recent.append((end, float(count)))
-        self.recent_bytes.append((end, float(stats.buffer_server_bytes)))
+        self.recent.append((end, count, stats.buffer_server_bytes))
         return count, end
 
     @property
@@ -106,8 +106,8 @@ class PortTotals:
 
     def rates(self, interval_ms: int | None = None) -> tuple[float, float]:
         """(tuples/s, buffer-server bytes/s) over the last ``interval_ms``."""
-        return (_rate_per_second(self.recent, interval_ms),
-                _rate_per_second(self.recent_bytes, interval_ms))
+        return (_rate_per_second(self.recent, interval_ms, column=1),
+                _rate_per_second(self.recent, interval_ms, column=2))
 
 
 class OperatorStatsTracker:
@@ -130,14 +130,16 @@ class OperatorStatsTracker:
         self.ports: dict[tuple[str, str], PortTotals] = {}
         self.metrics: dict[str, float] = {}  # user metrics as of the newest window
         self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
-        self._end_window_ms: collections.OrderedDict[int, int] = collections.OrderedDict()
 
     def __getstate__(self) -> dict[str, object]:
         """Without the recent-window rings: the master's journal keeps totals, not history."""
         state = dict(self.__dict__)
         state["recent"] = collections.deque(maxlen=self.recent.maxlen)
-        state["_end_window_ms"] = collections.OrderedDict()
         return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        state.pop("_end_window_ms", None)  # a journal written when it was kept apart
+        self.__dict__.update(state)
 
     def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
         """Adds the heartbeat's window stats; returns how many windows were new."""
@@ -176,10 +178,6 @@ class OperatorStatsTracker:
             self.metrics = metrics
         self.recent.append(WindowRecord(window.window_id, processed, emitted, end_ms,
                                         window.cpu_time_used_ns, metrics))
-        if end_ms:
-            self._end_window_ms[window.window_id] = end_ms
-            while len(self._end_window_ms) > _END_WINDOW_HISTORY:
-                self._end_window_ms.popitem(last=False)
 
     def _port(self, kind: str, name: str) -> PortTotals:
         totals = self.ports[(kind, name)] = PortTotals(name, kind)
@@ -191,8 +189,14 @@ class OperatorStatsTracker:
         self.window_moved_ms = now_ms
 
     def end_window_ms(self, window_id: int) -> int | None:
-        """When END_WINDOW of ``window_id`` passed this operator (epoch ms), if known."""
-        return self._end_window_ms.get(window_id)
+        """When END_WINDOW of ``window_id`` passed this operator (epoch ms), if it is one
+        of the recent windows (asked for a downstream operator's latency: its windows
+        are at most as new as these)."""
+        for window in reversed(self.recent):  # ids ascend: the newest are asked most
+            if window.window_id <= window_id:
+                return (window.end_window_ms or None) if window.window_id == window_id \
+                    else None
+        return None
 
     @property
     def tuples_processed_per_second(self) -> float:
