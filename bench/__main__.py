@@ -337,14 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         offered = dataclasses.replace(spec, rate_per_second=args.max_rate)
 
         def weir() -> dict[str, Any]:
-            result = _run("weir", offered, args.timeout, *app_windows)
+            result = _run("weir", offered, args.timeout, *app_windows, "--from-files")
             result["system"] = "weir"
             result.setdefault("extra", {})["offered_events_per_second"] = args.max_rate
             return result
         jobs.append(("weir", weir))
     if "weir-paced" not in args.skip:
         paced = dataclasses.replace(spec, rate_per_second=args.rate)
-        jobs.append(("weir-paced", lambda: _run("weir", paced, args.timeout, *app_windows)))
+        jobs.append(("weir-paced", lambda: _run("weir", paced, args.timeout, *app_windows,
+                                                "--from-files")))
     if "spark-streaming" not in args.skip:
         jobs.append(("spark-streaming", lambda: _run("spark-streaming", spec, args.timeout)))
     results.extend(_repeated(jobs, max(1, args.repeat)))

@@ -7,13 +7,17 @@ import json
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from operators.library import EventGenerator
 
-__all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile"]
+__all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile",
+           "write_event_files"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +78,20 @@ class JobResult:
         data["latency_p50_ms"] = percentile(self.latencies_ms, 50)
         data["latency_p99_ms"] = percentile(self.latencies_ms, 99)
         return data
+
+
+def write_event_files(spec: JobSpec, folder: Path) -> int:
+    """The job's events as Parquet files in ``folder``, one per generator batch, names in
+    event order, uncompressed and dictionary-free; returns the file count.
+
+    Both Spark Structured Streaming and Weir's file-reading run read these: the same
+    input, read the same way (put ``folder`` on tmpfs).
+    """
+    count = 0
+    for count, batch in enumerate(spec.generator().batches(), start=1):
+        pq.write_table(pa.Table.from_batches([batch]), folder / f"part-{count:06d}.parquet",
+                       compression="none", use_dictionary=False)
+    return count
 
 
 def check_totals(per_window_rows: Mapping[str, tuple[int, int]],

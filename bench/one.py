@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=0,
                         help="Weir: the scaling job with N partitions of the aggregation "
                              "(0 = the two-container job)")
+    parser.add_argument("--from-files", action="store_true",
+                        help="Weir: read the events from Parquet files written first, as "
+                             "Spark Structured Streaming does (ParquetSource)")
     parser.add_argument("--events-per-trigger", type=int, default=0,
                         help="Spark Structured Streaming: events per micro-batch (0 = default)")
     parser.add_argument("--spares", type=int, default=0,
@@ -58,8 +61,8 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
     if args.system == "weir":
         from bench import weir_job
 
-        result = weir_job.run(spec, args.app_windows, work_dir=work,
-                              partitions=args.partitions).to_dict()
+        result = weir_job.run(spec, args.app_windows, work_dir=work, partitions=args.partitions,
+                              from_files=args.from_files).to_dict()
     elif args.system == "weir-kafka":
         from bench import kafka_job
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bench.common import JobResult, JobSpec, check_totals, percentile
+from bench.common import JobResult, JobSpec, check_totals, percentile, write_event_files
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,7 +77,7 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
     for folder in (events_dir, checkpoint_dir, work_dir / "warm"):
         shutil.rmtree(folder, ignore_errors=True)
     events_dir.mkdir(parents=True)
-    files = _write_events(spec, events_dir)
+    files = write_event_files(spec, events_dir)
 
     started = time.perf_counter()
     spark = _session(work_dir, shuffle_partitions)
@@ -139,15 +139,6 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
             "spark_version": version,
         },
     )
-
-
-def _write_events(spec: JobSpec, events_dir: Path) -> int:
-    """One Parquet file per generator batch, names in event order; returns the file count."""
-    count = 0
-    for count, batch in enumerate(spec.generator().batches(), start=1):
-        pq.write_table(pa.Table.from_batches([batch]), events_dir / f"part-{count:06d}.parquet",
-                       compression="none", use_dictionary=False)
-    return count
 
 
 def _session(work_dir: Path, shuffle_partitions: int) -> SparkSession:

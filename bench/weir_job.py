@@ -21,11 +21,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import CpuMeter, JobResult, JobSpec, check_totals, percentile
+from bench.common import (
+    CpuMeter,
+    JobResult,
+    JobSpec,
+    check_totals,
+    percentile,
+    write_event_files,
+)
 from master.launcher import LocalProcessLauncher
 from master.server import MasterServer
 from operators import Dag
-from operators.library import EventGenerator, FileSink, WindowedCount
+from operators.library import EventGenerator, FileSink, ParquetSource, WindowedCount
 
 __all__ = ["build_dag", "build_scaling_dag", "recovery", "run", "startup"]
 
@@ -34,12 +41,22 @@ _POLL_S = 0.5
 
 
 def build_dag(spec: JobSpec, out_dir: Path, app_window_count: int,
-              spark_master: str = "local[2]") -> Dag:
-    """Source in container 0; the Spark aggregation and a Parquet sink in container 1."""
+              spark_master: str = "local[2]", input_dir: Path | None = None) -> Dag:
+    """Source in container 0; the Spark aggregation and a Parquet sink in container 1.
+
+    The source generates the events, or, with ``input_dir``, reads them from the Parquet
+    files there (``write_event_files``), ``spec.rate_per_second`` worth a window at most.
+    """
     dag = Dag("bench", STREAMING_WINDOW_SIZE_MILLIS=spec.window_ms, CONTAINERS=2,
               HEARTBEAT_INTERVAL_MILLIS=500, SPARK_MASTER=spark_master,
               SPARK_SHUFFLE_PARTITIONS=2, SPARK_DRIVER_MEMORY="2g", SPARK_WARMUP_ROWS=1_000_000)
-    gen = dag.add_operator("events", spec.generator(), CONTAINER=0)
+    source: object = spec.generator()
+    if input_dir is not None:
+        if spec.rate_per_second is None:
+            raise ValueError("reading files, the source needs a rate: rows per window")
+        source = ParquetSource(input_dir, batch_rows=spec.batch_rows, rows_per_window=round(
+            spec.rate_per_second * spec.window_ms / 1000))
+    gen = dag.add_operator("events", source, CONTAINER=0)
     agg = dag.add_operator("aggregate", WindowedCount(key="key", value="value"), CONTAINER=1,
                            APPLICATION_WINDOW_COUNT=app_window_count, QUEUE_CAPACITY=256)
     sink = dag.add_operator("sink", FileSink(out_dir, format="parquet"), CONTAINER=1)
@@ -195,21 +212,29 @@ def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
 
 
 def run(spec: JobSpec, app_window_count: int = 2, timeout_s: float = 600.0,
-        work_dir: Path | None = None, partitions: int = 0) -> JobResult:
+        work_dir: Path | None = None, partitions: int = 0, from_files: bool = False,
+        name: str = "") -> JobResult:
     """Runs the job on a local master with container processes; checks the output.
 
     ``partitions=0``: ``build_dag`` (two containers); N >= 1: ``build_scaling_dag`` with
-    N partitions of the aggregation (1 + N containers).
+    N partitions of the aggregation (1 + N containers). ``from_files``: the events are
+    written to Parquet files first (untimed, as for Spark Structured Streaming) and the
+    source reads them.
     """
     work = Path(work_dir or tempfile.mkdtemp(prefix="weir-bench-"))
     out_dir = work / "out"
     if partitions:
         dag = build_scaling_dag(spec, out_dir, app_window_count, partitions)
-        name = f"weir, {partitions} partition{'s' if partitions > 1 else ''}"
+        name = name or f"weir, {partitions} partition{'s' if partitions > 1 else ''}"
     else:
-        dag = build_dag(spec, out_dir, app_window_count)
-        name = "weir" if spec.rate_per_second is None else \
-            f"weir @ {spec.rate_per_second / 1e6:g} M/s"
+        input_dir = None
+        if from_files:
+            input_dir = work / "events"
+            input_dir.mkdir(parents=True, exist_ok=True)
+            write_event_files(spec, input_dir)
+        dag = build_dag(spec, out_dir, app_window_count, input_dir=input_dir)
+        name = name or ("weir" if spec.rate_per_second is None else
+                        f"weir @ {spec.rate_per_second / 1e6:g} M/s")
     operators = ("events", "sink") if partitions > 1 else ("events", "aggregate", "sink")
     windows, error, wall_s = _run_app(dag, work, timeout_s, operators)
     if error:
