@@ -7,12 +7,11 @@ import fnmatch
 import logging
 import os
 import time
-import zlib
-from typing import Any, BinaryIO, ClassVar
+from typing import BinaryIO, ClassVar
 
 import pyarrow as pa
 
-from operators.durable.replayable import ReplayableSource
+from operators.library.file_ranges import FileRangeSource
 from operators.library.sources import LINE_SCHEMA, _lines
 from operators.operator import OperatorContext
 from operators.ports import OutputPort
@@ -23,7 +22,7 @@ _LOGGER = logging.getLogger(__name__)
 _SCAN_S = 0.1
 
 
-class DirectorySource(ReplayableSource):
+class DirectorySource(FileRangeSource):
     """Emits the lines of the UTF-8 text files in a folder, file by file in name order.
 
     Use it for input that arrives as files. Its read position (the file being read and
@@ -55,8 +54,7 @@ class DirectorySource(ReplayableSource):
     output = OutputPort(LINE_SCHEMA)
     SPLITS_INPUT = True
 
-    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_file", "_ranges",
-                                            "_next_scan", "_window_bytes")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*FileRangeSource.NON_STATE, "_file")
 
     def __init__(self, path: str | os.PathLike[str], pattern: str = "*", watch: bool = False,
                  delete_consumed: bool = False,
@@ -71,26 +69,19 @@ class DirectorySource(ReplayableSource):
                              "not both")
         self.path = os.path.abspath(os.fspath(path))
         self.pattern = pattern
-        self.watch = watch
+        self._init_position(watch)
         self.delete_consumed = delete_consumed
         self.move_consumed_to = (os.path.abspath(os.fspath(move_consumed_to))
                                  if move_consumed_to is not None else None)
         self.bytes_per_window = bytes_per_window
         self.read_bytes = read_bytes
-        self.done: list[str] = []  # files read to the end
-        self.current: str | None = None  # the file being read
-        self.offset = 0  # the next byte of ``current``
         self.lines_read = 0
         self.to_release: list[tuple[str, int]] = []  # (file read to the end, in window)
-        self.partition = (0, 1)  # (index, count): the files this partition reads
         self.reset_non_state()
 
     def reset_non_state(self) -> None:
         super().reset_non_state()
         self._file: BinaryIO | None = None
-        self._ranges: list[list[Any]] = []
-        self._window_bytes = 0
-        self._next_scan = 0.0
 
     # -- runtime hooks -------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -103,47 +94,30 @@ class DirectorySource(ReplayableSource):
         self.reset_non_state()
         super().setup(context)
 
-    def begin_window(self, window_id: int) -> None:
-        self._ranges = []
-        self._window_bytes = 0
-        super().begin_window(window_id)
+    # -- FileRangeSource: bytes of the files -----------------------------------------
+    def read_step(self) -> int:
+        return self.read_bytes
 
-    def teardown(self) -> None:
-        self._close()
-        super().teardown()
+    def window_limit(self) -> int | None:
+        return self.bytes_per_window
 
-    # -- ReplayableSource ------------------------------------------------------------
-    def window_record(self) -> list[list[Any]]:
-        return self._ranges
-
-    def read(self, limit: list[list[Any]] | None) -> bool:
-        if limit is not None:
-            for name, start, end, finished in limit:
-                self._read_range(name, start, end, finished)
-            return True
-        if self.current is None:
-            self.current = self._next_file()
-            self.offset = 0
-            if self.current is None:
-                return self.watch
-        want = self.read_bytes
-        if self.bytes_per_window is not None:
-            if self._window_bytes >= self.bytes_per_window:
-                return True
-            want = min(want, self.bytes_per_window - self._window_bytes)
+    def _read_more(self, want: int) -> None:
+        assert self.current is not None
         data = self._handle().read(want)
         if not data:
             self._record(self.current, self.offset, self.offset, finished=True)
-            return True
+            return
         if len(data) == want and b"\n" in data:
             data = data[:data.rindex(b"\n") + 1]  # whole lines; the rest comes next
         elif len(data) == want:  # one line longer than the budget: take it whole
             data += self._handle().readline()
-        self._window_bytes += len(data)
+        self._window_units += len(data)
         self._handle().seek(self.offset + len(data))
         self._emit(self.current, data)
         self._record(self.current, self.offset, self.offset + len(data), finished=False)
-        return True
+
+    def _finished(self, name: str) -> None:
+        self.to_release.append((name, self._window_id))
 
     def release(self, window_id: int) -> None:
         due = [name for name, window in self.to_release if window <= window_id]
@@ -170,11 +144,6 @@ class DirectorySource(ReplayableSource):
         if not names:
             self._next_scan = time.monotonic() + _SCAN_S
         return names[0] if names else None
-
-    def _mine(self, name: str) -> bool:
-        """Whether this partition reads file ``name`` (a stable hash of the name)."""
-        index, count = getattr(self, "partition", (0, 1))
-        return count <= 1 or zlib.crc32(name.encode()) % count == index
 
     def _handle(self) -> BinaryIO:
         assert self.current is not None
@@ -210,20 +179,6 @@ class DirectorySource(ReplayableSource):
         lines = _lines(data, os.path.join(self.path, name), self.lines_read)
         self.output.emit(pa.record_batch([lines], schema=LINE_SCHEMA))
         self.lines_read += len(lines)
-
-    def _record(self, name: str, start: int, end: int, finished: bool) -> None:
-        """Advances the position and notes the range in the window's record."""
-        if self._ranges and self._ranges[-1][0] == name and self._ranges[-1][2] == start:
-            self._ranges[-1][2] = end
-            self._ranges[-1][3] = finished
-        else:
-            self._ranges.append([name, start, end, finished])
-        self.offset = end
-        if finished:
-            self.done.append(name)
-            self.to_release.append((name, self._window_id))
-            self.current, self.offset = None, 0
-            self._close()
 
     def _close(self) -> None:
         if self._file is not None:

@@ -7,16 +7,15 @@ import bisect
 import fnmatch
 import os
 import time
-import zlib
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from operators.durable.replayable import ReplayableSource
+from operators.library.file_ranges import FileRangeSource
 from operators.operator import OperatorContext
 from operators.ports import OutputPort
 
@@ -90,7 +89,7 @@ class _FileChunks:
         self._handle.close()
 
 
-class ParquetSource(ReplayableSource):
+class ParquetSource(FileRangeSource):
     """Emits the rows of the Parquet (or Arrow IPC) files in a folder, file by file in
     name order, as record batches with the files' schema.
 
@@ -131,9 +130,8 @@ class ParquetSource(ReplayableSource):
     SPLITS_INPUT = True
     METRICS: ClassVar[tuple[str, ...]] = ("rows_read", "files_read")
 
-    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_fs", "_prefix",
-                                            "_single", "_file", "_pending", "_ranges",
-                                            "_next_scan", "_window_rows")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*FileRangeSource.NON_STATE, "_fs", "_prefix",
+                                            "_single", "_file", "_pending")
 
     def __init__(self, path: str | os.PathLike[str],
                  format: Literal["parquet", "arrow"] = "parquet",
@@ -156,14 +154,10 @@ class ParquetSource(ReplayableSource):
         self.columns = list(columns) if columns is not None else None
         self.rows_per_window = rows_per_window
         self.batch_rows = batch_rows
-        self.watch = watch
+        self._init_position(watch)  # ``offset``: the next row of ``current``
         self.schema: pa.Schema | None = None  # the files' schema, from the first one read
-        self.done: list[str] = []  # files read to the end
-        self.current: str | None = None  # the file being read
-        self.offset = 0  # the next row of ``current``
         self.rows_read = 0
         self.files_read = 0
-        self.partition = (0, 1)  # (index, count): the files this partition reads
         self.reset_non_state()
 
     def reset_non_state(self) -> None:
@@ -173,9 +167,6 @@ class ParquetSource(ReplayableSource):
         self._single: str | None = None  # the file's name when ``path`` is one file
         self._file: _FileChunks | None = None
         self._pending: list[str] = []  # listed, not read yet, in name order
-        self._ranges: list[list[Any]] = []
-        self._next_scan = 0.0
-        self._window_rows = 0
 
     # -- runtime hooks -------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -184,44 +175,28 @@ class ParquetSource(ReplayableSource):
         self.partition = (context.partition_index, context.partition_count)
         super().setup(context)
 
-    def begin_window(self, window_id: int) -> None:
-        self._ranges = []
-        self._window_rows = 0
-        super().begin_window(window_id)
+    # -- FileRangeSource: rows of the files -------------------------------------------
+    def read_step(self) -> int:
+        return self.batch_rows
 
-    def teardown(self) -> None:
-        self._close()
-        super().teardown()
+    def window_limit(self) -> int | None:
+        return self.rows_per_window
 
-    # -- ReplayableSource ------------------------------------------------------------
-    def window_record(self) -> list[list[Any]]:
-        return self._ranges
+    def _finished(self, name: str) -> None:
+        self.files_read += 1
 
-    def read(self, limit: list[list[Any]] | None) -> bool:
-        if limit is not None:
-            for name, start, end, finished in limit:
-                self._read_range(name, start, end, finished)
-            return True
-        if self.current is None:
-            self.current, self.offset = self._next_file(), 0
-            if self.current is None:
-                return self.watch
-        want = self.batch_rows
-        if self.rows_per_window is not None:
-            if self._window_rows >= self.rows_per_window:
-                return True
-            want = min(want, self.rows_per_window - self._window_rows)
+    def _read_more(self, want: int) -> None:
+        assert self.current is not None
         chunks = self._chunks(self.current)
         index, skip = chunks.locate(self.offset)
         if index == chunks.count:
             self._record(self.current, self.offset, self.offset, finished=True)
-            return True
+            return
         rows = chunks.chunk(index).slice(skip, want)  # never past this chunk
         self._emit(rows)
         end = self.offset + rows.num_rows
         last = index == chunks.count - 1 and skip + rows.num_rows == chunks.rows(index)
         self._record(self.current, self.offset, end, finished=last)
-        return True
 
     # -- reading ---------------------------------------------------------------------
     def _open_path(self, name: str) -> tuple[pafs.FileSystem, str, str | None]:
@@ -266,11 +241,6 @@ class ParquetSource(ReplayableSource):
                       if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, self.pattern)
                       and not i.base_name.startswith(".") and not i.base_name.endswith(".tmp")
                       and self._mine(i.base_name))
-
-    def _mine(self, name: str) -> bool:
-        """Whether this partition reads file ``name`` (a stable hash of the name)."""
-        index, count = self.partition
-        return count <= 1 or zlib.crc32(name.encode()) % count == index
 
     def _chunks(self, name: str) -> _FileChunks:
         """The open file ``name``, its schema checked against the files before it."""
@@ -320,21 +290,7 @@ class ParquetSource(ReplayableSource):
             if batch.num_rows:
                 self.output.emit(batch)
         self.rows_read += rows.num_rows
-        self._window_rows += rows.num_rows
-
-    def _record(self, name: str, start: int, end: int, finished: bool) -> None:
-        """Advances the position and notes the range in the window's record."""
-        if self._ranges and self._ranges[-1][0] == name and self._ranges[-1][2] == start:
-            self._ranges[-1][2] = end
-            self._ranges[-1][3] = finished
-        else:
-            self._ranges.append([name, start, end, finished])
-        self.offset = end
-        if finished:
-            self.done.append(name)
-            self.files_read += 1
-            self.current, self.offset = None, 0
-            self._close()
+        self._window_units += rows.num_rows
 
     def _close(self) -> None:
         if self._file is not None:
