@@ -137,7 +137,7 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     all_ready = all(op.ready for op in running)
     activation_ms = max((op.ready_ms for op in running), default=0)
     blocked: list[tuple[PTOperator, str]] = []
-    downstream = plan.downstream_map()
+    downstream: dict[int, list[int]] | None = None  # derived only for a still operator
     for op in plan.operators.values():
         if op.state != OperatorState.ACTIVE or not op.ready:
             continue
@@ -152,6 +152,8 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
         if still_ms <= count * window_ms:
             continue
         window = tracker.last_window_id
+        if downstream is None:
+            downstream = plan.downstream_map()
         if any(plan.operators[d].state != OperatorState.ACTIVE
                or stats[d].last_window_id < window for d in downstream[op.id]):
             continue
