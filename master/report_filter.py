@@ -32,12 +32,16 @@ def filter_report(op: PTOperator, report: umbilical_pb2.OperatorHeartbeat) -> st
     for window in report.window_stats:
         for ports, declared, kind in ((window.input_ports, inputs, "input"),
                                       (window.output_ports, outputs, "output")):
+            if all(port.id in declared for port in ports):
+                continue  # the usual report: nothing to look at twice
             unknown = [i for i, port in enumerate(ports) if port.id not in declared]
             ports_left_out.update((f"{kind} {ports[i].id[:40]!r}", None) for i in unknown)
             for index in reversed(unknown):
                 del ports[index]
-        if window.metrics:
-            names = list(window.metrics)
+        metrics = window.metrics
+        if metrics and (len(metrics) > MAX_METRICS
+                        or any(len(name) > MAX_METRIC_NAME_CHARS for name in metrics)):
+            names = list(metrics)
             long_names = [n for n in names if len(n) > MAX_METRIC_NAME_CHARS]
             past = [n for n in names if len(n) <= MAX_METRIC_NAME_CHARS][MAX_METRICS:]
             for name in long_names + past:
