@@ -40,7 +40,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from container.spark_handoff import (
+    PARQUET_OPTIONS,
     Handoff,
     arrow_dataframe,
     default_scratch_parent,
@@ -58,6 +58,7 @@ from container.spark_handoff import (
     to_table,
 )
 from container.spark_scratch import ScratchFiles
+from container.spark_warm_up import run_warm_up_jobs
 from container.spark_window_input import WindowInput
 
 if TYPE_CHECKING:
@@ -208,33 +209,13 @@ class SparkSessionBridge:
         spare container warms up as it starts; a call while another thread warms up waits
         for it to end.
         """
-        import numpy as np
-        import pyarrow as pa
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
         with self._lock:
             started, self._warm = self._warm, True
         if started:  # another thread warms it: callers report ready only once it is warm
             self._warmed.wait()
             return
         try:
-            rows = max(1, self.warmup_rows)
-            keys = pa.array([f"k{i:04d}" for i in range(10_000)]).take(
-                pa.array(np.arange(rows) % 10_000))
-            codes = pa.array(np.arange(rows) % 10_000, pa.int32())
-            batch = pa.record_batch({"k": keys, "c": codes, "v": pa.array(np.arange(rows))})
-            previous = float("inf")
-            for _ in range(max_rounds):
-                started = time.perf_counter()
-                with self.job():
-                    df = self.to_dataframe([batch], batch.schema)
-                    # string keys, and integer codes of them (WindowedCount's layout)
-                    for key in ("k", "c"):
-                        self.to_arrow(df.groupBy(key).agg(F.count(F.lit(1)), F.sum("v")))
-                took = time.perf_counter() - started
-                if took > 0.8 * previous:  # no longer getting faster: warm
-                    break
-                previous = took
+            run_warm_up_jobs(self, self.warmup_rows, max_rounds)
             self._warm_ok = True
             _LOGGER.info("Spark session warm (%s)", self.master)
         except SparkBridgeStopped:
@@ -355,15 +336,8 @@ class SparkSessionBridge:
         if self.handoff == "arrow":
             return arrow_dataframe(spark, table)
         path = self._files.new_path(".parquet")
-        pq.write_table(
-            table,
-            path,
-            compression="none",
-            use_dictionary=False,
-            coerce_timestamps="us",
-            allow_truncated_timestamps=True,
-            row_group_size=row_group_rows(table.num_rows, self.shuffle_partitions),
-        )
+        pq.write_table(table, path, **PARQUET_OPTIONS,
+                       row_group_size=row_group_rows(table.num_rows, self.shuffle_partitions))
         return self.read_parquet(spark, path, table.schema)
 
     def read_parquet(self, spark: SparkSession, path: Path, schema: pa.Schema) -> DataFrame:

@@ -85,6 +85,12 @@ def default_scratch_parent() -> Path:
     return Path(tempfile.gettempdir())
 
 
+PARQUET_OPTIONS = {"compression": "none", "use_dictionary": False,
+                   "coerce_timestamps": "us", "allow_truncated_timestamps": True}
+"""How a handed-off file is written: uncompressed, dictionary-free (what Spark's vectorised
+reader scans fastest from memory), timestamps in the microseconds Spark keeps."""
+
+
 def row_group_rows(num_rows: int, parallelism: int) -> int:
     """Rows per row group: enough row groups for Spark to split a big file across cores."""
     return max(131_072, -(-num_rows // max(1, parallelism * 2)))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from container.spark_handoff import arrow_dataframe, to_table
+from container.spark_handoff import PARQUET_OPTIONS, arrow_dataframe, to_table
 from container.spark_scratch import ScratchFiles
 
 if TYPE_CHECKING:
@@ -70,9 +70,7 @@ class WindowInput:
         assert self._files is not None
         if self._writer is None:
             self._path = self._files.reserve(".parquet")
-            self._writer = pq.ParquetWriter(
-                self._path, self.schema, compression="none", use_dictionary=False,
-                coerce_timestamps="us", allow_truncated_timestamps=True)
+            self._writer = pq.ParquetWriter(self._path, self.schema, **PARQUET_OPTIONS)
         table = pa.Table.from_batches(self._batches, schema=self.schema)
         self._batches, self._pending_rows = [], 0
         self._writer.write_table(table, row_group_size=max(table.num_rows, 1))

@@ -246,3 +246,13 @@ def test_window_input_is_written_while_it_arrives(bridge: SparkSessionBridge,
     result = bridge.to_arrow(via_arrow.dataframe().groupBy("word").sum("n").orderBy("word"))
     assert result.to_pylist() == [{"word": "a", "sum(n)": 200_000}, {"word": "b", "sum(n)": 10}]
     assert scratch_files(bridge) == []
+
+
+def test_spark_is_given_the_schema_it_inferred_for_a_shape(bridge: SparkSessionBridge) -> None:
+    batch = pa.record_batch({"word": ["a", "b"], "n": [1, 2]})
+    first = bridge.to_dataframe([batch], batch.schema)
+    cached = bridge._spark_schemas[batch.schema]  # noqa: SLF001 - what later reads are given
+    assert cached == first.schema
+    again = bridge.to_dataframe([batch], batch.schema)  # read with the schema, no inference
+    assert again.schema == first.schema
+    assert bridge.to_arrow(again.selectExpr("sum(n) AS s")).to_pylist() == [{"s": 3}]

@@ -239,6 +239,17 @@ def test_windowed_count_groups_on_key_codes_and_maps_them_back(
 
 
 # -- sinks ---------------------------------------------------------------------------------
+def test_file_sink_reports_files_written_and_write_time(tmp_path: Path) -> None:
+    from operators.metrics import collect_metrics
+
+    sink = FileSink(tmp_path / "out", format="parquet")
+    emitted = start(sink)
+    run_window(sink, emitted, wid(1), [COUNTS_1])
+    run_window(sink, emitted, wid(2), [])  # no rows: no file
+    figures = collect_metrics(sink)
+    assert figures["files_written"] == 1 and figures["write_ms"] > 0
+
+
 COUNTS_1 = pa.record_batch({"word": ["a", "b", "c"], "count": [5, 9, 1]})
 COUNTS_2 = pa.record_batch({"word": ["a", "d"], "count": [10, 2]})
 

@@ -138,3 +138,17 @@ def test_transform_result_is_checked(bridge: SparkSessionBridge) -> None:
     with pytest.raises(SparkOperatorError, match=r"'wrong'.*returned a list"):
         run_window(op, W1, {"input": [pa.record_batch({"x": [1]})]})
     assert os.listdir(bridge.scratch_dir) == []  # files go even when the window fails
+
+
+def test_window_jobs_report_their_costs_by_phase(bridge: SparkSessionBridge) -> None:
+    from operators.metrics import collect_metrics
+
+    op = Recording()
+    start(op, bridge)
+    run_window(op, W1, {"input": [pa.record_batch({"x": [1, 2]}),
+                                  pa.record_batch({"x": [3]})]})
+    run_window(op, W1 + 1, {})  # no rows: no job, nothing counted
+    figures = collect_metrics(op)
+    assert figures["spark[jobs]"] == 1 and figures["spark[rows_in]"] == 3
+    assert {f"spark[{phase}_ms]" for phase in ("write", "handoff", "job", "emit")} <= set(figures)
+    assert figures["spark[job_ms]"] > 0  # the job ran in to_arrow, inside the "job" phase
