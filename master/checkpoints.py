@@ -130,18 +130,22 @@ class RecoveryNode:
     ended_window: int | None = None
 
 
-def recovery_checkpoints(nodes: Mapping[int, RecoveryNode]) -> dict[int, int]:
+def recovery_checkpoints(nodes: Mapping[int, RecoveryNode],
+                         downstream_first: Sequence[int] | None = None) -> dict[int, int]:
     """Every operator's recovery checkpoint.
 
     recovery(op) = the newest checkpoint of op not after min(recovery(d)) over its
     downstream operators d; a leaf gets its newest checkpoint. Never older than
     ``previous``; exactly ``previous`` while ``frozen``.
 
+    ``downstream_first``, if known, lists the ids each after all its downstream ones.
+
     Raises:
         ValueError: the operators form a cycle, or name an unknown downstream operator.
     """
     result: dict[int, int] = {}
-    for op_id in _downstream_first(nodes):
+    order = _downstream_first(nodes) if downstream_first is None else downstream_first
+    for op_id in order:
         node = nodes[op_id]
         if node.frozen:
             result[op_id] = node.previous
@@ -237,11 +241,11 @@ def record_checkpoints(app: Application, op: PTOperator,
     return added
 
 
-def _recovery_nodes(app: Application) -> dict[int, RecoveryNode]:
-    downstream = app.plan.downstream_map()
+def _recovery_nodes(app: Application, downstream: Mapping[int, tuple[int, ...]]
+                    ) -> dict[int, RecoveryNode]:
     return {
         op.id: RecoveryNode(
-            downstream=tuple(downstream[op.id]),
+            downstream=downstream[op.id],
             checkpoints=tuple(app.checkpoints[op.id].windows),
             previous=op.recovery_window_id,
             frozen=op.pending,
@@ -257,8 +261,9 @@ def update_recovery(app: Application) -> None:
     Checkpoints older than an operator's recovery checkpoint are forgotten here (never
     needed again); the files are the containers' to delete once committed.
     """
-    nodes = _recovery_nodes(app)
-    recovery = recovery_checkpoints(nodes)
+    topology = app.plan.topology()
+    nodes = _recovery_nodes(app, topology.downstream)
+    recovery = recovery_checkpoints(nodes, topology.order[::-1])
     for op_id, window_id in recovery.items():
         op = app.plan.operators[op_id]
         if window_id != op.recovery_window_id:

@@ -26,6 +26,7 @@ __all__ = [
     "PTContainer",
     "PTOperator",
     "PhysicalPlan",
+    "Topology",
     "PlanError",
     "StateSeed",
     "container_id_for",
@@ -240,6 +241,36 @@ class PTContainer:
         return True
 
 
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Who feeds whom among a plan's operators (``PhysicalPlan.topology``)."""
+
+    upstream: dict[int, tuple[int, ...]]  # feeding operators, without repeats
+    downstream: dict[int, tuple[int, ...]]  # fed operators, ascending
+    order: tuple[int, ...]  # each operator after every operator feeding it
+
+    @classmethod
+    def of(cls, operators: dict[int, PTOperator]) -> Topology:
+        upstream = {op_id: tuple(dict.fromkeys(link.source_operator_id for link in op.inputs))
+                    for op_id, op in operators.items()}
+        fed: dict[int, list[int]] = {op_id: [] for op_id in operators}
+        for op_id, sources in upstream.items():
+            for source in sources:
+                fed[source].append(op_id)
+        downstream = {op_id: tuple(sorted(ids)) for op_id, ids in fed.items()}
+        waiting = {op_id: len(sources) for op_id, sources in upstream.items()}
+        ready = collections.deque(op_id for op_id, n in waiting.items() if not n)
+        order: list[int] = []
+        while ready:
+            op_id = ready.popleft()
+            order.append(op_id)
+            for down in downstream[op_id]:
+                waiting[down] -= 1
+                if not waiting[down]:
+                    ready.append(down)
+        return cls(upstream, downstream, tuple(order))
+
+
 @dataclasses.dataclass(eq=False)
 class PhysicalPlan:
     """Physical operators and the containers they live in.
@@ -256,6 +287,8 @@ class PhysicalPlan:
     # operators a repartition removed: PENDING_UNDEPLOY until their container lets them go,
     # then SHUTDOWN; kept for their figures. Their ids are never used again.
     retired: dict[int, PTOperator] = dataclasses.field(default_factory=dict)
+    _topology: tuple[Any, Topology, list[Any]] | None = dataclasses.field(
+        default=None, init=False, repr=False, compare=False)
 
     def next_operator_id(self) -> int:
         return max([0, *self.operators, *self.retired]) + 1
@@ -283,39 +316,45 @@ class PhysicalPlan:
 
     def upstream_ids(self, operator_id: int) -> list[int]:
         """Physical ids of the operators feeding ``operator_id``, without repeats."""
-        ids = [link.source_operator_id for link in self.operators[operator_id].inputs]
-        return list(dict.fromkeys(ids))
+        return list(self.topology().upstream[operator_id])
 
     def downstream_ids(self, operator_id: int) -> list[int]:
         """Physical ids of the operators ``operator_id`` feeds, without repeats, ascending."""
-        return self.downstream_map()[operator_id]
+        return list(self.topology().downstream[operator_id])
 
-    def downstream_map(self) -> dict[int, list[int]]:
-        """Every operator's ``downstream_ids`` at once (the one place they are derived)."""
-        downstream: dict[int, list[int]] = {op_id: [] for op_id in self.operators}
-        for op in self.operators.values():
-            for upstream in self.upstream_ids(op.id):
-                downstream[upstream].append(op.id)
-        for ids in downstream.values():
-            ids.sort()
-        return downstream
+    def downstream_map(self) -> dict[int, tuple[int, ...]]:
+        """Every operator's ``downstream_ids`` at once (read-only: shared by every caller)."""
+        return self.topology().downstream
 
     def topological_ids(self) -> list[int]:
         """Operator ids, each after every operator feeding it (ids alone are in that
         order only until a repartition adds operators)."""
-        # id -> how many of its upstream operators are not ordered yet
-        waiting = {op_id: len(self.upstream_ids(op_id)) for op_id in self.operators}
-        downstream = self.downstream_map()
-        ready = collections.deque(op_id for op_id, n in waiting.items() if not n)
-        order: list[int] = []
-        while ready:
-            op_id = ready.popleft()
-            order.append(op_id)
-            for down in downstream[op_id]:
-                waiting[down] -= 1
-                if not waiting[down]:
-                    ready.append(down)
-        return order
+        return list(self.topology().order)
+
+    def topology(self) -> Topology:
+        """Who feeds whom, derived once per shape of the plan: the heartbeat rules ask for
+        it on every checkpoint and the master loop on every pass, for every application.
+
+        The shape is the operators' ids and the ``inputs`` lists they hold: a repartition
+        replaces a rewired operator's list (never edits it in place) and adds or removes
+        operators, which changes it.
+        """
+        shape = tuple((op_id, id(op.inputs), len(op.inputs))
+                      for op_id, op in self.operators.items())
+        cached = self._topology
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        topology = Topology.of(self.operators)
+        # the lists named by id() are kept alive with the key, so no id can be reused
+        self._topology = (shape, topology, [op.inputs for op in self.operators.values()])
+        return topology
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Without the derived topology: it is keyed by object ids of this process."""
+        return {**self.__dict__, "_topology": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"_topology": None, **state})  # journals from before the cache
 
     def live_containers(self) -> list[PTContainer]:
         return [c for c in self.containers.values() if c.state != ContainerState.KILLED]
