@@ -22,10 +22,9 @@ containers do once they hear of the committed window.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from master.physical_plan import OperatorState, PTOperator
 from operators.windows import NO_WINDOW, format_window_id
@@ -109,9 +108,9 @@ class CheckpointBook:
         return dropped
 
 
-@dataclasses.dataclass(frozen=True)
-class RecoveryNode:
-    """One operator as the recovery computation sees it.
+class RecoveryNode(NamedTuple):
+    """One operator as the recovery computation sees it (a tuple: one is made per
+    operator of the application on every checkpoint report).
 
     Attributes:
         downstream: ids of the operators it feeds.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import functools
 import logging
 from typing import Any
 
@@ -165,6 +166,13 @@ class PTOperator:
         if self.state == OperatorState.ACTIVE and self.recovering:
             return "RECOVERING"
         return self.state.value
+
+    @functools.cached_property
+    def port_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """Its (input, output) port names: the only ports its reports may name (an
+        operator's ports never change; a repartition only rewires where they lead)."""
+        return (frozenset(link.port_name for link in self.inputs),
+                frozenset(link.port_name for link in self.outputs))
 
     @property
     def is_input(self) -> bool:

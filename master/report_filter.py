@@ -25,15 +25,28 @@ MAX_METRIC_NAME_CHARS = 128
 def filter_report(op: PTOperator, report: umbilical_pb2.OperatorHeartbeat) -> str:
     """Removes, in place, window stats of ports ``op`` does not have and user metrics past
     the bounds; returns what was removed ("" = nothing)."""
-    inputs = {link.port_name for link in op.inputs}
-    outputs = {link.port_name for link in op.outputs}
+    inputs, outputs = op.port_names
+    for window in report.window_stats:  # the usual report is looked at once, and kept
+        for port in window.input_ports:
+            if port.id not in inputs:
+                return _filter(report, inputs, outputs)
+        for port in window.output_ports:
+            if port.id not in outputs:
+                return _filter(report, inputs, outputs)
+        metrics = window.metrics
+        if metrics and (len(metrics) > MAX_METRICS
+                        or any(len(name) > MAX_METRIC_NAME_CHARS for name in metrics)):
+            return _filter(report, inputs, outputs)
+    return ""
+
+
+def _filter(report: umbilical_pb2.OperatorHeartbeat, inputs: frozenset[str],
+            outputs: frozenset[str]) -> str:
     ports_left_out: dict[str, None] = {}
     too_long = extra = 0
     for window in report.window_stats:
         for ports, declared, kind in ((window.input_ports, inputs, "input"),
                                       (window.output_ports, outputs, "output")):
-            if all(port.id in declared for port in ports):
-                continue  # the usual report: nothing to look at twice
             unknown = [i for i, port in enumerate(ports) if port.id not in declared]
             ports_left_out.update((f"{kind} {ports[i].id[:40]!r}", None) for i in unknown)
             for index in reversed(unknown):
