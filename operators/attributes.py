@@ -186,6 +186,13 @@ _ALL = [
               "downstream operator."),
     Attribute("PARTITION_KEY", _str, "", Scope.OPERATOR,
               "The input column a partitioned operator's streams are split by (hash)."),
+    Attribute("EVENT_TIME_COLUMN", _str, "", Scope.OPERATOR,
+              "A source's event-time column (a timestamp, or epoch milliseconds): its "
+              "watermark, sent downstream with every END_WINDOW, is the highest event time "
+              "it emitted minus WATERMARK_DELAY_MILLIS. Empty = no watermark."),
+    Attribute("WATERMARK_DELAY_MILLIS", _non_negative_int, 0, Scope.OPERATOR,
+              "How far out of order a source's events may come: its watermark trails the "
+              "highest event time it emitted by this much."),
     Attribute("PARALLEL_PARTITION", _bool, False, Scope.OPERATOR,
               "Partition i reads partition i of its partitioned upstream operators (same "
               "count, no split, no unifier between them)."),

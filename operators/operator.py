@@ -29,6 +29,7 @@ import pyarrow as pa
 from operators.faults import CrashPoints
 from operators.keyed_state import merge_keyed_state
 from operators.ports import InputPort, OutputPort
+from operators.watermarks import NO_WATERMARK, WATERMARKS_ATTRIBUTE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -166,6 +167,15 @@ class Operator:
     def emitter(self) -> Emit | None:
         """What ``connect_outputs`` set (None: the outputs are not connected)."""
         return self.__dict__.get(_EMITTER)
+
+    @property
+    def watermark(self) -> int:
+        """Event time (epoch ms) up to which this operator's input is complete, as of the
+        window ending now (``operators.watermarks``): set by the runtime before
+        ``end_window``; ``NO_WATERMARK`` before any, ``END_OF_TIME`` once every input
+        ended."""
+        marks = self.__dict__.get(WATERMARKS_ATTRIBUTE)
+        return NO_WATERMARK if marks is None else marks.current
 
     def setup(self, context: OperatorContext) -> None:
         """Called once before the first window."""

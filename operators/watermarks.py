@@ -1,0 +1,135 @@
+"""Watermarks: how far each operator's input is complete in event time.
+
+A source partition's watermark is the highest event time it has emitted minus a bounded
+out-of-orderness (its ``EVENT_TIME_COLUMN`` and ``WATERMARK_DELAY_MILLIS`` attributes);
+every other operator's is the minimum over its input ports of the watermark that came
+with their END_WINDOW. Either never goes backwards. A port that ended (END_STREAM) holds
+nothing back, and a source that ends says ``END_OF_TIME``: every event-time window
+closes at the end of a bounded input.
+
+The runtime keeps one ``Watermarks`` on each operator (an instance attribute, so it is
+checkpointed with the operator's state): a restored operator goes on from the watermark
+of its checkpoint, and a replayed window, having the same rows and the same END_WINDOW
+watermarks, gets the same watermark again. Results downstream stay exactly once.
+
+>>> marks = Watermarks(["left", "right"])
+>>> marks.saw_input("left", 1_000); marks.saw_input("right", 700)
+>>> marks.advance()
+700
+>>> marks.port_ended("right"); marks.advance()
+1000
+>>> source = Watermarks([], event_time_column="t", delay_ms=200)
+>>> source.saw_event_times(pa.array([900, 1_500, 1_200], pa.int64())); source.advance()
+1300
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = [
+    "END_OF_TIME",
+    "NO_WATERMARK",
+    "WATERMARKS_ATTRIBUTE",
+    "Watermarks",
+    "event_time_error",
+    "event_times_ms",
+    "format_watermark",
+]
+
+NO_WATERMARK = -(2**63)
+"""The watermark before any event time is known: no event-time window is complete."""
+
+END_OF_TIME = 2**63 - 1
+"""The watermark of an input that ended: every event-time window is complete."""
+
+WATERMARKS_ATTRIBUTE = "_watermarks"
+"""The operator's instance attribute holding its ``Watermarks`` (state: checkpointed)."""
+
+
+class Watermarks:
+    """One operator's watermark and what it is made of (see the module docs).
+
+    Args:
+        ports: the input ports connected to it (none for a source).
+        event_time_column: a source's event-time column ("" = it has none, and its
+            watermark stays ``NO_WATERMARK`` until it ends).
+        delay_ms: the out-of-orderness a source allows: its watermark trails the highest
+            event time it emitted by this much.
+    """
+
+    def __init__(self, ports: list[str], event_time_column: str = "",
+                 delay_ms: int = 0) -> None:
+        self.inputs: dict[str, int] = dict.fromkeys(ports, NO_WATERMARK)
+        self.event_time_column = event_time_column
+        self.delay_ms = delay_ms
+        self.highest_event_ms = NO_WATERMARK
+        self.current = NO_WATERMARK
+
+    def saw_input(self, port: str, watermark: int) -> None:
+        """``port``'s END_WINDOW said ``watermark`` (an unknown port is one that was
+        connected after this was made: it counts from now)."""
+        if watermark > self.inputs.get(port, NO_WATERMARK):
+            self.inputs[port] = watermark
+
+    def port_ended(self, port: str) -> None:
+        """``port`` delivered END_STREAM: it holds nothing back any more."""
+        self.inputs[port] = END_OF_TIME
+
+    def saw_event_times(self, times_ms: pa.Array | pa.ChunkedArray) -> None:
+        """A source emitted rows with these event times (epoch ms; nulls are skipped)."""
+        if len(times_ms) == 0:
+            return
+        highest = pc.max(times_ms).as_py()
+        if highest is not None and highest > self.highest_event_ms:
+            self.highest_event_ms = highest
+
+    def ended(self) -> None:
+        """The source is exhausted: nothing older can come any more."""
+        self.highest_event_ms = END_OF_TIME
+        self.delay_ms = 0
+
+    def advance(self) -> int:
+        """The watermark as of the window that ends now (never lower than before)."""
+        if self.inputs:
+            candidate = min(self.inputs.values())
+        elif self.highest_event_ms in (NO_WATERMARK, END_OF_TIME):
+            candidate = self.highest_event_ms
+        else:
+            candidate = self.highest_event_ms - self.delay_ms
+        if candidate > self.current:
+            self.current = candidate
+        return self.current
+
+
+def event_times_ms(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """An event-time column as epoch milliseconds (int64): timestamps of any unit, or
+    integers already in milliseconds."""
+    if pa.types.is_timestamp(column.type):
+        return pc.cast(pc.cast(column, pa.timestamp("ms", tz=column.type.tz)), pa.int64())
+    return pc.cast(column, pa.int64())
+
+
+def event_time_error(schema: pa.Schema, column: str, owner: str) -> str | None:
+    """Why ``column`` of ``schema`` cannot be ``owner``'s event time, or None if it can."""
+    if column not in schema.names:
+        return (f"{owner}: event-time column {column!r} is not in its input "
+                f"({', '.join(schema.names) or 'no columns'}); name one of those columns")
+    kind = schema.field(column).type
+    if not (pa.types.is_timestamp(kind) or pa.types.is_integer(kind)):
+        return (f"{owner}: event-time column {column!r} is {kind}, not a timestamp; give a "
+                "timestamp column or an integer column of epoch milliseconds")
+    return None
+
+
+def format_watermark(watermark: int) -> str:
+    """A watermark for people: an ISO time in UTC, '-' before any, 'end' at the end."""
+    if watermark == NO_WATERMARK:
+        return "-"
+    if watermark == END_OF_TIME:
+        return "end"
+    moment = datetime.datetime.fromtimestamp(watermark / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
