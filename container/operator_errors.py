@@ -14,6 +14,7 @@ import sys
 import traceback
 from types import FrameType
 
+from container.event_time import EventTimeError
 from container.operator_state import OperatorStateError
 from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
@@ -28,6 +29,7 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     OperatorStateError,  # its state cannot be checkpointed
     SchemaMismatch,  # a batch does not fit its port's schema
     RecordDecodeError,  # a Kafka record that does not decode is read again on replay
+    EventTimeError,  # a source's EVENT_TIME_COLUMN is not in (or not a time of) its output
 )
 # Spark analysis errors that may pass on retry: a file that is not there (yet, or any more).
 _RETRYABLE_SPARK_CONDITIONS = frozenset({"PATH_NOT_FOUND"})

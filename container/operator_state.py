@@ -9,9 +9,11 @@ from typing import Any
 
 import cloudpickle
 
+from container.event_time import merged_watermarks
 from operators.keyed_state import RepartitionError
 from operators.operator import RUNTIME_ATTRIBUTES, Operator
 from operators.partitioning import PartitionFilter
+from operators.watermarks import WATERMARKS_ATTRIBUTE
 
 __all__ = ["OperatorStateError", "capture", "new_partition", "restore", "state_of"]
 
@@ -121,4 +123,11 @@ def new_partition(partitions: Sequence[Operator], share: PartitionFilter | None)
     if not isinstance(result, Operator):
         raise RepartitionError(f"{type(first).__name__}.repartitioned returned a "
                                f"{type(result).__name__}, not the operator")
+    # the watermark is not keyed: the new partition takes the lowest of the old ones (its
+    # own object, not the first partition's, which ``copy.copy`` shared)
+    marks = merged_watermarks(partitions)
+    if marks is None:
+        result.__dict__.pop(WATERMARKS_ATTRIBUTE, None)
+    else:
+        result.__dict__[WATERMARKS_ATTRIBUTE] = marks
     return result

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from container.retained_stream import RetainedStream
 from container.stream_messages import Kind, Message
+from operators.watermarks import NO_WATERMARK
 
 if TYPE_CHECKING:
     from container.buffer_server import BufferServer
@@ -86,8 +87,9 @@ class Publisher:
         """Publishes one batch of window ``window_id`` (encoded once, as Arrow IPC)."""
         self.publish(Message.data(window_id, batch))
 
-    def end_window(self, window_id: int) -> None:
-        self.publish(Message(Kind.END_WINDOW, window_id))
+    def end_window(self, window_id: int, watermark: int = NO_WATERMARK) -> None:
+        """Publishes END_WINDOW carrying the operator's watermark as of the window's end."""
+        self.publish(Message(Kind.END_WINDOW, window_id, watermark=watermark))
 
     def reset_window(self, window_id: int) -> None:
         self.publish(Message(Kind.RESET_WINDOW, window_id))

@@ -3,8 +3,9 @@
 A stream is a sequence of messages: for each window ``BEGIN_WINDOW(w)``, the window's
 data batches, ``END_WINDOW(w)``; ``END_STREAM`` after the last window. On the wire (the
 buffer server's Flight streams, spill files) messages travel as rows of an envelope
-record batch: ``kind``, ``window_id`` and ``payload`` (the batch as Arrow IPC bytes), so
-one Flight stream can carry batches of any schema and the markers between them.
+record batch: ``kind``, ``window_id``, ``rows``, ``payload`` (the batch as Arrow IPC bytes)
+and ``watermark`` (what an END_WINDOW says of event time, ``operators.watermarks``), so one
+Flight stream can carry batches of any schema and the markers between them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import enum
 from typing import Any
 
 import pyarrow as pa
+
+from operators.watermarks import NO_WATERMARK
 
 __all__ = [
     "ENVELOPE_SCHEMA",
@@ -44,13 +47,15 @@ class Message:
     ``window_id`` is the window the message belongs to (for DATA, the window it was
     emitted in); ``payload`` is the batch as Arrow IPC stream bytes (DATA only), kept
     encoded so the buffer server stores and sends it without copying; ``rows`` its row
-    count.
+    count; ``watermark`` the publisher's watermark as of the window's end (END_WINDOW
+    only: it is stored and replayed with the message, so a replay says the same).
     """
 
     kind: Kind
     window_id: int
     payload: pa.Buffer | bytes | None = None
     rows: int = 0
+    watermark: int = NO_WATERMARK
     # the buffer server's hash buckets of this DATA batch per (key column, mask): computed
     # once for all the partitions subscribed to it, freed with the message
     buckets: dict[tuple[str, int], Any] | None = dataclasses.field(
@@ -89,7 +94,7 @@ class WindowGap(RuntimeError):
 
 ENVELOPE_SCHEMA = pa.schema(
     [("kind", pa.int8()), ("window_id", pa.int64()), ("rows", pa.int64()),
-     ("payload", pa.large_binary())]
+     ("payload", pa.large_binary()), ("watermark", pa.int64())]
 )
 
 
@@ -114,6 +119,7 @@ def to_envelope(messages: list[Message]) -> pa.RecordBatch:
             pa.array([m.window_id for m in messages], pa.int64()),
             pa.array([m.rows for m in messages], pa.int64()),
             _payload_array(messages),
+            pa.array([m.watermark for m in messages], pa.int64()),
         ],
         schema=ENVELOPE_SCHEMA,
     )
@@ -137,8 +143,11 @@ def from_envelope(envelope: pa.RecordBatch) -> list[Message]:
     windows = envelope.column(1).to_pylist()
     rows = envelope.column(2).to_pylist()
     payloads = envelope.column(3)
+    # an envelope of a peer from before watermarks (four columns) says none
+    marks = (envelope.column(4).to_pylist() if envelope.num_columns > 4
+             else [NO_WATERMARK] * len(kinds))
     messages = []
     for i, kind in enumerate(kinds):
         payload = payloads[i].as_buffer() if kind == Kind.DATA else None
-        messages.append(Message(Kind(kind), windows[i], payload, rows[i]))
+        messages.append(Message(Kind(kind), windows[i], payload, rows[i], marks[i]))
     return messages

@@ -3,6 +3,7 @@
 One thread per operator. An input operator numbers windows and calls ``emit_tuples``
 until each window's time is up; any other operator reads its input ports, processes
 window ``w`` once every open port has begun it (alignment), and forwards the markers.
+Each END_WINDOW carries the operator's watermark (``container.event_time``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
+from container.event_time import SourceEventTimes, operator_watermarks
 from container.lease import Lease, LeaseRevoked
 from container.operator_errors import describe_error, is_fatal
 from container.port_input import InputClosed, PortInput
+from container.runner_commits import CommitSteps
 from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.stream_messages import Kind
@@ -30,7 +33,7 @@ from operators.windows import (
     window_base_seconds,
     window_counter,
 )
-from proto import plan_pb2, umbilical_pb2
+from proto import umbilical_pb2
 
 __all__ = ["OperatorRunner"]
 
@@ -38,7 +41,7 @@ _LOGGER = logging.getLogger(__name__)
 _STATS_RING = 1024
 _IDLE_S = 0.002
 
-class OperatorRunner:
+class OperatorRunner(CommitSteps):
     """Runs one deployed operator in its own thread, window by window.
 
     Created by the deployment on a deploy request and dropped after it stopped. Its state
@@ -118,6 +121,9 @@ class OperatorRunner:
         self._cpu_ns = 0
         self._thread = threading.Thread(target=self._run, name=f"operator-{context.name}",
                                         daemon=True)
+        # the operator's watermark: its own from a checkpoint, or a new one (state)
+        self.marks = operator_watermarks(operator, self.inputs, context.attributes)
+        self._event_times: SourceEventTimes | None = None  # a source's, from setup on
         operator.connect_outputs(self._emit)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -129,12 +135,6 @@ class OperatorRunner:
     def activate(self) -> None:
         """Lets an input operator start its windows (idempotent)."""
         self.activated.set()
-
-    def notify_committed(self, window_id: int) -> None:
-        """The master's committed window; ``committed()`` reaches the operator at the next
-        window boundary, in its own thread."""
-        self._committed_pending = max(self._committed_pending, window_id)
-        self._committed_arrived.set()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (undeploy / abort) without END_STREAM."""
@@ -176,6 +176,12 @@ class OperatorRunner:
         name = self.context.name
         try:
             self.operator.setup(self.context)
+            if isinstance(self.operator, InputOperator) and self.marks.event_time_column:
+                declared = self.operator.output_ports()
+                self._event_times = SourceEventTimes(
+                    self.marks, f"operator {name!r}",
+                    {port: declared[port].schema if port in declared else None
+                     for port in self.publishers})
             self._set_up = True
             if isinstance(self.operator, InputOperator):
                 self._enter(RunnerPhase.WAITING)
@@ -239,16 +245,13 @@ class OperatorRunner:
             raise KeyError(f"{self.context.name} has no output port {port!r}")
         if self._window < 0:
             raise RuntimeError(f"{self.context.name} emitted on {port!r} outside a window")
+        if self._event_times is not None:
+            self._event_times.emitted(port, batch)
         if batch.num_rows:
             publisher.data(self._window, batch)
             self._out_counts[port] += batch.num_rows
 
     # -- windows -----------------------------------------------------------------
-    def _hold_lease(self) -> None:
-        """Waits while the container's lease has lapsed (see ``container.lease``)."""
-        if self.lease is not None:
-            self.lease.wait(self.stopped)
-
     def _begin(self, window_id: int) -> None:
         self._hold_lease()
         self._window = window_id
@@ -260,71 +263,25 @@ class OperatorRunner:
         self._cpu_ns = time.thread_time_ns() - cpu_start
 
     def _end(self, window_id: int, *, last: bool = False) -> None:
+        """Ends a window: the watermark moves first (``end_window`` sees it), then goes
+        downstream with END_WINDOW on every output."""
         self._hold_lease()  # the window's results (a sink's writes) come from end_window
         cpu_start = time.thread_time_ns()
+        watermark = self.marks.advance()
         self._app_position += 1
         if self._app_position >= self.app_window_count or last:
             self.operator.end_window()
             self._app_position = 0
         for publisher in self.publishers.values():
-            publisher.end_window(window_id)
+            publisher.end_window(window_id, watermark)
         self._cpu_ns += time.thread_time_ns() - cpu_start
-        stats = umbilical_pb2.OperatorStats(window_id=window_id)
+        stats = umbilical_pb2.OperatorStats(window_id=window_id, watermark_ms=watermark)
         self._checkpoint_due |= (window_counter(window_id) + 1) % self.checkpoint_window_count == 0
         if (self._checkpoint_due or last) and self._app_position == 0:
             self._checkpoint(window_id, stats)
         self._record_stats(window_id, stats)
         self._windows_done += 1
         self._deliver_committed()
-
-    def _checkpoint(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
-        """Saves the state after ``window_id`` (an application-window boundary)."""
-        self._checkpoint_due = False
-        if self.checkpointer is None:
-            return
-        self._hold_lease()
-        self._last_checkpoint = window_id
-        started_ms, started = self.clock.now_ms(), time.perf_counter()
-        self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
-        took_ms = round((time.perf_counter() - started) * 1000)
-        stats.checkpoint.CopyFrom(plan_pb2.Checkpoint(
-            window_id=window_id, application_window_count=self.app_window_count,
-            checkpoint_window_count=self.checkpoint_window_count))
-        stats.checkpoint_stats.CopyFrom(umbilical_pb2.CheckpointStats(
-            checkpoint_start_time=started_ms, checkpoint_time_ms=took_ms))
-        _LOGGER.debug("operator %s (%d) checkpointed window %s in %d ms", self.context.name,
-                      self.operator_id, format_window_id(window_id), took_ms)
-        self.operator.checkpointed(window_id)
-
-    def _await_final_commit(self) -> None:
-        """The stream ended: checkpoint the last window and wait until it is committed.
-
-        Teardown waits for it so that ``committed`` reaches the operator for every one of
-        its windows: a source frees the input it read, an exactly-once sink publishes what
-        it staged. The master commits the end of the stream once every operator checkpointed
-        it (operators that ended earlier and are done hold nothing back).
-        """
-        if self.checkpointer is None or self._window < 0:
-            return
-        if self._last_checkpoint != self._window:
-            stats = umbilical_pb2.OperatorStats(window_id=self._window)  # a repeat: the
-            self._checkpoint(self._window, stats)  # master takes its checkpoint only
-            with self._stats_lock:
-                self._stats.append(stats)
-            self._on_change()
-        while not self.stopped.is_set() and self._committed_delivered < self._window:
-            self._committed_arrived.wait(0.5)
-            self._committed_arrived.clear()
-            self._deliver_committed()
-
-    def _deliver_committed(self) -> None:
-        committed = self._committed_pending
-        if committed > self._committed_delivered:
-            self._hold_lease()
-            self._committed_delivered = committed
-            self.operator.committed(committed)
-            if self.checkpointer is not None:
-                self.checkpointer.committed(self.operator_id, committed)
 
     def _record_stats(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
         now = self.clock.now_ms()
@@ -380,6 +337,8 @@ class OperatorRunner:
             if self.stopped.is_set():
                 return
             ending = exhausted or self.end_requested.is_set()
+            if exhausted:  # nothing older can come: every event-time window closes
+                self.marks.ended()
             self._end(window_id, last=ending)
             if ending:
                 self._end_stream()
@@ -401,6 +360,7 @@ class OperatorRunner:
                 if head.kind == Kind.END_STREAM:
                     ended_at = max(ended_at, port.get().window_id)
                     del open_ports[name]
+                    self.marks.port_ended(name)  # it holds the watermark back no more
                     continue
                 if head.kind != Kind.BEGIN_WINDOW:
                     raise RuntimeError(
@@ -452,6 +412,7 @@ class OperatorRunner:
                     raise RuntimeError(
                         f"input port {name!r}: END_WINDOW {format_window_id(message.window_id)} "
                         f"inside window {format_window_id(window_id)}")
+                self.marks.saw_input(name, message.watermark)
                 return
             else:
                 raise RuntimeError(f"input port {name!r}: unexpected {message.kind.name} inside "

@@ -14,6 +14,7 @@ from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
+from operators.watermarks import NO_WATERMARK
 
 
 class RecordingPublisher:
@@ -29,8 +30,8 @@ class RecordingPublisher:
         self.bytes_published += message.nbytes
         self.messages.append(message)
 
-    def end_window(self, window_id: int) -> None:
-        self.messages.append(Message(Kind.END_WINDOW, window_id))
+    def end_window(self, window_id: int, watermark: int = NO_WATERMARK) -> None:
+        self.messages.append(Message(Kind.END_WINDOW, window_id, watermark=watermark))
 
     def end_stream(self) -> None:
         self.messages.append(Message(Kind.END_STREAM, -1))
