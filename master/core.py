@@ -185,17 +185,19 @@ class MasterCore:
 
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:
-            return [views.application_info(app, self.dashboard_url)
+            now_ms = self.clock()
+            return [views.application_info(app, self.dashboard_url, now_ms)
                     for app in self._apps.values()]
 
     def application_info(self, app_id: str) -> client_pb2.ApplicationInfo:
         with self._lock:
-            return views.application_info(self._app(app_id), self.dashboard_url)
+            return views.application_info(self._app(app_id), self.dashboard_url,
+                                          self.clock())
 
     def application_plan(self, app_id: str) -> client_pb2.ApplicationPlan:
         """The application's DAG as deployed, with each operator's figures."""
         with self._lock:
-            return views.application_plan(self._app(app_id))
+            return views.application_plan(self._app(app_id), self.clock())
 
     def list_containers(self, app_id: str = "") -> list[client_pb2.ContainerInfo]:
         with self._lock:
@@ -206,14 +208,14 @@ class MasterCore:
     def list_operators(self, app_id: str) -> list[client_pb2.OperatorInfo]:
         with self._lock:
             app = self._app(app_id)
-            return [views.operator_info(app, op) for op in app.plan.operators.values()]
+            return views.operator_infos(app, self.clock())
 
     def operator_info(self, app_id: str, operator: str) -> client_pb2.OperatorInfo:
         """One operator by name or physical id, with its recent windows."""
         with self._lock:
             app = self._app(app_id)
             op = views.find_operator(app, operator)
-            return views.operator_info(app, op, with_windows=True)
+            return views.operator_info(app, op, with_windows=True, now_ms=self.clock())
 
     def kill_container(self, container_id: str) -> str:
         """Kills the container's process; returns the new container replacing it, if any."""
@@ -283,7 +285,7 @@ class MasterCore:
                     raise TimeoutError(f"application {app_id} is still {app.state.value} "
                                        f"after {timeout_s:.1f} s")
                 self._changed.wait(min(left, 1.0))
-            return views.application_info(app)
+            return views.application_info(app, now_ms=self.clock())
 
     # -- umbilical ------------------------------------------------------------------------
     def init_context(self, container_id: str) -> umbilical_pb2.StreamingContainerContext:

@@ -11,6 +11,7 @@ exactly) are exported as their counter: windows since the application's start.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from master.core import MasterCore
 from master.errors import NotFound
+from operators.watermarks import END_OF_TIME, NO_WATERMARK
 from operators.windows import window_counter
 from proto import client_pb2
 
@@ -154,6 +156,12 @@ def _operator(f: _Families, app: client_pb2.ApplicationInfo,
             _OPERATOR, labels, op.checkpoint_time_ms / 1000)
     f.counter("weir_operator_failures", "Failures of the operator.", _OPERATOR, labels,
               op.failure_count)
+    if op.watermark_ms != NO_WATERMARK:  # only operators that have one
+        f.gauge("weir_operator_watermark_seconds", "Its watermark: the event time (Unix time) "
+                "its input is complete up to; +Inf once every input ended.", _OPERATOR,
+                labels, math.inf if op.watermark_ms == END_OF_TIME else op.watermark_ms / 1000)
+        f.gauge("weir_operator_event_time_lag_seconds", "The wall clock minus its watermark "
+                "(0 once every input ended).", _OPERATOR, labels, op.event_time_lag_ms / 1000)
     for port in op.ports:
         port_labels = [app.id, op.name, str(op.id), port.name, port.type]
         f.counter("weir_port_tuples", "Tuples through the port.", _PORT, port_labels,

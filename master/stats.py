@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
 
+from operators.watermarks import END_OF_TIME, NO_WATERMARK
 from proto import umbilical_pb2
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "OperatorStatsTracker",
     "PortTotals",
     "WindowRecord",
+    "event_time_lag_ms",
     "latency_ms",
     "window_latency_ms",
 ]
@@ -129,6 +131,7 @@ class OperatorStatsTracker:
         self.window_moved_ms = 0
         self.ports: dict[tuple[str, str], PortTotals] = {}
         self.metrics: dict[str, float] = {}  # user metrics as of the newest window
+        self.watermark_ms = NO_WATERMARK  # as of the newest window (operators.watermarks)
         self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
 
     def __getstate__(self) -> dict[str, object]:
@@ -139,6 +142,7 @@ class OperatorStatsTracker:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         state.pop("_end_window_ms", None)  # a journal written when it was kept apart
+        state.setdefault("watermark_ms", NO_WATERMARK)  # a journal from before watermarks
         self.__dict__.update(state)
 
     def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
@@ -172,6 +176,7 @@ class OperatorStatsTracker:
         self.total_tuples_processed += processed
         self.total_tuples_emitted += emitted
         self.current_window_id = window.window_id
+        self.watermark_ms = window.watermark_ms
         self.windows_processed += 1
         metrics = dict(window.metrics) if window.metrics else None
         if metrics:
@@ -240,6 +245,18 @@ def _last_windows(recent: collections.deque[WindowRecord], interval_ms: int | No
             break
         found.append(window)
     return found[::-1]
+
+
+def event_time_lag_ms(watermark_ms: int, now_ms: int) -> int:
+    """How far event time trails the wall clock: ``now_ms`` minus the watermark; 0 without
+    a watermark, after the end (``END_OF_TIME``) or when event time is ahead of the clock.
+
+    >>> event_time_lag_ms(1_000, 61_000), event_time_lag_ms(END_OF_TIME, 61_000)
+    (60000, 0)
+    """
+    if watermark_ms in (NO_WATERMARK, END_OF_TIME):
+        return 0
+    return max(0, now_ms - watermark_ms)
 
 
 def window_latency_ms(window: WindowRecord, upstream: Sequence[OperatorStatsTracker]

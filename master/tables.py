@@ -14,6 +14,7 @@ import datetime
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
+from operators.watermarks import END_OF_TIME, NO_WATERMARK, format_watermark
 from operators.windows import format_window_id
 from proto import client_pb2
 
@@ -217,6 +218,8 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
                            f"({format_rate(op.tuples_emitted_per_second)}/s)"),
         ("cpu", f"{op.cpu_percent:.1f} %"),
         ("latency", f"{op.latency_ms:.0f} ms"),
+        ("watermark", format_watermark(op.watermark_ms)),
+        ("event-time lag", _event_time_lag(op)),
         ("metrics", format_metrics(op.metrics)),
         ("processing mode", op.processing_mode or "-"),
         ("latest checkpoint", _latest_checkpoint(op)),
@@ -253,6 +256,13 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
               f"{w.cpu_time_ns / 1e6:.1f} ms", format_metrics(w.metrics)] for w in recent],
             right={"PROCESSED", "EMITTED", "LATENCY", "CPU"}))
     return "\n\n".join(parts)
+
+
+def _event_time_lag(op: client_pb2.OperatorInfo) -> str:
+    """How far its watermark trails the wall clock; '-' without one or after the end."""
+    if op.watermark_ms in (NO_WATERMARK, END_OF_TIME):
+        return "-"
+    return format_duration_ms(op.event_time_lag_ms)
 
 
 def _clock_ms(ms: int) -> str:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from master import spares
 from master.application import Application
 from master.errors import NotFound
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import max_restarts
-from master.stats import latency_ms, window_latency_ms
+from master.stats import event_time_lag_ms, latency_ms, window_latency_ms
 from operators.attributes import ATTRIBUTES
 from proto import client_pb2
 
@@ -50,13 +51,20 @@ def _figures(app: Application, op: PTOperator) -> _Figures:
     return _Figures(processed, emitted, cpu, latency_ms(tracker, upstream, interval))
 
 
+def _now_ms(now_ms: int | None) -> int:
+    """The time event-time lags are measured at: the master's clock, or the wall clock."""
+    return time.time_ns() // 1_000_000 if now_ms is None else now_ms
+
+
 def _logical_name(op: PTOperator) -> str:
     """The logical operator a partition (or unifier) belongs to: ``PTOperator.logical_name``."""
     return str(getattr(op, "logical_name", "") or op.name)
 
 
-def application_info(app: Application, dashboard_url: str = "") -> client_pb2.ApplicationInfo:
-    """Summary of one application: state, sizes, windows, failures, totals, rates, latency."""
+def application_info(app: Application, dashboard_url: str = "", now_ms: int | None = None
+                     ) -> client_pb2.ApplicationInfo:
+    """Summary of one application: state, sizes, windows, failures, totals, rates, latency;
+    ``now_ms`` is the time event-time lags are measured at (the wall clock if None)."""
     ops = list(app.plan.operators.values())
     stats = app.operator_stats
     figures = {op.id: _figures(app, op) for op in ops}
@@ -92,7 +100,7 @@ def application_info(app: Application, dashboard_url: str = "") -> client_pb2.Ap
         repartitions=app.repartitions, last_repartition=app.last_repartition,
         containers_spare=sum(c.spare for c in app.plan.live_containers()),
     )
-    _add_logical_operators(app, figures, info)
+    _add_logical_operators(app, figures, info, _now_ms(now_ms))
     info.recent_failures.extend(_recent_failures(app))
     return info
 
@@ -118,8 +126,9 @@ def _critical_path(app: Application, figures: dict[int, _Figures]) -> tuple[floa
 
 
 def _add_logical_operators(app: Application, figures: dict[int, _Figures],
-                           info: client_pb2.ApplicationInfo) -> None:
-    """One entry per logical operator, its partitions' figures added up."""
+                           info: client_pb2.ApplicationInfo, now_ms: int) -> None:
+    """One entry per logical operator, its partitions' figures added up (its watermark:
+    the lowest of theirs, how far the whole operator is complete)."""
     groups: dict[str, list[PTOperator]] = {}
     for op in app.plan.operators.values():
         groups.setdefault(_logical_name(op), []).append(op)
@@ -134,6 +143,7 @@ def _add_logical_operators(app: Application, figures: dict[int, _Figures],
         for tracker in trackers:
             for key, value in tracker.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
+        watermark = min(t.watermark_ms for t in trackers)
         info.logical_operators.add(
             name=name, class_name=partitions[0].class_name,
             partition_ids=[op.id for op in partitions],
@@ -144,7 +154,8 @@ def _add_logical_operators(app: Application, figures: dict[int, _Figures],
             tuples_emitted_per_second=sum(figures[op.id].emitted_per_second
                                           for op in partitions),
             latency_ms=max(figures[op.id].latency_ms for op in partitions),
-            metrics=metrics)
+            metrics=metrics, watermark_ms=watermark,
+            event_time_lag_ms=event_time_lag_ms(watermark, now_ms))
 
 
 def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
@@ -192,9 +203,11 @@ def _shown_state(app: Application, container: PTContainer) -> str:
     return "SPARE" if spares.is_ready(app, container) else "SPARE_STARTING"
 
 
-def operator_infos(app: Application) -> list[client_pb2.OperatorInfo]:
+def operator_infos(app: Application, now_ms: int | None = None
+                   ) -> list[client_pb2.OperatorInfo]:
     """Every operator of ``app`` in id order, without recent windows."""
-    return [operator_info(app, op) for op in app.plan.operators.values()]
+    now_ms = _now_ms(now_ms)
+    return [operator_info(app, op, now_ms=now_ms) for op in app.plan.operators.values()]
 
 
 def find_operator(app: Application, operator: str) -> PTOperator:
@@ -217,9 +230,10 @@ def find_operator(app: Application, operator: str) -> PTOperator:
                    f"`weir operators {app.id}` lists them")
 
 
-def operator_info(app: Application, op: PTOperator, *, with_windows: bool = False
-                  ) -> client_pb2.OperatorInfo:
-    """One operator's state and statistics; ``with_windows`` adds the recent windows."""
+def operator_info(app: Application, op: PTOperator, *, with_windows: bool = False,
+                  now_ms: int | None = None) -> client_pb2.OperatorInfo:
+    """One operator's state and statistics; ``with_windows`` adds the recent windows;
+    ``now_ms`` is the time its event-time lag is measured at (the wall clock if None)."""
     tracker = app.operator_stats[op.id]
     book = app.checkpoints[op.id]
     figures = _figures(app, op)
@@ -240,7 +254,8 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         failures_in_a_row=op.failures_in_a_row, max_restarts=max_restarts(op),
         deploy_window_id=op.deploy_window_id, processing_mode=op.processing_mode,
         committed_window_id=app.committed_window_id, metrics=tracker.metrics,
-        logical_name=_logical_name(op),
+        logical_name=_logical_name(op), watermark_ms=tracker.watermark_ms,
+        event_time_lag_ms=event_time_lag_ms(tracker.watermark_ms, _now_ms(now_ms)),
     )
     interval = _interval_ms(app)
     keys = [("input", link.port_name) for link in op.inputs]
@@ -268,11 +283,13 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
     return info
 
 
-def application_plan(app: Application) -> client_pb2.ApplicationPlan:
+def application_plan(app: Application, now_ms: int | None = None
+                     ) -> client_pb2.ApplicationPlan:
     """The DAG as deployed: operators and the streams between them, for drawing it."""
+    now_ms = _now_ms(now_ms)
     plan = client_pb2.ApplicationPlan(  # in topological order: the dashboard lays them out
         application_id=app.id,
-        operators=[operator_info(app, app.plan.operators[i])
+        operators=[operator_info(app, app.plan.operators[i], now_ms=now_ms)
                    for i in app.plan.topological_ids()])
     interval = _interval_ms(app)
     for op in app.plan.operators.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from operators.watermarks import NO_WATERMARK
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = [
@@ -71,13 +72,15 @@ def chain_descriptor(n: int = 3, **attributes: object) -> plan_pb2.DagDescriptor
 
 def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int = 0,
            cpu_ns: int = 0, in_port: str | None = "input", out_port: str | None = "output",
-           checkpoint: int | None = None, checkpoint_ms: int = 0
-           ) -> umbilical_pb2.OperatorStats:
+           checkpoint: int | None = None, checkpoint_ms: int = 0,
+           watermark: int = NO_WATERMARK) -> umbilical_pb2.OperatorStats:
     """One window's stats with one input and one output port (either may be None).
 
-    ``checkpoint``: the window of a checkpoint completed in this window, if any.
+    ``checkpoint``: the window of a checkpoint completed in this window, if any;
+    ``watermark``: the operator's as of the window's end (a container always sets it).
     """
-    stats = umbilical_pb2.OperatorStats(window_id=window_id, cpu_time_used_ns=cpu_ns)
+    stats = umbilical_pb2.OperatorStats(window_id=window_id, cpu_time_used_ns=cpu_ns,
+                                        watermark_ms=watermark)
     if checkpoint is not None:
         stats.checkpoint.window_id = checkpoint
         stats.checkpoint_stats.checkpoint_start_time = end_ms

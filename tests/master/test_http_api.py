@@ -73,6 +73,8 @@ def test_json_is_the_grpc_views(api):
     assert app["total_tuples_processed"] == str(WINDOWS * 150) and app["latency_ms"] == 50.0
     operators = get_json(base + "/operators")["operators"]
     assert [op["name"] for op in operators] == ["source", "relay1", "sink"]
+    # int64 as a string, as the dashboard reads it: no watermark is -2^63
+    assert {op["watermark_ms"] for op in operators} == {"-9223372036854775808"}
     assert get_json(base + "/containers")["containers"][0]["host"] == "testhost"
     windows = get_json(base + "/operators/relay1/windows")["recent_windows"]
     assert len(windows) == WINDOWS and windows[-1]["metrics"] == {"dropped": 500.0}
