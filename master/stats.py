@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from operators.watermarks import END_OF_TIME, NO_WATERMARK
 from proto import umbilical_pb2
@@ -31,9 +32,14 @@ _LOGGER = logging.getLogger(__name__)
 RECENT_WINDOWS = 100
 """How many recent windows each operator keeps (the ``weir stats`` ring)."""
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class WindowRecord:
-    """One streaming window of one operator, as reported in a heartbeat."""
+class WindowRecord(NamedTuple):
+    """One streaming window of one operator, as reported in a heartbeat.
+
+    The tracker keeps them as plain tuples (``OperatorStatsTracker.window_ring``): the
+    master holds ``RECENT_WINDOWS`` per operator, and CPython leaves plain tuples of
+    numbers out of the garbage collector's walks, which would otherwise pause the master
+    (and every heartbeat) in proportion to the windows it keeps.
+    """
 
     window_id: int
     tuples_processed: int
@@ -41,6 +47,9 @@ class WindowRecord:
     end_window_ms: int
     cpu_time_ns: int
     metrics: dict[str, float] | None = None  # user metrics at the window's end, if any
+
+
+_ID, _PROCESSED, _EMITTED, _END, _CPU = range(5)  # WindowRecord's fields in the ring
 
 
 def _within(points: Sequence[tuple[int, ...]], interval_ms: int | None
@@ -132,16 +141,21 @@ class OperatorStatsTracker:
         self.ports: dict[tuple[str, str], PortTotals] = {}
         self.metrics: dict[str, float] = {}  # user metrics as of the newest window
         self.watermark_ms = NO_WATERMARK  # as of the newest window (operators.watermarks)
-        self.recent: collections.deque[WindowRecord] = collections.deque(maxlen=RECENT_WINDOWS)
+        # the recent windows as plain tuples (``WindowRecord``'s fields): unlike objects,
+        # tuples of numbers drop out of the garbage collector's walks
+        self.window_ring: collections.deque[tuple[Any, ...]] = collections.deque(
+            maxlen=RECENT_WINDOWS)
 
     def __getstate__(self) -> dict[str, object]:
         """Without the recent-window rings: the master's journal keeps totals, not history."""
         state = dict(self.__dict__)
-        state["recent"] = collections.deque(maxlen=self.recent.maxlen)
+        state["window_ring"] = collections.deque(maxlen=RECENT_WINDOWS)
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
         state.pop("_end_window_ms", None)  # a journal written when it was kept apart
+        state.pop("recent", None)  # a journal written when the ring held objects
+        state.setdefault("window_ring", collections.deque(maxlen=RECENT_WINDOWS))
         state.setdefault("watermark_ms", NO_WATERMARK)  # a journal from before watermarks
         self.__dict__.update(state)
 
@@ -181,8 +195,13 @@ class OperatorStatsTracker:
         metrics = dict(window.metrics) if window.metrics else None
         if metrics:
             self.metrics = metrics
-        self.recent.append(WindowRecord(window.window_id, processed, emitted, end_ms,
-                                        window.cpu_time_used_ns, metrics))
+        self.window_ring.append((window.window_id, processed, emitted, end_ms,
+                                 window.cpu_time_used_ns, metrics))
+
+    @property
+    def recent(self) -> list[WindowRecord]:
+        """The recent windows, oldest first."""
+        return [WindowRecord._make(window) for window in self.window_ring]
 
     def _port(self, kind: str, name: str) -> PortTotals:
         totals = self.ports[(kind, name)] = PortTotals(name, kind)
@@ -197,10 +216,9 @@ class OperatorStatsTracker:
         """When END_WINDOW of ``window_id`` passed this operator (epoch ms), if it is one
         of the recent windows (asked for a downstream operator's latency: its windows
         are at most as new as these)."""
-        for window in reversed(self.recent):  # ids ascend: the newest are asked most
-            if window.window_id <= window_id:
-                return (window.end_window_ms or None) if window.window_id == window_id \
-                    else None
+        for window in reversed(self.window_ring):  # ids ascend: the newest are asked most
+            if window[_ID] <= window_id:
+                return (window[_END] or None) if window[_ID] == window_id else None
         return None
 
     @property
@@ -219,15 +237,15 @@ class OperatorStatsTracker:
     def rates(self, interval_ms: int | None = None) -> tuple[float, float, float]:
         """(processed/s, emitted/s, CPU %) as moving averages over the last ``interval_ms``
         of windows (every recent window if None)."""
-        recent = _last_windows(self.recent, interval_ms, opening=True)
-        processed = _rate_per_second([(w.end_window_ms, w.tuples_processed) for w in recent])
-        emitted = _rate_per_second([(w.end_window_ms, w.tuples_emitted) for w in recent])
-        cpu_ns = _rate_per_second([(w.end_window_ms, w.cpu_time_ns) for w in recent])
+        recent = _last_windows(self.window_ring, interval_ms, opening=True)
+        processed = _rate_per_second([(w[_END], w[_PROCESSED]) for w in recent])
+        emitted = _rate_per_second([(w[_END], w[_EMITTED]) for w in recent])
+        cpu_ns = _rate_per_second([(w[_END], w[_CPU]) for w in recent])
         return processed, emitted, cpu_ns / 1e9 * 100.0
 
 
-def _last_windows(recent: collections.deque[WindowRecord], interval_ms: int | None,
-                  opening: bool = False) -> list[WindowRecord]:
+def _last_windows(recent: collections.deque[tuple[Any, ...]], interval_ms: int | None,
+                  opening: bool = False) -> list[tuple[Any, ...]]:
     """The windows that ended in the last ``interval_ms`` (all if None), oldest first;
     ``opening`` adds the one before, which opens the interval for a rate.
 
@@ -236,10 +254,10 @@ def _last_windows(recent: collections.deque[WindowRecord], interval_ms: int | No
     """
     if interval_ms is None or not recent:
         return list(recent)
-    since = recent[-1].end_window_ms - interval_ms
-    found: list[WindowRecord] = []
+    since = recent[-1][_END] - interval_ms
+    found: list[tuple[Any, ...]] = []
     for window in reversed(recent):
-        if window.end_window_ms <= since:
+        if window[_END] <= since:
             if opening:
                 found.append(window)
             break
@@ -277,10 +295,10 @@ def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTr
     Zero for an input operator, or while no window is known on both sides.
     """
     upstream = list(upstream)
-    if not upstream or not tracker.recent:
+    if not upstream or not tracker.window_ring:
         return 0.0
-    gaps = [gap for window in _last_windows(tracker.recent, interval_ms)
-            if (gap := window_latency_ms(window, upstream)) is not None]
+    gaps = [gap for window in _last_windows(tracker.window_ring, interval_ms)
+            if (gap := window_latency_ms(WindowRecord._make(window), upstream)) is not None]
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from master.stats import RECENT_WINDOWS, ContainerStatsTracker, OperatorStatsTracker, latency_ms
@@ -26,6 +28,18 @@ def test_totals_ports_and_ring():
     assert port_out.buffer_server_bytes == 150 * 8
     assert round(port_in.tuples_per_second, 6) == 20.0  # 2 tuples per 100 ms
     assert round(tracker.tuples_emitted_per_second, 6) == 10.0
+
+
+def test_the_window_history_is_left_out_of_the_garbage_collectors_walks():
+    """A master with 10,000 operators keeps a million recent windows: were they objects
+    the collector walks, each full collection would pause every heartbeat."""
+    tracker = OperatorStatsTracker()
+    windows = [window(i, tuples_in=2, tuples_out=1, end_ms=T + 100 * i) for i in range(20)]
+    tracker.record(operator_report(1, windows=windows), now_ms=T + 2_000)
+    gc.collect()
+    assert not any(gc.is_tracked(record) for record in tracker.window_ring)
+    assert not any(gc.is_tracked(point) for port in tracker.ports.values()
+                   for point in port.recent)
 
 
 def test_rates_need_two_windows():
