@@ -158,7 +158,7 @@ class SparkOperator(Operator):
     def _run_job(self, spark: SparkBridge, window_id: int, inputs: dict[str, Any],
                  costs: JobCosts) -> None:
         schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
-        with _job_scope(spark), costs.job():
+        with job_scope(spark), costs.job():
             session = self.dataframe_session()
             frames: dict[str, DataFrame] = {}
             for port, spec in type(self).input_ports().items():
@@ -380,7 +380,8 @@ def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str
     return ports
 
 
-def _job_scope(spark: SparkBridge) -> contextlib.AbstractContextManager[Any]:
+def job_scope(spark: SparkBridge) -> contextlib.AbstractContextManager[Any]:
+    """Keeps the files handed to Spark until the block ends (several jobs over them)."""
     job = getattr(spark, "job", None)
     return job() if callable(job) else contextlib.nullcontext()
 

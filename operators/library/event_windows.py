@@ -1,0 +1,381 @@
+"""Event-time windows: tumbling, sliding and session windows over a timestamp column,
+closed by the watermark, with allowed lateness and a ``late`` port.
+
+Streaming windows are processing time; these are the windows of the events' own clock.
+Rows arrive in any order. Each window's result goes out once the operator's watermark
+(``operators.watermarks``: the sources' highest event time minus their delay, in band)
+passes the window's end. A row arriving after its window went out but within
+``allowed_lateness_ms`` of it updates the result: the window goes out again, whole, with
+the same key and bounds (``PostgresSink`` upserts it by them). A row later than that goes
+to the ``late`` port with the reason, and is counted; none is dropped.
+
+The state is the rows of windows that may still go out or be updated (an Arrow table,
+checkpointed, keyed by ``keys`` for repartitioning), so a window's cost follows the open
+windows, not the stream's history. Spark does the window logic: each application window
+in which the watermark closes a window, or a late row updates one, runs one job over the
+open rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.operator import OperatorContext
+from operators.ports import InputPort, OutputPort
+from operators.spark import SparkOperator, SparkSchemaMismatch, job_scope
+from operators.watermarks import (
+    END_OF_TIME,
+    NO_WATERMARK,
+    event_time_error,
+    event_times_ms,
+    format_watermark,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["EventTimeWindows"]
+
+_TIME = "__weir_event_ms"  # the event time as epoch ms, kept beside the rows in the state
+_NEW = "__weir_new"  # the row arrived in this window (its window may need to go out again)
+_SESSION, _SESSION_END = "__weir_session", "__weir_session_end"  # a row's session, its end
+_KINDS = ("tumbling", "sliding", "session")
+
+
+class EventTimeWindows(SparkOperator):
+    """Aggregates rows per key over event-time windows; build one with ``tumbling``,
+    ``sliding`` or ``session``.
+
+    Output columns: the key columns, ``window_start`` and ``window_end`` (timestamps, ms,
+    UTC; a window holds ``window_start <= t < window_end``; a session ends ``gap_ms``
+    after its last row) and one column per aggregation. The ``late`` port gets each row
+    later than its windows' end plus the allowed lateness, as it came, with a
+    ``late_reason`` column.
+
+    Args:
+        kind: "tumbling", "sliding" or "session".
+        event_time: the event-time column (a timestamp, or integers of epoch ms).
+        keys: the key column(s); none = one group.
+        aggregations: output column -> Spark SQL aggregate expression over the input's
+            columns, e.g. ``{"n": "count(*)", "total": "sum(amount)"}``; default a count.
+        size_ms: the window length (tumbling, sliding).
+        slide_ms: how often a sliding window starts.
+        gap_ms: a session ends after this long without a row of its key.
+        allowed_lateness_ms: how long after its end a window still takes late rows.
+
+    Example:
+        >>> op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user",
+        ...                                aggregations={"n": "count(*)"})
+        >>> op.kind, op.size_ms, op.slide_ms, sorted(op.output_ports())
+        ('tumbling', 1000, 1000, ['late', 'output'])
+    """
+
+    input = InputPort()
+    output = OutputPort()
+    late = OutputPort()
+
+    KEYED_STATE: ClassVar[tuple[str, ...]] = ("pending",)
+    METRICS: ClassVar[tuple[str, ...]] = ("late_rows", "open_rows", "windows_out")
+
+    def __init__(self, kind: str, event_time: str, *, keys: str | Sequence[str] = (),
+                 aggregations: Mapping[str, str] | None = None, size_ms: int = 0,
+                 slide_ms: int = 0, gap_ms: int = 0, allowed_lateness_ms: int = 0) -> None:
+        self.kind = kind
+        self.event_time = event_time
+        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        self.aggregations = dict(aggregations or {"count": "count(*)"})
+        self.size_ms = int(size_ms)
+        self.slide_ms = int(slide_ms or size_ms) if kind != "session" else 0
+        self.gap_ms = int(gap_ms)
+        self.allowed_lateness_ms = int(allowed_lateness_ms)
+        self._check()
+        self.pending: pa.Table | None = None  # the rows of windows that may still go out
+        self.fired_watermark = NO_WATERMARK  # the watermark the last results went out at
+        self.late_rows = 0
+        self.windows_out = 0
+
+    @classmethod
+    def tumbling(cls, event_time: str, size_ms: int, **options: object) -> EventTimeWindows:
+        """Back-to-back windows of ``size_ms``: each row is in exactly one."""
+        return cls("tumbling", event_time, size_ms=size_ms, **options)  # type: ignore[arg-type]
+
+    @classmethod
+    def sliding(cls, event_time: str, size_ms: int, slide_ms: int,
+                **options: object) -> EventTimeWindows:
+        """Windows of ``size_ms`` starting every ``slide_ms``: a row is in size/slide."""
+        return cls("sliding", event_time, size_ms=size_ms, slide_ms=slide_ms,
+                   **options)  # type: ignore[arg-type]
+
+    @classmethod
+    def session(cls, event_time: str, gap_ms: int, **options: object) -> EventTimeWindows:
+        """Per key, rows less than ``gap_ms`` apart share a window."""
+        return cls("session", event_time, gap_ms=gap_ms, **options)  # type: ignore[arg-type]
+
+    def _check(self) -> None:
+        name = f"EventTimeWindows({self.kind!r}, {self.event_time!r})"
+        problems = []
+        if self.kind not in _KINDS:
+            problems.append(f"kind must be one of {', '.join(_KINDS)}")
+        if not isinstance(self.event_time, str) or not self.event_time:
+            problems.append("event_time must name the event-time column")
+        if self.kind in ("tumbling", "sliding") and self.size_ms <= 0:
+            problems.append(f"size_ms must be positive, not {self.size_ms}")
+        if self.kind == "sliding" and not 0 < self.slide_ms <= self.size_ms:
+            problems.append(f"slide_ms must be in (0, size_ms={self.size_ms}], "
+                            f"not {self.slide_ms}")
+        if self.kind == "session" and self.gap_ms <= 0:
+            problems.append(f"gap_ms must be positive, not {self.gap_ms}")
+        if self.allowed_lateness_ms < 0:
+            problems.append(f"allowed_lateness_ms must be 0 or more, not "
+                            f"{self.allowed_lateness_ms} (0 = no late updates)")
+        if not self.aggregations:
+            problems.append("aggregations must name at least one, e.g. {'n': 'count(*)'}")
+        clash = {"window_start", "window_end", *self.keys} & set(self.aggregations)
+        if clash:
+            problems.append(f"aggregation names {sorted(clash)} clash with the key or "
+                            "window columns; rename them")
+        if problems:
+            raise ValueError(f"{name}: " + "; ".join(problems))
+
+    @property
+    def open_rows(self) -> int:
+        """Rows held for windows that may still go out (the state's size)."""
+        return 0 if self.pending is None else self.pending.num_rows
+
+    # -- hooks -------------------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        partition_key = context.attributes.get("PARTITION_KEY")
+        if partition_key and partition_key not in self.keys:
+            raise SparkSchemaMismatch(
+                f"operator {context.name!r}: EventTimeWindows keeps its rows by "
+                f"{self.keys or 'no key'} but PARTITION_KEY is {partition_key!r}; partition "
+                f"it by one of its keys, or not at all")
+        super().setup(context)
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        arrived: list[pa.RecordBatch] = self.__dict__.setdefault("_arrived", [])
+        if not arrived:
+            problem = event_time_error(batch.schema, self.event_time, repr(self._name))
+            missing = [k for k in self.keys if k not in batch.schema.names]
+            if problem is None and missing:
+                problem = (f"{self._name!r}: key column(s) {missing} are not in its input "
+                           f"({', '.join(batch.schema.names)})")
+            if problem is not None:
+                raise SparkSchemaMismatch(problem)
+        arrived.append(batch)
+
+    def end_window(self) -> None:
+        arrived: list[pa.RecordBatch] = self.__dict__.get("_arrived") or []
+        self._arrived = []
+        before, now = self.fired_watermark, self.watermark
+        new = self._stamped(arrived)
+        if new is not None:
+            new = self._without_late(new, before)
+        pending = self._merge(new)
+        if pending is None or not self._fires(pending, before, now):
+            self.pending = pending
+            self.fired_watermark = max(before, now)
+            return
+        with job_scope(self.spark), self._job_costs().job():
+            self._run(pending, before, now)
+        self.fired_watermark = max(before, now)
+
+    def teardown(self) -> None:
+        self._arrived = []
+        super().teardown()
+
+    NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_arrived")
+    _TRANSIENT: ClassVar[tuple[str, ...]] = (*SparkOperator._TRANSIENT, "_arrived")
+
+    # -- the window logic ----------------------------------------------------------------
+    def _stamped(self, arrived: list[pa.RecordBatch]) -> pa.Table | None:
+        """The window's rows with their event time in ms and the new-row mark."""
+        rows = [b for b in arrived if b.num_rows]
+        if not rows:
+            return None
+        table = pa.Table.from_batches(rows)
+        times = event_times_ms(table.column(self.event_time))
+        table = table.append_column(_TIME, times)
+        nulls = pc.is_null(times)
+        if pc.any(nulls).as_py():  # a row without event time can belong to no window
+            self._send_late(table.filter(nulls), "it has no event time")
+            table = table.filter(pc.invert(nulls))
+        return table.append_column(_NEW, pa.repeat(True, table.num_rows))
+
+    def _last_end(self, times: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+        """The end of the latest window each event time belongs to (sessions: the end of
+        the session it starts, at least)."""
+        if self.kind == "session":
+            return pc.add(times, self.gap_ms)
+        start = pc.multiply(pc.floor(pc.divide(pc.cast(times, pa.float64()), self.slide_ms)),
+                            self.slide_ms)
+        return pc.add(pc.cast(start, pa.int64()), self.size_ms)
+
+    def _without_late(self, new: pa.Table, watermark: int) -> pa.Table:
+        """``new`` less the rows whose every window closed for good before they came."""
+        if watermark == NO_WATERMARK or new.num_rows == 0 or self.kind == "session":
+            return new  # a session's late rows are known once merged, in Spark (``_run``)
+        closed = pc.less_equal(pc.add(self._last_end(new.column(_TIME)),
+                                      self.allowed_lateness_ms), watermark)
+        if not pc.any(closed).as_py():
+            return new
+        self._send_late(new.filter(closed).drop_columns([_NEW]),
+                        f"its windows ended more than allowed_lateness_ms="
+                        f"{self.allowed_lateness_ms} before the watermark "
+                        f"{format_watermark(watermark)}")
+        return new.filter(pc.invert(closed))
+
+    def _send_late(self, rows: pa.Table, reason: str) -> None:
+        self.late_rows += rows.num_rows
+        out = rows.drop_columns([_TIME]).append_column(
+            "late_reason", pa.repeat(reason, rows.num_rows).cast(pa.string()))
+        self.late.emit(out)
+
+    def _merge(self, new: pa.Table | None) -> pa.Table | None:
+        old = self.pending
+        if old is not None and old.num_rows:
+            old = old.set_column(old.schema.get_field_index(_NEW), _NEW,
+                                 pa.repeat(False, old.num_rows))
+        parts = [t for t in (old, new) if t is not None and t.num_rows]
+        if not parts:
+            return None
+        return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+
+    def _fires(self, pending: pa.Table, before: int, now: int) -> bool:
+        """Whether a window of ``pending`` goes out now: one ended in (before, now], or
+        one that ended by ``now`` took a new row (a late update)."""
+        if now == NO_WATERMARK:
+            return False
+        times = pending.column(_TIME)
+        if self.kind == "session":  # a session ends gap_ms after its last row at least
+            first_end = pc.add(times, self.gap_ms)
+        else:  # the earliest window a row is in ends this much after the slide before it
+            first_end = pc.add(pc.subtract(self._last_end(times), self.size_ms),
+                               self.slide_ms)
+        if pc.any(pc.and_(pc.greater(self._last_end(times), before),
+                          pc.less_equal(first_end, now))).as_py():
+            return True
+        return bool(pc.any(pc.and_(pending.column(_NEW),
+                                   pc.less_equal(first_end, now))).as_py())
+
+    def _run(self, pending: pa.Table, before: int, now: int) -> None:
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        spark = self.spark
+        df = spark.to_dataframe(pending.to_batches(), pending.schema)
+        if self.kind == "session":
+            df = self._live_sessions(df, before)
+            if before != NO_WATERMARK:  # a new row whose session, merged, closed for good
+                late = df.where(F.col(_SESSION_END) + F.lit(self.allowed_lateness_ms)
+                                <= F.lit(before)).select(*pending.schema.names)
+                rows = spark.to_arrow(late)
+                if rows.num_rows:
+                    self._send_late(rows.cast(pending.schema).drop_columns([_NEW]),
+                                    f"its session ended more than allowed_lateness_ms="
+                                    f"{self.allowed_lateness_ms} before the watermark "
+                                    f"{format_watermark(before)}")
+        # a window goes out when the watermark passes its end, and again when a new row
+        # reaches it within its lateness (a sliding window's row may also fall in
+        # windows already closed for good: those stay as they went out)
+        window = self._windows(df)
+        end = F.col("window_end_ms")
+        ended = end <= F.lit(now)
+        fire = ended & ((end > F.lit(before)) | (
+            F.col("touched") & (end + F.lit(self.allowed_lateness_ms) > F.lit(before))))
+        results = window.where(fire).drop("window_end_ms", "touched")
+        table = _as_utc_ms(spark.to_arrow(results), ("window_start", "window_end"))
+        if table.num_rows:
+            self.windows_out += table.num_rows
+            self.output.emit(table)
+        self.pending = self._kept(df, pending, now)
+
+    def _windows(self, df: DataFrame) -> DataFrame:
+        """Every window of the open rows with its aggregates, its end in ms and whether a
+        new row is in it."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        keys = [F.col(k) for k in self.keys]
+        aggregates = [F.expr(expression).alias(name)
+                      for name, expression in self.aggregations.items()]
+        touched = F.max(F.col(_NEW)).alias("touched")
+        if self.kind == "session":
+            grouped = df.groupBy(*keys, _SESSION).agg(
+                F.min(_TIME).alias("__start_ms"), F.max(_SESSION_END).alias("__end_ms"),
+                touched, *aggregates)
+            start, end = F.col("__start_ms"), F.col("__end_ms")
+        else:
+            stamp = F.timestamp_millis(F.col(_TIME))
+            slot = F.window(stamp, f"{self.size_ms} milliseconds",
+                            f"{self.slide_ms} milliseconds")
+            grouped = df.groupBy(*keys, slot.alias("__slot")).agg(touched, *aggregates)
+            start = F.unix_millis(F.col("__slot.start"))
+            end = F.unix_millis(F.col("__slot.end"))
+        return grouped.select(
+            *keys, F.timestamp_millis(start).alias("window_start"),
+            F.timestamp_millis(end).alias("window_end"),
+            *[F.col(name) for name in self.aggregations],
+            end.alias("window_end_ms"), F.col("touched"))
+
+    def _sessions(self, df: DataFrame) -> DataFrame:
+        """The rows with their session (a number per key) and its end: a session starts
+        at a row ``gap_ms`` or more after the one before it, and ends ``gap_ms`` after its
+        last row."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        order = Window.partitionBy(*self.keys).orderBy(_TIME) if self.keys \
+            else Window.orderBy(_TIME)
+        gap = F.col(_TIME) - F.lag(_TIME).over(order)
+        starts = F.when(gap.isNull() | (gap >= F.lit(self.gap_ms)), 1).otherwise(0)
+        numbered = (df.withColumn("__weir_starts", starts)
+                    .withColumn(_SESSION, F.sum("__weir_starts").over(
+                        order.rowsBetween(Window.unboundedPreceding, Window.currentRow))))
+        per_session = Window.partitionBy(*self.keys, _SESSION)
+        return numbered.withColumn(_SESSION_END,
+                                   F.max(_TIME).over(per_session) + F.lit(self.gap_ms))
+
+    def _live_sessions(self, df: DataFrame, before: int) -> DataFrame:
+        """The open rows in sessions, without the rows of sessions that had closed for
+        good by ``before`` (ended, plus the lateness): those went out for the last time
+        and no new row may join them, as in Flink, whose state they would have left."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        if before == NO_WATERMARK:
+            return self._sessions(df)
+        columns = df.columns
+        old = self._sessions(df.where(~F.col(_NEW)))
+        live = old.where(F.col(_SESSION_END) + F.lit(self.allowed_lateness_ms)
+                         > F.lit(before)).select(*columns)
+        return self._sessions(live.unionByName(df.where(F.col(_NEW))))
+
+    def _kept(self, df: DataFrame, pending: pa.Table, now: int) -> pa.Table | None:
+        """The open rows still needed: those in a window that may go out or be updated
+        (its end plus the allowed lateness is after ``now``)."""
+        if now == END_OF_TIME:
+            return None
+        horizon = now - self.allowed_lateness_ms
+        if self.kind != "session":
+            kept = pending.filter(pc.greater(self._last_end(pending.column(_TIME)), horizon))
+            return kept if kept.num_rows else None
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        kept = self.spark.to_arrow(df.where(F.col(_SESSION_END) > F.lit(horizon))
+                                   .select(*pending.schema.names))
+        return kept.cast(pending.schema) if kept.num_rows else None
+
+
+def _as_utc_ms(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """Spark's timestamps as ms in UTC, whatever its session's time zone (the values are
+    epoch instants either way: only the label changes)."""
+    for name in columns:
+        index = table.schema.get_field_index(name)
+        if index >= 0:
+            column = table.column(index).cast(pa.timestamp("ms", tz="UTC"))
+            table = table.set_column(index, name, column)
+    return table

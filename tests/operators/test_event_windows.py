@@ -1,0 +1,282 @@
+"""EventTimeWindows against plain-Python references: out-of-order rows, watermarks given as
+the runtime gives them, late rows on the ``late`` port, updates within the allowed
+lateness, and the state that follows the open windows."""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import random
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from container.spark_bridge import SparkSessionBridge
+from operators.library.event_windows import EventTimeWindows
+from operators.spark import SparkSchemaMismatch
+from operators.watermarks import END_OF_TIME, NO_WATERMARK, Watermarks
+from operators.windows import make_window_id
+from tests.operators.test_spark import Emitted, start
+
+SCHEMA = pa.schema([("ts", pa.timestamp("ms")), ("user", pa.string()), ("amount", pa.int64())])
+AGGREGATIONS = {"n": "count(*)", "total": "sum(amount)"}
+Row = tuple[int, str, int]  # event ms, user, amount
+
+
+def batch(rows: list[Row]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [{"ts": t, "user": u, "amount": a} for t, u, a in rows], schema=SCHEMA)
+
+
+def drive(op: EventTimeWindows, emitted: Emitted, chunks: list[list[Row]],
+          watermarks: list[int], first: int = 0) -> list[list[dict[str, Any]]]:
+    """Runs one streaming window per chunk, its END_WINDOW carrying the watermark; returns
+    what each window emitted on ``output``."""
+    marks = op.__dict__.setdefault("_watermarks", Watermarks(["input"]))
+    out = []
+    for index, (rows, watermark) in enumerate(zip(chunks, watermarks, strict=True)):
+        before = len(emitted.rows())
+        op.begin_window(make_window_id(1_700_000_000, first + index))
+        if rows:
+            op.process("input", batch(rows))
+        marks.saw_input("input", watermark)
+        marks.advance()
+        op.end_window()
+        out.append(emitted.rows()[before:])
+    return out
+
+
+def source_watermarks(chunks: list[list[Row]], delay_ms: int) -> list[int]:
+    """What a source with that delay says after each chunk; the last says the end."""
+    highest, marks = NO_WATERMARK, []
+    for rows in chunks:
+        highest = max([highest, *(t for t, _, _ in rows)])
+        marks.append(highest - delay_ms if highest != NO_WATERMARK else NO_WATERMARK)
+    return [*marks[:-1], END_OF_TIME]
+
+
+def ms(value: Any) -> int:
+    return int(value.timestamp() * 1000)
+
+
+def final_results(emitted: Emitted) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """The last version of every window's result (later ones update earlier ones)."""
+    results = {}
+    for row in emitted.rows():
+        results[(row["user"], ms(row["window_start"]), ms(row["window_end"]))] = (
+            row["n"], row["total"])
+    return results
+
+
+def reference(chunks: list[list[Row]], watermarks: list[int], starts_of, last_end,
+              lateness_ms: int) -> tuple[dict[tuple[str, int, int], tuple[int, int]],
+                                         list[Row]]:
+    """Windows by plain Python (as Flink assigns them): a row counts in each of its
+    windows that had not ended, plus the lateness, by the watermark before the row's
+    streaming window; a row with no such window is late."""
+    before, late = NO_WATERMARK, []
+    windows: dict[tuple[str, int, int], list[int]] = collections.defaultdict(lambda: [0, 0])
+    for rows, watermark in zip(chunks, watermarks, strict=True):
+        for t, user, amount in rows:
+            if before != NO_WATERMARK and last_end(t) + lateness_ms <= before:
+                late.append((t, user, amount))
+                continue
+            for start, end in starts_of(t):
+                if before != NO_WATERMARK and end + lateness_ms <= before:
+                    continue  # that window was closed for good
+                windows[(user, start, end)][0] += 1
+                windows[(user, start, end)][1] += amount
+        before = max(before, watermark)
+    return {k: (v[0], v[1]) for k, v in windows.items()}, late
+
+
+def out_of_order(seed: int, count: int = 3_000, per_chunk: int = 150) -> list[list[Row]]:
+    """Events 5 ms apart, 5 % of them up to 2 s late, three users; chunks in arrival order."""
+    rng = random.Random(seed)
+    base = 1_700_000_000_000
+    events = []
+    for i in range(count):
+        t = base + i * 5
+        arrival = t + (rng.randint(1, 2_000) if rng.random() < 0.05 else 0)
+        events.append((arrival, (t, rng.choice("abc"), rng.randint(1, 9))))
+    events.sort()
+    rows = [row for _, row in events]
+    return [rows[i:i + per_chunk] for i in range(0, len(rows), per_chunk)]
+
+
+def late_rows(emitted: Emitted) -> list[Row]:
+    return [(ms(r["ts"]), r["user"], r["amount"]) for r in emitted.rows("late")]
+
+
+def test_tumbling_windows_match_the_reference_and_late_rows_go_to_the_late_port(
+        bridge: SparkSessionBridge) -> None:
+    chunks = out_of_order(seed=1)
+    watermarks = source_watermarks(chunks, delay_ms=500)
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=AGGREGATIONS)
+    emitted = start(op, bridge)
+    per_window = drive(op, emitted, chunks, watermarks)
+
+    expected, late = reference(chunks, watermarks, lambda t: [(t - t % 1000, t - t % 1000 + 1000)],
+                               lambda t: t - t % 1000 + 1000, lateness_ms=0)
+    assert late, "the input must have rows beyond the lateness for this test to mean much"
+    assert final_results(emitted) == expected
+    assert sorted(late_rows(emitted)) == sorted(late)
+    assert all(r["late_reason"].startswith("its windows ended") for r in emitted.rows("late"))
+    assert op.late_rows == len(late)
+    # without lateness every window goes out exactly once, and only once complete
+    assert len(emitted.rows()) == len(expected)
+    for rows, watermark in zip(per_window, watermarks, strict=True):
+        assert all(ms(r["window_end"]) <= watermark for r in rows)
+    assert op.open_rows == 0  # the end of time closed every window
+
+
+def test_rows_within_the_allowed_lateness_update_the_window(bridge: SparkSessionBridge) -> None:
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=AGGREGATIONS,
+                                   allowed_lateness_ms=1_000)
+    emitted = start(op, bridge)
+    t0 = 1_700_000_000_000
+    per_window = drive(op, emitted, [
+        [(t0 + 100, "a", 1), (t0 + 900, "a", 2)],
+        [(t0 + 1_500, "a", 4)],           # watermark 1_200: [0, 1000) goes out
+        [(t0 + 300, "a", 8)],             # late by 200 ms < 1 s: [0, 1000) again, updated
+        [(t0 + 2_500, "a", 16)],          # watermark 2_300: [0,1000) is closed for good
+        [(t0 + 400, "a", 32)],            # later than the lateness: to the late port
+    ], [t0 + 500, t0 + 1_200, t0 + 1_200, t0 + 2_300, END_OF_TIME])
+
+    assert per_window[0] == []
+    assert [(r["n"], r["total"]) for r in per_window[1]] == [(2, 3)]
+    assert [(r["n"], r["total"]) for r in per_window[2]] == [(3, 11)]
+    assert [(ms(r["window_start"]) - t0, r["n"]) for r in per_window[3]] == [(1_000, 1)]
+    assert late_rows(emitted) == [(t0 + 400, "a", 32)]
+    assert [(ms(r["window_start"]) - t0, r["total"]) for r in per_window[4]] == [(2_000, 16)]
+
+
+def test_sliding_windows_match_the_reference(bridge: SparkSessionBridge) -> None:
+    chunks = out_of_order(seed=2, count=1_500)
+    watermarks = source_watermarks(chunks, delay_ms=300)
+    op = EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=250, keys="user",
+                                  aggregations=AGGREGATIONS, allowed_lateness_ms=200)
+    emitted = start(op, bridge)
+    drive(op, emitted, chunks, watermarks)
+
+    def starts_of(t: int) -> list[tuple[int, int]]:
+        last = t - t % 250
+        return [(s, s + 1_000) for s in range(last - 750, last + 1, 250)]
+
+    expected, late = reference(chunks, watermarks, starts_of, lambda t: t - t % 250 + 1_000,
+                               lateness_ms=200)
+    assert late
+    assert final_results(emitted) == expected
+    assert sorted(late_rows(emitted)) == sorted(late)
+
+
+def test_session_windows_per_key(bridge: SparkSessionBridge) -> None:
+    t0 = 1_700_000_000_000
+    op = EventTimeWindows.session("ts", gap_ms=1_000, keys="user", aggregations=AGGREGATIONS)
+    emitted = start(op, bridge)
+    per_window = drive(op, emitted, [
+        [(t0, "a", 1), (t0 + 500, "a", 2), (t0 + 200, "b", 4)],
+        [(t0 + 1_400, "a", 8), (t0 + 3_000, "b", 16)],   # a: one session 0..1400
+        [(t0 + 900, "a", 32), (t0 + 6_000, "a", 64)],    # out of order, in a's session
+        [(t0 + 100, "b", 128)],                           # b's first session closed: late
+    ], [t0 - 500, t0 + 2_000, t0 + 5_000, END_OF_TIME])
+
+    assert per_window[0] == []
+    # at 2_000 b's first session (200..1200) ended; a's goes on past it
+    assert [(r["user"], ms(r["window_start"]) - t0, ms(r["window_end"]) - t0, r["total"])
+            for r in per_window[1]] == [("b", 200, 1_200, 4)]
+    # at 5_000: a's session 0..1400 (+1 s gap) with the out-of-order row; b's 3000 one
+    assert sorted((r["user"], ms(r["window_start"]) - t0, ms(r["window_end"]) - t0, r["n"],
+                   r["total"]) for r in per_window[2]) == [
+        ("a", 0, 2_400, 4, 43), ("b", 3_000, 4_000, 1, 16)]
+    assert late_rows(emitted) == [(t0 + 100, "b", 128)]
+    assert [(r["user"], ms(r["window_start"]) - t0, r["total"]) for r in per_window[3]] == [
+        ("a", 6_000, 64)]
+
+
+def test_a_restored_operator_gives_the_same_results(bridge: SparkSessionBridge) -> None:
+    """Checkpoint half-way (the operator pickled with its watermark), restore, go on: the
+    same output as a run without the break."""
+    chunks = out_of_order(seed=3, count=1_200)
+    watermarks = source_watermarks(chunks, delay_ms=400)
+
+    def fresh() -> EventTimeWindows:
+        return EventTimeWindows.tumbling("ts", size_ms=500, keys="user",
+                                         aggregations=AGGREGATIONS, allowed_lateness_ms=300)
+
+    whole = fresh()
+    whole_out = start(whole, bridge)
+    drive(whole, whole_out, chunks, watermarks)
+
+    half = len(chunks) // 2
+    first = fresh()
+    first_out = start(first, bridge)
+    drive(first, first_out, chunks[:half], watermarks[:half])
+    restored = pickle.loads(pickle.dumps(first))
+    assert restored.watermark == first.watermark == watermarks[half - 1]
+    assert restored.open_rows == first.open_rows > 0
+    restored_out = start(restored, bridge)
+    drive(restored, restored_out, chunks[half:], watermarks[half:], first=half)
+
+    assert first_out.rows() + restored_out.rows() == whole_out.rows()
+    assert first_out.rows("late") + restored_out.rows("late") == whole_out.rows("late")
+
+
+def test_the_state_holds_only_open_windows(bridge: SparkSessionBridge) -> None:
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", allowed_lateness_ms=500)
+    emitted = start(op, bridge)
+    t0 = 1_700_000_000_000
+    chunks = [[(t0 + second * 1_000 + i, "a", 1) for i in range(0, 1_000, 10)]
+              for second in range(6)]
+    drive(op, emitted, chunks, [t0 + second * 1_000 - 1 for second in range(6)])
+    # the watermark is 4_999: windows up to [3000, 4000) are past their lateness;
+    # [4000, 5000) and [5000, 6000) are open
+    assert op.open_rows == 200
+    assert [r["count"] for r in emitted.rows()] == [100] * 4
+
+
+def test_no_job_runs_while_no_window_can_go_out(bridge: SparkSessionBridge) -> None:
+    from tests.operators.test_spark import NoSpark
+
+    op = EventTimeWindows.tumbling("ts", size_ms=10_000, keys="user")
+    start(op, NoSpark())
+    t0 = 1_700_000_000_000
+    drive(op, Emitted(), [[(t0 + 10, "a", 1)], [(t0 + 20, "b", 1)]], [t0, t0 + 5_000])
+    assert op.open_rows == 2
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda: EventTimeWindows.tumbling("ts", size_ms=1_000, allowed_lateness_ms=-1),
+     "allowed_lateness_ms must be 0 or more"),
+    (lambda: EventTimeWindows.tumbling("ts", size_ms=0), "size_ms must be positive"),
+    (lambda: EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=2_000),
+     "slide_ms must be in (0, size_ms=1000]"),
+    (lambda: EventTimeWindows.session("ts", gap_ms=0), "gap_ms must be positive"),
+    (lambda: EventTimeWindows("hopping", "ts", size_ms=1), "kind must be one of"),
+    (lambda: EventTimeWindows.tumbling("ts", 1_000, keys="n", aggregations={"n": "count(*)"}),
+     "clash with the key or window columns"),
+])
+def test_bad_settings_are_refused_when_the_dag_is_built(make, says: str) -> None:
+    with pytest.raises(ValueError, match="EventTimeWindows") as raised:
+        make()
+    assert says in str(raised.value)
+
+
+@pytest.mark.parametrize(("schema", "says"), [
+    (pa.schema([("time", pa.timestamp("ms")), ("user", pa.string())]),
+     "event-time column 'ts' is not in its input (time, user)"),
+    (pa.schema([("ts", pa.string()), ("user", pa.string())]),
+     "event-time column 'ts' is string, not a timestamp"),
+    (pa.schema([("ts", pa.int64()), ("who", pa.string())]),
+     "key column(s) ['user'] are not in its input"),
+])
+def test_a_bad_input_names_the_operator_and_the_fix(schema: pa.Schema, says: str) -> None:
+    from tests.operators.test_spark import NoSpark
+
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
+    start(op, NoSpark(), name="per-minute")
+    rows = pa.RecordBatch.from_pylist([dict.fromkeys(schema.names)], schema=schema)
+    with pytest.raises(SparkSchemaMismatch) as raised:
+        op.process("input", rows)
+    assert "'per-minute'" in str(raised.value) and says in str(raised.value)
