@@ -6,6 +6,7 @@
 import logging
 
 from operators.library.directory import DirectorySource
+from operators.library.event_windows import EventTimeWindows
 from operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
 from operators.library.kafka_source import KafkaSource
 from operators.library.parquet_source import ParquetSource
@@ -23,6 +24,7 @@ from operators.library.transforms import (
 __all__ = [
     "DirectorySource",
     "EVENT_SCHEMA",
+    "EventTimeWindows",
     "LINE_SCHEMA",
     "ConsoleSink",
     "EventGenerator",
