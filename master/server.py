@@ -8,7 +8,6 @@ must carry the master's secret (``master.auth``).
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ import grpc
 from master import auth
 from master.client_service import ClientService
 from master.core import Clock, MasterCore, system_clock
+from master.gc_pacing import YoungCollections, tune_gc
 from master.http_api import HttpApi
 from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
 from master.persistence import ApplicationJournal, JournalError
@@ -36,21 +36,6 @@ __all__ = ["MasterServer", "MasterStartError"]
 _LOGGER = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
-
-
-def _tune_gc() -> None:
-    """Makes full collections rare in the master's process.
-
-    The master holds a large, long-lived heap (plans, stats rings) and answers heartbeats
-    with many short-lived messages; with Python's default thresholds full collections
-    ran every few seconds under load and paused every handler thread for up to 0.3 s,
-    which set the heartbeat p99 (measured by ``bench/control_plane.py``). Young
-    collections stay frequent; what exists at start-up is moved out of the collector's
-    way with ``gc.freeze()``.
-    """
-    gc.freeze()
-    gen0, _, _ = gc.get_threshold()
-    gc.set_threshold(max(gen0, 10_000), 50, 1_000)
 
 
 class MasterStartError(RuntimeError):
@@ -137,6 +122,7 @@ class MasterServer:
         self._stopped = False
         self._lock = threading.Lock()
         self.halted = threading.Event()  # it stopped serving: its journal failed
+        self._young_collections: YoungCollections | None = None
 
     @property
     def address(self) -> str:
@@ -199,7 +185,7 @@ class MasterServer:
             umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
                 UmbilicalService(core, self.tls.identity()), server)
             client_pb2_grpc.add_WeirClientServicer_to_server(ClientService(core), server)
-            _tune_gc()
+            tune_gc()
             self._loading = journal is not None
             server.start()
             try:
@@ -225,6 +211,7 @@ class MasterServer:
                 server.stop(None)
                 raise
             core.start()
+            self._young_collections = YoungCollections().start()
             self._server, self._core = server, core
             if self.publish_secret:
                 self._publish(bound)
@@ -377,6 +364,8 @@ class MasterServer:
                 self._http.stop()
             if self._temporary_tls is not None:
                 self._temporary_tls.cleanup()
+            if self._young_collections is not None:
+                self._young_collections.stop()
             _LOGGER.info("master at %s stopped", self._address)
 
     def wait_for_application(self, app_id: str, timeout_s: float) -> client_pb2.ApplicationInfo:
