@@ -82,11 +82,11 @@ def reference(chunks: list[list[Row]], watermarks: list[int], starts_of, last_en
             if before != NO_WATERMARK and last_end(t) + lateness_ms <= before:
                 late.append((t, user, amount))
                 continue
-            for start, end in starts_of(t):
+            for first, end in starts_of(t):
                 if before != NO_WATERMARK and end + lateness_ms <= before:
                     continue  # that window was closed for good
-                windows[(user, start, end)][0] += 1
-                windows[(user, start, end)][1] += amount
+                windows[(user, first, end)][0] += 1
+                windows[(user, first, end)][1] += amount
         before = max(before, watermark)
     return {k: (v[0], v[1]) for k, v in windows.items()}, late
 
