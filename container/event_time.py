@@ -44,7 +44,7 @@ def operator_watermarks(operator: Operator, ports: Iterable[str],
     marks = operator.__dict__.get(WATERMARKS_ATTRIBUTE)
     names = list(ports)
     if isinstance(marks, Watermarks):
-        marks.inputs = {port: marks.inputs.get(port, NO_WATERMARK) for port in names}
+        marks.connect(names)
         return marks
     marks = Watermarks(names, str(attributes.get("EVENT_TIME_COLUMN") or ""),
                        int(attributes.get("WATERMARK_DELAY_MILLIS") or 0))

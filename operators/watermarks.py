@@ -69,6 +69,12 @@ class Watermarks:
         self.highest_event_ms = NO_WATERMARK
         self.current = NO_WATERMARK
 
+    def connect(self, ports: list[str]) -> None:
+        """The input ports connected now (a restored operator may have others, e.g. a
+        unifier after a repartition): ports gone are dropped (they would hold it back
+        for good), new ones count from no watermark until their first END_WINDOW."""
+        self.inputs = {port: self.inputs.get(port, NO_WATERMARK) for port in ports}
+
     def saw_input(self, port: str, watermark: int) -> None:
         """``port``'s END_WINDOW said ``watermark`` (an unknown port is one that was
         connected after this was made: it counts from now)."""
