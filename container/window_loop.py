@@ -103,6 +103,7 @@ class OperatorRunner(CommitSteps):
         self._on_change = on_change
         self.stopped = stopped if stopped is not None else threading.Event()
         self._unconnected = set(operator.output_ports()) - set(self.publishers)
+        self._dropped_said: set[str] = set()  # unconnected ports already warned about
         declared = operator.input_ports()  # batches are cast to a declared schema, or fail
         self._input_schemas = {name: declared[name].schema for name in self.inputs
                                if name in declared and declared[name].schema is not None}
@@ -240,8 +241,13 @@ class OperatorRunner(CommitSteps):
     def _emit(self, port: str, batch: pa.RecordBatch) -> None:
         publisher = self.publishers.get(port)
         if publisher is None:
-            if port in self._unconnected:
-                return  # an unconnected output: nothing subscribes, nothing to keep
+            if port in self._unconnected:  # nothing subscribes: nothing to keep, but say so
+                if batch.num_rows and port not in self._dropped_said:
+                    self._dropped_said.add(port)
+                    _LOGGER.warning("operator=%s emits rows on its output port %r, which is "
+                                    "not connected: they go nowhere; connect it to keep "
+                                    "them", self.context.name, port)
+                return
             raise KeyError(f"{self.context.name} has no output port {port!r}")
         if self._window < 0:
             raise RuntimeError(f"{self.context.name} emitted on {port!r} outside a window")

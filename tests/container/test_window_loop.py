@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -328,7 +329,7 @@ def out_sums(publisher: RecordingPublisher) -> list[int]:
     return [x for _, xs in publisher.windows() for x in xs]
 
 
-def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails():
+def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails(caplog):
     class TwoOutputs(Operator):
         input = InputPort()
         main = OutputPort()
@@ -338,9 +339,13 @@ def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails(
             self.debug.emit(batch)  # nobody subscribed to debug
             self.main.emit(batch)
 
-    runner, out = run_with_output("main", TwoOutputs(), stream({1: [[1, 2]]}))
+    with caplog.at_level(logging.WARNING, logger="container.window_loop"):
+        runner, out = run_with_output("main", TwoOutputs(), stream({1: [[1, 2]], 2: [[3]]}))
     assert runner.state is RunnerState.SHUTDOWN, runner.error
-    assert out_sums(out) == [1, 2]
+    assert out_sums(out) == [1, 2, 3]
+    said = [r.getMessage() for r in caplog.records if "not connected" in r.getMessage()]
+    assert said == ["operator=op emits rows on its output port 'debug', which is not "
+                    "connected: they go nowhere; connect it to keep them"]  # once, not per row
 
     class Typo(TwoOutputs):
         def process(self, port, batch):
