@@ -13,6 +13,7 @@ buffer server serves the TLS identity the master hands over in the init context.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -155,6 +156,20 @@ def buffer_server_hosts(master: str, host: str | None, advertise_host: str | Non
     return bind, route_address(master) if bind in _WILDCARD_HOSTS else bind
 
 
+def warm_spare_or_stop(spark: SparkSessionBridge, loop: HeartbeatLoop, failure: list[str],
+                       container_id: str) -> None:
+    """Warms a spare's Spark; if it cannot start, stops the heartbeat loop with the reason
+    in ``failure``: the process exits, and the master, seeing it, starts another spare
+    (a spare that never warms would wait as SPARE_STARTING for good, of no use)."""
+    try:
+        spark.warm_up()
+    except Exception as exc:  # noqa: BLE001 - any failure: this spare is no use
+        _LOGGER.exception("container %s: a spare whose Spark cannot start is no use; "
+                          "exiting, so the master starts another", container_id)
+        failure.append(f"Spark did not start in this spare: {exc}")
+        loop.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(
@@ -206,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     spark = SparkSessionBridge.from_attributes(
         {name: resolve(name, attributes) for name in ATTRIBUTES if name.startswith("SPARK_")},
         app_name=f"weir-{context.application_id}-{args.container_id}")
-    if context.warm_spark:  # a spare: Spark is hot by the time it is given operators
-        threading.Thread(target=spark.warm_up, name="spark-warm-up", daemon=True).start()
     process_stats = ProcessStats()
     lease = Lease(resolve("HEARTBEAT_TIMEOUT_MILLIS", attributes))
     loop: HeartbeatLoop | None = None
@@ -222,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
                          if context.spare else 0,
                          spark_warm=lambda: spark.warm)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    spare_failure: list[str] = []  # why a spare's Spark could not start, if it could not
+    if context.warm_spark:  # a spare: Spark is hot by the time it is given operators
+        warm_spare = functools.partial(warm_spare_or_stop, spark, loop, spare_failure,
+                                       args.container_id)
+        threading.Thread(target=warm_spare, name="spark-warm-up", daemon=True).start()
     _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
                  "%s:%d", args.container_id, os.getpid(), client.address,
                  *buffer_server.address, *advertised)
@@ -238,5 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         process_stats.close()
         client.close()
+    reason = spare_failure[0] if spare_failure else reason
     _LOGGER.info("container %s exits: %s", args.container_id, reason)
     return 0 if reason in ("aborted by the master", "stopped", "interrupted") else 1

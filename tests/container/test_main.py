@@ -11,3 +11,33 @@ def test_a_container_outlasts_a_slow_master_restart():
     assert master_retry_window_s({}) == 30.0
     assert master_retry_window_s({"HEARTBEAT_TIMEOUT_MILLIS": "3000"}) == 30.0
     assert master_retry_window_s({"HEARTBEAT_TIMEOUT_MILLIS": "60000"}) == 60.0
+
+
+def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
+    """Such a spare would otherwise wait as SPARE_STARTING for good: it exits instead and
+    the master, seeing the process end, starts another."""
+    from container.main import warm_spare_or_stop
+
+    class BrokenSpark:
+        def warm_up(self):
+            raise RuntimeError("Java gateway process exited before sending its port number")
+
+    class Loop:
+        stopped = False
+
+        def stop(self):
+            self.stopped = True
+
+    loop, failure = Loop(), []
+    warm_spare_or_stop(BrokenSpark(), loop, failure, "app-0001-c3")
+    assert loop.stopped
+    assert failure == ["Spark did not start in this spare: Java gateway process exited "
+                       "before sending its port number"]
+
+    class WarmSpark:
+        def warm_up(self):
+            pass
+
+    loop, failure = Loop(), []
+    warm_spare_or_stop(WarmSpark(), loop, failure, "app-0001-c4")
+    assert not loop.stopped and failure == []
