@@ -43,13 +43,20 @@ def operator_watermarks(operator: Operator, ports: Iterable[str],
     """
     marks = operator.__dict__.get(WATERMARKS_ATTRIBUTE)
     names = list(ports)
-    if isinstance(marks, Watermarks):
-        marks.connect(names)
-        return marks
-    marks = Watermarks(names, str(attributes.get("EVENT_TIME_COLUMN") or ""),
-                       int(attributes.get("WATERMARK_DELAY_MILLIS") or 0))
-    operator.__dict__[WATERMARKS_ATTRIBUTE] = marks
+    if not isinstance(marks, Watermarks):
+        marks = Watermarks(names, str(attributes.get("EVENT_TIME_COLUMN") or ""),
+                           int(attributes.get("WATERMARK_DELAY_MILLIS") or 0))
+        operator.__dict__[WATERMARKS_ATTRIBUTE] = marks
+    marks.connect(names)
+    marks.idle_windows = idle_windows(attributes)
     return marks
+
+
+def idle_windows(attributes: Mapping[str, Any]) -> int:
+    """IDLE_TIMEOUT_MILLIS in streaming windows, rounded up (0 = never idle)."""
+    timeout_ms = int(attributes.get("IDLE_TIMEOUT_MILLIS") or 0)
+    window_ms = int(attributes.get("STREAMING_WINDOW_SIZE_MILLIS") or 500)
+    return -(-timeout_ms // window_ms) if timeout_ms > 0 else 0
 
 
 def merged_watermarks(partitions: Sequence[Operator]) -> Watermarks | None:

@@ -278,8 +278,9 @@ class OperatorRunner(CommitSteps):
         if self._app_position >= self.app_window_count or last:
             self.operator.end_window()
             self._app_position = 0
+        outgoing = self.marks.outgoing()  # the watermark, or IDLE for an idle source
         for publisher in self.publishers.values():
-            publisher.end_window(window_id, watermark)
+            publisher.end_window(window_id, outgoing)
         self._cpu_ns += time.thread_time_ns() - cpu_start
         stats = umbilical_pb2.OperatorStats(window_id=window_id, watermark_ms=watermark)
         self._checkpoint_due |= (window_counter(window_id) + 1) % self.checkpoint_window_count == 0

@@ -193,6 +193,10 @@ _ALL = [
     Attribute("WATERMARK_DELAY_MILLIS", _non_negative_int, 0, Scope.OPERATOR,
               "How far out of order a source's events may come: its watermark trails the "
               "highest event time it emitted by this much."),
+    Attribute("IDLE_TIMEOUT_MILLIS", _non_negative_int, 0, Scope.OPERATOR,
+              "A source partition with EVENT_TIME_COLUMN that emits no row for this long "
+              "(counted in streaming windows, so a replay decides alike) is idle: it stops "
+              "holding the watermark downstream back until it emits again. 0 = never."),
     Attribute("PARALLEL_PARTITION", _bool, False, Scope.OPERATOR,
               "Partition i reads partition i of its partitioned upstream operators (same "
               "count, no split, no unifier between them)."),

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 __all__ = [
     "END_OF_TIME",
+    "IDLE",
     "NO_WATERMARK",
     "WATERMARKS_ATTRIBUTE",
     "Watermarks",
@@ -46,6 +47,11 @@ NO_WATERMARK = -(2**63)
 END_OF_TIME = 2**63 - 1
 """The watermark of an input that ended: every event-time window is complete."""
 
+IDLE = -(2**63) + 1
+"""What an idle input sends instead of a watermark: it holds nothing back until it sends
+one again (a source partition without rows for ``IDLE_TIMEOUT_MILLIS``, or an operator
+all of whose inputs are idle)."""
+
 WATERMARKS_ATTRIBUTE = "_watermarks"
 """The operator's instance attribute holding its ``Watermarks`` (state: checkpointed)."""
 
@@ -53,19 +59,29 @@ WATERMARKS_ATTRIBUTE = "_watermarks"
 class Watermarks:
     """One operator's watermark and what it is made of (see the module docs).
 
+    Idleness is counted in windows, not read off a clock: a source that emitted no row for
+    ``idle_windows`` windows in a row is idle, which a replay of the same (empty) windows
+    decides the same way.
+
     Args:
         ports: the input ports connected to it (none for a source).
         event_time_column: a source's event-time column ("" = it has none, and its
             watermark stays ``NO_WATERMARK`` until it ends).
         delay_ms: the out-of-orderness a source allows: its watermark trails the highest
             event time it emitted by this much.
+        idle_windows: windows without a row after which a source is idle (0 = never).
     """
 
+    quiet_windows = 0  # (class defaults: checkpoints from before idleness)
+    idle_windows = 0
+    _rows_this_window = False
+
     def __init__(self, ports: list[str], event_time_column: str = "",
-                 delay_ms: int = 0) -> None:
+                 delay_ms: int = 0, idle_windows: int = 0) -> None:
         self.inputs: dict[str, int] = dict.fromkeys(ports, NO_WATERMARK)
         self.event_time_column = event_time_column
         self.delay_ms = delay_ms
+        self.idle_windows = idle_windows
         self.highest_event_ms = NO_WATERMARK
         self.current = NO_WATERMARK
 
@@ -77,8 +93,10 @@ class Watermarks:
 
     def saw_input(self, port: str, watermark: int) -> None:
         """``port``'s END_WINDOW said ``watermark`` (an unknown port is one that was
-        connected after this was made: it counts from now)."""
-        if watermark > self.inputs.get(port, NO_WATERMARK):
+        connected after this was made: it counts from now); ``IDLE`` sets it aside until
+        it says a watermark again."""
+        known = self.inputs.get(port, NO_WATERMARK)
+        if watermark == IDLE or watermark > known or known == IDLE:
             self.inputs[port] = watermark
 
     def port_ended(self, port: str) -> None:
@@ -89,6 +107,7 @@ class Watermarks:
         """A source emitted rows with these event times (epoch ms; nulls are skipped)."""
         if len(times_ms) == 0:
             return
+        self._rows_this_window = True
         highest = pc.max(times_ms).as_py()
         if highest is not None and highest > self.highest_event_ms:
             self.highest_event_ms = highest
@@ -100,8 +119,13 @@ class Watermarks:
 
     def advance(self) -> int:
         """The watermark as of the window that ends now (never lower than before)."""
+        if not self.inputs:  # a source: was it quiet?
+            quiet = not self._rows_this_window
+            self.quiet_windows = self.quiet_windows + 1 if quiet else 0
+            self._rows_this_window = False
         if self.inputs:
-            candidate = min(self.inputs.values())
+            active = [mark for mark in self.inputs.values() if mark != IDLE]
+            candidate = min(active) if active else self.current
         elif self.highest_event_ms in (NO_WATERMARK, END_OF_TIME):
             candidate = self.highest_event_ms
         else:
@@ -109,6 +133,21 @@ class Watermarks:
         if candidate > self.current:
             self.current = candidate
         return self.current
+
+
+    @property
+    def idle(self) -> bool:
+        """Whether it holds nothing back now: a source quiet for ``idle_windows`` windows,
+        or an operator all of whose inputs are idle (never once it reached the end)."""
+        if self.current == END_OF_TIME:
+            return False
+        if self.inputs:
+            return all(mark == IDLE for mark in self.inputs.values())
+        return bool(self.event_time_column) and 0 < self.idle_windows <= self.quiet_windows
+
+    def outgoing(self) -> int:
+        """What goes downstream with END_WINDOW: the watermark, or ``IDLE``."""
+        return IDLE if self.idle else self.current
 
 
 def event_times_ms(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -135,6 +174,8 @@ def format_watermark(watermark: int) -> str:
     """A watermark for people: an ISO time in UTC, '-' before any, 'end' at the end."""
     if watermark == NO_WATERMARK:
         return "-"
+    if watermark == IDLE:
+        return "idle"
     if watermark == END_OF_TIME:
         return "end"
     moment = datetime.datetime.fromtimestamp(watermark / 1000, tz=datetime.UTC)

@@ -16,7 +16,13 @@ from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
-from operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
+from operators.watermarks import (
+    END_OF_TIME,
+    IDLE,
+    NO_WATERMARK,
+    WATERMARKS_ATTRIBUTE,
+    Watermarks,
+)
 from tests.container.test_window_loop import RecordingPublisher, SteppedClock, SumPerAppWindow
 
 pytestmark = pytest.mark.timeout(60)
@@ -169,6 +175,17 @@ def test_a_source_watermark_is_its_highest_event_time_minus_the_delay(column_typ
     assert marks == [3_500, 3_500, 3_500, 7_500, END_OF_TIME]
     assert source.seen == marks
     assert [s.watermark_ms for s in runner.drain_stats()] == marks
+
+
+def test_a_quiet_source_sends_idle_after_its_timeout_in_windows():
+    """100 ms windows, IDLE_TIMEOUT_MILLIS=150: the second window in a row without rows
+    makes it idle; its own watermark (in its stats) stays, rows make it count again."""
+    times = [[1_000], [], [], [], [2_000]]
+    runner, out = run_source(Timed(times), EVENT_TIME_COLUMN="t", IDLE_TIMEOUT_MILLIS=150)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert list(watermarks(out).values()) == [1_000, 1_000, IDLE, IDLE, 2_000, END_OF_TIME]
+    assert [s.watermark_ms for s in runner.drain_stats()] == [
+        1_000, 1_000, 1_000, 1_000, 2_000, END_OF_TIME]
 
 
 def test_a_source_without_event_time_column_says_end_of_time_only_at_its_end():
