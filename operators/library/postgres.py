@@ -9,6 +9,10 @@ or not at all, so a window replayed after a recovery is never written twice, wha
 point the crash came at. The row also keeps the generation of the deployment that moved
 it last: a deployment of the same run finding a newer one there was replaced, and its
 transaction is refused (``Fenced``), the database's own fencing token.
+
+With ``upsert_keys`` the rows are merged instead of appended (``INSERT ... ON CONFLICT``
+through a temporary table), so a result emitted again, updated, replaces its old version:
+how event-time windows re-emitted after late rows land.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -37,6 +41,8 @@ _LOGGER = logging.getLogger(__name__)
 _STRING_VIEW = pa.string_view() if hasattr(pa, "string_view") else None  # pyarrow >= 16
 _COPY_CHUNK_ROWS = 65_536
 _CONNECT_TIMEOUT_SECONDS = 10
+_STAGING = "__weir_upsert_window"  # the temporary table an upsert window is copied into
+_ROW = "__weir_row"  # a row's position in its window, in the staging table
 _SUPPORTED = ("bool, int8-64, uint8-64, float16-64, decimal, string, large_string, "
               "string_view, date, time, timestamp (with or without time zone), and "
               "dictionaries of these")
@@ -100,6 +106,20 @@ class PostgresSink(TransientNonState, _WindowBuffer):
     with ``COPY`` and the row is set to the window id; commit. Windows without rows write
     nothing. Rows land when their window ends, not when it is committed.
 
+    With ``upsert_keys`` each window keeps only the latest row per key instead of adding
+    rows: the rows are copied into a temporary table (dropped at commit, in the same
+    transaction as the watermark) with their position in the window, and merged with
+    ``INSERT INTO table SELECT DISTINCT ON (keys) ... ORDER BY keys, position DESC ON
+    CONFLICT (keys) DO UPDATE SET`` every other column of the window. So a key twice in
+    one window keeps the row that arrived last (the order of the window's batches, then
+    rows; PostgreSQL's equality decides what is the same key), and a key written by an
+    earlier window is overwritten. A created table gets ``PRIMARY KEY (keys)``; an
+    existing one needs a primary key or unique index on exactly those columns (ON
+    CONFLICT needs it), checked at setup. Use it for results that are emitted again when
+    updated, such as ``EventTimeWindows``' with allowed lateness: keys plus
+    ``window_start`` and ``window_end``. Columns of the table that the rows lack keep
+    their value on update.
+
     The watermark row's key is ``<table>/<sink_id or the operator name>/<operator id>``,
     so each partition of a sink has its own. Two applications that write one table
     through one database with sinks of the same name share those rows and skip each
@@ -113,17 +133,23 @@ class PostgresSink(TransientNonState, _WindowBuffer):
             missing (columns as in the rows, see ``postgres_type``); else it must exist.
         watermark_table: where the watermarks live (created if missing).
         sink_id: the watermark key's middle part instead of the operator name.
+        upsert_keys: columns identifying a row: keep the latest row per key (above)
+            instead of appending; None appends.
 
     Example:
         >>> PostgresSink("host=localhost dbname=app", "counts").table
         'counts'
+        >>> PostgresSink("dbname=app", "per_minute",
+        ...              upsert_keys=["user", "window_start", "window_end"]).upsert_keys
+        ('user', 'window_start', 'window_end')
     """
 
     NON_STATE: ClassVar[tuple[str, ...]] = ("_conn", "_context", "_key", "_table_ready")
 
     def __init__(self, dsn: str, table: str, create_table: bool = True,
                  watermark_table: str = "weir_sink_watermarks",
-                 sink_id: str | None = None) -> None:
+                 sink_id: str | None = None,
+                 upsert_keys: Sequence[str] | None = None) -> None:
         for label, name in (("table", table), ("watermark_table", watermark_table)):
             if not name or not all(part.strip() for part in name.split(".")) \
                     or name.count(".") > 1:
@@ -134,6 +160,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         self.create_table = create_table
         self.watermark_table = watermark_table
         self.sink_id = sink_id
+        self.upsert_keys = _checked_keys(upsert_keys)
         self.windows_written = 0
         self.windows_skipped = 0
         self.rows_written = 0
@@ -191,6 +218,8 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 conn.execute(sql.SQL(
                     "INSERT INTO {} (sink, window_id) VALUES (%s, -1) "
                     "ON CONFLICT (sink) DO NOTHING").format(watermarks), (self._key,))
+            if self.upsert_keys is not None:  # fail at deploy, not at the first window
+                self._check_unique_key(must_exist=False)
         except BaseException:
             self.teardown()  # a failed setup gets no teardown from the runtime
             raise
@@ -209,6 +238,12 @@ class PostgresSink(TransientNonState, _WindowBuffer):
             columns = [postgres_type(f) for f in data.schema]
         except TypeError as exc:
             raise TypeError(f"operator {name!r}: {exc}") from None
+        keys = self.upsert_keys
+        if keys is not None and (missing := [k for k in keys if k not in data.schema.names]):
+            raise ValueError(
+                f"operator {name!r}: PostgresSink upsert_keys {missing} are not columns of "
+                f"the rows it gets (columns: {data.schema.names}); name columns of the "
+                "input in upsert_keys")
         if not self._table_ready:
             self._prepare_table(data.schema, columns)
         sql = _psycopg().sql
@@ -237,16 +272,18 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                               format_window_id(mark[0]))
                 self.windows_skipped += 1
                 return
-            self._copy(data)
+            if keys is None:
+                self._copy(data, _identifier(self.table))
+            rows = data.num_rows if keys is None else self._upsert(data, keys)
             self._conn.execute(sql.SQL(
                 "UPDATE {} SET window_id = %s, generation = %s, updated_at = now() "
                 "WHERE sink = %s"
             ).format(_identifier(self.watermark_table)), (window_id, generation, self._key))
             self._context.crash_point("postgres.before_commit")
         self.windows_written += 1
-        self.rows_written += data.num_rows
+        self.rows_written += rows
         _LOGGER.debug("PostgresSink %s: window %s, %d rows into %s", name,
-                      format_window_id(window_id), data.num_rows, self.table)
+                      format_window_id(window_id), rows, self.table)
 
     def teardown(self) -> None:
         conn = getattr(self, "_conn", None)
@@ -267,11 +304,13 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         with self._conn.transaction():
             if self.create_table:
                 self._lock_name(self.table)
+                columns = [sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(t))
+                           for f, t in zip(schema, types, strict=True)]
+                if self.upsert_keys is not None:
+                    columns.append(sql.SQL("PRIMARY KEY ({})").format(
+                        sql.SQL(", ").join(map(sql.Identifier, self.upsert_keys))))
                 self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-                    _identifier(self.table),
-                    sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(f.name),
-                                                               sql.SQL(t))
-                                       for f, t in zip(schema, types, strict=True))))
+                    _identifier(self.table), sql.SQL(", ").join(columns)))
             else:
                 found = self._conn.execute("SELECT to_regclass(%s)",
                                            (_quoted(self.table),)).fetchone()
@@ -279,9 +318,77 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                     raise RuntimeError(
                         f"operator {self._context.name!r}: table {self.table!r} does not exist; "
                         "create it or build the PostgresSink with create_table=True")
+            if self.upsert_keys is not None:  # a table found, not made, may lack the key
+                self._check_unique_key(must_exist=True)
         self._table_ready = True
 
-    def _copy(self, data: pa.Table) -> None:
+    def _check_unique_key(self, must_exist: bool) -> None:
+        """Refuses a table without a primary key or unique index on exactly the keys.
+
+        ``ON CONFLICT (keys)`` needs one to merge on: immediate, valid, without a
+        predicate or expressions; more columns would make it another key.
+        """
+        assert self._conn is not None and self._context is not None
+        assert self.upsert_keys is not None
+        psycopg = _psycopg()
+        found = self._conn.execute("SELECT to_regclass(%s)::oid", (_quoted(self.table),)
+                                   ).fetchone()
+        if found is None or found[0] is None:
+            if must_exist:
+                raise RuntimeError(f"operator {self._context.name!r}: table {self.table!r} "
+                                   "is gone")
+            return  # created from the first window, with the primary key
+        names = dict(self._conn.execute(
+            "SELECT attnum, attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 "
+            "AND NOT attisdropped", (found[0],)).fetchall())
+        unique = [sorted(names[n] for n in indkey[:key_count]) for indkey, key_count in
+                  self._conn.execute(
+                      "SELECT indkey::int2[], indnkeyatts FROM pg_index WHERE indrelid = %s "
+                      "AND indisunique AND indimmediate AND indisvalid AND indpred IS NULL "
+                      "AND indexprs IS NULL", (found[0],)).fetchall()]
+        if sorted(self.upsert_keys) in unique:
+            return
+        sql = psycopg.sql
+        fix = sql.SQL("ALTER TABLE {} ADD PRIMARY KEY ({})").format(
+            _identifier(self.table),
+            sql.SQL(", ").join(map(sql.Identifier, self.upsert_keys))).as_string(self._conn)
+        there = ("its unique keys are " + ", ".join(f"({', '.join(u)})" for u in unique)
+                 if unique else "it has no primary key or unique index")
+        raise RuntimeError(
+            f"operator {self._context.name!r}: PostgresSink upsert_keys "
+            f"{list(self.upsert_keys)} need a primary key or unique index on exactly those "
+            f"columns of table {self.table!r} (INSERT ... ON CONFLICT needs one), but "
+            f"{there}; add it with: {fix}")
+
+    def _upsert(self, data: pa.Table, keys: tuple[str, ...]) -> int:
+        """Merges the window's rows into the table, the last row per key winning.
+
+        Returns:
+            The rows inserted or updated (one per distinct key).
+        """
+        assert self._conn is not None
+        sql = _psycopg().sql
+        column_list = sql.SQL(", ").join(map(sql.Identifier, data.column_names))
+        key_list = sql.SQL(", ").join(map(sql.Identifier, keys))
+        staging, row = sql.Identifier(_STAGING), sql.Identifier(_ROW)
+        # the table's own column types, so values parse exactly as a direct COPY's would
+        self._conn.execute(sql.SQL(
+            "CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {}, 0::BIGINT AS {} FROM {} "
+            "WITH NO DATA").format(staging, column_list, row, _identifier(self.table)))
+        self._copy(data.append_column(_ROW, pa.array(range(data.num_rows), pa.int64())),
+                   staging)
+        others = [c for c in data.column_names if c not in keys]
+        action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in others)) \
+            if others else sql.SQL("DO NOTHING")
+        merged = self._conn.execute(sql.SQL(
+            "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {} DESC "
+            "ON CONFLICT ({}) {}").format(
+                _identifier(self.table), column_list, key_list, column_list, staging,
+                key_list, row, key_list, action))
+        return max(merged.rowcount, 0)
+
+    def _copy(self, data: pa.Table, target: Any) -> None:
         """Streams the rows in with ``COPY ... (FORMAT csv)``, encoded by Arrow's CSV writer.
 
         Arrow quotes every string and leaves nulls empty, which is what PostgreSQL's CSV
@@ -291,7 +398,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         sql = _psycopg().sql
         data = _plain_columns(data)
         statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
-            _identifier(self.table),
+            target,
             sql.SQL(", ").join(sql.Identifier(n) for n in data.column_names))
         options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
         with self._conn.cursor() as cursor, cursor.copy(statement) as copy:
@@ -299,6 +406,28 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 chunk = io.BytesIO()
                 pacsv.write_csv(batch, chunk, options)
                 copy.write(chunk.getbuffer())
+
+
+def _checked_keys(keys: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``upsert_keys`` as a tuple; ValueError for anything but distinct column names."""
+    if keys is None:
+        return None
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        hint = f" (write [{keys!r}])" if isinstance(keys, str) else ""
+        raise ValueError(f"PostgresSink upsert_keys must be a list of column names, not "
+                         f"{keys!r}{hint}")
+    if not keys:
+        raise ValueError("PostgresSink upsert_keys is empty: name the columns that identify "
+                         "a row, or pass None to append rows")
+    bad = [k for k in keys if not isinstance(k, str) or not k]
+    if bad:
+        raise ValueError(f"PostgresSink upsert_keys must be non-empty column names (strings); "
+                         f"got {bad!r} in {list(keys)!r}")
+    twice = sorted({k for k in keys if list(keys).count(k) > 1})
+    if twice:
+        raise ValueError(f"PostgresSink upsert_keys names {twice} more than once: "
+                         f"{list(keys)!r}")
+    return tuple(keys)
 
 
 def _plain_columns(data: pa.Table) -> pa.Table:

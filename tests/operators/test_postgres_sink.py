@@ -316,3 +316,140 @@ def test_a_crash_before_commit_writes_nothing_and_the_retry_writes_once(
     assert table_ids(postgres_dsn, table) == [1, 2, 3]
     assert watermark(postgres_dsn, key) == wid(1)
     assert (sink.windows_written, sink.windows_skipped) == (1, 1)
+
+
+# -- upsert_keys ---------------------------------------------------------------------------
+WINDOW_KEYS = ["user", "window_start", "window_end"]
+
+
+def minutes(*rows: tuple[str, int, int]) -> pa.RecordBatch:
+    """Per-minute results as EventTimeWindows emits them: (user, minute, n)."""
+    starts = [datetime.datetime(2024, 1, 1, 0, m, tzinfo=datetime.UTC) for _, m, _ in rows]
+    return pa.record_batch({
+        "user": pa.array([u for u, _, _ in rows]),
+        "window_start": pa.array(starts, pa.timestamp("ms", "UTC")),
+        "window_end": pa.array([s + datetime.timedelta(minutes=1) for s in starts],
+                               pa.timestamp("ms", "UTC")),
+        "n": pa.array([n for _, _, n in rows], pa.int64())})
+
+
+def table_minutes(dsn: str, table: str) -> list[tuple[str, int, int]]:
+    return [(u, s.minute, n) for u, s, n in query(
+        dsn, f'SELECT "user", window_start, n FROM {table} ORDER BY 1, 2')]
+
+
+def test_upsert_keeps_the_latest_row_per_key(postgres_dsn: str, table: str) -> None:
+    sink = start(postgres_dsn, table, upsert_keys=WINDOW_KEYS)
+    write(sink, wid(1), minutes(("a", 0, 3), ("b", 0, 1)))
+    # a updated; c new, twice in the window (the later row wins); b's next minute is new
+    write(sink, wid(2), minutes(("a", 0, 5), ("c", 0, 2)), minutes(("c", 0, 4), ("b", 1, 1)))
+    write(sink, wid(3), minutes(("a", 0, 5)))  # the same result again changes nothing
+    sink.teardown()
+    assert table_minutes(postgres_dsn, table) == [("a", 0, 5), ("b", 0, 1), ("b", 1, 1),
+                                                  ("c", 0, 4)]
+    assert (sink.windows_written, sink.rows_written) == (3, 2 + 3 + 1)
+    assert watermark(postgres_dsn, sink.sink_key) == wid(3)
+    assert query(postgres_dsn, "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                 "WHERE conrelid = %s::regclass AND contype = 'p'", (table,)) == \
+        [('PRIMARY KEY ("user", window_start, window_end)',)]
+
+
+def test_upsert_with_only_key_columns_adds_new_keys(postgres_dsn: str, table: str) -> None:
+    sink = start(postgres_dsn, table, upsert_keys=["id"])
+    write(sink, wid(1), ids(1, 2).select(["id"]))
+    write(sink, wid(2), ids(2, 3, 3).select(["id"]))
+    sink.teardown()
+    assert table_ids(postgres_dsn, table) == [1, 2, 3]
+
+
+def test_a_replayed_upsert_window_changes_nothing(postgres_dsn: str, table: str) -> None:
+    sink = start(postgres_dsn, table, upsert_keys=WINDOW_KEYS)
+    write(sink, wid(1), minutes(("a", 0, 1)))
+    checkpoint = capture(sink)
+    write(sink, wid(2), minutes(("a", 0, 2), ("b", 0, 1)))
+    sink.teardown()
+
+    again = restore(pickle.loads(pickle.dumps(PostgresSink(postgres_dsn, table,
+                                                           upsert_keys=WINDOW_KEYS))),
+                    checkpoint)
+    assert isinstance(again, PostgresSink) and again.upsert_keys == tuple(WINDOW_KEYS)
+    again.setup(context(1))
+    # window 2 again, even with other values: the watermark row says it is written
+    write(again, wid(2), minutes(("a", 0, 9), ("z", 0, 9)))
+    write(again, wid(3), minutes(("b", 0, 7)))
+    again.teardown()
+    assert table_minutes(postgres_dsn, table) == [("a", 0, 2), ("b", 0, 7)]
+    assert (again.windows_skipped, again.windows_written) == (1, 2)
+
+
+def test_upsert_into_a_table_without_a_matching_unique_key_is_refused(
+        postgres_dsn: str, table: str) -> None:
+    execute(postgres_dsn, f"CREATE TABLE {table} (id BIGINT, label TEXT UNIQUE, note TEXT)")
+    execute(postgres_dsn, f"CREATE UNIQUE INDEX ON {table} (id, label)")  # not exactly id
+    execute(postgres_dsn, f"CREATE UNIQUE INDEX ON {table} (id) WHERE id > 0")  # partial
+    sink = PostgresSink(postgres_dsn, table, upsert_keys=["id"])
+    with pytest.raises(RuntimeError) as caught:
+        sink.setup(context(name="report"))
+    message = str(caught.value)
+    assert f"'report': PostgresSink upsert_keys ['id'] need a primary key or unique index " \
+           f"on exactly those columns of table '{table}'" in message
+    assert "its unique keys are (label), (id, label)" in message
+    fix = message.split("add it with: ")[1]
+    assert fix == f'ALTER TABLE "{table}" ADD PRIMARY KEY ("id")'
+    assert sink._conn is None  # a failed setup closes its connection
+
+    execute(postgres_dsn, fix)  # the statement it gives works, and then so does the sink
+    sink = start(postgres_dsn, table, upsert_keys=["id"], create_table=False)
+    write(sink, wid(1), ids(1, 2))
+    write(sink, wid(2), ids(2).set_column(1, "label", pa.array(["two"])))
+    sink.teardown()
+    assert query(postgres_dsn, f"SELECT * FROM {table} ORDER BY id") == [
+        (1, "row 1", None), (2, "two", None)]
+
+
+def test_upsert_accepts_a_unique_index_in_any_column_order(postgres_dsn: str,
+                                                           table: str) -> None:
+    execute(postgres_dsn, f'CREATE TABLE {table} ("user" TEXT, window_start TIMESTAMPTZ, '
+                          "window_end TIMESTAMPTZ, n BIGINT, seen TEXT DEFAULT 'kept')")
+    execute(postgres_dsn, f'CREATE UNIQUE INDEX ON {table} (window_end, "user", window_start)')
+    sink = start(postgres_dsn, table, upsert_keys=WINDOW_KEYS)
+    write(sink, wid(1), minutes(("a", 0, 1)))
+    write(sink, wid(2), minutes(("a", 0, 2)))
+    sink.teardown()
+    assert table_minutes(postgres_dsn, table) == [("a", 0, 2)]
+    assert query(postgres_dsn, f"SELECT seen FROM {table}") == [("kept",)]
+
+
+def test_a_table_made_after_setup_without_the_key_is_refused(postgres_dsn: str,
+                                                             table: str) -> None:
+    sink = start(postgres_dsn, table, upsert_keys=["id"])  # no table yet: fine
+    execute(postgres_dsn, f"CREATE TABLE {table} (id BIGINT, label TEXT)")
+    with pytest.raises(RuntimeError, match=r"has no primary key or unique index; add it "
+                                           rf'with: ALTER TABLE "{table}" ADD PRIMARY KEY'):
+        write(sink, wid(1), ids(1))
+    sink.teardown()
+    assert table_ids(postgres_dsn, table) == []
+
+
+def test_upsert_keys_missing_from_the_rows_are_a_clear_error(postgres_dsn: str,
+                                                             table: str) -> None:
+    sink = start(postgres_dsn, table, upsert_keys=["id", "window_start"])
+    with pytest.raises(ValueError, match=r"'pg': PostgresSink upsert_keys \['window_start'\] "
+                                         r"are not columns of the rows it gets \(columns: "
+                                         r"\['id', 'label'\]\)"):
+        write(sink, wid(1), ids(1))
+    sink.teardown()
+    assert query(postgres_dsn, "SELECT to_regclass(%s)", (table,)) == [(None,)]
+
+
+@pytest.mark.parametrize(("keys", "complaint"), [
+    ([], "is empty"),
+    (("id", "day", "id"), r"names \['id'\] more than once"),
+    (["id", 3], r"non-empty column names \(strings\); got \[3\]"),
+    (["id", ""], r"got \[''\]"),
+    ("id", r"must be a list of column names, not 'id' \(write \['id'\]\)"),
+    ({"id"}, "must be a list of column names"),
+])
+def test_bad_upsert_keys_fail_at_construction(keys: Any, complaint: str) -> None:
+    with pytest.raises(ValueError, match=f"PostgresSink upsert_keys .*{complaint}"):
+        PostgresSink("dbname=app", "counts", upsert_keys=keys)
