@@ -1,0 +1,133 @@
+"""Event-time windows end to end: out-of-order events in Parquet files, a ParquetSource that
+sends watermarks, EventTimeWindows in Spark in another container, exactly-once file sinks
+for the results and for the late rows. The published windows equal a plain-Python
+reference, every row beyond the lateness is on the late port, and the same holds with
+containers SIGKILLed during the run."""
+
+from __future__ import annotations
+
+import collections
+import os
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from master.client import WeirClient
+from operators.app import load_app
+from tests.e2e.test_exactly_once import chaos_seed, kill_randomly
+from tests.e2e.test_recovery import wait_finished
+
+pytestmark = pytest.mark.timeout(420)
+
+FILES, ROWS_PER_FILE = 4, 5_000
+BASE_MS = 1_600_000_000_000
+WINDOW_MS, DELAY_MS = 1_000, 500
+
+APP = """
+    from operators import Dag
+    from operators.library import EventTimeWindows, FileSink, ParquetSource
+
+    dag = Dag("event-windows", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
+              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
+              CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000, MAX_RESTARTS=8)
+    source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=200),
+                              CONTAINER=0, EVENT_TIME_COLUMN="ts",
+                              WATERMARK_DELAY_MILLIS={delay})
+    windows = dag.add_operator("per-second", EventTimeWindows.tumbling(
+        "ts", size_ms={size}, keys="user",
+        aggregations={{"n": "count(*)", "total": "sum(amount)"}}), CONTAINER=1)
+    out = dag.add_operator("out", FileSink({out!r}, format="parquet", exactly_once=True),
+                           CONTAINER=1)
+    late = dag.add_operator("late", FileSink({late!r}, format="parquet", exactly_once=True),
+                            CONTAINER=0)
+    dag.add_stream("events", source.output, windows.input)
+    dag.add_stream("results", windows.output, out.input)
+    dag.add_stream("too-late", windows.late, late.input)
+"""
+
+Window = tuple[str, int]  # user, window start (epoch ms)
+
+
+def write_inbox(inbox: Path) -> tuple[dict[Window, tuple[int, int]], list[int]]:
+    """Events 1 ms apart, each up to 200 ms out of order (within the watermark delay: never
+    late), and one in a hundred 6 s behind (always later than its window's end by the
+    watermark before it, however the rows fall into streaming windows); returns the
+    reference windows (count, sum) and the ids of the late rows."""
+    inbox.mkdir()
+    windows: dict[Window, list[int]] = collections.defaultdict(lambda: [0, 0])
+    late: list[int] = []
+    for f in range(FILES):
+        ids = range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
+        ts, users, amounts = [], [], []
+        for i in ids:
+            very_late = i >= 3_000 and i % 100 == 37
+            t = BASE_MS + i - 6_000 if very_late else BASE_MS + i + (i * 7919 % 401 - 200)
+            user, amount = f"u{i % 3}", i % 7
+            ts.append(t)
+            users.append(user)
+            amounts.append(amount)
+            if very_late:
+                late.append(i)
+            else:
+                window = windows[(user, t - t % WINDOW_MS)]
+                window[0] += 1
+                window[1] += amount
+        table = pa.table({"ts": pa.array(ts, pa.timestamp("ms")), "user": users,
+                          "amount": pa.array(amounts, pa.int64()),
+                          "id": pa.array(ids, pa.int64())})
+        pq.write_table(table, inbox / f".part-{f}.tmp", row_group_size=1_000)
+        os.replace(inbox / f".part-{f}.tmp", inbox / f"part-{f}.parquet")
+    return {k: (v[0], v[1]) for k, v in windows.items()}, late
+
+
+def published(folder: Path) -> pa.Table:
+    files = sorted(folder.glob("window-*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({})
+
+
+def run(master, tmp_path: Path, kill: bool) -> None:
+    expected, late = write_inbox(tmp_path / "inbox")
+    app = tmp_path / "event_windows_app.py"
+    app.write_text(textwrap.dedent(APP.format(
+        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"),
+        out=str(tmp_path / "out"), late=str(tmp_path / "late"), delay=DELAY_MS,
+        size=WINDOW_MS)))
+    note, kills = "", []
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        if kill:
+            rng, note = chaos_seed()
+            kills = kill_randomly(master, client, app_id, note, rng)
+        wait_finished(client, master, app_id, timeout_s=300)
+        windows_op = client.operator_stats(app_id, "per-second")
+    if kill:
+        assert kills, f"no container was killed during the run; {note}"
+    results = published(tmp_path / "out").to_pylist()
+    got = collections.Counter(
+        (r["user"], int(r["window_start"].timestamp() * 1000)) for r in results)
+    twice = {k: n for k, n in got.items() if n > 1}
+    assert not twice, f"windows published more than once ({note}, killed {kills}): {twice}"
+    windows = {(r["user"], int(r["window_start"].timestamp() * 1000)): (r["n"], r["total"])
+               for r in results}
+    wrong = {k: (windows.get(k), v) for k, v in expected.items() if windows.get(k) != v}
+    assert not wrong and len(windows) == len(expected), (
+        f"{len(wrong)} windows differ from the reference (got, expected), e.g. "
+        f"{dict(list(wrong.items())[:5])}; {len(windows)} published of {len(expected)}; "
+        f"{note}, killed {kills}")
+    late_rows = published(tmp_path / "late")
+    assert sorted(late_rows.column("id").to_pylist()) == late, f"{note}, killed {kills}"
+    assert all(reason.startswith("its windows ended more than allowed_lateness_ms=0")
+               for reason in late_rows.column("late_reason").to_pylist())
+    assert windows_op.watermark_ms == 2**63 - 1  # the end of the files closed every window
+
+
+def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path):
+    run(master, tmp_path, kill=False)
+
+
+def test_the_same_with_random_container_sigkills(master, tmp_path):
+    run(master, tmp_path, kill=True)
