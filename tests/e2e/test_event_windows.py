@@ -28,7 +28,7 @@ WINDOW_MS, DELAY_MS = 1_000, 500
 
 APP = """
     from operators import Dag
-    from operators.library import EventTimeWindows, FileSink, ParquetSource
+    from operators.library import EventTimeWindows, FileSink, ParquetSource, PostgresSink
 
     dag = Dag("event-windows", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
@@ -38,10 +38,9 @@ APP = """
                               CONTAINER=0, EVENT_TIME_COLUMN="ts",
                               WATERMARK_DELAY_MILLIS={delay})
     windows = dag.add_operator("per-second", EventTimeWindows.tumbling(
-        "ts", size_ms={size}, keys="user",
+        "ts", size_ms={size}, keys="user", allowed_lateness_ms={lateness},
         aggregations={{"n": "count(*)", "total": "sum(amount)"}}), CONTAINER=1)
-    out = dag.add_operator("out", FileSink({out!r}, format="parquet", exactly_once=True),
-                           CONTAINER=1)
+    out = dag.add_operator("out", {sink}, CONTAINER=1)
     late = dag.add_operator("late", FileSink({late!r}, format="parquet", exactly_once=True),
                             CONTAINER=0)
     dag.add_stream("events", source.output, windows.input)
@@ -52,10 +51,12 @@ APP = """
 Window = tuple[str, int]  # user, window start (epoch ms)
 
 
-def write_inbox(inbox: Path) -> tuple[dict[Window, tuple[int, int]], list[int]]:
+def write_inbox(inbox: Path, lateness_ms: int = 0
+                ) -> tuple[dict[Window, tuple[int, int]], list[int]]:
     """Events 1 ms apart, each up to 200 ms out of order (within the watermark delay: never
-    late), and one in a hundred 6 s behind (always later than its window's end by the
-    watermark before it, however the rows fall into streaming windows); returns the
+    late), and one in a hundred 6 s behind: with no lateness always later than its
+    window's end by the watermark before it, however the rows fall into streaming
+    windows; with 7 s of lateness always within it (an update of its window). Returns the
     reference windows (count, sum) and the ids of the late rows."""
     inbox.mkdir()
     windows: dict[Window, list[int]] = collections.defaultdict(lambda: [0, 0])
@@ -70,7 +71,7 @@ def write_inbox(inbox: Path) -> tuple[dict[Window, tuple[int, int]], list[int]]:
             ts.append(t)
             users.append(user)
             amounts.append(amount)
-            if very_late:
+            if very_late and lateness_ms < 6_000:
                 late.append(i)
             else:
                 window = windows[(user, t - t % WINDOW_MS)]
@@ -89,13 +90,18 @@ def published(folder: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({})
 
 
-def run(master, tmp_path: Path, kill: bool) -> None:
-    expected, late = write_inbox(tmp_path / "inbox")
+def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0,
+        sink: str = "") -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
+    """Runs the application; returns the reference windows and the windows operator's
+    metrics. Without ``sink`` the results go to an exactly-once FileSink and are checked
+    here."""
+    expected, late = write_inbox(tmp_path / "inbox", lateness_ms)
     app = tmp_path / "event_windows_app.py"
+    out_sink = sink or (f"FileSink({str(tmp_path / 'out')!r}, format='parquet', "
+                        "exactly_once=True)")
     app.write_text(textwrap.dedent(APP.format(
-        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"),
-        out=str(tmp_path / "out"), late=str(tmp_path / "late"), delay=DELAY_MS,
-        size=WINDOW_MS)))
+        state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"), sink=out_sink,
+        late=str(tmp_path / "late"), delay=DELAY_MS, size=WINDOW_MS, lateness=lateness_ms)))
     note, kills = "", []
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
@@ -106,6 +112,11 @@ def run(master, tmp_path: Path, kill: bool) -> None:
         windows_op = client.operator_stats(app_id, "per-second")
     if kill:
         assert kills, f"no container was killed during the run; {note}"
+    assert windows_op.watermark_ms == 2**63 - 1  # the end of the files closed every window
+    late_rows = published(tmp_path / "late")
+    assert sorted(late_rows.column("id").to_pylist() if late_rows.num_rows else []) == late
+    if sink:
+        return expected, dict(windows_op.metrics)
     results = published(tmp_path / "out").to_pylist()
     got = collections.Counter(
         (r["user"], int(r["window_start"].timestamp() * 1000)) for r in results)
@@ -118,11 +129,9 @@ def run(master, tmp_path: Path, kill: bool) -> None:
         f"{len(wrong)} windows differ from the reference (got, expected), e.g. "
         f"{dict(list(wrong.items())[:5])}; {len(windows)} published of {len(expected)}; "
         f"{note}, killed {kills}")
-    late_rows = published(tmp_path / "late")
-    assert sorted(late_rows.column("id").to_pylist()) == late, f"{note}, killed {kills}"
     assert all(reason.startswith("its windows ended more than allowed_lateness_ms=0")
                for reason in late_rows.column("late_reason").to_pylist())
-    assert windows_op.watermark_ms == 2**63 - 1  # the end of the files closed every window
+    return expected, dict(windows_op.metrics)
 
 
 def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path):
@@ -131,3 +140,22 @@ def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, t
 
 def test_the_same_with_random_container_sigkills(master, tmp_path):
     run(master, tmp_path, kill=True)
+
+
+def test_late_updates_reach_postgres_as_upserts_by_key_and_window(master, tmp_path,
+                                                                  postgres_dsn):
+    """7 s of allowed lateness: the rows 6 s behind update windows already out; the sink
+    keeps one row per (user, window), the last version, equal to the reference."""
+    import psycopg
+
+    table = f"per_second_{os.getpid()}"
+    sink = (f"PostgresSink({postgres_dsn!r}, {table!r}, "
+            "upsert_keys=['user', 'window_start', 'window_end'])")
+    expected, metrics = run(master, tmp_path, kill=False, lateness_ms=7_000, sink=sink)
+    assert metrics["windows_out"] > len(expected), "no window was updated: nothing upserted"
+    assert metrics["late_rows"] == 0
+    with psycopg.connect(postgres_dsn) as conn:
+        rows = conn.execute(f'SELECT "user", window_start, n, total FROM {table}').fetchall()
+    got = {(user, int(start.timestamp() * 1000)): (n, total) for user, start, n, total in rows}
+    assert len(rows) == len(got) == len(expected)
+    assert got == expected
