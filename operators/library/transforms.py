@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, ClassVar
 import pyarrow as pa
 
 from operators.library.key_codes import KeyCodes, encodable
-from operators.operator import OperatorContext
-from operators.spark import SparkOperator, SparkSchemaMismatch
+from operators.library.running_count import RunningCount  # here before it had a file
+from operators.spark import SparkOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -174,70 +174,3 @@ class WindowedCountUnifier(WindowedCount):
         return (inputs["input"].groupBy(F.col(self.key), F.col("window_id")).agg(*aggregates)
                 .select(self.key, *(["count", "sum"] if self.value else ["count"]),
                         "window_id"))
-
-
-class RunningCount(SparkOperator):
-    """Counts rows per key over the whole stream: each window emits the new total of every
-    key it saw.
-
-    Use it for totals that grow with the stream (words seen so far, events per user).
-    Each window Spark adds the window's counts to the totals so far. The totals are keyed
-    state (``KEYED_STATE``, an Arrow table by key): partition the operator on the same key
-    (``PARTITION_KEY``) and a run-time repartition moves each key's total to the partition
-    that receives its rows. Output columns: ``key`` (named as the key column), ``count``
-    (int64, the total so far) and ``window_id`` (int64).
-
-    Args:
-        key: the column to count by.
-
-    Example:
-        >>> RunningCount(key="user").output_schema("output").names
-        ['user', 'count', 'window_id']
-    """
-
-    KEYED_STATE = ("totals",)
-
-    def __init__(self, key: str = "word") -> None:
-        self.key = key
-        self.totals: pa.Table | None = None  # key, count: every key seen so far
-
-    def output_schema(self, port: str) -> pa.Schema | None:
-        key_type = pa.string()
-        if self.totals is not None:
-            key_type = self.totals.schema.field(self.key).type
-            if pa.types.is_large_string(key_type):
-                key_type = pa.string()
-        return pa.schema([pa.field(self.key, key_type), pa.field("count", pa.int64()),
-                          pa.field("window_id", pa.int64())])
-
-    def setup(self, context: OperatorContext) -> None:
-        partition_key = context.attributes.get("PARTITION_KEY")
-        if partition_key and partition_key != self.key:  # its totals could not be split
-            raise SparkSchemaMismatch(
-                f"operator {context.name!r}: RunningCount(key={self.key!r}) keeps its totals "
-                f"by {self.key!r} but PARTITION_KEY is {partition_key!r}; partition it by "
-                f"its key: -D {context.name}.PARTITION_KEY={self.key}")
-        super().setup(context)
-
-    def process(self, port: str, batch: pa.RecordBatch) -> None:
-        index = batch.schema.get_field_index(self.key)
-        super().process(port, batch.select([index]) if index >= 0 else batch)
-
-    def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
-        counts = (inputs["input"].groupBy(F.col(self.key))
-                  .agg(F.count(F.lit(1)).cast("long").alias("count"))
-                  .withColumn("seen", F.lit(True)))
-        if self.totals is not None and self.totals.num_rows:
-            totals = (self.spark.to_dataframe(self.totals.to_batches(), self.totals.schema)
-                      .withColumn("seen", F.lit(False)))
-            counts = (counts.unionByName(totals).groupBy(F.col(self.key))
-                      .agg(F.sum("count").cast("long").alias("count"),
-                           F.max("seen").alias("seen")))
-        return counts.withColumn("window_id", F.lit(window_id).cast("long"))
-
-    def collected(self, port: str, table: pa.Table) -> pa.Table:
-        """Keeps every total as the new state; emits the keys this window saw."""
-        self.totals = table.select([self.key, "count"])
-        return table.filter(table.column("seen")).select([self.key, "count", "window_id"])

@@ -13,6 +13,7 @@ from operators.keyed_state import RepartitionError, merge_keyed_state
 from operators.library import RunningCount
 from operators.operator import Operator
 from operators.partitioning import PartitionFilter, partition_keys
+from operators.state_store import StoreError, StoreHandle
 
 
 def shares(count: int) -> list[PartitionFilter]:
@@ -45,17 +46,22 @@ def test_mappings_keep_their_type_and_a_key_in_two_partitions_is_refused():
     assert merge_keyed_state([None, None], None, "t") is None
 
 
-def test_running_count_totals_move_to_the_partition_of_their_key():
+def test_running_count_partitions_name_the_old_stores_and_their_share():
     old = []
-    for share in shares(2):
+    for index in range(2):
         op = RunningCount(key="word")
-        words = [w for w in ["x", "y", "z", "w"] if share.owns([w])[0]]
-        op.totals = pa.table({"word": words, "count": list(range(1, len(words) + 1))})
+        op.state = StoreHandle(f"/state/{index}/running-count.sqlite", 10 + index)
         old.append(op)
     new = [new_partition(old, share) for share in shares(4)]
-    assert sorted(w for op in new for w in op.totals["word"].to_pylist()) == \
-        ["w", "x", "y", "z"]
-    assert all(op is not old[0] for op in new)
+    for op, share in zip(new, shares(4), strict=True):
+        assert op is not old[0] and op.state.seed is not None
+        assert op.state.seed.sources == (("/state/0/running-count.sqlite", 10),
+                                         ("/state/1/running-count.sqlite", 11))
+        assert PartitionFilter.from_json(op.state.seed.share) == share
+    legacy = RunningCount(key="word")
+    legacy.totals = pa.table({"word": ["a"], "count": [1]})
+    with pytest.raises(StoreError, match="predates the keyed store"):
+        new_partition([legacy], shares(2)[0])
 
 
 class Total(Operator):
