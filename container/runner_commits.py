@@ -67,13 +67,14 @@ class CommitSteps:
         self._hold_lease()
         self._last_checkpoint = window_id
         started_ms, started = self.clock.now_ms(), time.perf_counter()
-        self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
+        size = self.checkpointer.checkpoint(self.operator_id, window_id, self.operator)
         took_ms = round((time.perf_counter() - started) * 1000)
         stats.checkpoint.CopyFrom(plan_pb2.Checkpoint(
             window_id=window_id, application_window_count=self.app_window_count,
             checkpoint_window_count=self.checkpoint_window_count))
         stats.checkpoint_stats.CopyFrom(umbilical_pb2.CheckpointStats(
-            checkpoint_start_time=started_ms, checkpoint_time_ms=took_ms))
+            checkpoint_start_time=started_ms, checkpoint_time_ms=took_ms,
+            checkpoint_bytes=size or 0))
         _LOGGER.debug("operator %s (%d) checkpointed window %s in %d ms", self.context.name,
                       self.operator_id, format_window_id(window_id), took_ms)
         self.operator.checkpointed(window_id)

@@ -62,8 +62,12 @@ class CheckpointBook:
         self.last_time_ms = 0
         self.total_time_ms = 0
         self.last_start_ms = 0
+        self.last_bytes = 0
 
-    def add(self, window_id: int, time_ms: int = 0, start_ms: int = 0) -> bool:
+    last_bytes = 0  # (class default: books journaled before sizes were kept)
+
+    def add(self, window_id: int, time_ms: int = 0, start_ms: int = 0,
+            size_bytes: int = 0) -> bool:
         """Records the checkpoint of ``window_id``; False if it was already known."""
         if window_id < 0:
             return False
@@ -76,6 +80,8 @@ class CheckpointBook:
         self.last_time_ms = time_ms
         self.total_time_ms += time_ms
         self.last_start_ms = max(self.last_start_ms, start_ms)
+        if size_bytes:
+            self.last_bytes = size_bytes
         return True
 
     @property
@@ -227,7 +233,8 @@ def record_checkpoints(app: Application, op: PTOperator,
         window_id = window.checkpoint.window_id
         high_water = book.high_water
         if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
-                        window.checkpoint_stats.checkpoint_start_time):
+                        window.checkpoint_stats.checkpoint_start_time,
+                        window.checkpoint_stats.checkpoint_bytes):
             continue
         added = True
         _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,

@@ -154,6 +154,8 @@ def _operator(f: _Families, app: client_pb2.ApplicationInfo,
                 "-1 = none.", _OPERATOR, labels, _window(window))
     f.gauge("weir_operator_checkpoint_duration_seconds", "How long its last checkpoint took.",
             _OPERATOR, labels, op.checkpoint_time_ms / 1000)
+    f.gauge("weir_operator_checkpoint_bytes", "The size of its last checkpoint: its state.",
+            _OPERATOR, labels, op.checkpoint_bytes)
     f.counter("weir_operator_failures", "Failures of the operator.", _OPERATOR, labels,
               op.failure_count)
     if op.watermark_ms != NO_WATERMARK:  # only operators that have one

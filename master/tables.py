@@ -23,6 +23,7 @@ __all__ = [
     "application_rows",
     "container_rows",
     "format_ago",
+    "format_bytes",
     "format_count",
     "format_duration_ms",
     "format_mb",
@@ -65,12 +66,17 @@ def format_rate(per_second: float) -> str:
     return f"{per_second:,.1f}"
 
 
+def format_bytes(size: float) -> str:
+    """Bytes, readable: ``1.5 MB``."""
+    for unit, unit_size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if size >= unit_size:
+            return f"{size / unit_size:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
 def format_bytes_rate(per_second: float) -> str:
     """Bytes per second, readable: ``1.5 MB/s``."""
-    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if per_second >= size:
-            return f"{per_second / size:.1f} {unit}/s"
-    return f"{per_second:.0f} B/s"
+    return f"{format_bytes(per_second)}/s"
 
 
 def format_metrics(metrics: Mapping[str, float]) -> str:
@@ -226,6 +232,8 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
         ("checkpoints", f"{format_count(op.checkpoints)} saved over its life (last "
                         f"{op.checkpoint_time_ms} ms, average {op.checkpoint_time_avg_ms:.1f} ms)"
          if op.checkpoints else "0"),
+        ("state", f"{format_bytes(op.checkpoint_bytes)} (its last checkpoint)"
+         if op.checkpoint_bytes else "-"),
         ("recovery window", format_window_id(op.recovery_window_id)),
         ("committed window", format_window_id(op.committed_window_id)),
         ("started from", format_window_id(op.deploy_window_id)

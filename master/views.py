@@ -155,7 +155,8 @@ def _add_logical_operators(app: Application, figures: dict[int, _Figures],
                                           for op in partitions),
             latency_ms=max(figures[op.id].latency_ms for op in partitions),
             metrics=metrics, watermark_ms=watermark,
-            event_time_lag_ms=event_time_lag_ms(watermark, now_ms))
+            event_time_lag_ms=event_time_lag_ms(watermark, now_ms),
+            checkpoint_bytes=sum(app.checkpoints[op.id].last_bytes for op in partitions))
 
 
 def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
@@ -251,6 +252,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         latency_ms=figures.latency_ms,
         checkpoint_window_id=book.latest, checkpoint_time_ms=book.last_time_ms,
         checkpoint_time_avg_ms=book.average_time_ms, checkpoints=book.count,
+        checkpoint_bytes=book.last_bytes,
         failures_in_a_row=op.failures_in_a_row, max_restarts=max_restarts(op),
         deploy_window_id=op.deploy_window_id, processing_mode=op.processing_mode,
         committed_window_id=app.committed_window_id, metrics=tracker.metrics,

@@ -258,6 +258,15 @@ def test_a_restored_operator_goes_on_from_its_checkpointed_watermark():
     assert watermarks(fresh) == {3: 200, 4: 400}
 
 
+def test_a_checkpoint_reports_its_size_as_the_state_size():
+    store = MemoryCheckpointer()
+    runner, _ = run(SumPerAppWindow(), {"a": marked({1: 100, 2: 300})}, checkpointer=store)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    sizes = {s.checkpoint.window_id: s.checkpoint_stats.checkpoint_bytes
+             for s in runner.drain_stats() if s.HasField("checkpoint")}
+    assert sizes and sizes == {w: len(data) for w, data in store.saved.items()}
+
+
 def test_a_restored_operator_counts_the_ports_connected_now():
     """A port it no longer has stops holding it back; a new one counts from none."""
     op = SumPerAppWindow()

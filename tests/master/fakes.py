@@ -73,7 +73,8 @@ def chain_descriptor(n: int = 3, **attributes: object) -> plan_pb2.DagDescriptor
 def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int = 0,
            cpu_ns: int = 0, in_port: str | None = "input", out_port: str | None = "output",
            checkpoint: int | None = None, checkpoint_ms: int = 0,
-           watermark: int = NO_WATERMARK) -> umbilical_pb2.OperatorStats:
+           watermark: int = NO_WATERMARK, checkpoint_bytes: int = 0
+           ) -> umbilical_pb2.OperatorStats:
     """One window's stats with one input and one output port (either may be None).
 
     ``checkpoint``: the window of a checkpoint completed in this window, if any;
@@ -85,6 +86,7 @@ def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int 
         stats.checkpoint.window_id = checkpoint
         stats.checkpoint_stats.checkpoint_start_time = end_ms
         stats.checkpoint_stats.checkpoint_time_ms = checkpoint_ms
+        stats.checkpoint_stats.checkpoint_bytes = checkpoint_bytes
     if in_port:
         stats.input_ports.add(id=in_port, tuple_count=tuples_in, end_window_timestamp=end_ms)
     if out_port:
