@@ -70,6 +70,17 @@ def chain_descriptor(n: int = 3, **attributes: object) -> plan_pb2.DagDescriptor
     return chain_dag(n, **attributes).to_descriptor()
 
 
+def partitioned_dag(name: str = "partitioned") -> Dag:
+    """source -> relay (two partitions, then their unifier) -> sink, in one container."""
+    dag = Dag(name, CONTAINERS=1)
+    source = dag.add_operator("source", Source())
+    relay = dag.add_operator("relay", Relay(), PARTITIONS=2, PARTITION_KEY="k")
+    sink = dag.add_operator("sink", Sink())
+    dag.add_stream("in", source.output, relay.input)
+    dag.add_stream("out", relay.output, sink.input)
+    return dag
+
+
 def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int = 0,
            cpu_ns: int = 0, in_port: str | None = "input", out_port: str | None = "output",
            checkpoint: int | None = None, checkpoint_ms: int = 0,

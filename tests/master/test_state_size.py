@@ -17,11 +17,9 @@ from operators.windows import make_window_id
 from proto import client_pb2
 from tests.master.fakes import (
     ManualClock,
-    Relay,
-    Sink,
-    Source,
     container_heartbeat,
     operator_report,
+    partitioned_dag,
     window,
 )
 from tests.master.test_metrics import samples, value
@@ -35,17 +33,9 @@ SIZES = {"source": 1_000, "relay#0": 3 * 2**20, "relay#1": 2**20}
 def checkpointed_core() -> tuple[MasterCore, str]:
     """source -> relay (two partitions) -> sink; each reports two checkpoints, the last of
     the size in ``SIZES`` (the first twice as large: only the last counts)."""
-    from operators import Dag
-
-    dag = Dag("sized", CONTAINERS=1)
-    source = dag.add_operator("source", Source())
-    relay = dag.add_operator("relay", Relay(), PARTITIONS=2, PARTITION_KEY="k")
-    sink = dag.add_operator("sink", Sink())
-    dag.add_stream("in", source.output, relay.input)
-    dag.add_stream("out", relay.output, sink.input)
     clock = ManualClock(T)
     core = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=clock)
-    app_id = core.submit(dag.to_descriptor(), {})
+    app_id = core.submit(partitioned_dag("sized").to_descriptor(), {})
     cid = f"{app_id}-c0"
     core.heartbeat(container_heartbeat(cid, port=7000))
     start = core.application_info(app_id).start_window_millis
