@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import JobSpec, PeakMemory
+from bench.common import JobSpec, PeakMemory, render_table
+from bench.event_time import event_time_jobs, render_event_time
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,7 +139,7 @@ def render(results: list[dict[str, Any]]) -> str:
                      _fmt(eps), f"{_fmt(low)}-{_fmt(high)}", _fmt(p50), _fmt(p99),
                      _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
                      ratio, p99_ratio])
-    lines = _table(headers, rows)
+    lines = render_table(headers, rows)
     wrong = [r for r in results if not r.get("correct")]
     lines += [f"  {r['system']}: {r.get('detail', '')}" for r in wrong]
     for r in results:
@@ -160,17 +161,6 @@ def render_breakdown(costs: dict[str, Any]) -> str:
     return (f"per job of {costs.get('rows_per_job', 0):,} rows (p50 latency "
             f"{costs.get('latency_p50_ms', 0):,.0f} ms): " + "; ".join(parts)
             + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Aligned columns: the first left, the others right."""
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                        for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-              for row in rows]
-    return lines
 
 
 SPARK_STREAMING = "spark-structured-streaming"
@@ -232,7 +222,7 @@ def render_scaling(scaling: dict[str, Any]) -> str:
                      _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
                      *ratios])
     lines = ["scaling: the aggregation as N partitions (one Spark local[1] session each, a "
-             "unifier in front of the sink when N > 1)", *_table(headers, rows)]
+             "unifier in front of the sink when N > 1)", *render_table(headers, rows)]
     lines += [f"  {r['partitions']} partitions: {r.get('detail', '')}"
               for r in scaling["runs"] if not r.get("correct")]
     if not scaling.get("spark_streaming_events_per_second"):
@@ -317,9 +307,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="partition counts of the scaling row, comma-separated")
     parser.add_argument("--scaling-events", type=int, default=10_000_000,
                         help="events per scaling run (offered at --max-rate)")
+    parser.add_argument("--event-time-events", type=int, default=8_000_000,
+                        help="events of the event-time row (Weir and Spark SS, same files)")
+    parser.add_argument("--event-time-rate", type=float, default=2_000_000,
+                        help="event-time row: events/s offered to Weir (above what it "
+                             "sustains: its ceiling; its delay then includes a backlog)")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "weir-kafka", "spark-streaming",
-                                 "bytewax", "startup",
+                                 "event-time", "bytewax", "startup",
                                  "recovery", "master-restart", "control-plane", "scaling"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
@@ -349,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if "spark-streaming" not in args.skip:
         jobs.append(("spark-streaming", lambda: _run("spark-streaming", spec, args.timeout)))
     results.extend(_repeated(jobs, max(1, args.repeat)))
+    if "event-time" not in args.skip:
+        report["event_time"] = _repeated(event_time_jobs(args, _run), max(1, args.repeat))
     if "weir-kafka" not in args.skip:
         kafka = dataclasses.replace(spec, events=args.kafka_events)
         results.append(_run("weir-kafka", kafka, args.timeout, *app_windows))
@@ -381,9 +378,12 @@ def main(argv: list[str] | None = None) -> int:
                                        str(min(args.control_warmup, args.control_seconds / 2)))
 
     args.out.mkdir(parents=True, exist_ok=True)
-    table = render(results)
+    sections = [render(results)] if results else []
+    if "event_time" in report:
+        sections.append(render_event_time(report["event_time"]))
     if "scaling" in report:
-        table += "\n\n" + render_scaling(report["scaling"])
+        sections.append(render_scaling(report["scaling"]))
+    table = "\n\n".join(sections)
     print(table)
     if "startup" in report:
         s = report["startup"]

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from operators.library import EventGenerator
 
 __all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile",
-           "write_event_files"]
+           "render_table", "write_event_files"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +117,17 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
     return float(ordered[rank])
+
+
+def render_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Aligned columns: the first left, the others right."""
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+              for row in rows]
+    return lines
 
 
 class PeakMemory:

@@ -18,7 +18,7 @@ from bench.common import JobSpec
 __all__ = ["SYSTEMS", "main"]
 
 SYSTEMS = ("weir", "weir-kafka", "spark-streaming", "bytewax", "startup", "recovery",
-           "master-restart", "control-plane")
+           "master-restart", "control-plane", "weir-event-time", "spark-event-time")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=0,
                         help="recovery: SPARE_CONTAINERS (warm standbys the lost container's "
                              "operators go to)")
+    parser.add_argument("--event-time-spec", default="",
+                        help="weir-event-time, spark-event-time: the EventTimeSpec as JSON "
+                             "(default: EventTimeSpec() with --spec's events)")
     parser.add_argument("--containers", type=int, default=1000, help="control plane")
     parser.add_argument("--operators", type=int, default=10, help="control plane")
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
@@ -63,6 +66,15 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = weir_job.run(spec, args.app_windows, work_dir=work, partitions=args.partitions,
                               from_files=args.from_files).to_dict()
+    elif args.system in ("weir-event-time", "spark-event-time"):
+        from bench import event_time_jobs
+        from bench.event_time import EventTimeSpec
+
+        et = (EventTimeSpec.from_json(args.event_time_spec) if args.event_time_spec
+              else EventTimeSpec(events=spec.events))
+        run = event_time_jobs.run_weir if args.system == "weir-event-time" \
+            else event_time_jobs.run_spark
+        result = run(et, work).to_dict()
     elif args.system == "weir-kafka":
         from bench import kafka_job
 
