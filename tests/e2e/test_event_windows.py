@@ -37,8 +37,8 @@ APP = """
     source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=200),
                               CONTAINER=0, EVENT_TIME_COLUMN="ts",
                               WATERMARK_DELAY_MILLIS={delay})
-    windows = dag.add_operator("per-second", EventTimeWindows.tumbling(
-        "ts", size_ms={size}, keys="user", allowed_lateness_ms={lateness},
+    windows = dag.add_operator("per-second", {windows}, keys="user",
+        allowed_lateness_ms={lateness},
         aggregations={{"n": "count(*)", "total": "sum(amount)"}}), CONTAINER=1)
     out = dag.add_operator("out", {sink}, CONTAINER=1)
     late = dag.add_operator("late", FileSink({late!r}, format="parquet", exactly_once=True),
@@ -49,39 +49,66 @@ APP = """
 """
 
 Window = tuple[str, int]  # user, window start (epoch ms)
+Row = tuple[int, int, str, int, bool]  # id, event ms, user, amount, 6 s behind
+KINDS = {
+    "tumbling": f"EventTimeWindows.tumbling('ts', size_ms={WINDOW_MS}",
+    "sliding": f"EventTimeWindows.sliding('ts', size_ms={WINDOW_MS}, slide_ms=500",
+    "session": "EventTimeWindows.session('ts', gap_ms=2",
+}
 
 
-def write_inbox(inbox: Path, lateness_ms: int = 0
-                ) -> tuple[dict[Window, tuple[int, int]], list[int]]:
+def write_inbox(inbox: Path) -> list[Row]:
     """Events 1 ms apart, each up to 200 ms out of order (within the watermark delay: never
     late), and one in a hundred 6 s behind: with no lateness always later than its
-    window's end by the watermark before it, however the rows fall into streaming
-    windows; with 7 s of lateness always within it (an update of its window). Returns the
-    reference windows (count, sum) and the ids of the late rows."""
+    windows' end by the watermark before it, however the rows fall into streaming
+    windows; with 7 s of lateness always within it (an update of its window)."""
     inbox.mkdir()
-    windows: dict[Window, list[int]] = collections.defaultdict(lambda: [0, 0])
-    late: list[int] = []
+    rows: list[Row] = []
     for f in range(FILES):
         ids = range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
-        ts, users, amounts = [], [], []
         for i in ids:
             very_late = i >= 3_000 and i % 100 == 37
             t = BASE_MS + i - 6_000 if very_late else BASE_MS + i + (i * 7919 % 401 - 200)
-            user, amount = f"u{i % 3}", i % 7
-            ts.append(t)
-            users.append(user)
-            amounts.append(amount)
-            if very_late and lateness_ms < 6_000:
-                late.append(i)
-            else:
-                window = windows[(user, t - t % WINDOW_MS)]
-                window[0] += 1
-                window[1] += amount
-        table = pa.table({"ts": pa.array(ts, pa.timestamp("ms")), "user": users,
-                          "amount": pa.array(amounts, pa.int64()),
+            rows.append((i, t, f"u{i % 3}", i % 7, very_late))
+        part = rows[-ROWS_PER_FILE:]
+        table = pa.table({"ts": pa.array([r[1] for r in part], pa.timestamp("ms")),
+                          "user": [r[2] for r in part],
+                          "amount": pa.array([r[3] for r in part], pa.int64()),
                           "id": pa.array(ids, pa.int64())})
         pq.write_table(table, inbox / f".part-{f}.tmp", row_group_size=1_000)
         os.replace(inbox / f".part-{f}.tmp", inbox / f"part-{f}.parquet")
+    return rows
+
+
+def reference(rows: list[Row], kind: str, lateness_ms: int
+              ) -> tuple[dict[Window, tuple[int, int]], list[int]]:
+    """The windows (count, sum) by plain Python, and the ids of the late rows. Whatever
+    the kind, a row 6 s behind is late without lateness (its windows, or its session,
+    closed long before) and an update with 7 s; no other row is ever late, nor joins a
+    window already out."""
+    late = [i for i, _, _, _, behind in rows if behind and lateness_ms < 6_000]
+    counted = [r for r in rows if not (r[4] and lateness_ms < 6_000)]
+    windows: dict[Window, list[int]] = collections.defaultdict(lambda: [0, 0])
+    if kind == "session":
+        by_user: dict[str, list[Row]] = collections.defaultdict(list)
+        for row in counted:
+            by_user[row[2]].append(row)
+        for user, mine in by_user.items():
+            mine.sort(key=lambda r: r[1])
+            start = previous = mine[0][1]
+            for _, t, _, amount, _ in mine:
+                if t - previous >= 2:
+                    start = t
+                windows[(user, start)][0] += 1
+                windows[(user, start)][1] += amount
+                previous = t
+    else:
+        slide = WINDOW_MS if kind == "tumbling" else 500
+        for _, t, user, amount, _ in counted:
+            last = t - t % slide
+            for first in range(last - WINDOW_MS + slide, last + 1, slide):
+                windows[(user, first)][0] += 1
+                windows[(user, first)][1] += amount
     return {k: (v[0], v[1]) for k, v in windows.items()}, late
 
 
@@ -90,18 +117,19 @@ def published(folder: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({})
 
 
-def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0,
-        sink: str = "") -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
+def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = "",
+        kind: str = "tumbling") -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
     """Runs the application; returns the reference windows and the windows operator's
     metrics. Without ``sink`` the results go to an exactly-once FileSink and are checked
     here."""
-    expected, late = write_inbox(tmp_path / "inbox", lateness_ms)
+    expected, late = reference(write_inbox(tmp_path / "inbox"), kind, lateness_ms)
     app = tmp_path / "event_windows_app.py"
     out_sink = sink or (f"FileSink({str(tmp_path / 'out')!r}, format='parquet', "
                         "exactly_once=True)")
     app.write_text(textwrap.dedent(APP.format(
         state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"), sink=out_sink,
-        late=str(tmp_path / "late"), delay=DELAY_MS, size=WINDOW_MS, lateness=lateness_ms)))
+        late=str(tmp_path / "late"), delay=DELAY_MS, windows=KINDS[kind],
+        lateness=lateness_ms)))
     note, kills = "", []
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
@@ -129,13 +157,16 @@ def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0,
         f"{len(wrong)} windows differ from the reference (got, expected), e.g. "
         f"{dict(list(wrong.items())[:5])}; {len(windows)} published of {len(expected)}; "
         f"{note}, killed {kills}")
-    assert all(reason.startswith("its windows ended more than allowed_lateness_ms=0")
+    said = "its session ended" if kind == "session" else "its windows ended"
+    assert all(reason.startswith(f"{said} more than allowed_lateness_ms=0")
                for reason in late_rows.column("late_reason").to_pylist())
     return expected, dict(windows_op.metrics)
 
 
-def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path):
-    run(master, tmp_path, kill=False)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path,
+                                                                        kind):
+    run(master, tmp_path, kill=False, kind=kind)
 
 
 def test_the_same_with_random_container_sigkills(master, tmp_path):
