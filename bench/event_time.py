@@ -220,6 +220,7 @@ def iso_ms(text: str) -> int:
 
 
 def delay_figures(delays: list[float]) -> dict[str, float]:
+    """p50 and p99 of the result delays, kept in a run's ``extra`` beside its latencies."""
     return {"result_delay_p50_ms": percentile(delays, 50),
             "result_delay_p99_ms": percentile(delays, 99)}
 

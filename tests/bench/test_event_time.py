@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from bench import __main__ as bench_main
 from bench.event_time import (
     SPARK,
     WEIR,
@@ -134,3 +136,27 @@ def test_the_table_gives_ratios_to_spark() -> None:
     assert "queued behind the previous streaming window: p50 100 ms" in text
     wrong = render_event_time([weir, {**spark, "correct": False}]).splitlines()
     assert wrong[3].split()[-2:] == ["-", "-"]
+
+
+def test_make_bench_runs_both_systems_on_one_spec_and_prints_the_section(
+        monkeypatch, tmp_path, capsys) -> None:
+    calls: list[tuple[str, dict]] = []
+
+    def fake_run(system, spec, timeout_s, *extra):
+        et = json.loads(extra[extra.index("--event-time-spec") + 1])
+        calls.append((system, et))
+        return {"system": system, "events": spec.events, "events_per_second": 10,
+                "latency_p50_ms": 5, "latency_p99_ms": 9, "correct": True, "detail": "ok"}
+
+    monkeypatch.setattr(bench_main, "_run", fake_run)
+    monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
+    skips = [arg for name in ("weir", "weir-paced", "spark-streaming", "weir-kafka", "bytewax",
+                              "startup", "recovery", "master-restart", "control-plane",
+                              "scaling") for arg in ("--skip", name)]
+    assert bench_main.main([*skips, "--repeat", "2", "--event-time-events", "1000",
+                            "--event-time-rate", "4000", "--out", str(tmp_path)]) == 0
+    assert [system for system, _ in calls] == [WEIR, SPARK, WEIR, SPARK]  # interleaved
+    assert all(et["events"] == 1000 and et["rows_per_window"] == 2000 for _, et in calls)
+    assert "event time: 1 s tumbling windows" in capsys.readouterr().out
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert [r["system"] for r in report["event_time"]] == [WEIR, SPARK]
