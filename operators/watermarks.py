@@ -52,8 +52,9 @@ IDLE = -(2**63) + 1
 one again (a source partition without rows for ``IDLE_TIMEOUT_MILLIS``, or an operator
 all of whose inputs are idle)."""
 
-WATERMARKS_ATTRIBUTE = "_watermarks"
-"""The operator's instance attribute holding its ``Watermarks`` (state: checkpointed)."""
+WATERMARKS_ATTRIBUTE = "_weir_watermarks"
+"""The operator's instance attribute holding its ``Watermarks`` (state: checkpointed);
+prefixed so it cannot hide an operator's own attribute or method."""
 
 
 class Watermarks:

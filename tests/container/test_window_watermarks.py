@@ -302,3 +302,16 @@ def test_a_new_partition_takes_the_lowest_watermark_of_the_old_ones_in_its_own_o
     assert new.totals == {"a": 1, "b": 2}
     del old[1].__dict__[WATERMARKS_ATTRIBUTE]  # a checkpoint from before watermarks
     assert WATERMARKS_ATTRIBUTE not in new_partition(old, None).__dict__
+
+
+def test_the_runtimes_watermarks_hide_nothing_of_the_operator():
+    """KafkaSource has a ``_watermarks`` method: the runtime's attribute must not hide it."""
+
+    class OwnWatermarks(Timed):
+        def _watermarks(self) -> str:
+            return "the operator's own"
+
+    source = OwnWatermarks([[1_000]])
+    runner, _ = run_source(source, EVENT_TIME_COLUMN="t")
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert source._watermarks() == "the operator's own"

@@ -15,7 +15,7 @@ import pytest
 from container.spark_bridge import SparkSessionBridge
 from operators.library.event_windows import EventTimeWindows
 from operators.spark import SparkSchemaMismatch
-from operators.watermarks import END_OF_TIME, NO_WATERMARK, Watermarks
+from operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
 from operators.windows import make_window_id
 from tests.operators.test_spark import Emitted, start
 
@@ -33,7 +33,7 @@ def drive(op: EventTimeWindows, emitted: Emitted, chunks: list[list[Row]],
           watermarks: list[int], first: int = 0) -> list[list[dict[str, Any]]]:
     """Runs one streaming window per chunk, its END_WINDOW carrying the watermark; returns
     what each window emitted on ``output``."""
-    marks = op.__dict__.setdefault("_watermarks", Watermarks(["input"]))
+    marks = op.__dict__.setdefault(WATERMARKS_ATTRIBUTE, Watermarks(["input"]))
     out = []
     for index, (rows, watermark) in enumerate(zip(chunks, watermarks, strict=True)):
         before = len(emitted.rows())
