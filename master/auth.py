@@ -127,6 +127,26 @@ def secret_path(port: int) -> Path:
     return weir_home() / f"master-{port}.secret"
 
 
+def local_master_addresses() -> list[str]:
+    """The addresses named by the master secret files in ``weir_home()``, newest first:
+    the masters of this machine and user (``weir master``, and ``weir run``'s embedded
+    one on whatever port it got). Only regular files owned by this user count (a file
+    planted by someone else, or a link, is skipped): the caller will send the secret
+    there."""
+    found = []
+    for path in weir_home().glob("master-*.secret"):
+        try:
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            address = str(read_secret_file(path)[1].get("address") or "")
+        except (OSError, ValueError):
+            continue
+        if address:
+            found.append((info.st_mtime, address))
+    return [address for _, address in sorted(found, reverse=True)]
+
+
 def write_secret_file(path: Path, address: str, secret: str, tls_roots: bytes,
                       extra: Mapping[str, str] | None = None) -> None:
     """Writes the secret file atomically, readable by its owner only (0600, folder 0700).

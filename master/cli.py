@@ -29,7 +29,7 @@ from master.cli_queries import (
     cmd_submit,
     cmd_top,
 )
-from master.client import WeirClientError, default_master
+from master.client import DEFAULT_MASTER, WeirClientError, default_master
 from master.errors import MasterError
 from master.launcher import launcher_names
 from master.physical_plan import PlanError
@@ -63,8 +63,9 @@ def _common() -> argparse.ArgumentParser:
     """Options accepted before or after the subcommand (defaults filled in later)."""
     common = _Parser(add_help=False)
     common.add_argument("--master", default=argparse.SUPPRESS, metavar="HOST:PORT",
-                        help="the master to talk to (default: $WEIR_MASTER or "
-                             f"{default_master()})")
+                        help="the master to talk to (default: $WEIR_MASTER, else "
+                             f"{DEFAULT_MASTER} if it answers, else the newest master of "
+                             "this machine and user that does, e.g. a `weir run`)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output (the API's messages as JSON)")
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
@@ -247,7 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     args.forward = unknown
-    args.master = getattr(args, "master", None) or default_master()
+    args.master = getattr(args, "master", None) or (
+        "" if args.command in ("master", "run") else default_master())  # they start one
     args.json = getattr(args, "json", False)
     args.verbose = getattr(args, "verbose", 0)
     args.timeout = getattr(args, "timeout", 10.0)

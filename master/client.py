@@ -43,7 +43,28 @@ class WeirClientError(Exception):
 
 
 def default_master() -> str:
-    return os.environ.get("WEIR_MASTER") or DEFAULT_MASTER
+    """``$WEIR_MASTER``; else ``DEFAULT_MASTER`` if a master answers there; else the newest
+    master of this machine and user that answers on its port (a ``weir run`` in another
+    terminal: its embedded master takes any free port); else ``DEFAULT_MASTER``."""
+    configured = os.environ.get("WEIR_MASTER")
+    if configured:
+        return configured
+    local = auth.local_master_addresses()
+    for address in sorted(local, key=lambda a: a != DEFAULT_MASTER):  # the default first
+        if _answers(address):
+            return address
+    return DEFAULT_MASTER
+
+
+def _answers(address: str, timeout_s: float = 0.3) -> bool:
+    """Whether something accepts connections at ``address`` (a secret file outlives a
+    master killed with SIGKILL; its port is then closed)."""
+    try:
+        host, port = parse_address(address)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, WeirClientError):
+        return False
 
 
 def parse_address(address: str) -> tuple[str, int]:

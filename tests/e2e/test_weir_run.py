@@ -126,3 +126,35 @@ def test_a_master_whose_terminal_closes_stops_and_removes_its_secret(weir, tmp_p
     proc.proc.send_signal(signal.SIGHUP)  # what closing its terminal sends
     assert proc.wait(30) == 0, proc.output()
     assert not os.path.exists(secret_file), "the secret file outlived the master"
+
+
+SLOW_APP = """
+    from operators import Dag
+    from operators.testing import ListSource
+    from operators.library import ConsoleSink
+
+    dag = Dag("slow", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
+    src = dag.add_operator("src", ListSource([[{{"x": i}}] for i in range(3_000)]))
+    sink = dag.add_operator("sink", ConsoleSink(limit=1), CONTAINER=1)
+    dag.add_stream("a", src.output, sink.input)
+"""
+
+
+def test_other_weir_commands_find_a_running_weir_run_without_flags(weir, tmp_path):
+    """`weir run`'s embedded master takes any free port; `weir apps` and `weir operators`
+    in another terminal find it through its secret file, with no --master."""
+    run = weir("run", write(tmp_path, SLOW_APP))
+
+    def listed() -> str | None:
+        apps = weir("apps", "--json")
+        apps.wait(30)
+        return apps.output() if '"app-0001"' in apps.output() else None
+
+    found = poll_for(listed, 90, f"weir apps to list weir run's application:\n{run.output()}",
+                     interval_s=0.5)
+    assert '"slow"' in found
+    operators = weir("operators", "app-0001")
+    assert operators.wait(30) == 0, operators.output()
+    assert "src" in operators.output() and "sink" in operators.output()
+    run.interrupt()  # Ctrl-C: weir run stops its application and containers
+    assert run.wait(60) == 130, run.output()
