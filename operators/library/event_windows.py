@@ -247,28 +247,46 @@ class EventTimeWindows(SparkOperator):
             return None
         return pa.concat_tables(parts, promote_options="permissive").combine_chunks()
 
+    def _ends(self, times: pa.Array | pa.ChunkedArray
+              ) -> tuple[pa.Array | pa.ChunkedArray, pa.Array | pa.ChunkedArray]:
+        """The end of the earliest and of the latest window each event time is in (a
+        session: the end of the one it starts, a lower bound for both)."""
+        last_end = self._last_end(times)
+        if self.kind == "session":
+            return last_end, last_end
+        return pc.add(pc.subtract(last_end, self.size_ms), self.slide_ms), last_end
+
     def _fires(self, pending: pa.Table, before: int, now: int) -> bool:
-        """Whether a window of ``pending`` goes out now: one ended in (before, now], or
-        one that ended by ``now`` took a new row (a late update)."""
+        """Whether a window of ``pending`` may go out now: one ended in (before, now], or
+        one that ended by ``now`` took a new row (a late update). A necessary condition:
+        the job's filter is the exact one."""
         if now == NO_WATERMARK:
             return False
-        times = pending.column(_TIME)
-        if self.kind == "session":  # a session ends gap_ms after its last row at least
-            first_end = pc.add(times, self.gap_ms)
-        else:  # the earliest window a row is in ends this much after the slide before it
-            first_end = pc.add(pc.subtract(self._last_end(times), self.size_ms),
-                               self.slide_ms)
-        if pc.any(pc.and_(pc.greater(self._last_end(times), before),
+        first_end, last_end = self._ends(pending.column(_TIME))
+        if pc.any(pc.and_(pc.greater(last_end, before),
                           pc.less_equal(first_end, now))).as_py():
             return True
         return bool(pc.any(pc.and_(pending.column(_NEW),
                                    pc.less_equal(first_end, now))).as_py())
 
+    def _job_rows(self, pending: pa.Table, before: int, now: int) -> pa.Table:
+        """The open rows the job needs: for tumbling and sliding windows only those of
+        windows that may go out now (ended by ``now``, and not closed for good before),
+        so a job aggregates about one window's rows, not every open one's; a session
+        needs them all (it may merge)."""
+        if self.kind == "session":
+            return pending
+        first_end, last_end = self._ends(pending.column(_TIME))
+        needed = pc.and_(pc.less_equal(first_end, now),
+                         pc.greater(pc.add(last_end, self.allowed_lateness_ms), before))
+        return pending.filter(needed)
+
     def _run(self, pending: pa.Table, before: int, now: int) -> None:
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
         spark = self.spark
-        df = spark.to_dataframe(pending.to_batches(), pending.schema)
+        rows = self._job_rows(pending, before, now)
+        df = spark.to_dataframe(rows.to_batches(), rows.schema)
         if self.kind == "session":
             df = self._live_sessions(df, before)
             if before != NO_WATERMARK:  # a new row whose session, merged, closed for good
