@@ -155,6 +155,27 @@ class EventTimeWindows(SparkOperator):
                 f"{self.keys or 'no key'} but PARTITION_KEY is {partition_key!r}; partition "
                 f"it by one of its keys, or not at all")
         super().setup(context)
+        self._warm_windows(int(context.attributes.get("SPARK_WARMUP_ROWS") or 0))
+
+    def _warm_windows(self, rows: int, rounds: int = 3) -> None:
+        """Runs jobs of this operator's shape (event time into windows, grouped with a
+        key) over made-up rows before the sources start: the container's warm-up covers
+        plain groupings only, and the bench measured a cold first ``window()`` job at
+        2.4 s against about 1 s warm."""
+        if rows <= 0 or self.kind == "session":  # sessions: window functions, warmed less
+            return
+        import numpy as np
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        ids = np.arange(rows)
+        batch = pa.record_batch({_TIME: pa.array(ids * 3, pa.int64()),
+                                 "k": pa.array(ids % 1_000, pa.int64())})
+        for _ in range(rounds):
+            with job_scope(self.spark):
+                df = self.spark.to_dataframe([batch], batch.schema)
+                slot = F.window(F.timestamp_millis(F.col(_TIME)),
+                                f"{self.size_ms} milliseconds", f"{self.slide_ms} milliseconds")
+                self.spark.to_arrow(df.groupBy(slot, "k").agg(F.count(F.lit(1)), F.sum(_TIME)))
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:

@@ -280,3 +280,28 @@ def test_a_bad_input_names_the_operator_and_the_fix(schema: pa.Schema, says: str
     with pytest.raises(SparkSchemaMismatch) as raised:
         op.process("input", rows)
     assert "'per-minute'" in str(raised.value) and says in str(raised.value)
+
+
+def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBridge) -> None:
+    from operators.operator import OperatorContext
+
+    class Counting:
+        """The bridge, counting the jobs it runs."""
+
+        def __init__(self) -> None:
+            self.jobs = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(bridge, name)
+
+        def to_arrow(self, df: Any) -> pa.Table:
+            self.jobs += 1
+            return bridge.to_arrow(df)
+
+    counting = Counting()
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
+    op.connect_outputs(Emitted())
+    op.setup(OperatorContext(name="op", operator_id=1, container_id="c0",
+                             attributes={"SPARK_WARMUP_ROWS": 5_000}, spark=counting))
+    assert counting.jobs == 3
+    assert op.pending is None and op.windows_out == 0  # nothing of it stays
