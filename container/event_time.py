@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from operators.operator import Operator
 from operators.watermarks import (
@@ -45,7 +46,8 @@ def operator_watermarks(operator: Operator, ports: Iterable[str],
     names = list(ports)
     if not isinstance(marks, Watermarks):
         marks = Watermarks(names, str(attributes.get("EVENT_TIME_COLUMN") or ""),
-                           int(attributes.get("WATERMARK_DELAY_MILLIS") or 0))
+                           int(attributes.get("WATERMARK_DELAY_MILLIS") or 0),
+                           split=bool(getattr(operator, "WATERMARK_SPLITS", ())))
         operator.__dict__[WATERMARKS_ATTRIBUTE] = marks
     marks.connect(names)
     marks.idle_windows = idle_windows(attributes)
@@ -87,14 +89,18 @@ class SourceEventTimes:
         marks: the source's watermarks (``event_time_column`` set).
         owner: names the operator in errors.
         ports: its connected output ports and their declared schemas (None: undeclared).
+        split_columns: the columns naming a row's split (``InputOperator.WATERMARK_SPLITS``),
+            tracked apart when ``marks`` has splits and a batch has every one of them.
 
     Raises:
         EventTimeError: the declared schemas already rule every port out.
     """
 
     def __init__(self, marks: Watermarks, owner: str,
-                 ports: Mapping[str, pa.Schema | None]) -> None:
+                 ports: Mapping[str, pa.Schema | None],
+                 split_columns: Sequence[str] = ()) -> None:
         self.marks = marks
+        self.split_columns = list(split_columns)
         self.column = marks.event_time_column
         self.owner = f"{owner} (EVENT_TIME_COLUMN)"
         self._ports = frozenset(ports)
@@ -129,4 +135,15 @@ class SourceEventTimes:
                                  f"event-time column {self.column!r} although the port's "
                                  "earlier ones had; every batch of a port needs it")
         if batch.num_rows:
-            self.marks.saw_event_times(event_times_ms(batch.column(index)))
+            self.marks.saw_event_times(event_times_ms(batch.column(index)),
+                                       self._splits(batch))
+
+    def _splits(self, batch: pa.RecordBatch | pa.Table) -> pa.Array | None:
+        """Each row's split as one value (the split columns joined), or None."""
+        if not self.split_columns or self.marks.splits is None or not all(
+                name in batch.schema.names for name in self.split_columns):
+            return None
+        columns = [batch.column(name) for name in self.split_columns]
+        if len(columns) == 1:
+            return columns[0]
+        return pc.binary_join_element_wise(*[pc.cast(c, pa.string()) for c in columns], "/")

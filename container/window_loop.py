@@ -182,7 +182,7 @@ class OperatorRunner(CommitSteps):
                 self._event_times = SourceEventTimes(
                     self.marks, f"operator {name!r}",
                     {port: declared[port].schema if port in declared else None
-                     for port in self.publishers})
+                     for port in self.publishers}, self.operator.WATERMARK_SPLITS)
             self._set_up = True
             if isinstance(self.operator, InputOperator):
                 self._enter(RunnerPhase.WAITING)

@@ -264,6 +264,11 @@ class InputOperator(Operator):
 
     #: it reads only its partition's share of the input when partitioned.
     SPLITS_INPUT: ClassVar[bool] = False
+    #: columns naming the split each row comes from, when the input is made of splits
+    #: that each deliver in order but not in step (Kafka's topic partitions): with
+    #: ``EVENT_TIME_COLUMN`` its watermark is then the lowest over its splits
+    #: (``operators.watermarks``), so a lagging split's rows are not made late.
+    WATERMARK_SPLITS: ClassVar[tuple[str, ...]] = ()
 
     def emit_tuples(self) -> bool:
         """Emits what is available now, within the current streaming window.

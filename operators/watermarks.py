@@ -26,6 +26,7 @@ watermarks, gets the same watermark again. Results downstream stay exactly once.
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,15 +72,22 @@ class Watermarks:
         delay_ms: the out-of-orderness a source allows: its watermark trails the highest
             event time it emitted by this much.
         idle_windows: windows without a row after which a source is idle (0 = never).
+        split: a source whose input is made of splits that each deliver in order, but
+            not in step (Kafka's partitions): its watermark is then the lowest over the
+            splits it has seen (each one's highest event time), less the delay, so a
+            split that lags does not see its rows made late by one that runs ahead; a
+            split without rows for ``idle_windows`` windows stops holding it back.
     """
 
     quiet_windows = 0  # (class defaults: checkpoints from before idleness)
     idle_windows = 0
     _rows_this_window = False
+    splits: dict[Any, list[int]] | None = None  # split -> [highest event ms, quiet windows]
 
     def __init__(self, ports: list[str], event_time_column: str = "",
-                 delay_ms: int = 0, idle_windows: int = 0) -> None:
+                 delay_ms: int = 0, idle_windows: int = 0, split: bool = False) -> None:
         self.inputs: dict[str, int] = dict.fromkeys(ports, NO_WATERMARK)
+        self.splits = {} if split else None
         self.event_time_column = event_time_column
         self.delay_ms = delay_ms
         self.idle_windows = idle_windows
@@ -104,14 +112,25 @@ class Watermarks:
         """``port`` delivered END_STREAM: it holds nothing back any more."""
         self.inputs[port] = END_OF_TIME
 
-    def saw_event_times(self, times_ms: pa.Array | pa.ChunkedArray) -> None:
-        """A source emitted rows with these event times (epoch ms; nulls are skipped)."""
+    def saw_event_times(self, times_ms: pa.Array | pa.ChunkedArray,
+                        splits: pa.Array | pa.ChunkedArray | None = None) -> None:
+        """A source emitted rows with these event times (epoch ms; nulls are skipped),
+        from these splits (one value per row) if it has them."""
         if len(times_ms) == 0:
             return
         self._rows_this_window = True
         highest = pc.max(times_ms).as_py()
         if highest is not None and highest > self.highest_event_ms:
             self.highest_event_ms = highest
+        if self.splits is not None and splits is not None:
+            table = pa.table({"split": splits, "t": times_ms}).group_by("split").aggregate(
+                [("t", "max")])
+            for split, top in zip(table.column("split").to_pylist(),
+                                  table.column("t_max").to_pylist(), strict=True):
+                known = self.splits.setdefault(split, [NO_WATERMARK, 0])
+                known[1] = -1  # rows this window (``advance`` makes it 0)
+                if top is not None and top > known[0]:
+                    known[0] = top
 
     def ended(self) -> None:
         """The source is exhausted: nothing older can come any more."""
@@ -129,12 +148,24 @@ class Watermarks:
             candidate = min(active) if active else self.current
         elif self.highest_event_ms in (NO_WATERMARK, END_OF_TIME):
             candidate = self.highest_event_ms
+        elif self.splits:
+            candidate = self._lowest_split() - self.delay_ms
         else:
             candidate = self.highest_event_ms - self.delay_ms
         if candidate > self.current:
             self.current = candidate
         return self.current
 
+
+    def _lowest_split(self) -> int:
+        """The lowest highest-event-time over the splits that are not idle (the current
+        watermark's, plus the delay, when all are)."""
+        active = []
+        for known in self.splits.values():  # type: ignore[union-attr]
+            known[1] += 1  # -1 (rows this window) becomes 0, a quiet window one more
+            if not 0 < self.idle_windows <= known[1]:
+                active.append(known[0])
+        return min(active) if active else self.current + self.delay_ms
 
     @property
     def idle(self) -> bool:

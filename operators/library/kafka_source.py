@@ -86,6 +86,7 @@ class KafkaSource(ReplayableSource):
 
     output = OutputPort()
     SPLITS_INPUT = True
+    WATERMARK_SPLITS = ("topic", "partition")  # each partition in order, not in step
     METRICS = ("records_read",)
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_consumer",

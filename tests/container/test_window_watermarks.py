@@ -315,3 +315,36 @@ def test_the_runtimes_watermarks_hide_nothing_of_the_operator():
     runner, _ = run_source(source, EVENT_TIME_COLUMN="t")
     assert runner.state is RunnerState.SHUTDOWN, runner.error
     assert source._watermarks() == "the operator's own"
+
+
+def test_a_source_with_splits_sends_the_lowest_over_its_splits():
+    """Rows of two Kafka-like partitions, one ahead of the other: the watermark follows
+    the one behind; a source without WATERMARK_SPLITS would follow the one ahead."""
+
+    class TwoSplits(InputOperator):
+        WATERMARK_SPLITS = ("topic", "partition")
+        output = OutputPort()
+
+        def __init__(self) -> None:
+            self.windows = [[(0, 5_000), (1, 1_000)], [(0, 9_000), (1, 2_000)]]
+            self.emitted = False
+
+        def begin_window(self, window_id: int) -> None:
+            self.emitted = False
+
+        def emit_tuples(self) -> bool:
+            if self.emitted:
+                return True
+            if not self.windows:
+                return False
+            rows = self.windows.pop(0)
+            self.output.emit(pa.record_batch({
+                "topic": pa.array(["t"] * len(rows)),
+                "partition": pa.array([p for p, _ in rows], pa.int32()),
+                "t": pa.array([t for _, t in rows], pa.int64())}))
+            self.emitted = True
+            return True
+
+    runner, out = run_source(TwoSplits(), EVENT_TIME_COLUMN="t")
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert list(watermarks(out).values()) == [1_000, 2_000, END_OF_TIME]

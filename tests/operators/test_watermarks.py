@@ -70,3 +70,31 @@ def test_the_end_is_never_idle():
 def test_format_says_idle():
     assert format_watermark(IDLE) == "idle"
     assert format_watermark(END_OF_TIME) == "end" and format_watermark(NO_WATERMARK) == "-"
+
+
+def split_window(marks: Watermarks, rows: list[tuple[str, int]]) -> int:
+    """One window of a split source: (split, event time) rows."""
+    if rows:
+        marks.saw_event_times(pa.array([t for _, t in rows], pa.int64()),
+                              pa.array([s for s, _ in rows]))
+    return marks.advance()
+
+
+def test_a_split_source_holds_to_its_slowest_split_not_its_fastest():
+    marks = Watermarks([], event_time_column="t", delay_ms=100, split=True)
+    assert split_window(marks, [("p0", 5_000), ("p1", 1_000), ("p0", 6_000)]) == 900
+    assert split_window(marks, [("p0", 9_000)]) == 900  # p1 lags: nothing of it is late
+    assert split_window(marks, [("p1", 2_000), ("p2", 1_500)]) == 1_400  # p2 appears
+    assert marks.highest_event_ms == 9_000
+    plain = Watermarks([], event_time_column="t", delay_ms=100)
+    assert split_window(plain, [("p0", 5_000), ("p1", 1_000), ("p0", 6_000)]) == 5_900
+
+
+def test_an_idle_split_stops_holding_it_back_and_the_state_survives_a_checkpoint():
+    marks = Watermarks([], event_time_column="t", split=True, idle_windows=2)
+    assert split_window(marks, [("p0", 1_000), ("p1", 500)]) == 500
+    assert split_window(marks, [("p0", 2_000)]) == 500  # p1 quiet one window
+    marks = pickle.loads(pickle.dumps(marks))
+    assert split_window(marks, [("p0", 3_000)]) == 3_000  # p1 quiet two: idle
+    assert split_window(marks, [("p1", 3_500), ("p0", 4_000)]) == 3_500  # p1 is back
+    assert split_window(marks, []) == 3_500 and marks.outgoing() == 3_500
