@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.operator import Operator
+from operators.operator import InputOperator, Operator
 from operators.watermarks import (
     NO_WATERMARK,
     WATERMARKS_ATTRIBUTE,
@@ -137,6 +137,11 @@ class SourceEventTimes:
         if batch.num_rows:
             self.marks.saw_event_times(event_times_ms(batch.column(index)),
                                        self._splits(batch))
+
+    def expect_splits(self, source: InputOperator) -> None:
+        """Registers the splits ``source`` reads now (``watermark_splits``)."""
+        if self.split_columns and self.marks.splits is not None:
+            self.marks.expect_splits(source.watermark_splits())
 
     def _splits(self, batch: pa.RecordBatch | pa.Table) -> pa.Array | None:
         """Each row's split as one value (the split columns joined), or None."""

@@ -273,6 +273,8 @@ class OperatorRunner(CommitSteps):
         downstream with END_WINDOW on every output."""
         self._hold_lease()  # the window's results (a sink's writes) come from end_window
         cpu_start = time.thread_time_ns()
+        if self._event_times is not None:
+            self._event_times.expect_splits(self.operator)  # type: ignore[arg-type]
         watermark = self.marks.advance()
         self._app_position += 1
         if self._app_position >= self.app_window_count or last:

@@ -282,6 +282,12 @@ class InputOperator(Operator):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement emit_tuples()")
 
+    def watermark_splits(self) -> Sequence[Any]:
+        """With ``WATERMARK_SPLITS``: the splits this partition reads now, each named as
+        its split columns' values joined with "/" (``"orders/3"``), so that one that has
+        not delivered yet holds the watermark back. Asked at every window's end."""
+        return ()
+
     def first_window(self) -> int | None:
         """The window to start at when there is no checkpoint, or None to start at the
         current window. A source that logged its windows before it was lost, before

@@ -26,6 +26,7 @@ watermarks, gets the same watermark again. Results downstream stay exactly once.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from typing import Any
 
 import pyarrow as pa
@@ -131,6 +132,14 @@ class Watermarks:
                 known[1] = -1  # rows this window (``advance`` makes it 0)
                 if top is not None and top > known[0]:
                     known[0] = top
+
+    def expect_splits(self, splits: Iterable[Any]) -> None:
+        """The splits the source reads now: one known but silent holds the watermark back
+        (as a Kafka partition that has not delivered yet must) until it delivers or is
+        idle."""
+        if self.splits is not None:
+            for split in splits:
+                self.splits.setdefault(split, [NO_WATERMARK, 0])
 
     def ended(self) -> None:
         """The source is exhausted: nothing older can come any more."""

@@ -301,6 +301,10 @@ class KafkaSource(ReplayableSource):
                 offsets[key] = high if start == "latest" else low
         return offsets
 
+    def watermark_splits(self) -> list[str]:
+        """Its topic partitions (``topic/partition``, the split columns joined)."""
+        return list(self.__dict__.get("_owned") or ())
+
     def _watermarks(self, key: str) -> tuple[int, int]:
         confluent = kafka()
         try:

@@ -98,3 +98,13 @@ def test_an_idle_split_stops_holding_it_back_and_the_state_survives_a_checkpoint
     assert split_window(marks, [("p0", 3_000)]) == 3_000  # p1 quiet two: idle
     assert split_window(marks, [("p1", 3_500), ("p0", 4_000)]) == 3_500  # p1 is back
     assert split_window(marks, []) == 3_500 and marks.outgoing() == 3_500
+
+
+def test_a_split_known_but_silent_holds_it_back_until_it_delivers_or_is_idle():
+    marks = Watermarks([], event_time_column="t", split=True, idle_windows=3)
+    marks.expect_splits(["orders/0", "orders/1"])
+    assert split_window(marks, [("orders/0", 5_000)]) == NO_WATERMARK  # orders/1: nothing yet
+    assert split_window(marks, [("orders/0", 6_000)]) == NO_WATERMARK
+    assert split_window(marks, [("orders/1", 1_000)]) == 1_000
+    marks.expect_splits(["orders/0", "orders/1"])  # asked again: what it has is kept
+    assert split_window(marks, [("orders/0", 7_000)]) == 1_000
