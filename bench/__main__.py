@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.common import JobSpec, PeakMemory, render_table
 from bench.event_time import event_time_jobs, render_event_time
+from bench.running_count import render as render_running_count
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                              "sustains: its ceiling; its delay then includes a backlog)")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "weir-kafka", "spark-streaming",
-                                 "event-time", "bytewax", "startup",
+                                 "event-time", "running-count", "bytewax", "startup",
                                  "recovery", "master-restart", "control-plane", "scaling"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
@@ -346,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     results.extend(_repeated(jobs, max(1, args.repeat)))
     if "event-time" not in args.skip:
         report["event_time"] = _repeated(event_time_jobs(args, _run), max(1, args.repeat))
+    if "running-count" not in args.skip:
+        report["running_count"] = _run("running-count", spec, args.timeout)
     if "weir-kafka" not in args.skip:
         kafka = dataclasses.replace(spec, events=args.kafka_events)
         results.append(_run("weir-kafka", kafka, args.timeout, *app_windows))
@@ -383,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(render_event_time(report["event_time"]))
     if "scaling" in report:
         sections.append(render_scaling(report["scaling"]))
+    if "running_count" in report:
+        sections.append(render_running_count(report["running_count"]))
     table = "\n\n".join(sections)
     print(table)
     if "startup" in report:

@@ -18,7 +18,8 @@ from bench.common import JobSpec
 __all__ = ["SYSTEMS", "main"]
 
 SYSTEMS = ("weir", "weir-kafka", "spark-streaming", "bytewax", "startup", "recovery",
-           "master-restart", "control-plane", "weir-event-time", "spark-event-time")
+           "master-restart", "control-plane", "weir-event-time", "spark-event-time",
+           "running-count")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +67,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = weir_job.run(spec, args.app_windows, work_dir=work, partitions=args.partitions,
                               from_files=args.from_files).to_dict()
-    elif args.system in ("weir-event-time", "spark-event-time"):
+    elif args.system in ("weir-event-time", "spark-event-time", "running-count"):
         from bench import event_time_jobs
         from bench.event_time import EventTimeSpec
 
@@ -75,6 +76,10 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         run = event_time_jobs.run_weir if args.system == "weir-event-time" \
             else event_time_jobs.run_spark
         result = run(et, work).to_dict()
+    elif args.system == "running-count":
+        from bench import running_count
+
+        result = running_count.run(work_dir=work)
     elif args.system == "weir-kafka":
         from bench import kafka_job
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import threading
@@ -141,7 +142,9 @@ def run(windows: int = 50, new_keys: int = 100_000, repeats: int = 50_000,
     work = Path(work_dir or tempfile.mkdtemp(prefix="weir-bench-rc-"))
     input_dir, out_dir = work / "keys", work / "out"
     rows = write_keys(input_dir, windows, new_keys, repeats)
-    dag = build_dag(input_dir, out_dir, new_keys + repeats, window_ms, work / "state")
+    # the store on disk (``work`` may be tmpfs, where fsync costs nothing)
+    state_dir = Path(tempfile.mkdtemp(prefix="weir-bench-rc-state-"))
+    dag = build_dag(input_dir, out_dir, new_keys + repeats, window_ms, state_dir)
     metrics: dict[int, dict[str, float]] = {}
     memory = _ContainerMemory()
     server = _master(work)
@@ -172,6 +175,7 @@ def run(windows: int = 50, new_keys: int = 100_000, repeats: int = 50_000,
     finally:
         server.stop()
         memory.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
     times = _window_times(metrics)
     result: dict[str, Any] = {
         "system": "weir running count", "windows": windows, "new_keys_per_window": new_keys,
@@ -209,8 +213,8 @@ def _check(input_dir: Path, out_dir: Path) -> tuple[bool, str]:
 
 def render(result: dict[str, Any]) -> str:
     """One line for the report."""
-    if result.get("error"):
-        return f"running count: {result['error']}"
+    if result.get("error") or "distinct_keys" not in result:
+        return f"running count: {result.get('error') or result.get('detail')}"
     return (f"running count over {result['distinct_keys'] / 1e6:g} M keys "
             f"({result['windows']} windows of {result['new_keys_per_window']:,} new keys + "
             f"{result['repeats_per_window']:,} repeats): per window {result.get('start_ms')} ms "
