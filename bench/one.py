@@ -67,7 +67,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = weir_job.run(spec, args.app_windows, work_dir=work, partitions=args.partitions,
                               from_files=args.from_files).to_dict()
-    elif args.system in ("weir-event-time", "spark-event-time", "running-count"):
+    elif args.system in ("weir-event-time", "spark-event-time"):
         from bench import event_time_jobs
         from bench.event_time import EventTimeSpec
 
