@@ -6,13 +6,15 @@ values. The operator's checkpoint holds only a ``StoreHandle`` (the file and the
 applied window); the data never travels through a checkpoint.
 
 Exactly once with Weir's checkpoints: each window's changes are one sqlite transaction,
-committed at the window's end (``apply``); the WAL is fsynced when the operator is
-captured for a checkpoint (``sync``), before the checkpoint is saved. A recovered operator
-calls ``restore_to(checkpoint window)``, which undoes every later window from the undo
-log, so a crash anywhere (between two windows' commits, between a commit and the next
-checkpoint) costs nothing: the windows after the checkpoint are replayed onto exactly the
-checkpoint's state. ``committed`` drops the undo log up to the committed window, which is
-never replayed.
+committed at the window's end (``apply``), and fsynced at each checkpoint (``sync``, from
+the operator's ``checkpointed``). A recovered operator calls ``restore_to(checkpoint
+window)``, which undoes every later window from the undo log, so a process crash
+anywhere (between two windows' commits, between a commit and the next checkpoint) costs
+nothing: a commit survives a kill, and the windows after the checkpoint are replayed onto
+exactly the checkpoint's state. Only a machine crash between a checkpoint's save and its
+``sync`` can leave the store behind the checkpoint; ``applied`` then says so and the
+operator refuses to guess. ``committed`` drops the undo log up to the committed window,
+which is never replayed.
 
 >>> import tempfile, os
 >>> store = KeyedStore(os.path.join(tempfile.mkdtemp(), "s.sqlite"))

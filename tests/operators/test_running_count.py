@@ -12,7 +12,7 @@ import pytest
 from container.operator_state import capture, restore
 from operators.library import RunningCount
 from operators.operator import OperatorContext
-from operators.state_store import StoreError
+from operators.state_store import StoreError, StoreHandle
 from operators.windows import make_window_id
 from tests.operators.test_spark import Emitted, NoSpark, run_window
 
@@ -70,3 +70,14 @@ def test_an_old_checkpoint_with_totals_in_memory_loads_into_the_store(bridge, tm
 def test_a_state_dir_that_is_not_local_is_refused_at_setup(tmp_path):
     with pytest.raises(StoreError, match="STATE_DIR is 's3://b/x', not a local path"):
         started(RunningCount(), NoSpark(), "", attributes={"STATE_DIR": "s3://b/x"})
+
+
+def test_a_store_behind_its_checkpoint_is_refused_not_guessed(tmp_path):
+    op = RunningCount(key="word")
+    started(op, NoSpark(), str(tmp_path))
+    op._store.apply(W[1], ["a"], [1])
+    op.teardown()
+    again = RunningCount(key="word")  # its checkpoint counts on W[2], which the disk lost
+    again.state = StoreHandle(str(tmp_path / "running-count.sqlite"), W[2])
+    with pytest.raises(StoreError, match="lost writes that were not yet synced"):
+        started(again, NoSpark(), str(tmp_path), recovered=W[2])
