@@ -28,6 +28,8 @@ which is never replayed.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
 import os
@@ -42,6 +44,8 @@ __all__ = ["KeyedStore", "StoreError", "StoreHandle", "StoreSeed"]
 _LOGGER = logging.getLogger(__name__)
 
 _CHUNK = 100_000
+_TRIM_EVERY = 8
+"""Windows between two returns of freed heap to the OS (``_release_free_memory``)."""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key PRIMARY KEY NOT NULL, value INTEGER NOT NULL,
                                   updated_window INTEGER) WITHOUT ROWID;
@@ -100,9 +104,10 @@ class KeyedStore:
         cache_mib: sqlite's page cache: the store's share of the process's memory.
     """
 
-    def __init__(self, path: str, ttl_windows: int | None = None, cache_mib: int = 64) -> None:
+    def __init__(self, path: str, ttl_windows: int | None = None, cache_mib: int = 32) -> None:
         self.path = path
         self.ttl_windows = ttl_windows
+        self._untrimmed = 0
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable at ``sync`` (checkpoints)
@@ -187,6 +192,10 @@ class KeyedStore:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._untrimmed += 1
+        if self._untrimmed >= _TRIM_EVERY:
+            self._untrimmed = 0
+            _release_free_memory()
         return [r[0] for r in rows], [r[1] for r in rows]
 
     def _expire(self, window_id: int) -> int:
@@ -330,3 +339,24 @@ def _rows_as_of(path: str, window_id: int,
         return kept
     finally:
         source.close()
+
+
+def _malloc_trim() -> object:
+    """glibc's ``malloc_trim``, or None elsewhere."""
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def _release_free_memory() -> None:
+    """Hands freed heap back to the OS. Each window allocates and frees its keys, totals
+    and sqlite buffers; glibc keeps the freed pages, and the process's RSS then creeps up
+    with the store's size (measured: 131 MB against 77 MB after a trim at 4 M keys), so
+    the container's memory would not look, or stay, bounded by the page cache."""
+    if _TRIM is not None:
+        _TRIM(0)  # type: ignore[operator]
