@@ -35,6 +35,12 @@ UNDEPLOY_WAIT_S = 5.0
 """How long an undeploy waits for the operator's thread to exit (by default)."""
 REDEPLOY_WAIT_S = 10.0
 """How much longer a new deployment of it waits, before the container must restart."""
+SETUP_WAIT_S = 120.0
+"""How long, instead, when the earlier deployment is still in ``setup``: there it starts
+Spark (a cold JVM takes seconds, tens of them on a loaded machine) and will come out;
+restarting the container would only start another cold JVM, and a redeploy arriving
+during it again (measured: a kill of the source's container soon after the Spark
+container's replacement kept restarting that replacement)."""
 
 
 class DeployError(RuntimeError):
@@ -126,10 +132,12 @@ class Deployment:
                  base_attributes: dict[str, str], on_change: Callable[[], None], *,
                  secret: str | None = None, tls_root_certs: bytes | None = None,
                  lease: Lease | None = None, undeploy_wait_s: float = UNDEPLOY_WAIT_S,
-                 redeploy_wait_s: float = REDEPLOY_WAIT_S) -> None:
+                 redeploy_wait_s: float = REDEPLOY_WAIT_S,
+                 setup_wait_s: float = SETUP_WAIT_S) -> None:
         self.container_id = container_id
         self.undeploy_wait_s = undeploy_wait_s
         self.redeploy_wait_s = redeploy_wait_s
+        self.setup_wait_s = setup_wait_s
         self.lease = lease
         self.secret = secret
         self.tls_root_certs = tls_root_certs
@@ -357,8 +365,9 @@ class Deployment:
                 runner.stop(timeout_s=self.undeploy_wait_s)
                 if runner.alive:
                     _LOGGER.warning("container %s: operator %d has not stopped within %.0f s; "
-                                    "it counts as deployed until its thread exits",
-                                    self.container_id, operator_id, self.undeploy_wait_s)
+                                    "it counts as deployed until its thread exits; it is "
+                                    "in:\n%s", self.container_id, operator_id,
+                                    self.undeploy_wait_s, runner.where())
                     with self._lock:
                         self.stopping[operator_id] = runner
 
@@ -366,21 +375,24 @@ class Deployment:
         """Waits for an earlier deployment of the operator that is still stopping here.
 
         Raises:
-            DeployError: it is still running after ``redeploy_wait_s`` (not fatal: the
-                master restarts the container, and the process exit ends that thread).
+            DeployError: it is still running after ``redeploy_wait_s`` (``setup_wait_s``
+                while it is still in ``setup``) (not fatal: the master restarts the
+                container, and the process exit ends that thread).
         """
         with self._lock:
             previous = self.stopping.get(info.id)
         if previous is None:
             return
-        if previous.join(self.redeploy_wait_s):
+        wait_s = self.redeploy_wait_s if previous.ready else self.setup_wait_s
+        if previous.join(wait_s):
             with self._lock:
                 self.stopping.pop(info.id, None)
             return
         raise DeployError(f"operator {info.name} ({info.id}) is not deployed: its previous "
                           f"deployment in container {self.container_id} has not stopped "
-                          f"within {self.redeploy_wait_s + self.undeploy_wait_s:.0f} s (stuck in "
-                          "process() or a Spark job?); the container must be restarted")
+                          f"within {wait_s + self.undeploy_wait_s:.0f} s (stuck in "
+                          f"{'process() or a Spark job' if previous.ready else 'setup'}?); the "
+                          f"container must be restarted; it is in:\n{previous.where()}")
 
     def activate(self, operator_ids: Iterable[int]) -> None:
         """Lets these input operators start their windows."""

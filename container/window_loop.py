@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
@@ -143,6 +145,14 @@ class OperatorRunner(CommitSteps):
         for port in self.inputs.values():
             port.close()
         self._thread.join(timeout=timeout_s)
+
+    def where(self) -> str:
+        """Where the operator's thread is now (its innermost frames): said when it does
+        not stop, so the log names what it is stuck in."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is None:
+            return "(not running)"
+        return "".join(traceback.format_stack(frame)[-6:]).rstrip()
 
     def join(self, timeout_s: float) -> bool:
         """Waits for the thread to exit; True if it has."""

@@ -19,14 +19,21 @@ from __future__ import annotations
 
 import io
 import logging
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from operators.durable.fence import Fenced
+from operators.library.postgres_sql import (
+    identifier,
+    mask_dsn,
+    plain_columns,
+    postgres_type,
+    psycopg_module,
+    quoted,
+)
 from operators.library.sinks import _WindowBuffer
 from operators.operator import OperatorContext, TransientNonState
 from operators.windows import format_window_id, window_base_seconds
@@ -38,62 +45,10 @@ __all__ = ["PostgresSink", "mask_dsn", "postgres_type"]
 
 _LOGGER = logging.getLogger(__name__)
 
-_STRING_VIEW = pa.string_view() if hasattr(pa, "string_view") else None  # pyarrow >= 16
 _COPY_CHUNK_ROWS = 65_536
 _CONNECT_TIMEOUT_SECONDS = 10
 _STAGING = "__weir_upsert_window"  # the temporary table an upsert window is copied into
 _ROW = "__weir_row"  # a row's position in its window, in the staging table
-_SUPPORTED = ("bool, int8-64, uint8-64, float16-64, decimal, string, large_string, "
-              "string_view, date, time, timestamp (with or without time zone), and "
-              "dictionaries of these")
-
-
-def postgres_type(field: pa.Field) -> str:
-    """The PostgreSQL column type for an Arrow field; TypeError names an unsupported one.
-
-    >>> postgres_type(pa.field("n", pa.int64()))
-    'BIGINT'
-    >>> postgres_type(pa.field("at", pa.timestamp("us", tz="UTC")))
-    'TIMESTAMPTZ'
-    """
-    kind = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
-    for test, name in _TYPES:
-        if test(kind):
-            return name(kind) if callable(name) else name
-    raise TypeError(f"column {field.name!r} has Arrow type {field.type}, which PostgresSink "
-                    f"cannot write to PostgreSQL (supported: {_SUPPORTED}); cast or drop the "
-                    "column before the sink")
-
-
-_TYPES: list[tuple[Callable[[pa.DataType], bool], str | Callable[[pa.DataType], str]]] = [
-    (pa.types.is_boolean, "BOOLEAN"),
-    (lambda t: t in (pa.int8(), pa.int16(), pa.uint8()), "SMALLINT"),
-    (lambda t: t in (pa.int32(), pa.uint16()), "INTEGER"),
-    (lambda t: t in (pa.int64(), pa.uint32()), "BIGINT"),
-    (lambda t: t == pa.uint64(), "NUMERIC(20, 0)"),
-    (lambda t: t in (pa.float16(), pa.float32()), "REAL"),
-    (lambda t: t == pa.float64(), "DOUBLE PRECISION"),
-    (pa.types.is_decimal, lambda t: f"NUMERIC({t.precision}, {t.scale})"),
-    (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)
-     or (_STRING_VIEW is not None and t == _STRING_VIEW), "TEXT"),
-    (pa.types.is_date, "DATE"),
-    (pa.types.is_time, "TIME"),
-    (lambda t: pa.types.is_timestamp(t) and t.tz is not None, "TIMESTAMPTZ"),
-    (pa.types.is_timestamp, "TIMESTAMP"),
-]
-
-
-def mask_dsn(dsn: str) -> str:
-    """The DSN with its password hidden, fit for messages and logs.
-
-    >>> mask_dsn("host=db user=weir password=secret")
-    'host=db user=weir password=***'
-    >>> mask_dsn("postgresql://weir:secret@db:5432/app")
-    'postgresql://weir:***@db:5432/app'
-    """
-    masked = re.sub(r"((?:^|\s)password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)
-    masked = re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", masked)
-    return re.sub(r"([?&]password=)[^&\s]*", r"\1***", masked)
 
 
 class PostgresSink(TransientNonState, _WindowBuffer):
@@ -184,7 +139,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
     # -- lifecycle -------------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
         """Connects and makes sure this partition's watermark row exists."""
-        psycopg = _psycopg()
+        psycopg = psycopg_module()
         self._context = context
         self._key = f"{self.table}/{self.sink_id or context.name}/{context.operator_id}"
         self._table_ready = False
@@ -204,7 +159,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 "and password are right") from exc
         self._conn = conn
         sql = psycopg.sql
-        watermarks = _identifier(self.watermark_table)
+        watermarks = identifier(self.watermark_table)
         try:
             with conn.transaction():
                 self._lock_name(self.watermark_table)
@@ -246,12 +201,12 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 "input in upsert_keys")
         if not self._table_ready:
             self._prepare_table(data.schema, columns)
-        sql = _psycopg().sql
+        sql = psycopg_module().sql
         window_id = self.window_id
         with self._conn.transaction():
             mark = self._conn.execute(sql.SQL(
                 "SELECT window_id, generation FROM {} WHERE sink = %s FOR UPDATE"
-            ).format(_identifier(self.watermark_table)), (self._key,)).fetchone()
+            ).format(identifier(self.watermark_table)), (self._key,)).fetchone()
             if mark is None:
                 raise RuntimeError(f"operator {name!r}: the watermark row {self._key!r} in "
                                    f"{self.watermark_table} is gone; was it deleted by hand?")
@@ -273,12 +228,12 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                 self.windows_skipped += 1
                 return
             if keys is None:
-                self._copy(data, _identifier(self.table))
+                self._copy(data, identifier(self.table))
             rows = data.num_rows if keys is None else self._upsert(data, keys)
             self._conn.execute(sql.SQL(
                 "UPDATE {} SET window_id = %s, generation = %s, updated_at = now() "
                 "WHERE sink = %s"
-            ).format(_identifier(self.watermark_table)), (window_id, generation, self._key))
+            ).format(identifier(self.watermark_table)), (window_id, generation, self._key))
             self._context.crash_point("postgres.before_commit")
         self.windows_written += 1
         self.rows_written += rows
@@ -300,7 +255,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
     def _prepare_table(self, schema: pa.Schema, types: list[str]) -> None:
         """Creates the table from the schema, or checks that it exists."""
         assert self._conn is not None and self._context is not None
-        sql = _psycopg().sql
+        sql = psycopg_module().sql
         with self._conn.transaction():
             if self.create_table:
                 self._lock_name(self.table)
@@ -310,10 +265,10 @@ class PostgresSink(TransientNonState, _WindowBuffer):
                     columns.append(sql.SQL("PRIMARY KEY ({})").format(
                         sql.SQL(", ").join(map(sql.Identifier, self.upsert_keys))))
                 self._conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-                    _identifier(self.table), sql.SQL(", ").join(columns)))
+                    identifier(self.table), sql.SQL(", ").join(columns)))
             else:
                 found = self._conn.execute("SELECT to_regclass(%s)",
-                                           (_quoted(self.table),)).fetchone()
+                                           (quoted(self.table),)).fetchone()
                 if found is None or found[0] is None:
                     raise RuntimeError(
                         f"operator {self._context.name!r}: table {self.table!r} does not exist; "
@@ -330,8 +285,8 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         """
         assert self._conn is not None and self._context is not None
         assert self.upsert_keys is not None
-        psycopg = _psycopg()
-        found = self._conn.execute("SELECT to_regclass(%s)::oid", (_quoted(self.table),)
+        psycopg = psycopg_module()
+        found = self._conn.execute("SELECT to_regclass(%s)::oid", (quoted(self.table),)
                                    ).fetchone()
         if found is None or found[0] is None:
             if must_exist:
@@ -350,7 +305,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
             return
         sql = psycopg.sql
         fix = sql.SQL("ALTER TABLE {} ADD PRIMARY KEY ({})").format(
-            _identifier(self.table),
+            identifier(self.table),
             sql.SQL(", ").join(map(sql.Identifier, self.upsert_keys))).as_string(self._conn)
         there = ("its unique keys are " + ", ".join(f"({', '.join(u)})" for u in unique)
                  if unique else "it has no primary key or unique index")
@@ -367,14 +322,14 @@ class PostgresSink(TransientNonState, _WindowBuffer):
             The rows inserted or updated (one per distinct key).
         """
         assert self._conn is not None
-        sql = _psycopg().sql
+        sql = psycopg_module().sql
         column_list = sql.SQL(", ").join(map(sql.Identifier, data.column_names))
         key_list = sql.SQL(", ").join(map(sql.Identifier, keys))
         staging, row = sql.Identifier(_STAGING), sql.Identifier(_ROW)
         # the table's own column types, so values parse exactly as a direct COPY's would
         self._conn.execute(sql.SQL(
             "CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {}, 0::BIGINT AS {} FROM {} "
-            "WITH NO DATA").format(staging, column_list, row, _identifier(self.table)))
+            "WITH NO DATA").format(staging, column_list, row, identifier(self.table)))
         self._copy(data.append_column(_ROW, pa.array(range(data.num_rows), pa.int64())),
                    staging)
         others = [c for c in data.column_names if c not in keys]
@@ -384,7 +339,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         merged = self._conn.execute(sql.SQL(
             "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {} DESC "
             "ON CONFLICT ({}) {}").format(
-                _identifier(self.table), column_list, key_list, column_list, staging,
+                identifier(self.table), column_list, key_list, column_list, staging,
                 key_list, row, key_list, action))
         return max(merged.rowcount, 0)
 
@@ -395,8 +350,8 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         format reads as text and NULL; the encoding runs in C++, not per row in Python.
         """
         assert self._conn is not None
-        sql = _psycopg().sql
-        data = _plain_columns(data)
+        sql = psycopg_module().sql
+        data = plain_columns(data)
         statement = sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
             target,
             sql.SQL(", ").join(sql.Identifier(n) for n in data.column_names))
@@ -428,39 +383,3 @@ def _checked_keys(keys: Sequence[str] | None) -> tuple[str, ...] | None:
         raise ValueError(f"PostgresSink upsert_keys names {twice} more than once: "
                          f"{list(keys)!r}")
     return tuple(keys)
-
-
-def _plain_columns(data: pa.Table) -> pa.Table:
-    """Decodes dictionaries and casts the types Arrow's CSV writer lacks."""
-    for i, field in enumerate(data.schema):
-        kind = field.type
-        if pa.types.is_dictionary(kind):
-            kind = kind.value_type
-        if _STRING_VIEW is not None and kind == _STRING_VIEW:
-            kind = pa.large_string()
-        elif kind == pa.float16():
-            kind = pa.float32()
-        if kind != field.type:
-            data = data.set_column(i, field.name, data.column(i).cast(kind))
-    return data
-
-
-def _identifier(name: str) -> Any:
-    """``"table"`` or ``"schema.table"`` as a quoted SQL identifier."""
-    return _psycopg().sql.Identifier(*name.split("."))
-
-
-def _quoted(name: str) -> str:
-    """``"schema.table"`` quoted for ``to_regclass``."""
-    return ".".join('"' + part.replace('"', '""') + '"' for part in name.split("."))
-
-
-def _psycopg() -> Any:
-    """psycopg 3, imported when a sink first needs it."""
-    try:
-        import psycopg
-        import psycopg.sql  # noqa: F401 - makes psycopg.sql available
-    except ImportError as exc:
-        raise ImportError("PostgresSink needs psycopg 3: pip install 'psycopg[binary]>=3.1'"
-                          ) from exc
-    return psycopg

@@ -124,3 +124,70 @@ def test_an_operator_counts_as_deployed_until_its_thread_exits(tmp_path):
     finally:
         release.touch()
         deployment.stop_all()
+
+
+class SlowSetup(InputOperator):
+    """A source whose ``setup`` waits until ``release`` exists (as one starting a cold
+    Spark would); it makes ``entered`` when it gets there."""
+
+    def __init__(self, entered: str, release: str) -> None:
+        self.entered, self.release = entered, release
+
+    def setup(self, context) -> None:
+        import os
+        import pathlib
+        import time
+
+        pathlib.Path(self.entered).touch()
+        while not os.path.exists(self.release):
+            time.sleep(0.02)
+
+    def emit_tuples(self) -> bool:
+        return True
+
+
+def test_a_redeploy_waits_longer_for_an_earlier_deployment_still_in_setup(tmp_path):
+    """Its setup (a cold JVM starting) will end: the new deployment waits for it instead
+    of having the container restarted, which would start another cold JVM."""
+    import threading
+
+    entered, release = tmp_path / "entered", tmp_path / "release"
+    slow = plan_pb2.OperatorDeployInfo(
+        id=5, name="slow", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="SlowSetup",
+        payload=cloudpickle.dumps(SlowSetup(str(entered), str(release))), generation=1)
+    deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
+                            undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=30)
+    try:
+        deployment.deploy(slow)
+        poll_for(entered.exists, 10, "the operator to be in its setup")
+        deployment.undeploy([5])
+        assert 5 in deployment.stopping and not deployment.stopping[5].ready
+        timer = threading.Timer(1.0, release.touch)  # its setup ends a second later
+        timer.start()
+        deployment.deploy(idle_info(2))  # waits past redeploy_wait_s, then deploys
+        assert deployment.runners[5].generation == 2 and 5 not in deployment.stopping
+        timer.join()
+    finally:
+        release.touch()
+        deployment.stop_all()
+
+
+def test_a_redeploy_gives_up_on_a_setup_that_never_ends_naming_where_it_is(tmp_path):
+    entered, release = tmp_path / "entered", tmp_path / "release"
+    slow = plan_pb2.OperatorDeployInfo(
+        id=5, name="slow", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="SlowSetup",
+        payload=cloudpickle.dumps(SlowSetup(str(entered), str(release))), generation=1)
+    deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
+                            undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=0.3)
+    try:
+        deployment.deploy(slow)
+        poll_for(entered.exists, 10, "the operator to be in its setup")
+        deployment.undeploy([5])
+        with pytest.raises(DeployError, match=r"(?s)has not stopped within 0 s \(stuck in "
+                                              r"setup\?\).*in setup"):
+            deployment.deploy(idle_info(2))
+    finally:
+        release.touch()
+        deployment.stop_all()

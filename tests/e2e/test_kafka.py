@@ -77,31 +77,36 @@ def produce_lines(bootstrap: str, topic: str, lines: list[str]) -> None:
     assert producer.flush(30) == 0
 
 
-def output_counts(bootstrap: str, topic: str) -> tuple[collections.Counter[str], int]:
-    """Word counts summed over every record of the output topic (read_committed)."""
+def read_topic(bootstrap: str, topic: str) -> list[dict]:
+    """Every record of the 3-partition ``topic`` (read_committed), as JSON objects."""
     from confluent_kafka import Consumer, TopicPartition
 
     reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}",
                        "enable.auto.commit": False, "isolation.level": "read_committed"})
-    counted: collections.Counter[str] = collections.Counter()
-    records = 0
+    rows: list[dict] = []
     try:
         ends = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 for p in range(3)}
         reader.assign([TopicPartition(topic, p, 0) for p in range(3)])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for message in reader.consume(1000, 0.2):
-                if message.error() is None:
-                    row = json.loads(message.value())
-                    counted[row["word"]] += row["count"]
-                    records += 1
+            rows += [json.loads(message.value()) for message in reader.consume(1000, 0.2)
+                     if message.error() is None]
             done = reader.position([TopicPartition(topic, p) for p in range(3)])
             if all(tp.offset >= ends[tp.partition] for tp in done):
-                return counted, records
+                return rows
         raise AssertionError(f"the output topic was not read to its ends {ends} in 60 s")
     finally:
         reader.close()
+
+
+def output_counts(bootstrap: str, topic: str) -> tuple[collections.Counter[str], int]:
+    """Word counts summed over every record of the output topic (read_committed)."""
+    counted: collections.Counter[str] = collections.Counter()
+    rows = read_topic(bootstrap, topic)
+    for row in rows:
+        counted[row["word"]] += row["count"]
+    return counted, len(rows)
 
 
 def group_offsets(bootstrap: str, group: str, topic: str) -> tuple[dict[int, int],

@@ -24,7 +24,7 @@ import pytest
 from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly
-from tests.e2e.test_kafka import create_topics
+from tests.e2e.test_kafka import create_topics, read_topic
 from tests.e2e.test_recovery import wait_finished
 
 pytestmark = pytest.mark.timeout(420)
@@ -90,28 +90,8 @@ def epoch_ms(value: object) -> int:
 
 def topic_windows(bootstrap: str, topic: str) -> list[tuple[Window, tuple[int, int]]]:
     """Every result record of the output topic (read_committed)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4()}",
-                       "enable.auto.commit": False, "isolation.level": "read_committed"})
-    found = []
-    try:
-        ends = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(3)}
-        reader.assign([TopicPartition(topic, p, 0) for p in range(3)])
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for message in reader.consume(1000, 0.2):
-                if message.error() is None:
-                    row = json.loads(message.value())
-                    found.append(((row["user"], epoch_ms(row["window_start"])),
-                                  (row["n"], row["total"])))
-            done = reader.position([TopicPartition(topic, p) for p in range(3)])
-            if all(tp.offset >= ends[tp.partition] for tp in done):
-                return found
-        raise AssertionError(f"the output topic was not read to its ends {ends} in 60 s")
-    finally:
-        reader.close()
+    return [((row["user"], epoch_ms(row["window_start"])), (row["n"], row["total"]))
+            for row in read_topic(bootstrap, topic)]
 
 
 def test_kafka_event_time_windows_to_postgres_and_kafka_exactly_once_under_kills(
