@@ -57,14 +57,14 @@ KINDS = {
 }
 
 
-def write_inbox(inbox: Path) -> list[Row]:
+def write_inbox(inbox: Path, files: int = FILES) -> list[Row]:
     """Events 1 ms apart, each up to 200 ms out of order (within the watermark delay: never
     late), and one in a hundred 6 s behind: with no lateness always later than its
     windows' end by the watermark before it, however the rows fall into streaming
     windows; with 7 s of lateness always within it (an update of its window)."""
     inbox.mkdir()
     rows: list[Row] = []
-    for f in range(FILES):
+    for f in range(files):
         ids = range(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
         for i in ids:
             very_late = i >= 3_000 and i % 100 == 37
@@ -118,11 +118,12 @@ def published(folder: Path) -> pa.Table:
 
 
 def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = "",
-        kind: str = "tumbling") -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
+        kind: str = "tumbling", files: int = FILES
+        ) -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
     """Runs the application; returns the reference windows and the windows operator's
     metrics. Without ``sink`` the results go to an exactly-once FileSink and are checked
     here."""
-    expected, late = reference(write_inbox(tmp_path / "inbox"), kind, lateness_ms)
+    expected, late = reference(write_inbox(tmp_path / "inbox", files), kind, lateness_ms)
     app = tmp_path / "event_windows_app.py"
     out_sink = sink or (f"FileSink({str(tmp_path / 'out')!r}, format='parquet', "
                         "exactly_once=True)")
@@ -166,7 +167,7 @@ def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = ""
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path,
                                                                         kind):
-    run(master, tmp_path, kill=False, kind=kind)
+    run(master, tmp_path, kill=False, kind=kind, files=2)  # kills need the longer run
 
 
 def test_the_same_with_random_container_sigkills(master, tmp_path):
@@ -182,7 +183,8 @@ def test_late_updates_reach_postgres_as_upserts_by_key_and_window(master, tmp_pa
     table = f"per_second_{os.getpid()}"
     sink = (f"PostgresSink({postgres_dsn!r}, {table!r}, "
             "upsert_keys=['user', 'window_start', 'window_end'])")
-    expected, metrics = run(master, tmp_path, kill=False, lateness_ms=7_000, sink=sink)
+    expected, metrics = run(master, tmp_path, kill=False, lateness_ms=7_000, sink=sink,
+                            files=2)
     assert metrics["windows_out"] > len(expected), "no window was updated: nothing upserted"
     assert metrics["late_rows"] == 0
     with psycopg.connect(postgres_dsn) as conn:

@@ -120,7 +120,10 @@ def kill_randomly(master, client: WeirClient, app_id: str, note: str,
         if client.application(app_id).state != "RUNNING":
             break
         victim, pid = rng.choice(sorted(live_container_pids(client, app_id).items()))
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue  # it died on its own just now (a CRASH_AT point): the next round picks
         kills.append(victim)
         # the next kill comes once the application moved on (a new committed window)
         poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
