@@ -104,8 +104,8 @@ class OperatorRunner(CommitSteps):
         self.fatal = False  # the error cannot succeed on retry (``is_fatal``)
         self._on_change = on_change
         self.stopped = stopped if stopped is not None else threading.Event()
-        self._unconnected = set(operator.output_ports()) - set(self.publishers)
-        self._dropped_said: set[str] = set()  # unconnected ports already warned about
+        self._unconnected = dict.fromkeys(  # unconnected port -> rows there were said to
+            set(operator.output_ports()) - set(self.publishers), False)  # go nowhere
         declared = operator.input_ports()  # batches are cast to a declared schema, or fail
         self._input_schemas = {name: declared[name].schema for name in self.inputs
                                if name in declared and declared[name].schema is not None}
@@ -147,12 +147,9 @@ class OperatorRunner(CommitSteps):
         self._thread.join(timeout=timeout_s)
 
     def where(self) -> str:
-        """Where the operator's thread is now (its innermost frames): said when it does
-        not stop, so the log names what it is stuck in."""
+        """Its thread's innermost frames: a log of it not stopping says where it is stuck."""
         frame = sys._current_frames().get(self._thread.ident or -1)
-        if frame is None:
-            return "(not running)"
-        return "".join(traceback.format_stack(frame)[-6:]).rstrip()
+        return "".join(traceback.format_stack(frame)[-6:]).rstrip() if frame else "(ended)"
 
     def join(self, timeout_s: float) -> bool:
         """Waits for the thread to exit; True if it has."""
@@ -252,8 +249,8 @@ class OperatorRunner(CommitSteps):
         publisher = self.publishers.get(port)
         if publisher is None:
             if port in self._unconnected:  # nothing subscribes: nothing to keep, but say so
-                if batch.num_rows and port not in self._dropped_said:
-                    self._dropped_said.add(port)
+                if batch.num_rows and not self._unconnected[port]:
+                    self._unconnected[port] = True
                     _LOGGER.warning("operator=%s emits rows on its output port %r, which is "
                                     "not connected: they go nowhere; connect it to keep "
                                     "them", self.context.name, port)
