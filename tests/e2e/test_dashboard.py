@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -125,6 +126,9 @@ def test_dashboard_draws_the_dag_the_table_and_charts_with_live_numbers(master, 
                           f".replace(/,/g, '')) > {first}", "tuples processed to go up")
             assert page.locator("#operators tbody tr").count() == 4
             assert "rows_seen=" in page.inner_text("#operators tbody tr[data-operator='evens']")
+            # its state's size: the last checkpoint's (there was one: a window is committed)
+            state = page.inner_text("#operators tbody tr[data-operator='evens'] td.state")
+            assert re.fullmatch(r"\d+(\.\d)? (B|kB|MB)", state), state
             # the charts: a line per operator with points of its recent windows
             wait_js(page, "[...document.querySelectorAll('#throughput-chart polyline')]"
                           ".some(p => p.getAttribute('points').split(' ').length >= 3)",
