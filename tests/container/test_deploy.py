@@ -1,6 +1,8 @@
 """Deployment details that need no process: inputs of an upstream that already ended,
 partitioned inputs, and generations replacing one another."""
 
+from pathlib import Path
+
 import cloudpickle
 import pytest
 
@@ -146,22 +148,29 @@ class SlowSetup(InputOperator):
         return True
 
 
-def test_a_redeploy_waits_longer_for_an_earlier_deployment_still_in_setup(tmp_path):
-    """Its setup (a cold JVM starting) will end: the new deployment waits for it instead
-    of having the container restarted, which would start another cold JVM."""
-    import threading
-
+def undeployed_in_setup(tmp_path, setup_wait_s: float) -> tuple[Deployment, Path]:
+    """A deployment whose operator 5 was undeployed while its setup waits for the returned
+    ``release`` file (as one starting a cold Spark would)."""
     entered, release = tmp_path / "entered", tmp_path / "release"
     slow = plan_pb2.OperatorDeployInfo(
         id=5, name="slow", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="SlowSetup",
         payload=cloudpickle.dumps(SlowSetup(str(entered), str(release))), generation=1)
     deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
                             {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
-                            undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=30)
+                            undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=setup_wait_s)
+    deployment.deploy(slow)
+    poll_for(entered.exists, 10, "the operator to be in its setup")
+    deployment.undeploy([5])
+    return deployment, release
+
+
+def test_a_redeploy_waits_longer_for_an_earlier_deployment_still_in_setup(tmp_path):
+    """Its setup (a cold JVM starting) will end: the new deployment waits for it instead
+    of having the container restarted, which would start another cold JVM."""
+    import threading
+
+    deployment, release = undeployed_in_setup(tmp_path, setup_wait_s=30)
     try:
-        deployment.deploy(slow)
-        poll_for(entered.exists, 10, "the operator to be in its setup")
-        deployment.undeploy([5])
         assert 5 in deployment.stopping and not deployment.stopping[5].ready
         timer = threading.Timer(1.0, release.touch)  # its setup ends a second later
         timer.start()
@@ -174,17 +183,8 @@ def test_a_redeploy_waits_longer_for_an_earlier_deployment_still_in_setup(tmp_pa
 
 
 def test_a_redeploy_gives_up_on_a_setup_that_never_ends_naming_where_it_is(tmp_path):
-    entered, release = tmp_path / "entered", tmp_path / "release"
-    slow = plan_pb2.OperatorDeployInfo(
-        id=5, name="slow", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="SlowSetup",
-        payload=cloudpickle.dumps(SlowSetup(str(entered), str(release))), generation=1)
-    deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
-                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
-                            undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=0.3)
+    deployment, release = undeployed_in_setup(tmp_path, setup_wait_s=0.3)
     try:
-        deployment.deploy(slow)
-        poll_for(entered.exists, 10, "the operator to be in its setup")
-        deployment.undeploy([5])
         with pytest.raises(DeployError, match=r"(?s)has not stopped within 0 s \(stuck in "
                                               r"setup\?\).*in setup"):
             deployment.deploy(idle_info(2))
