@@ -31,7 +31,7 @@ from bench.event_time import (
     window_table,
     write_event_time_files,
 )
-from bench.spark_streaming import _session
+from bench.spark_streaming import _session, run_to_end
 from bench.weir_job import _run_app, job_figures
 from operators import Dag
 from operators.library import EventTimeWindows, FileSink, ParquetSource
@@ -207,10 +207,7 @@ def run_spark(spec: EventTimeSpec, work: Path, shuffle_partitions: int = 2) -> J
                   .option("checkpointLocation", str(checkpoint_dir))
                   .trigger(availableNow=True))
         first_in = time.perf_counter()
-        query = writer.start()
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        query = run_to_end(writer)
         progress = [{"batch": p.batchId, "start_ms": iso_ms(p.timestamp),
                      "trigger_ms": p.durationMs["triggerExecution"], "rows": p.numInputRows,
                      "dropped": sum(s.numRowsDroppedByWatermark for s in p.stateOperators)}

@@ -20,7 +20,7 @@ from bench.common import JobResult, JobSpec, check_totals, percentile, write_eve
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DEFAULT_EVENTS_PER_TRIGGER", "default_files_per_trigger", "run"]
+__all__ = ["DEFAULT_EVENTS_PER_TRIGGER", "default_files_per_trigger", "run", "run_to_end"]
 
 DEFAULT_EVENTS_PER_TRIGGER = 1_000_000
 """Events per micro-batch when the spec sets no rate: about what Weir's window holds at 1 M/s."""
@@ -104,10 +104,7 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
                   .option("checkpointLocation", str(checkpoint_dir))
                   .trigger(availableNow=True))
         first_in = time.perf_counter()
-        query = writer.start()
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        query = run_to_end(writer)
         progress = [p for p in query.recentProgress if p.numInputRows > 0]
         seconds = last_out[0] - first_in
         version = spark.version
@@ -139,6 +136,16 @@ def run(spec: JobSpec, work_dir: Path, files_per_trigger: int | None = None,
             "spark_version": version,
         },
     )
+
+
+def run_to_end(writer: Any) -> Any:
+    """Starts a streaming query (``Trigger.AvailableNow``) and waits until it has read all
+    its input; raises if it failed. Returns the query (its progress)."""
+    query = writer.start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"the streaming query failed: {query.exception()}")
+    return query
 
 
 def _session(work_dir: Path, shuffle_partitions: int) -> SparkSession:
