@@ -1,4 +1,5 @@
-"""In-memory operators for tests: a source of given windows and a sink that keeps what it got.
+"""For tests: a source of given windows, a sink that keeps what it got, and ``run_local``,
+which runs a whole DAG in this process (``operators.local_run``).
 
 >>> src = ListSource([[{"x": 1}, {"x": 2}], []])
 >>> sink = CollectSink()
@@ -14,10 +15,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from operators.local_run import LocalRun, LocalRunError, run_local
 from operators.operator import InputOperator, Operator
 from operators.ports import InputPort, OutputPort
 
-__all__ = ["CollectSink", "ListSource"]
+__all__ = ["CollectSink", "ListSource", "LocalRun", "LocalRunError", "run_local"]
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -1,0 +1,89 @@
+"""Checkpoint files of the local test runner (``operators.local_run``): one file per
+operator and window under a folder, so a second run can resume from the first one's.
+
+A run resumes from the newest window at which *every* operator has a checkpoint (the
+committed window, as the master would compute it), and only checkpoints older than that
+window are deleted, so an aborted run always leaves one it can resume from.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["LocalCheckpointError", "LocalCheckpoints"]
+
+_SUFFIX = ".ckpt"
+
+
+class LocalCheckpointError(RuntimeError):
+    """The checkpoint folder holds checkpoints but no window every operator saved."""
+
+
+class LocalCheckpoints:
+    """Checkpoints under ``folder/<operator>/<window id, 16 hex digits>.ckpt``.
+
+    Args:
+        folder: where they go (created).
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, name: str) -> Path:
+        return self.folder / urllib.parse.quote(name, safe="")
+
+    def save(self, name: str, window_id: int, data: bytes) -> None:
+        """Writes atomically (temporary file, sync, rename)."""
+        folder = self._dir(name)
+        folder.mkdir(exist_ok=True)
+        final = folder / f"{window_id:016x}{_SUFFIX}"
+        partial = final.with_suffix(".partial")
+        with open(partial, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, final)
+
+    def load(self, name: str, window_id: int) -> bytes:
+        return (self._dir(name) / f"{window_id:016x}{_SUFFIX}").read_bytes()
+
+    def windows(self, name: str) -> list[int]:
+        """The windows ``name`` has checkpoints of, oldest first."""
+        folder = self._dir(name)
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.stem, 16) for p in folder.glob(f"*{_SUFFIX}"))
+
+    def common_window(self, names: Iterable[str]) -> int:
+        """The newest window every operator in ``names`` checkpointed; -1 when there are no
+        checkpoints at all.
+
+        Raises:
+            LocalCheckpointError: some exist, but no window is common to all operators.
+        """
+        saved = {name: set(self.windows(name)) for name in names}
+        if not any(saved.values()):
+            return -1
+        common = set.intersection(*saved.values())
+        if not common:
+            counts = {name: len(windows) for name, windows in saved.items()}
+            raise LocalCheckpointError(
+                f"{self.folder} holds checkpoints but none at a window every operator saved "
+                f"(checkpoints per operator: {counts}); is it another DAG's folder?")
+        return max(common)
+
+    def purge(self, names: Iterable[str]) -> None:
+        """Deletes each operator's checkpoints older than the newest common window."""
+        names = list(names)
+        try:
+            keep_from = self.common_window(names)
+        except LocalCheckpointError:
+            return
+        for name in names:
+            for window_id in self.windows(name):
+                if window_id < keep_from:
+                    (self._dir(name) / f"{window_id:016x}{_SUFFIX}").unlink(missing_ok=True)
