@@ -15,11 +15,14 @@ import traceback
 from types import FrameType
 
 from container.event_time import EventTimeError
+from container.lease import LeaseRevoked
 from container.operator_state import OperatorStateError
+from container.port_input import InputClosed
+from operators.durable import Fenced
 from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
 
-__all__ = ["describe_error", "is_fatal"]
+__all__ = ["describe_error", "is_fatal", "is_record_error"]
 
 _ERROR_CHARS = 500  # the one-line error the master shows stays readable in `weir apps`
 
@@ -55,6 +58,24 @@ def is_fatal(exc: BaseException) -> bool:
             return True
         current = current.__cause__  # ``raise X from analysis_error`` keeps it fatal
     return False
+
+
+# Errors of the operator's surroundings, never of the rows it was given: retried, not set
+# aside as dead letters (``is_record_error``).
+_NOT_THE_ROWS: tuple[type[BaseException], ...] = (
+    OSError,  # files, sockets, connections: they may work on retry
+    MemoryError, LeaseRevoked, InputClosed, Fenced,  # the process, not the data
+    pickle.PicklingError, pickle.UnpicklingError, OperatorStateError,
+)
+
+
+def is_record_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by ``process``, may be the fault of the rows it was given:
+    with ON_ERROR="DEAD_LETTER" those rows are then isolated and set aside
+    (``operators.dead_letters``). A batch that does not fit its input port is; a lost
+    connection, a full disk, a replaced deployment or a Spark query that cannot be
+    analysed is not: no row would pass."""
+    return not isinstance(exc, _NOT_THE_ROWS) and not _is_spark_analysis_error(exc)
 
 
 def _is_spark_analysis_error(exc: BaseException) -> bool:

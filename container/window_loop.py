@@ -20,12 +20,13 @@ import pyarrow as pa
 
 from container.event_time import SourceEventTimes, operator_watermarks
 from container.lease import Lease, LeaseRevoked
-from container.operator_errors import describe_error, is_fatal
+from container.operator_errors import describe_error, is_fatal, is_record_error
 from container.port_input import InputClosed, PortInput
 from container.runner_commits import CommitSteps
 from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.stream_messages import Kind
+from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters, isolate_failures
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import conform
@@ -109,6 +110,9 @@ class OperatorRunner(CommitSteps):
         declared = operator.input_ports()  # batches are cast to a declared schema, or fail
         self._input_schemas = {name: declared[name].schema for name in self.inputs
                                if name in declared and declared[name].schema is not None}
+        self.dead_letters = (DeadLetters(operator, context.name)  # ON_ERROR="DEAD_LETTER"
+                             if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        self._held: list[tuple[str, pa.RecordBatch]] | None = None  # a try's emits
         self.end_requested = threading.Event()
         self.activated = threading.Event()
         if not wait_for_activation:
@@ -258,6 +262,9 @@ class OperatorRunner(CommitSteps):
             raise KeyError(f"{self.context.name} has no output port {port!r}")
         if self._window < 0:
             raise RuntimeError(f"{self.context.name} emitted on {port!r} outside a window")
+        if self._held is not None:  # a try of rows that may fail: kept until it passed
+            self._held.append((port, batch))
+            return
         if self._event_times is not None:
             self._event_times.emitted(port, batch)
         if batch.num_rows:
@@ -303,6 +310,8 @@ class OperatorRunner(CommitSteps):
         now = self.clock.now_ms()
         stats.cpu_time_used_ns = self._cpu_ns
         stats.metrics.update(collect_metrics(self.operator))  # user metrics (@metric, METRICS)
+        if self.dead_letters is not None:
+            stats.metrics[METRIC] = self.dead_letters.count
         for port, count in self._in_counts.items():
             stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
                                   queue_size=self.inputs[port].queue_size)
@@ -415,12 +424,7 @@ class OperatorRunner(CommitSteps):
             message = port.get()
             if message.kind == Kind.DATA:
                 cpu_start = time.thread_time_ns()
-                batch = message.batch()
-                schema = self._input_schemas.get(name)
-                if schema is not None:
-                    batch = conform(batch, schema, f"operator {self.context.name!r}, input "
-                                                   f"port {name!r}")
-                self.operator.process(name, batch)
+                self._process(name, message.batch())
                 self._cpu_ns += time.thread_time_ns() - cpu_start
                 self._in_counts[name] += message.rows
             elif message.kind == Kind.END_WINDOW:
@@ -433,6 +437,33 @@ class OperatorRunner(CommitSteps):
             else:
                 raise RuntimeError(f"input port {name!r}: unexpected {message.kind.name} inside "
                                    f"window {format_window_id(window_id)}")
+
+    def _process(self, port: str, batch: pa.RecordBatch) -> None:
+        """Hands ``batch`` to ``process``, cast to the port's declared schema. With dead
+        letters, the rows it fails on are found by bisecting the batch and set aside; the
+        emits of a try that failed are dropped, those of one that passed go out."""
+        if self.dead_letters is None:
+            self.operator.process(port, self._conform(port, batch))
+            return
+
+        def attempt(lo: int, hi: int) -> None:
+            self._held = []
+            try:
+                self.operator.process(port, self._conform(port, batch.slice(lo, hi - lo)))
+                held = self._held
+            finally:
+                self._held = None
+            for out, emitted in held:
+                self._emit(out, emitted)
+
+        for lo, hi, error in isolate_failures(batch.num_rows, attempt, is_record_error):
+            self.dead_letters.set_aside(batch.slice(lo, hi - lo), error, port, self._window)
+
+    def _conform(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        schema = self._input_schemas.get(port)
+        if schema is None:
+            return batch
+        return conform(batch, schema, f"operator {self.context.name!r}, input port {port!r}")
 
     def heartbeat(self, interval_ms: int) -> umbilical_pb2.OperatorHeartbeat:
         """This operator's part of the next heartbeat."""

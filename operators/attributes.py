@@ -117,6 +117,13 @@ def _bool(text: str) -> bool:
     raise ValueError(f"{text!r} is not true or false")
 
 
+def _on_error(text: str) -> str:
+    value = str(text).strip().upper()
+    if value not in ("FAIL", "DEAD_LETTER"):
+        raise ValueError(f"{text!r} is not FAIL or DEAD_LETTER")
+    return value
+
+
 def _crash_points(text: str) -> str:
     parse_crash_points(text)
     return str(text)
@@ -197,6 +204,11 @@ _ALL = [
               "A source partition with EVENT_TIME_COLUMN that emits no row for this long "
               "(counted in streaming windows, so a replay decides alike) is idle: it stops "
               "holding the watermark downstream back until it emits again. 0 = never."),
+    Attribute("ON_ERROR", _on_error, "FAIL", Scope.OPERATOR,
+              "What rows the operator's process() or Spark job raises on do: FAIL (the "
+              "operator restarts, up to MAX_RESTARTS, then the application fails) or "
+              "DEAD_LETTER (they leave on its errors port with the error, found by "
+              "bisecting the batch, and the rest go on; connect op.errors to a sink)."),
     Attribute("PARALLEL_PARTITION", _bool, False, Scope.OPERATOR,
               "Partition i reads partition i of its partitioned upstream operators (same "
               "count, no split, no unifier between them)."),

@@ -20,6 +20,7 @@ import cloudpickle
 import pyarrow as pa
 
 from operators.attributes import Scope, parse_attributes
+from operators.dead_letters import DEAD_LETTER, ERRORS_PORT
 from operators.operator import InputOperator, Operator
 from operators.ports import BoundPort
 from proto import plan_pb2
@@ -139,6 +140,8 @@ class Dag:
             for port_name, port in cls.output_ports().items():
                 op.outputs.add(name=port_name, optional=port.optional,
                                schema=_schema_bytes(port.schema))
+            if _dead_letters(op.attributes):
+                _add_errors_port(name, operator, op)
             if with_payload:
                 op.payload = _pickle(name, operator)
                 unifier = operator.unifier()
@@ -188,6 +191,24 @@ def _class_name(value: object) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def _dead_letters(attributes: Mapping[str, str]) -> bool:
+    return str(attributes.get("ON_ERROR", "")).strip().upper() == DEAD_LETTER
+
+
+def _add_errors_port(name: str, operator: Operator, op: plan_pb2.OperatorDescriptor) -> None:
+    """The dead-letter port, declared for an operator with ``ON_ERROR="DEAD_LETTER"``."""
+    if isinstance(operator, InputOperator):
+        raise DagError(f"operator {name!r}: ON_ERROR='DEAD_LETTER' applies to operators with "
+                       "input ports (their process() or Spark job); a source reads its input "
+                       "itself: drop the attribute, or check the records in an operator "
+                       "after it")
+    if any(p.name == ERRORS_PORT for p in (*op.inputs, *op.outputs)):
+        raise DagError(f"operator {name!r} ({type(operator).__name__}) declares a port named "
+                       f"{ERRORS_PORT!r}, the name of the dead-letter port "
+                       "ON_ERROR='DEAD_LETTER' adds: rename its port")
+    op.outputs.add(name=ERRORS_PORT, optional=True)
+
+
 def _pickle(name: str, operator: object) -> bytes:
     try:
         return cloudpickle.dumps(operator)
@@ -232,6 +253,11 @@ def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
             raise DagError(f"stream {stream.name!r} starts at unknown operator "
                            f"{stream.source_operator!r}")
         out_port = _port(source.outputs, stream.source_port)
+        if out_port is None and stream.source_port == ERRORS_PORT:
+            raise DagError(f"stream {stream.name!r} starts at the dead-letter port of operator "
+                           f"{source.name!r}, which has ON_ERROR='FAIL': set "
+                           f"ON_ERROR='DEAD_LETTER' on {source.name!r} to route the rows it "
+                           "fails on there")
         if out_port is None:
             raise DagError(f"stream {stream.name!r}: operator {source.name!r} has no output port "
                            f"{stream.source_port!r}; its outputs are "
@@ -260,7 +286,20 @@ def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
             if not port.optional and (op.name, port.name) not in fed:
                 raise DagError(f"input port {op.name}.{port.name} is not connected; connect a "
                                "stream to it or declare it InputPort(optional=True)")
+    _check_dead_letters_go_somewhere(dag)
     topological_order(dag)
+
+
+def _check_dead_letters_go_somewhere(dag: plan_pb2.DagDescriptor) -> None:
+    """An operator with ON_ERROR='DEAD_LETTER' needs its errors port connected: rows it
+    set aside with nowhere to go would be lost."""
+    sources = {(s.source_operator, s.source_port) for s in dag.streams}
+    for op in dag.operators:
+        if _dead_letters(op.attributes) and (op.name, ERRORS_PORT) not in sources:
+            raise DagError(f"operator {op.name!r} has ON_ERROR='DEAD_LETTER' but its "
+                           f"{ERRORS_PORT!r} port is not connected, so the rows it fails on "
+                           f"would be lost: connect it, e.g. dag.add_stream('dead-letters', "
+                           f"{op.name}.errors, sink.input)")
 
 
 def topological_order(dag: plan_pb2.DagDescriptor) -> list[str]:

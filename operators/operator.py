@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
 
+from operators.dead_letters import DeadLetterPort
 from operators.faults import CrashPoints
 from operators.keyed_state import merge_keyed_state
 from operators.ports import InputPort, OutputPort
@@ -157,6 +158,10 @@ class Operator:
     #: its window logic runs in Spark (``SparkOperator``, or one using ``context.spark``):
     #: the master's spare containers then keep a warm SparkSession ready for it.
     USES_SPARK: ClassVar[bool] = False
+
+    #: where the rows ``process`` (or a Spark job) fails on go with ``ON_ERROR="DEAD_LETTER"``
+    #: (``operators.dead_letters``); not one of ``output_ports()``.
+    errors = DeadLetterPort()
 
     def connect_outputs(self, emit: Emit | None) -> None:
         """Where the output ports publish: ``emit(port name, batch)``; set by the runtime

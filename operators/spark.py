@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
+from operators.dead_letters import DEAD_LETTER, DeadLetters
 from operators.metrics import metric
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
+from operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -68,8 +70,9 @@ class SparkOperator(Operator):
 
     #: not checkpointed: the bridge and Spark sessions are recreated in ``setup``; the
     #: cost counters start again with each deployment.
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session", "_costs", "_inputs")
-    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session", "_costs", "_inputs")
+    NON_STATE: ClassVar[tuple[str, ...]] = ("_spark", "_sql_session", "_costs", "_inputs",
+                                            "_dead_letters", "_window_rows")
+    _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
 
     # -- what subclasses implement ---------------------------------------------------
     def transform(
@@ -115,6 +118,8 @@ class SparkOperator(Operator):
     def setup(self, context: OperatorContext) -> None:
         self._operator_name = context.name
         self._spark = context.spark
+        self._dead_letters = (DeadLetters(self, context.name)
+                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
         if context.spark is None:
             raise SparkOperatorError(self._no_spark_message())
         context.spark.warm_up()  # the operator reports ready only with Spark warm
@@ -136,6 +141,8 @@ class SparkOperator(Operator):
                                            else _BufferedInput(self.spark, schema))
         batch = conform(batch, self._input_schemas[port],
                         f"operator {self._name!r}, input port {port!r}")
+        if self.__dict__.get("_dead_letters") is not None:  # kept to isolate bad rows
+            self.__dict__.setdefault("_window_rows", {}).setdefault(port, []).append(batch)
         with self._job_costs().phase("write"):  # while the window's input arrives
             window_input.append(batch)
 
@@ -149,14 +156,34 @@ class SparkOperator(Operator):
         spark = self.spark
         window_id = int(self.__dict__.get("_window_id", -1))
         costs = self._job_costs()
+        rows = self.__dict__.pop("_window_rows", None) or {}
         try:
             self._run_job(spark, window_id, inputs, costs)
+        except Exception as exc:
+            dead = self.__dict__.get("_dead_letters")
+            if dead is None or not is_spark_record_error(exc):
+                raise
+
+            def rerun(tables: dict[str, pa.Table], emit: bool) -> None:
+                self._run_job(spark, window_id, self._buffered(tables), costs, emit=emit)
+
+            set_aside_bad_rows(rows, exc, rerun, dead, window_id)
         finally:
             for window_input in inputs.values():  # a job that failed before taking them
                 window_input.discard()
 
+    def _buffered(self, tables: dict[str, pa.Table]) -> dict[str, Any]:
+        """Window inputs over tables (the rows of a retry)."""
+        inputs: dict[str, Any] = {}
+        for port, table in tables.items():
+            if table.num_rows:
+                window_input = inputs[port] = _BufferedInput(self.spark, table.schema)
+                for batch in table.to_batches():
+                    window_input.append(batch)
+        return inputs
+
     def _run_job(self, spark: SparkBridge, window_id: int, inputs: dict[str, Any],
-                 costs: JobCosts) -> None:
+                 costs: JobCosts, *, emit: bool = True) -> None:
         schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
         with job_scope(spark), costs.job():
             session = self.dataframe_session()
@@ -180,6 +207,8 @@ class SparkOperator(Operator):
             with costs.phase("job"):  # Spark is lazy: the job runs in to_arrow
                 outputs = self._outputs(self.transform(frames, window_id))
                 tables = {port: spark.to_arrow(df) for port, df in outputs.items()}
+            if not emit:
+                return
             with costs.phase("emit"):
                 for port, table in tables.items():
                     table = self.collected(port, table)

@@ -1,0 +1,181 @@
+"""Dead letters: the rows an operator fails on, set aside with their error, so the rest go on.
+
+With ``ON_ERROR="DEAD_LETTER"`` an operator whose ``process`` (or, for a ``SparkOperator``,
+whose window job) raises on some rows does not fail: the rows it fails on leave on its
+``errors`` output port, each with the error, the operator, the input port and the window,
+and every other row is processed as usual. Windows replay identically, so a replayed
+window sets aside the same rows and the dead-letter stream is exactly once like any other.
+
+Only the batch is known to fail, not the row, so the bad rows are found by bisection: a
+failing batch is tried again as two halves, each half that fails as two halves again, down
+to single rows (``isolate_failures``). ``k`` bad rows among ``n`` cost about
+``2 k log2(n)`` extra tries. A Python operator's tries are real (their emits are kept when
+they pass); a Spark operator's are dry runs that only find the bad rows, then one job runs
+over the rest (``operators.spark``).
+
+>>> def attempt(lo, hi):  # an operator failing on row 3
+...     if lo <= 3 < hi:
+...         raise ValueError("row 3")
+>>> bad = isolate_failures(8, attempt, lambda exc: isinstance(exc, ValueError))
+>>> [(lo, hi, str(exc)) for lo, hi, exc in bad]
+[(3, 4, 'row 3')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["DEAD_LETTER", "ERRORS_PORT", "FAIL", "DeadLetterPort", "DeadLetters",
+           "error_columns", "isolate_failures"]
+
+FAIL = "FAIL"
+DEAD_LETTER = "DEAD_LETTER"
+ON_ERROR_VALUES = (FAIL, DEAD_LETTER)
+ERRORS_PORT = "errors"
+COUNT_ATTRIBUTE = "_weir_dead_letters"  # on the operator: checkpointed with its state
+METRIC = "dead_letters"
+_MESSAGE_CHARS = 1000
+
+Attempt = Callable[[int, int], None]
+"""Tries rows ``[lo, hi)``; raises what the operator raised on them."""
+
+
+def isolate_failures(count: int, attempt: Attempt,
+                     is_record_error: Callable[[BaseException], bool], *,
+                     together_is_failure: bool = False,
+                     whole_error: BaseException | None = None,
+                     ) -> list[tuple[int, int, BaseException]]:
+    """The row ranges ``[lo, hi)`` of ``count`` rows that fail ``attempt``, with the error.
+
+    Bisects: a range that fails is tried as two halves, down to single rows. An error
+    that is not about the rows (``is_record_error`` says no: a lost connection, a full
+    disk, a query that cannot run at all) is raised at once, as without dead letters.
+
+    Args:
+        count: the rows to try.
+        attempt: tries rows ``[lo, hi)``.
+        is_record_error: whether an error may be the rows' fault.
+        together_is_failure: a range that fails while each half passes is reported whole
+            (rows that fail only together, say a join's); otherwise it counts as passed,
+            which is right when passing tries are kept (both halves did their work).
+        whole_error: what all ``count`` rows already failed with (they are not tried again).
+
+    Raises:
+        What ``attempt`` raised, when it is not a record error or ``count`` is 0.
+    """
+    if count == 0:  # no row to blame: the error is the operator's own
+        if whole_error is not None:
+            raise whole_error
+        attempt(0, 0)
+        return []
+    bad: list[tuple[int, int, BaseException]] = []
+    _bisect(0, count, attempt, is_record_error, together_is_failure, bad, known=whole_error)
+    return bad
+
+
+def _bisect(lo: int, hi: int, attempt: Attempt, is_record_error: Callable[[BaseException], bool],
+            together: bool, bad: list[tuple[int, int, BaseException]],
+            known: BaseException | None) -> None:
+    error = known if known is not None else _try(lo, hi, attempt, is_record_error)
+    if error is None:
+        return
+    if hi - lo <= 1:
+        bad.append((lo, hi, error))
+        return
+    middle = (lo + hi) // 2
+    found = len(bad)
+    _bisect(lo, middle, attempt, is_record_error, together, bad, None)
+    _bisect(middle, hi, attempt, is_record_error, together, bad, None)
+    if together and len(bad) == found:
+        bad.append((lo, hi, error))
+
+
+def _try(lo: int, hi: int, attempt: Attempt,
+         is_record_error: Callable[[BaseException], bool]) -> BaseException | None:
+    try:
+        attempt(lo, hi)
+    except Exception as exc:  # noqa: BLE001 - the predicate decides; others go on up
+        if not is_record_error(exc):
+            raise
+        return exc
+    return None
+
+
+def error_columns(rows: pa.Table | pa.RecordBatch, error: BaseException, operator: str,
+                  port: str, window_id: int) -> pa.Table:
+    """``rows`` with the dead-letter columns appended: ``weir_error`` (the error's type and
+    first line), ``weir_operator``, ``weir_port`` (the input port, or ``window`` for a
+    window job's input) and ``weir_window_id``."""
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+    n = table.num_rows
+    message = describe(error)
+    extra: dict[str, Any] = {
+        "weir_error": pa.array([message] * n, pa.string()),
+        "weir_operator": pa.array([operator] * n, pa.string()),
+        "weir_port": pa.array([port] * n, pa.string()),
+        "weir_window_id": pa.array([window_id] * n, pa.int64()),
+    }
+    for name, column in extra.items():
+        table = table.append_column(name, column)
+    return table
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``: Spark's messages carry a plan below it."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    if len(message) > _MESSAGE_CHARS:
+        message = message[:_MESSAGE_CHARS - 3] + "..."
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+class DeadLetters:
+    """One operator's dead-letter output: emits the rows set aside and counts them.
+
+    The count is kept on the operator (``COUNT_ATTRIBUTE``), so it is checkpointed with
+    its state and a replayed window does not count its rows twice.
+    """
+
+    def __init__(self, operator: Any, name: str) -> None:
+        self.operator = operator
+        self.name = name
+
+    @property
+    def count(self) -> int:
+        return int(self.operator.__dict__.get(COUNT_ATTRIBUTE, 0))
+
+    def set_aside(self, rows: pa.Table | pa.RecordBatch, error: BaseException, port: str,
+                  window_id: int) -> None:
+        """Emits ``rows`` on the ``errors`` port with the error, and counts them."""
+        if rows.num_rows == 0:
+            return
+        table = error_columns(rows, error, self.name, port, window_id)
+        self.operator.__dict__[COUNT_ATTRIBUTE] = self.count + table.num_rows
+        emit = self.operator.emitter
+        for batch in table.to_batches():
+            emit(ERRORS_PORT, batch)
+
+
+class DeadLetterPort:
+    """The ``errors`` output every operator has: what ``dag.add_stream(..., op.errors,
+    sink.input)`` connects. Not among ``output_ports()``: it exists only with
+    ``ON_ERROR="DEAD_LETTER"``, which needs it connected (checked at submit)."""
+
+    kind = "output"
+    schema = None
+    optional = True
+    name = ERRORS_PORT
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        from operators.ports import BoundPort
+
+        return BoundPort(instance, self)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return "DeadLetterPort('errors')"
+
