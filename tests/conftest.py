@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import shutil
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -20,6 +22,56 @@ os.environ["WEIR_HOME"] = _WEIR_HOME
 atexit.register(shutil.rmtree, _WEIR_HOME, ignore_errors=True)
 for _name in ("WEIR_SECRET", "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"):
     os.environ.pop(_name, None)
+
+
+_TIMED: dict[str, dict[str, float]] = collections.defaultdict(dict)
+_SPARK_STARTS: list[float] = []  # seconds the local runner's SparkSession took to start
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "timed(group, label): print the test's duration "
+                            "(setup, call and teardown) beside the others of its group at the "
+                            "end of the run")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Times tests marked ``timed`` (measured and printed, never asserted), less the
+    once-per-process start of the local runner's SparkSession (printed apart)."""
+    marker = item.get_closest_marker("timed")
+    started, spark_before = time.perf_counter(), sum(_SPARK_STARTS)
+    yield
+    if marker is not None:
+        group, label = marker.args
+        spark_start = sum(_SPARK_STARTS) - spark_before
+        _TIMED[group][label] = time.perf_counter() - started - spark_start
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per group: each test's seconds (by label), and the first over the second."""
+    for group, by_label in _TIMED.items():
+        seconds = dict(sorted(by_label.items()))
+        parts = [f"{label} {s:.1f} s" for label, s in seconds.items()]
+        values = list(seconds.values())
+        ratio = f" ({values[0] / values[1]:.2f}x)" if len(values) == 2 and values[1] else ""
+        terminalreporter.write_line(f"{group}: {', '.join(parts)}{ratio}")
+    if _TIMED and _SPARK_STARTS:
+        terminalreporter.write_line(
+            f"(the local runner's SparkSession started and warmed up once in this process in "
+            f"{sum(_SPARK_STARTS):.1f} s, before the tests that use it: not counted above)")
+
+
+@pytest.fixture(scope="session")
+def local_spark():
+    """The local runner's shared SparkSession (``operators.local_spark``), started and
+    warmed up once per test process, as a test suite of an application would."""
+    from operators.local_spark import shared_bridge
+
+    started = time.perf_counter()
+    bridge = shared_bridge("local[1]")
+    bridge.warm_up()
+    _SPARK_STARTS.append(time.perf_counter() - started)
+    return bridge
 
 
 @pytest.fixture

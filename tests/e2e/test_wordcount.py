@@ -5,19 +5,23 @@ from __future__ import annotations
 import collections
 import time
 
+import pytest
+
 from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
-from tests.e2e.wordcount import published_counts, words_of, write_wordcount_app
+from tests.e2e.wordcount import (
+    WORDCOUNT_DAG,
+    WORDCOUNT_LINES,
+    published_counts,
+    words_of,
+    write_wordcount_app,
+)
 
-LINES = 3_000
 
-
+@pytest.mark.timed("wordcount", "real processes")  # beside the local runner's (tests/conftest)
 def test_wordcount_matches_counter_and_master_stats_match_input(master, tmp_path):
-    app, lines = write_wordcount_app(
-        tmp_path, "wordcount", LINES,
-        'CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200, '
-        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000')
+    app, lines = write_wordcount_app(tmp_path, "wordcount", WORDCOUNT_LINES, WORDCOUNT_DAG)
     words = words_of(lines)
     expected = collections.Counter(words)
 

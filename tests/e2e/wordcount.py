@@ -9,6 +9,12 @@ import re
 import textwrap
 from pathlib import Path
 
+WORDCOUNT_LINES = 3_000
+"""Lines of the word-count test (through real processes, and with the local runner)."""
+WORDCOUNT_DAG = ('CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200, '
+                 'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000')
+"""Its ``Dag(...)`` keyword arguments."""
+
 
 def write_wordcount_app(tmp_path: Path, name: str, lines: int, dag: str,
                         count: str = "APPLICATION_WINDOW_COUNT=2",
