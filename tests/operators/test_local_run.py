@@ -139,6 +139,15 @@ def test_a_malformed_dag_fails_before_anything_runs():
         run_local(dag)
 
 
+def test_dead_letters_of_a_python_operator_are_refused_with_the_reason():
+    dag = pipeline(Doubler(), NUMBERS)
+    dag.set_operator_attributes("op", ON_ERROR="DEAD_LETTER")
+    bad = dag.add_operator("bad", CollectSink())
+    dag.add_stream("errors", dag._operators["op"].errors, bad.input)
+    with pytest.raises(LocalRunError, match="ON_ERROR='DEAD_LETTER'.*not run by the local"):
+        run_local(dag)
+
+
 def test_a_dag_without_spark_never_imports_pyspark():
     code = ("import sys\n"
             "from tests.operators.test_local_run import NUMBERS, Doubler, pipeline\n"
