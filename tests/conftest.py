@@ -10,7 +10,16 @@ import sys
 import tempfile
 import time
 
+import logging
+
 import pytest
+
+# PySpark logs a failed query's context through loggers of its own class that do not
+# propagate; pytest attaches its capture handler to every non-propagating logger, and that
+# class's addHandler swaps the handler's formatter for JSON, so every later test's caplog
+# would read JSON. Made first here as plain loggers, PySpark takes them as they are.
+for _name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+    logging.getLogger(_name)
 
 # Spark's Python workers must run this interpreter (it has pyarrow); tests keep Spark small.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
