@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -16,6 +17,7 @@ from container.checkpoint_store import CheckpointStore
 from container.lease import Lease
 from container.operator_state import OperatorStateError, capture, new_partition, restore
 from container.port_input import PortInput
+from container.savepoint_parts import SavedParts, write_part
 from container.spark_bridge import SparkSessionBridge
 from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
@@ -153,6 +155,7 @@ class Deployment:
         self._lock = threading.Lock()
         self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
         self.store = CheckpointStore(self.state_dir)
+        self.savepoint_path = ""  # the savepoint the application stops for, once asked
         # (seed window, operators a repartition retired): checkpoints to delete after commit
         self._retired: list[tuple[int, list[int]]] = []
 
@@ -210,6 +213,7 @@ class Deployment:
                                     resume_window=resume, skip_missed_windows=at_most_once,
                                     stopped=stopped, lease=self.lease)
             self.runners[info.id] = runner
+            self._arm_savepoint(runner)  # redeployed while the application stops for one
             self.failed_deploys.pop(info.id, None)
         _LOGGER.info("container %s deploys operator %s (%d, %s) from %s", self.container_id,
                      info.name, info.id, info.class_name,
@@ -281,9 +285,13 @@ class Deployment:
         share = (PartitionFilter(seed.key_column, seed.mask, frozenset(seed.keys))
                  if seed.key_column else None)
         where = f"checkpoint {format_window_id(window_id)} in {self.state_dir}"
+        if seed.savepoint_path:
+            where = f"the savepoint at {seed.savepoint_path}"
         try:
             operator = fresh
-            if seed.from_node_ids:
+            if seed.savepoint_path and seed.from_node_ids:
+                operator = self._from_savepoint(info, seed, share)
+            elif seed.from_node_ids:
                 old = [restore(self._unpickle(info), self.store.load(old_id, window_id),
                                info.name)
                        for old_id in seed.from_node_ids]
@@ -305,6 +313,25 @@ class Deployment:
                      self.container_id, info.name, info.id, list(seed.from_node_ids),
                      format_window_id(window_id))
         return operator
+
+    def _from_savepoint(self, info: plan_pb2.OperatorDeployInfo, seed: plan_pb2.StateSeed,
+                        share: PartitionFilter | None) -> Operator:
+        """The operator's state from its partitions in a savepoint: one part is taken as it
+        is, with its durable folder; several are merged and cut to ``share`` (a changed
+        partition count), which only state held in checkpoints allows."""
+        parts = SavedParts(seed.savepoint_path)
+        old = [restore(self._unpickle(info), parts.load(old_id), info.name)
+               for old_id in seed.from_node_ids]
+        if len(old) == 1 and share is None:
+            parts.restore_durable_dir(seed.from_node_ids[0], self._operator_dir(info.id))
+            return old[0]
+        kept = [old_id for old_id in seed.from_node_ids if parts.has_durable_dir(old_id)]
+        if kept:
+            raise RepartitionError(
+                f"its partitions {kept} in the savepoint kept state in their local folders "
+                "(a store, a log), which cannot be re-split into another partition count; "
+                "keep the savepoint's PARTITIONS for it")
+        return new_partition(old, share)
 
     def _forget_retired(self, committed: int) -> None:
         """Deletes the checkpoints of operators a repartition removed, once every operator
@@ -413,10 +440,25 @@ class Deployment:
         if self._retired:
             self._forget_retired(window_id)
 
-    def end_inputs(self) -> None:
-        """Asks every input operator to end its stream after the current window."""
+    def end_inputs(self, savepoint_path: str = "") -> None:
+        """Asks every input operator to end its stream after the current window; with a
+        ``savepoint_path``, for that savepoint: every operator writes its part there."""
+        if savepoint_path and not self.savepoint_path:
+            self.savepoint_path = savepoint_path
         for runner in list(self.runners.values()):
-            runner.end_requested.set()
+            self._arm_savepoint(runner)
+            runner.request_end(suspend=bool(self.savepoint_path))
+
+    def _arm_savepoint(self, runner: OperatorRunner) -> None:
+        """The runner writes its savepoint part once its stream ended and was committed."""
+        if self.savepoint_path and runner.savepoint_writer is None:
+            runner.savepoint_writer = functools.partial(
+                self._write_savepoint_part, savepoint_path=self.savepoint_path)
+
+    def _write_savepoint_part(self, operator_id: int, window_id: int, *,
+                              savepoint_path: str) -> None:
+        write_part(self.store, operator_id, window_id, self._operator_dir(operator_id),
+                   savepoint_path)
 
     def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
         with self._lock:

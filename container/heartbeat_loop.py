@@ -150,8 +150,8 @@ class HeartbeatLoop:
                         self.wake()  # report the new operators at once
                 case Activate(operator_ids=ids):
                     self.deployment.activate(ids)
-                case EndInputs():
-                    self.deployment.end_inputs()
+                case EndInputs(savepoint_path=path):
+                    self.deployment.end_inputs(path)
                 case Commit(window_id=window_id):
                     self.committed_window_id = window_id
                     _LOGGER.debug("container %s: committed window %s", self.container_id,

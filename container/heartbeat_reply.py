@@ -43,7 +43,10 @@ class Activate:
 
 @dataclasses.dataclass(frozen=True)
 class EndInputs:
-    """The application shuts down gracefully: input operators end their streams."""
+    """The application shuts down gracefully: input operators end their streams; with a
+    ``savepoint_path``, for a savepoint (no END_OF_TIME; operators write their parts)."""
+
+    savepoint_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +72,7 @@ def instructions(response: umbilical_pb2.ContainerHeartbeatResponse,
     if response.activate_request:
         steps.append(Activate(tuple(response.activate_request)))
     if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
-        steps.append(EndInputs())
+        steps.append(EndInputs(response.savepoint_path))
     if response.committed_window_id > committed_window_id:
         steps.append(Commit(response.committed_window_id))
     return steps

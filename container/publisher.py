@@ -94,7 +94,8 @@ class Publisher:
     def reset_window(self, window_id: int) -> None:
         self.publish(Message(Kind.RESET_WINDOW, window_id))
 
-    def end_stream(self) -> None:
-        """Publishes END_STREAM; the stream takes no more messages."""
-        self._stream.end()
+    def end_stream(self, watermark: int = NO_WATERMARK) -> None:
+        """Publishes END_STREAM; the stream takes no more messages. A ``watermark``: it
+        stopped for a savepoint with that watermark (``container.window_loop``)."""
+        self._stream.end(watermark)
         self.messages_published += 1

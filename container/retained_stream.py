@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from container.spill import Budget, SpillStore
 from container.stream_messages import Kind, Message, WindowGap
+from operators.watermarks import NO_WATERMARK
 from operators.windows import format_window_id
 
 __all__ = [
@@ -167,11 +168,12 @@ class RetainedStream:
                 self.ended = True
             self.cond.notify_all()
 
-    def end(self) -> None:
-        """Appends END_STREAM, stamped with the last window published (-1 if none)."""
+    def end(self, watermark: int = NO_WATERMARK) -> None:
+        """Appends END_STREAM, stamped with the last window published (-1 if none); a
+        ``watermark`` says the stream stopped for a savepoint there (it did not end)."""
         with self.cond:
             window = -1 if self.last_window is None else self.last_window
-            self.append(Message(Kind.END_STREAM, window))
+            self.append(Message(Kind.END_STREAM, window, watermark=watermark))
 
     def _wait_for_spill(self) -> None:
         while self.spilling:

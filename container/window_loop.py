@@ -30,6 +30,7 @@ from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters, isolate_fai
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.ports import conform
+from operators.watermarks import NO_WATERMARK
 from operators.windows import (
     format_window_id,
     make_window_id,
@@ -114,6 +115,11 @@ class OperatorRunner(CommitSteps):
                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
         self._held: list[tuple[str, pa.RecordBatch]] | None = None  # a try's emits
         self.end_requested = threading.Event()
+        # a stop for a savepoint: the stream ends without END_OF_TIME (``_end_stream``), and
+        # once committed the operator writes its part (``savepoint_writer(id, window)``)
+        self.suspended = False
+        self.savepoint_writer: Callable[[int, int], None] | None = None
+        self.savepoint_written = False
         self.activated = threading.Event()
         if not wait_for_activation:
             self.activated.set()
@@ -138,6 +144,12 @@ class OperatorRunner(CommitSteps):
         for port in self.inputs.values():
             port.start()
         self._thread.start()
+
+    def request_end(self, *, suspend: bool = False) -> None:
+        """An input operator ends its stream after its current window; ``suspend``: for a
+        savepoint, so without END_OF_TIME (event-time windows stay open in its state)."""
+        self.suspended |= suspend
+        self.end_requested.set()
 
     def activate(self) -> None:
         """Lets an input operator start its windows (idempotent)."""
@@ -217,6 +229,9 @@ class OperatorRunner(CommitSteps):
                 self._enter(RunnerPhase.STOPPED)
                 return
             self.operator.teardown()
+            if self.savepoint_writer is not None and self._last_checkpoint >= 0:
+                self.savepoint_writer(self.operator_id, self._last_checkpoint)
+                self.savepoint_written = True
             self._enter(RunnerPhase.FINISHED)
             _LOGGER.info("operator %s (%d) finished after window %s", name, self.operator_id,
                          format_window_id(self._window))
@@ -326,8 +341,13 @@ class OperatorRunner(CommitSteps):
             self._stats.append(stats)
 
     def _end_stream(self) -> None:
+        """END_STREAM on every output; a suspended stream says its watermark with it
+        (never NO_WATERMARK, which says the stream ended: everything downstream closes)."""
         for publisher in self.publishers.values():
-            publisher.end_stream()
+            if self.suspended:
+                publisher.end_stream(max(self.marks.current, NO_WATERMARK + 1))
+            else:
+                publisher.end_stream()
 
     def _run_input(self) -> None:
         """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
@@ -383,9 +403,13 @@ class OperatorRunner(CommitSteps):
                     port.get()
                     head = port.peek()
                 if head.kind == Kind.END_STREAM:
-                    ended_at = max(ended_at, port.get().window_id)
+                    end = port.get()
+                    ended_at = max(ended_at, end.window_id)
                     del open_ports[name]
-                    self.marks.port_ended(name)  # it holds the watermark back no more
+                    if end.watermark == NO_WATERMARK:
+                        self.marks.port_ended(name)  # it holds the watermark back no more
+                    else:  # stopped for a savepoint: its watermark stays where it was
+                        self.suspended = True
                     continue
                 if head.kind != Kind.BEGIN_WINDOW:
                     raise RuntimeError(
@@ -471,7 +495,7 @@ class OperatorRunner(CommitSteps):
             node_id=self.operator_id, generated_tms=self.clock.now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
             ready=self.ready, fatal=self.fatal, generation=self.generation,
-            recovering=self.recovering)
+            recovering=self.recovering, savepoint_written=self.savepoint_written)
 
     @property
     def recovering(self) -> bool:

@@ -10,7 +10,7 @@ import collections
 import dataclasses
 import enum
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from master.checkpoints import CheckpointBook
 from master.errors import InvalidTransition
@@ -18,6 +18,9 @@ from master.log_limits import LogLimiter
 from master.physical_plan import ContainerState, PhysicalPlan
 from master.stats import ContainerStatsTracker, OperatorStatsTracker
 from proto import plan_pb2
+
+if TYPE_CHECKING:
+    from master.savepoints import SavepointProgress
 
 __all__ = ["Application", "ApplicationState", "LauncherAction"]
 
@@ -77,6 +80,8 @@ class Application:
     """
 
     repartitions = 0  # run-time changes of an operator's partition count
+    savepoint: SavepointProgress | None = None
+    from_savepoint = ""
     last_repartition = ""
     last_repartition_ms = 0
     spare_losses_in_a_row = 0  # spares lost before they were ready (``master.spares``)
@@ -96,6 +101,8 @@ class Application:
         self.committed_window_id = -1
         self.blocked_checked_ms = 0  # when the master loop last looked for blocked operators
         self.shutdown_requested = False
+        self.savepoint: SavepointProgress | None = None  # one being taken (a stop)
+        self.from_savepoint = ""  # the savepoint this run started from
         self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
         self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}
         self.checkpoints = {op_id: CheckpointBook() for op_id in plan.operators}

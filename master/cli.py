@@ -29,6 +29,7 @@ from master.cli_queries import (
     cmd_submit,
     cmd_top,
 )
+from master.cli_savepoints import cmd_savepoint
 from master.client import DEFAULT_MASTER, WeirClientError, default_master
 from master.errors import MasterError
 from master.launcher import launcher_names
@@ -154,6 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(forwards=True)
     p = command("submit", cmd_submit, "submit an application to a running master")
     _app_argument(p)
+    p.add_argument("--from-savepoint", metavar="PATH",
+                   help="start every operator from this savepoint's state (matched by name)")
+    p.add_argument("--allow-dropped", action="store_true",
+                   help="with --from-savepoint: accept that operators of the savepoint are "
+                   "not in the application (their state is left behind)")
     p = command("run", cmd_run, "run an application here, with its own master and "
                 "containers, until it ends")
     _app_argument(p)
@@ -194,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("shutdown", cmd_shutdown,
                 "end an application gracefully: inputs stop after the current window")
     p.add_argument("app_id", metavar="APP_ID")
+    p = command("savepoint", cmd_savepoint,
+                "save every operator's state under PATH (a path or a pyarrow.fs URI) and, "
+                "with --stop, finish the application with it")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("path", metavar="PATH", help="a new folder (or URI) for the savepoint")
+    p.add_argument("--stop", action="store_true",
+                   help="finish the application with the savepoint (required today)")
+    p.add_argument("--wait", type=float, default=600.0, metavar="S",
+                   help="seconds to wait for the application to finish (default 600)")
     p = command("kill", cmd_kill, "kill an application now")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("--reason", default="", help="recorded as the application's diagnostics")

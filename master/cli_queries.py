@@ -50,8 +50,14 @@ def _say_loading(message: str) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     parse_address(args.master)
     descriptor, overrides = load_app_and_overrides(args)
+    from_savepoint = getattr(args, "from_savepoint", None) or ""
+    if from_savepoint:
+        from master.cli_savepoints import say_savepoint_match  # it imports this module
+
+        say_savepoint_match(descriptor, from_savepoint, args.allow_dropped)
     with client_for(args) as client:
-        app_id = client.submit(descriptor, overrides)
+        app_id = client.submit(descriptor, overrides, from_savepoint=from_savepoint,
+                               allow_dropped=getattr(args, "allow_dropped", False))
     if args.json:
         print_json(client_pb2.SubmitApplicationResponse(application_id=app_id))
     else:

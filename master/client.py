@@ -184,11 +184,21 @@ class WeirClient:
         return WeirClientError(details.splitlines()[0] if details else str(code), code)
 
     def submit(self, dag: plan_pb2.DagDescriptor,
-               overrides: Mapping[str, str] | None = None) -> str:
-        """Submits a DAG; returns the application id."""
-        request = client_pb2.SubmitApplicationRequest(dag=dag,
-                                                      attribute_overrides=dict(overrides or {}))
+               overrides: Mapping[str, str] | None = None, *, from_savepoint: str = "",
+               allow_dropped: bool = False) -> str:
+        """Submits a DAG; returns the application id. ``from_savepoint``: its operators
+        start from that savepoint's state, matched by name."""
+        request = client_pb2.SubmitApplicationRequest(
+            dag=dag, attribute_overrides=dict(overrides or {}), from_savepoint=from_savepoint,
+            allow_dropped=allow_dropped)
         return self._call(self._stub.SubmitApplication, request).application_id
+
+    def take_savepoint(self, app_id: str, path: str, *, stop: bool = True) -> None:
+        """Asks for a savepoint of the application at ``path``; with ``stop`` (the only
+        kind today) the application finishes with it: ``wait`` for it, then read
+        ``savepoint_state`` ("complete", or why not)."""
+        self._call(self._stub.TakeSavepoint, client_pb2.SavepointRequest(
+            application_id=app_id, path=path, stop=stop))
 
     def applications(self) -> list[client_pb2.ApplicationInfo]:
         response = self._call(self._stub.ListApplications, client_pb2.ListApplicationsRequest())

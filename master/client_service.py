@@ -24,7 +24,9 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
     @rpc_errors
     def SubmitApplication(self, request: client_pb2.SubmitApplicationRequest,
                           context: grpc.ServicerContext) -> client_pb2.SubmitApplicationResponse:
-        app_id = self.core.submit(request.dag, dict(request.attribute_overrides))
+        app_id = self.core.submit(request.dag, dict(request.attribute_overrides),
+                                  from_savepoint=request.from_savepoint,
+                                  allow_dropped=request.allow_dropped)
         return client_pb2.SubmitApplicationResponse(application_id=app_id)
 
     @rpc_errors
@@ -75,6 +77,12 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
                             ) -> client_pb2.ShutdownApplicationResponse:
         self.core.shutdown_application(request.application_id)
         return client_pb2.ShutdownApplicationResponse()
+
+    @rpc_errors
+    def TakeSavepoint(self, request: client_pb2.SavepointRequest,
+                      context: grpc.ServicerContext) -> client_pb2.SavepointResponse:
+        self.core.take_savepoint(request.application_id, request.path, request.stop)
+        return client_pb2.SavepointResponse()
 
     @rpc_errors
     def KillApplication(self, request: client_pb2.KillApplicationRequest,

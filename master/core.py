@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from master import heartbeat as rules
-from master import liveness, recovery, views
+from master import liveness, recovery, savepoints, views
 from master.application import Application, ApplicationState, LauncherAction
 from master.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from master.launcher import Launcher
@@ -33,6 +33,7 @@ from master.stats_listeners import (
     load_listeners,
 )
 from operators.dag import DagError, validate_descriptor
+from operators.savepoints import SavepointError
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
@@ -112,11 +113,17 @@ class MasterCore:
         return self._lock
 
     # -- client API -----------------------------------------------------------------------
-    def submit(self, dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]) -> str:
+    def submit(self, dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str], *,
+               from_savepoint: str = "", allow_dropped: bool = False) -> str:
         """Validates and plans ``dag``, launches its containers; returns the application id.
 
+        ``from_savepoint``: every operator starts from that savepoint's state, matched by
+        name (``master.savepoints``); ``allow_dropped`` accepts savepoint operators the DAG
+        lacks.
+
         Raises:
-            InvalidArgument: the DAG or the overrides are malformed.
+            InvalidArgument: the DAG or the overrides are malformed, or the DAG does not
+                match the savepoint (the message lists each operator).
         """
         try:
             validate_descriptor(dag)
@@ -128,11 +135,16 @@ class MasterCore:
             run_id = new_run_id()
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
-            except (PlanError, DagError) as exc:
+                seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
+                                                         allow_dropped)
+                          if from_savepoint else None)
+            except (PlanError, DagError, SavepointError) as exc:
                 raise InvalidArgument(str(exc)) from None
             self._folders.claim(plan.attributes["STATE_DIR"], app_id, run_id)
             self._next_app_number += 1
             app = Application(app_id, dag, plan, self.clock())
+            if seeded is not None:
+                savepoints.adopt(app, from_savepoint, *seeded)
             self._apps[app_id] = app
             self._listeners.add(app_id, listeners)
             for cid in plan.containers:
@@ -256,6 +268,23 @@ class MasterCore:
                 _LOGGER.info("app=%s shutdown requested: inputs end after their current "
                              "window", app_id)
                 self._persist(app)
+            self._changed.notify_all()
+
+    def take_savepoint(self, app_id: str, path: str, stop: bool) -> None:
+        """Takes a savepoint of the application at ``path`` and finishes it (``stop``)."""
+        if not stop:
+            raise InvalidArgument("a savepoint is taken with a stop (--stop) today: the "
+                                  "application finishes with it; resume it with weir submit "
+                                  "--from-savepoint")
+        with self._lock:
+            app = self._app(app_id)
+            if app.terminal:
+                raise FailedPrecondition(f"application {app_id} is already {app.state.value}")
+            try:
+                savepoints.start(app, path)
+            except SavepointError as exc:
+                raise FailedPrecondition(str(exc)) from None
+            self._persist(app)
             self._changed.notify_all()
 
     def kill_application(self, app_id: str, reason: str = "") -> None:

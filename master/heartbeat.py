@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import logging
 
-from master import spares
+from master import savepoints, spares
 from master.application import Application, ApplicationState
 from master.checkpoints import is_operator_done, record_checkpoints, update_recovery
 from master.log_limits import LogLimiter
@@ -147,6 +147,7 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
                                             for op in app.plan.operators.values()):
         app.transition(ApplicationState.FINISHED, now_ms)
+        savepoints.finish(app)
     if app.terminal:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_ABORT
         return response
@@ -163,6 +164,8 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         response.activate_request.extend(inputs)
     if app.shutdown_requested:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
+        if app.savepoint is not None:
+            response.savepoint_path = app.savepoint.path
     return response
 
 
@@ -242,6 +245,8 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             continue
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
+        if report.savepoint_written:
+            savepoints.record_written(app, op.id)
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
         removed = filter_report(op, report) if report.window_stats else ""
@@ -430,7 +435,7 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
 def _seed_info(seed: StateSeed) -> plan_pb2.StateSeed:
     """How the container builds the first checkpoint of an operator made by a repartition."""
     info = plan_pb2.StateSeed(from_node_ids=seed.from_ids, retired_node_ids=seed.retired_ids,
-                              window_id=seed.window_id)
+                              window_id=seed.window_id, savepoint_path=seed.savepoint_path)
     if seed.share is not None:
         info.key_column = seed.share.column
         info.mask = seed.share.mask

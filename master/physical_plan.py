@@ -98,12 +98,15 @@ class StateSeed:
     """How an operator made by a repartition gets its first checkpoint, at ``window_id``:
     from the checkpoints there of the old partitions ``from_ids`` (none: its payload),
     cut to ``share`` (None: every key). ``retired_ids``: the operators the repartition
-    removed, whose checkpoints its container deletes once the committed window passes."""
+    removed, whose checkpoints its container deletes once the committed window passes.
+    ``savepoint_path``: the old partitions are operators of that savepoint
+    (``master.savepoints``), not of this run."""
 
     window_id: int
     from_ids: tuple[int, ...] = ()
     share: PartitionSpec | None = None
     retired_ids: tuple[int, ...] = ()
+    savepoint_path: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,9 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
         tuples_processed_per_second=sum(f.processed_per_second for f in figures.values()),
         tuples_emitted_per_second=sum(f.emitted_per_second for f in figures.values()),
         latency_ms=path_latency, critical_path=path, dashboard_url=dashboard_url,
+        from_savepoint=app.from_savepoint,
+        savepoint_path=app.savepoint.path if app.savepoint is not None else "",
+        savepoint_state=app.savepoint.state if app.savepoint is not None else "",
         repartitions=app.repartitions, last_repartition=app.last_repartition,
         containers_spare=sum(c.spare for c in app.plan.live_containers()),
     )
