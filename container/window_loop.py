@@ -20,16 +20,16 @@ import pyarrow as pa
 
 from container.event_time import SourceEventTimes, operator_watermarks
 from container.lease import Lease, LeaseRevoked
-from container.operator_errors import describe_error, is_fatal, is_record_error
+from container.operator_errors import describe_error, is_fatal
 from container.port_input import InputClosed, PortInput
+from container.process_calls import ProcessCalls
 from container.runner_commits import CommitSteps
 from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.stream_messages import Kind
-from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters, isolate_failures
+from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
-from operators.ports import conform
 from operators.watermarks import NO_WATERMARK
 from operators.windows import (
     format_window_id,
@@ -108,12 +108,12 @@ class OperatorRunner(CommitSteps):
         self.stopped = stopped if stopped is not None else threading.Event()
         self._unconnected = dict.fromkeys(  # unconnected port -> rows there were said to
             set(operator.output_ports()) - set(self.publishers), False)  # go nowhere
-        declared = operator.input_ports()  # batches are cast to a declared schema, or fail
-        self._input_schemas = {name: declared[name].schema for name in self.inputs
-                               if name in declared and declared[name].schema is not None}
         self.dead_letters = (DeadLetters(operator, context.name)  # ON_ERROR="DEAD_LETTER"
                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
-        self._held: list[tuple[str, pa.RecordBatch]] | None = None  # a try's emits
+        declared = operator.input_ports()  # batches are cast to a declared schema, or fail
+        self.calls = ProcessCalls(operator, context.name, {
+            name: declared[name].schema for name in self.inputs
+            if name in declared and declared[name].schema is not None}, self.dead_letters)
         self.end_requested = threading.Event()
         # a stop for a savepoint: the stream ends without END_OF_TIME (``_end_stream``), and
         # once committed the operator writes its part (``savepoint_writer(id, window)``)
@@ -277,8 +277,7 @@ class OperatorRunner(CommitSteps):
             raise KeyError(f"{self.context.name} has no output port {port!r}")
         if self._window < 0:
             raise RuntimeError(f"{self.context.name} emitted on {port!r} outside a window")
-        if self._held is not None:  # a try of rows that may fail: kept until it passed
-            self._held.append((port, batch))
+        if self.calls.hold(port, batch):  # a try of rows that may fail: kept until it passed
             return
         if self._event_times is not None:
             self._event_times.emitted(port, batch)
@@ -448,7 +447,7 @@ class OperatorRunner(CommitSteps):
             message = port.get()
             if message.kind == Kind.DATA:
                 cpu_start = time.thread_time_ns()
-                self._process(name, message.batch())
+                self.calls.process(name, message.batch(), self._window, self._emit)
                 self._cpu_ns += time.thread_time_ns() - cpu_start
                 self._in_counts[name] += message.rows
             elif message.kind == Kind.END_WINDOW:
@@ -461,33 +460,6 @@ class OperatorRunner(CommitSteps):
             else:
                 raise RuntimeError(f"input port {name!r}: unexpected {message.kind.name} inside "
                                    f"window {format_window_id(window_id)}")
-
-    def _process(self, port: str, batch: pa.RecordBatch) -> None:
-        """Hands ``batch`` to ``process``, cast to the port's declared schema. With dead
-        letters, the rows it fails on are found by bisecting the batch and set aside; the
-        emits of a try that failed are dropped, those of one that passed go out."""
-        if self.dead_letters is None:
-            self.operator.process(port, self._conform(port, batch))
-            return
-
-        def attempt(lo: int, hi: int) -> None:
-            self._held = []
-            try:
-                self.operator.process(port, self._conform(port, batch.slice(lo, hi - lo)))
-                held = self._held
-            finally:
-                self._held = None
-            for out, emitted in held:
-                self._emit(out, emitted)
-
-        for lo, hi, error in isolate_failures(batch.num_rows, attempt, is_record_error):
-            self.dead_letters.set_aside(batch.slice(lo, hi - lo), error, port, self._window)
-
-    def _conform(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-        schema = self._input_schemas.get(port)
-        if schema is None:
-            return batch
-        return conform(batch, schema, f"operator {self.context.name!r}, input port {port!r}")
 
     def heartbeat(self, interval_ms: int) -> umbilical_pb2.OperatorHeartbeat:
         """This operator's part of the next heartbeat."""

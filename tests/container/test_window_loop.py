@@ -34,8 +34,8 @@ class RecordingPublisher:
     def end_window(self, window_id: int, watermark: int = NO_WATERMARK) -> None:
         self.messages.append(Message(Kind.END_WINDOW, window_id, watermark=watermark))
 
-    def end_stream(self) -> None:
-        self.messages.append(Message(Kind.END_STREAM, -1))
+    def end_stream(self, watermark: int = NO_WATERMARK) -> None:
+        self.messages.append(Message(Kind.END_STREAM, -1, watermark=watermark))
 
     def windows(self) -> list[tuple[int, list[int]]]:
         """(window id, values of column x emitted in it) per window."""

@@ -348,3 +348,18 @@ def test_a_source_with_splits_sends_the_lowest_over_its_splits():
     runner, out = run_source(TwoSplits(), EVENT_TIME_COLUMN="t")
     assert runner.state is RunnerState.SHUTDOWN, runner.error
     assert list(watermarks(out).values()) == [1_000, 2_000, END_OF_TIME]
+
+
+def test_a_stream_stopped_for_a_savepoint_keeps_its_watermark_and_says_so_downstream():
+    """END_STREAM with a watermark (a stop for a savepoint) is not an end: the port's
+    watermark stays where it was (open event-time windows stay open in the state), and
+    the operator's own END_STREAM carries its watermark on."""
+    from container.stream_messages import Kind, Message
+    from tests.container.test_window_loop import SumPerAppWindow, run
+
+    messages = [Message(Kind.BEGIN_WINDOW, 1), Message(Kind.END_WINDOW, 1, watermark=5_000),
+                Message(Kind.END_STREAM, 1, watermark=5_000)]
+    runner, out = run(SumPerAppWindow(), {"a": messages})
+    assert runner.suspended and runner.marks.current == 5_000
+    assert [(m.kind, m.watermark) for m in out.messages if m.kind == Kind.END_STREAM] == [
+        (Kind.END_STREAM, 5_000)]

@@ -1,0 +1,72 @@
+"""How the window loop hands a batch to ``process``: cast to the input port's declared
+schema and, with ``ON_ERROR="DEAD_LETTER"``, with the rows it fails on set aside.
+
+A failing batch is bisected (``operators.dead_letters``). Each try's emits are held: a try
+that failed emits nothing, one that passed emits what it did, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pyarrow as pa
+
+from container.operator_errors import is_record_error
+from operators.dead_letters import DeadLetters, isolate_failures
+from operators.operator import Operator
+from operators.ports import conform
+
+__all__ = ["ProcessCalls"]
+
+Emit = Callable[[str, pa.RecordBatch], None]
+
+
+class ProcessCalls:
+    """One operator's ``process`` calls.
+
+    Args:
+        operator: the operator.
+        name: its name, for errors.
+        schemas: input port → declared schema (ports without one are not cast).
+        dead_letters: where rows it fails on go; None: an error fails the operator.
+    """
+
+    def __init__(self, operator: Operator, name: str, schemas: Mapping[str, pa.Schema],
+                 dead_letters: DeadLetters | None) -> None:
+        self.operator = operator
+        self.name = name
+        self.schemas = dict(schemas)
+        self.dead_letters = dead_letters
+        self._held: list[tuple[str, pa.RecordBatch]] | None = None
+
+    def hold(self, port: str, batch: pa.RecordBatch) -> bool:
+        """Keeps an emit of the try under way (True), or lets it go out now (False)."""
+        if self._held is None:
+            return False
+        self._held.append((port, batch))
+        return True
+
+    def process(self, port: str, batch: pa.RecordBatch, window_id: int, emit: Emit) -> None:
+        """Hands ``batch`` to ``process``; with dead letters, bisects it on failure."""
+        if self.dead_letters is None:
+            self.operator.process(port, self.conform(port, batch))
+            return
+
+        def attempt(lo: int, hi: int) -> None:
+            self._held = []
+            try:
+                self.operator.process(port, self.conform(port, batch.slice(lo, hi - lo)))
+                held = self._held
+            finally:
+                self._held = None
+            for out, emitted in held:
+                emit(out, emitted)
+
+        for lo, hi, error in isolate_failures(batch.num_rows, attempt, is_record_error):
+            self.dead_letters.set_aside(batch.slice(lo, hi - lo), error, port, window_id)
+
+    def conform(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        schema = self.schemas.get(port)
+        if schema is None:
+            return batch
+        return conform(batch, schema, f"operator {self.name!r}, input port {port!r}")
