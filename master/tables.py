@@ -134,9 +134,17 @@ def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
             str(app.recoveries),
             format_count(app.total_tuples_processed), format_count(app.total_tuples_emitted),
             format_time(app.submitted_ms), format_duration_ms(end_ms - app.submitted_ms),
-            app.diagnostics or (f"recovered: {app.last_recovery}" if app.last_recovery else "-"),
+            app.diagnostics or _savepoint_note(app)
+            or (f"recovered: {app.last_recovery}" if app.last_recovery else "-"),
         ])
     return rows
+
+
+def _savepoint_note(app: client_pb2.ApplicationInfo) -> str:
+    """Where the run came from or the savepoint it took, for ``weir apps``."""
+    if app.savepoint_path:
+        return f"savepoint {app.savepoint_state} at {app.savepoint_path}"
+    return f"from savepoint {app.from_savepoint}" if app.from_savepoint else ""
 
 
 CONTAINER_HEADERS = ["ID", "APP", "STATE", "PROCESS", "BUFFER SERVER", "OPERATORS", "CPU %",
@@ -303,6 +311,10 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
     ]
     if app.repartitions:
         fields.append(("repartitions", f"{app.repartitions}, last: {app.last_repartition}"))
+    if app.from_savepoint:
+        fields.append(("from savepoint", app.from_savepoint))
+    if app.savepoint_path:
+        fields.append(("savepoint", f"{app.savepoint_state} at {app.savepoint_path}"))
     if app.dashboard_url:
         fields.append(("dashboard", app.dashboard_url))
     width = max(len(name) for name, _ in fields)
