@@ -37,8 +37,10 @@ class JournalError(RuntimeError):
 
 def _app_mark(app: Application) -> tuple[Any, ...]:
     """What of the application itself must be journaled again when it changes."""
+    savepoint = app.savepoint
     return (app.state, app.diagnostics, app.committed_window_id, app.shutdown_requested,
-            app.recoveries, app.repartitions,
+            app.recoveries, app.repartitions, app.from_savepoint,
+            (savepoint.path, savepoint.state, len(savepoint.written)) if savepoint else None,
             tuple((c.id, c.state, c.replaced_by, c.buffer_server_port, c.spare)
                   for c in app.plan.containers.values()))
 
