@@ -1,0 +1,72 @@
+"""A new plan seeded from a savepoint: every operator starts at the savepoint's window,
+from its own partition's state, re-split by key when its count changed, fresh when new;
+a source's partition count cannot change."""
+
+from __future__ import annotations
+
+import pytest
+
+from master.savepoints import plan_from_savepoint
+from operators.savepoints import (
+    Manifest,
+    SavedOperator,
+    SavedPartition,
+    SavepointError,
+    write_manifest,
+)
+from proto import plan_pb2
+from tests.master.test_partitions import plan_of, wordcount
+
+WINDOW = (1_700_000_000 << 32) + 99
+
+
+def savepoint(tmp_path, count_partitions: int = 1, source_partitions: int = 1) -> str:
+    names = {"source": "operators.library.sources.TextFileSource",
+             "tokenize": "operators.library.transforms.Tokenize",
+             "count": "operators.library.transforms.WindowedCount",
+             "files": "operators.library.sinks.FileSink"}
+    counts = {"source": source_partitions, "count": count_partitions}
+    next_id = iter(range(100, 200))
+    operators = [SavedOperator(name, cls, [SavedPartition(next(next_id), WINDOW - 1)
+                                           for _ in range(counts.get(name, 1))])
+                 for name, cls in names.items()]
+    path = tmp_path / "sp"
+    path.mkdir()
+    write_manifest(str(path), Manifest(WINDOW, "wc", "app-0007", operators))
+    return str(path)
+
+
+def test_every_operator_starts_at_the_savepoints_window_from_its_own_state(tmp_path):
+    dag = wordcount()
+    plan = plan_of(dag)
+    path = savepoint(tmp_path)
+    manifest, books = plan_from_savepoint(dag.to_descriptor(), plan, path, False)
+    assert manifest.window == WINDOW
+    seeds = {op.name: op.seed for op in plan.operators.values()}
+    assert {name: seed.from_ids for name, seed in seeds.items()} == {
+        "source": (100,), "tokenize": (101,), "count": (102,), "files": (103,)}
+    assert {seed.window_id for seed in seeds.values()} == {WINDOW}
+    assert {seed.savepoint_path for seed in seeds.values()} == {path}
+    assert all(op.deploy_window_id == op.recovery_window_id == WINDOW
+               for op in plan.operators.values())
+    assert {book.latest for book in books.values()} == {WINDOW}
+
+
+def test_a_new_partition_count_re_splits_the_keyed_state_of_every_old_partition(tmp_path):
+    dag = wordcount(PARTITIONS=3, PARTITION_KEY="word")
+    plan = plan_of(dag)
+    plan_from_savepoint(dag.to_descriptor(), plan, savepoint(tmp_path, count_partitions=2),
+                        False)
+    for op in plan.instances("count"):
+        assert op.seed.from_ids == (102, 103) and op.seed.share == op.share
+    [unifier] = [op for op in plan.operators.values()
+                 if op.type == plan_pb2.OPERATOR_TYPE_UNIFIER]
+    assert unifier.seed.from_ids == () and unifier.seed.window_id == WINDOW  # fresh
+
+
+def test_a_source_cannot_change_its_partition_count(tmp_path):
+    dag = wordcount()
+    with pytest.raises(SavepointError, match="source 'source' had 2 partitions in the "
+                                             "savepoint and has 1 now"):
+        plan_from_savepoint(dag.to_descriptor(), plan_of(dag),
+                            savepoint(tmp_path, source_partitions=2), False)
