@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
-
-import logging
 
 import pytest
 
