@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import tempfile
@@ -105,6 +104,9 @@ class StoreCheckpointer:
         check = self.fence.check if self.fence is not None else None
         return self.store.save(operator_id, window_id, capture(operator), check).bytes
 
+    def has(self, operator_id: int, window_id: int) -> bool:
+        return window_id in self.store.windows(operator_id)
+
     def committed(self, operator_id: int, window_id: int) -> None:
         if self.fence is not None:
             self.fence.check()
@@ -155,7 +157,8 @@ class Deployment:
         self._lock = threading.Lock()
         self.state_dir = base_attributes.get("STATE_DIR") or default_state_dir(application_id)
         self.store = CheckpointStore(self.state_dir)
-        self.savepoint_path = ""  # the savepoint the application stops for, once asked
+        # the savepoint asked for: (path, window; -1 = at the end of the stream, a stop)
+        self.savepoint: tuple[str, int] | None = None
         # (seed window, operators a repartition retired): checkpoints to delete after commit
         self._retired: list[tuple[int, list[int]]] = []
 
@@ -443,22 +446,26 @@ class Deployment:
     def end_inputs(self, savepoint_path: str = "") -> None:
         """Asks every input operator to end its stream after the current window; with a
         ``savepoint_path``, for that savepoint: every operator writes its part there."""
-        if savepoint_path and not self.savepoint_path:
-            self.savepoint_path = savepoint_path
+        if savepoint_path:
+            self.savepoint = (savepoint_path, -1)
         for runner in list(self.runners.values()):
             self._arm_savepoint(runner)
-            runner.request_end(suspend=bool(self.savepoint_path))
+            runner.request_end(suspend=bool(savepoint_path))
+
+    def take_savepoint(self, path: str, window_id: int) -> None:
+        """A savepoint while the application runs: every operator writes its checkpoint of
+        ``window_id`` (and its durable folder) under ``path``, between two windows."""
+        self.savepoint = (path, window_id)
+        for runner in list(self.runners.values()):
+            self._arm_savepoint(runner)
 
     def _arm_savepoint(self, runner: OperatorRunner) -> None:
-        """The runner writes its savepoint part once its stream ended and was committed."""
-        if self.savepoint_path and runner.savepoint_writer is None:
-            runner.savepoint_writer = functools.partial(
-                self._write_savepoint_part, savepoint_path=self.savepoint_path)
+        if self.savepoint is not None:
+            path, window_id = self.savepoint
+            runner.savepoint.ask(path, window_id, self._write_savepoint_part)
 
-    def _write_savepoint_part(self, operator_id: int, window_id: int, *,
-                              savepoint_path: str) -> None:
-        write_part(self.store, operator_id, window_id, self._operator_dir(operator_id),
-                   savepoint_path)
+    def _write_savepoint_part(self, operator_id: int, window_id: int, path: str) -> None:
+        write_part(self.store, operator_id, window_id, self._operator_dir(operator_id), path)
 
     def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
         with self._lock:

@@ -11,7 +11,15 @@ import grpc
 
 from container.deploy import DeployError, Deployment
 from container.deploy_queue import DeployQueue
-from container.heartbeat_reply import Abort, Activate, Commit, EndInputs, Redeploy, instructions
+from container.heartbeat_reply import (
+    Abort,
+    Activate,
+    Commit,
+    EndInputs,
+    Redeploy,
+    TakeSavepoint,
+    instructions,
+)
 from container.lease import Lease
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -152,6 +160,8 @@ class HeartbeatLoop:
                     self.deployment.activate(ids)
                 case EndInputs(savepoint_path=path):
                     self.deployment.end_inputs(path)
+                case TakeSavepoint(path=path, window_id=window_id):
+                    self.deployment.take_savepoint(path, window_id)
                 case Commit(window_id=window_id):
                     self.committed_window_id = window_id
                     _LOGGER.debug("container %s: committed window %s", self.container_id,

@@ -18,7 +18,7 @@ import dataclasses
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["Abort", "Activate", "Commit", "EndInputs", "Instruction", "Redeploy",
-           "instructions"]
+           "TakeSavepoint", "instructions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,13 +50,22 @@ class EndInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+class TakeSavepoint:
+    """A savepoint while the application runs: operators write their checkpoint of
+    ``window_id`` under ``path``."""
+
+    path: str
+    window_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Commit:
     """A newer committed window: operators hear of it, the buffer server forgets it."""
 
     window_id: int
 
 
-Instruction = Abort | Redeploy | Activate | EndInputs | Commit
+Instruction = Abort | Redeploy | Activate | EndInputs | TakeSavepoint | Commit
 
 
 def instructions(response: umbilical_pb2.ContainerHeartbeatResponse,
@@ -73,6 +82,8 @@ def instructions(response: umbilical_pb2.ContainerHeartbeatResponse,
         steps.append(Activate(tuple(response.activate_request)))
     if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE:
         steps.append(EndInputs(response.savepoint_path))
+    elif response.savepoint_path:
+        steps.append(TakeSavepoint(response.savepoint_path, response.savepoint_window_id))
     if response.committed_window_id > committed_window_id:
         steps.append(Commit(response.committed_window_id))
     return steps

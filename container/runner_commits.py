@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from container.lease import Lease
 from container.runner_needs import Checkpointer, Clock
+from container.runner_savepoints import SavepointDuty
 from operators.operator import Operator, OperatorContext
 from operators.watermarks import Watermarks
 from operators.windows import format_window_id
@@ -47,6 +48,7 @@ class CommitSteps:
     _stats: collections.deque[umbilical_pb2.OperatorStats]
     _stats_lock: threading.Lock
     _on_change: Callable[[], None]
+    savepoint: SavepointDuty
 
     def notify_committed(self, window_id: int) -> None:
         """The master's committed window; ``committed()`` reaches the operator at the next
@@ -101,7 +103,16 @@ class CommitSteps:
             self._committed_arrived.clear()
             self._deliver_committed()
 
+    def _has_checkpoint(self, window_id: int) -> bool:
+        return self.checkpointer is not None and self.checkpointer.has(self.operator_id,
+                                                                       window_id)
+
     def _deliver_committed(self) -> None:
+        """Between windows: the committed window reaches the operator, and the part of a
+        savepoint taken while it runs is written (``container.runner_savepoints``)."""
+        if self.savepoint.path:
+            self.savepoint.while_running(self.operator_id, self._window,
+                                         self._has_checkpoint)
         committed = self._committed_pending
         if committed > self._committed_delivered:
             self._hold_lease()

@@ -35,6 +35,10 @@ class Checkpointer(Protocol):
         """Deletes the operator's checkpoints older than the committed ``window_id``."""
         ...
 
+    def has(self, operator_id: int, window_id: int) -> bool:
+        """Whether the operator's checkpoint of ``window_id`` is saved."""
+        ...
+
 
 class Clock(Protocol):
     """The time the window loop goes by (a test steps a fake one instead of sleeping)."""

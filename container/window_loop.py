@@ -26,6 +26,7 @@ from container.process_calls import ProcessCalls
 from container.runner_commits import CommitSteps
 from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
+from container.runner_savepoints import SavepointDuty
 from container.stream_messages import Kind
 from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters
 from operators.metrics import collect_metrics
@@ -115,11 +116,9 @@ class OperatorRunner(CommitSteps):
             name: declared[name].schema for name in self.inputs
             if name in declared and declared[name].schema is not None}, self.dead_letters)
         self.end_requested = threading.Event()
-        # a stop for a savepoint: the stream ends without END_OF_TIME (``_end_stream``), and
-        # once committed the operator writes its part (``savepoint_writer(id, window)``)
+        # a stop for a savepoint: the stream ends without END_OF_TIME (``_end_stream``)
         self.suspended = False
-        self.savepoint_writer: Callable[[int, int], None] | None = None
-        self.savepoint_written = False
+        self.savepoint = SavepointDuty()  # the part it owes one
         self.activated = threading.Event()
         if not wait_for_activation:
             self.activated.set()
@@ -229,9 +228,7 @@ class OperatorRunner(CommitSteps):
                 self._enter(RunnerPhase.STOPPED)
                 return
             self.operator.teardown()
-            if self.savepoint_writer is not None and self._last_checkpoint >= 0:
-                self.savepoint_writer(self.operator_id, self._last_checkpoint)
-                self.savepoint_written = True
+            self.savepoint.at_stream_end(self.operator_id, self._last_checkpoint)
             self._enter(RunnerPhase.FINISHED)
             _LOGGER.info("operator %s (%d) finished after window %s", name, self.operator_id,
                          format_window_id(self._window))
@@ -467,7 +464,7 @@ class OperatorRunner(CommitSteps):
             node_id=self.operator_id, generated_tms=self.clock.now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
             ready=self.ready, fatal=self.fatal, generation=self.generation,
-            recovering=self.recovering, savepoint_written=self.savepoint_written)
+            recovering=self.recovering, savepoint_written=self.savepoint.written)
 
     @property
     def recovering(self) -> bool:

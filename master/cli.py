@@ -201,14 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
                 "end an application gracefully: inputs stop after the current window")
     p.add_argument("app_id", metavar="APP_ID")
     p = command("savepoint", cmd_savepoint,
-                "save every operator's state under PATH (a path or a pyarrow.fs URI) and, "
-                "with --stop, finish the application with it")
+                "save every operator's state under PATH (a path or a pyarrow.fs URI) while "
+                "the application runs on, or with --stop, finishing it")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("path", metavar="PATH", help="a new folder (or URI) for the savepoint")
     p.add_argument("--stop", action="store_true",
-                   help="finish the application with the savepoint (required today)")
+                   help="end the sources after their current window and finish the "
+                   "application with the savepoint")
     p.add_argument("--wait", type=float, default=600.0, metavar="S",
-                   help="seconds to wait for the application to finish (default 600)")
+                   help="seconds to wait for the savepoint (default 600)")
     p = command("kill", cmd_kill, "kill an application now")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("--reason", default="", help="recorded as the application's diagnostics")

@@ -4,33 +4,36 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from master.cli_queries import client_for, print_json
+from master.client import WeirClient
 from operators.savepoints import SavepointError, match, read_manifest
 from operators.windows import format_window_id
-from proto import plan_pb2
+from proto import client_pb2, plan_pb2
 
 __all__ = ["cmd_savepoint", "say_savepoint_match"]
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
-    """Takes a savepoint with a stop, waits for the application to finish, says where."""
-    if not args.stop:
-        print("weir: a savepoint is taken with a stop today: add --stop (the application "
-              "finishes with it; resume with weir submit APP.py --from-savepoint PATH)",
-              file=sys.stderr)
-        return 2
+    """Takes a savepoint (with --stop: and finishes the application), waits for it, says
+    where it is and how to resume from it."""
     with client_for(args) as client:
-        client.take_savepoint(args.app_id, args.path, stop=True)
+        client.take_savepoint(args.app_id, args.path, stop=args.stop)
         if not args.json:
-            print(f"{args.app_id}: savepoint requested at {args.path}; its inputs end after "
-                  "the current window", file=sys.stderr)
-        info = client.wait(args.app_id, args.wait)
+            print(f"{args.app_id}: savepoint requested at {args.path}"
+                  + ("; its inputs end after the current window" if args.stop else ""),
+                  file=sys.stderr)
+        if args.stop:
+            info = client.wait(args.app_id, args.wait)
+        else:
+            info = _wait_written(client, args.app_id, args.wait)
     if args.json:
         print_json(info)
     if info.savepoint_state != "complete":
-        print(f"weir: {args.app_id} ended {info.state} and its savepoint at {args.path} is "
-              f"{info.savepoint_state or 'not written'}: {info.diagnostics}", file=sys.stderr)
+        print(f"weir: {args.app_id} is {info.state} and its savepoint at {args.path} is "
+              f"{info.savepoint_state or 'not written'} {info.diagnostics}".rstrip(),
+              file=sys.stderr)
         return 1
     if not args.json:
         window = read_manifest(args.path).window
@@ -38,6 +41,20 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
               f"{format_window_id(window)}); resume with: weir submit APP.py "
               f"--from-savepoint {args.path}")
     return 0
+
+
+def _wait_written(client: WeirClient, app_id: str, timeout_s: float
+                  ) -> client_pb2.ApplicationInfo:
+    """Polls until the savepoint is no longer being written (or the application ended)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = client.application(app_id)
+        if info.savepoint_state != "writing" or info.state not in ("ACCEPTED", "RUNNING"):
+            return info
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the savepoint of {app_id} was still being written after "
+                               f"{timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def say_savepoint_match(dag: plan_pb2.DagDescriptor, path: str, allow_dropped: bool) -> None:

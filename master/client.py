@@ -193,10 +193,10 @@ class WeirClient:
             allow_dropped=allow_dropped)
         return self._call(self._stub.SubmitApplication, request).application_id
 
-    def take_savepoint(self, app_id: str, path: str, *, stop: bool = True) -> None:
-        """Asks for a savepoint of the application at ``path``; with ``stop`` (the only
-        kind today) the application finishes with it: ``wait`` for it, then read
-        ``savepoint_state`` ("complete", or why not)."""
+    def take_savepoint(self, app_id: str, path: str, *, stop: bool = False) -> None:
+        """Asks for a savepoint of the application at ``path``: while it runs on, or with
+        ``stop``, finishing it (then ``wait`` for it). ``savepoint_state`` of its info
+        says "writing", "complete", or why it is not."""
         self._call(self._stub.TakeSavepoint, client_pb2.SavepointRequest(
             application_id=app_id, path=path, stop=stop))
 

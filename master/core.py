@@ -271,17 +271,14 @@ class MasterCore:
             self._changed.notify_all()
 
     def take_savepoint(self, app_id: str, path: str, stop: bool) -> None:
-        """Takes a savepoint of the application at ``path`` and finishes it (``stop``)."""
-        if not stop:
-            raise InvalidArgument("a savepoint is taken with a stop (--stop) today: the "
-                                  "application finishes with it; resume it with weir submit "
-                                  "--from-savepoint")
+        """Takes a savepoint of the application at ``path``: while it runs on, or with
+        ``stop``, finishing it (``master.savepoints``)."""
         with self._lock:
             app = self._app(app_id)
             if app.terminal:
                 raise FailedPrecondition(f"application {app_id} is already {app.state.value}")
             try:
-                savepoints.start(app, path)
+                savepoints.start(app, path, stop)
             except SavepointError as exc:
                 raise FailedPrecondition(str(exc)) from None
             self._persist(app)

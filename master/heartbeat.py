@@ -141,7 +141,8 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         # The recovery checkpoints depend only on checkpoints and operator states: most
         # heartbeats change neither, and the computation walks the whole application.
         update_recovery(app)
-    response.committed_window_id = app.committed_window_id
+    savepoints.advance(app)
+    response.committed_window_id = savepoints.committed_for_containers(app)
     if not app.terminal and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
     if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
@@ -164,8 +165,11 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         response.activate_request.extend(inputs)
     if app.shutdown_requested:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE
-        if app.savepoint is not None:
-            response.savepoint_path = app.savepoint.path
+    savepoint = app.savepoint
+    if savepoint is not None and savepoint.state == savepoints.WRITING and (
+            savepoint.stop or savepoint.window >= 0):
+        response.savepoint_path = savepoint.path
+        response.savepoint_window_id = -1 if savepoint.stop else savepoint.window
     return response
 
 
@@ -246,7 +250,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
         if report.savepoint_written:
-            savepoints.record_written(app, op.id)
+            savepoints.record_written(app, op.id, report.savepoint_written)
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
         removed = filter_report(op, report) if report.window_stats else ""

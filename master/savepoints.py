@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from master.checkpoints import CheckpointBook
-from master.physical_plan import PhysicalPlan, StateSeed
+from master.physical_plan import PhysicalPlan, PTOperator, StateSeed
 from operators.savepoints import (
     Manifest,
     SavedPartition,
@@ -37,8 +37,8 @@ from proto import plan_pb2
 if TYPE_CHECKING:
     from master.application import Application
 
-__all__ = ["SavepointProgress", "adopt", "finish", "plan_from_savepoint", "record_written",
-           "start"]
+__all__ = ["SavepointProgress", "adopt", "advance", "committed_for_containers", "finish",
+           "plan_from_savepoint", "record_written", "start"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -48,11 +48,18 @@ COMPLETE = "complete"
 
 @dataclasses.dataclass
 class SavepointProgress:
-    """A savepoint an application is taking."""
+    """A savepoint an application is taking (or took)."""
 
     path: str
     written: set[int] = dataclasses.field(default_factory=set)  # operators that wrote theirs
     state: str = WRITING  # WRITING, COMPLETE, or why it failed
+    stop: bool = True  # the application finishes with it
+    window: int = -1  # without a stop: the window of the checkpoints it holds, once chosen
+
+    @property
+    def running(self) -> bool:
+        """A savepoint without a stop, still being written."""
+        return not self.stop and self.state == WRITING
 
 
 def adopt(app: Application, path: str, manifest: Manifest,
@@ -65,48 +72,95 @@ def adopt(app: Application, path: str, manifest: Manifest,
     app.start_window_millis = window_base_seconds(manifest.window) * 1000
 
 
-def start(app: Application, path: str) -> None:
-    """Starts a savepoint with a stop; raises ``SavepointError`` when it cannot be taken."""
+def start(app: Application, path: str, stop: bool) -> None:
+    """Starts a savepoint; raises ``SavepointError`` when it cannot be taken."""
     if not path:
         raise SavepointError("name the folder the savepoint goes to (a path or a URI)")
-    if app.savepoint is not None:
+    if app.savepoint is not None and app.savepoint.state == WRITING:
         raise SavepointError(f"application {app.id} is already taking a savepoint at "
                              f"{app.savepoint.path!r}")
     if app.shutdown_requested:
-        raise SavepointError(f"application {app.id} is already shutting down without a "
-                             "savepoint")
+        raise SavepointError(f"application {app.id} is already shutting down")
     check_unused(path)
-    app.savepoint = SavepointProgress(path)
-    app.shutdown_requested = True
-    _LOGGER.info("app=%s savepoint requested at %s: inputs end after their current window",
-                 app.id, path)
+    app.savepoint = SavepointProgress(path, stop=stop)
+    if stop:
+        app.shutdown_requested = True
+        _LOGGER.info("app=%s savepoint requested at %s: inputs end after their current "
+                     "window", app.id, path)
+    else:
+        _LOGGER.info("app=%s savepoint requested at %s, the application runs on", app.id, path)
+        advance(app)
 
 
-def record_written(app: Application, operator_id: int) -> None:
-    if app.savepoint is not None:
+def record_written(app: Application, operator_id: int, path: str) -> None:
+    if app.savepoint is not None and path == app.savepoint.path:
         app.savepoint.written.add(operator_id)
 
 
+def advance(app: Application) -> None:
+    """A savepoint without a stop moves on: it takes the newest window every operator of
+    the DAG checkpointed (not before the committed window: those are being deleted), and
+    is complete once each wrote its part."""
+    progress = app.savepoint
+    if progress is None or not progress.running:
+        return
+    if progress.window < 0:
+        common: set[int] | None = None
+        for op in _instances(app):
+            book = app.checkpoints.get(op.id)
+            windows = set(book.windows if book is not None else ())
+            common = windows if common is None else common & windows
+        usable = [w for w in common or () if w >= max(app.committed_window_id, 0)]
+        if usable:
+            progress.window = max(usable)
+            _LOGGER.info("app=%s savepoint at %s takes window %s", app.id, progress.path,
+                         format_window_id(progress.window))
+        return
+    if all(op.id in progress.written for op in _instances(app)):
+        _complete(app, progress, {op.id: progress.window for op in _instances(app)})
+
+
+def committed_for_containers(app: Application) -> int:
+    """The committed window containers hear: held at the window of a savepoint being
+    written, so that nobody deletes the checkpoints it copies."""
+    progress = app.savepoint
+    if progress is not None and progress.running and progress.window >= 0:
+        return min(app.committed_window_id, progress.window)
+    return app.committed_window_id
+
+
+def _instances(app: Application) -> list[PTOperator]:
+    return [instance for op in app.dag.operators for instance in app.plan.instances(op.name)]
+
+
 def finish(app: Application) -> None:
-    """The application finished: writes the manifest if every operator wrote its part,
-    else says which did not (the savepoint stays incomplete: no manifest)."""
+    """The application finished: a savepoint with a stop gets its manifest if every
+    operator wrote its part, else says which did not (no manifest: incomplete)."""
     progress = app.savepoint
     if progress is None or progress.state != WRITING:
         return
-    partitions: dict[str, list[SavedPartition]] = {}
-    missing = []
-    for op in app.dag.operators:
-        for instance in app.plan.instances(op.name):
-            if instance.id not in progress.written:
-                missing.append(f"{op.name} ({instance.id})")
-            book = app.checkpoints.get(instance.id)
-            window = book.latest if book is not None else -1
-            partitions.setdefault(op.name, []).append(SavedPartition(instance.id, window))
+    if not progress.stop:
+        progress.state = "incomplete: the application ended before every operator wrote its part"
+        return
+    missing = [f"{op.logical_name or op.name} ({op.id})" for op in _instances(app)
+               if op.id not in progress.written]
     if missing:
         progress.state = f"incomplete: operators {', '.join(missing)} wrote no part"
         _LOGGER.error("app=%s savepoint at %s is %s", app.id, progress.path, progress.state)
         return
-    window = max((p.window for parts in partitions.values() for p in parts), default=-1)
+    _complete(app, progress, {op.id: _latest(app, op.id) for op in _instances(app)})
+
+
+def _latest(app: Application, operator_id: int) -> int:
+    book = app.checkpoints.get(operator_id)
+    return book.latest if book is not None else -1
+
+
+def _complete(app: Application, progress: SavepointProgress, windows: dict[int, int]) -> None:
+    """Writes the manifest: the savepoint is complete (or says why it is not)."""
+    partitions = {op.name: [SavedPartition(i.id, windows[i.id])
+                            for i in app.plan.instances(op.name)] for op in app.dag.operators}
+    window = max(windows.values(), default=-1)
     try:
         write_manifest(progress.path, Manifest.describe(app.dag, app.id, window, partitions))
     except OSError as exc:

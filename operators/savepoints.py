@@ -164,6 +164,7 @@ def read_manifest(path: str) -> Manifest:
 def write_manifest(path: str, manifest: Manifest) -> None:
     """Writes the manifest last, under a temporary name renamed over the final one."""
     fs, root = filesystem(path)
+    fs.create_dir(root, recursive=True)
     temporary = posixpath.join(root, f".{MANIFEST}.tmp")
     with fs.open_output_stream(temporary) as stream:
         stream.write(manifest.to_json().encode())

@@ -140,6 +140,18 @@ def test_an_answer_becomes_instructions_in_the_order_they_are_carried_out():
     assert instructions(umbilical_pb2.ContainerHeartbeatResponse(), 5) == []
 
 
+def test_a_savepoint_is_a_stop_for_it_or_one_taken_while_running():
+    from container.heartbeat_reply import EndInputs, TakeSavepoint, instructions
+
+    stop = umbilical_pb2.ContainerHeartbeatResponse(
+        shutdown=umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE, savepoint_path="/sp",
+        savepoint_window_id=-1, committed_window_id=3)
+    assert instructions(stop, committed_window_id=3) == [EndInputs("/sp")]
+    running = umbilical_pb2.ContainerHeartbeatResponse(
+        savepoint_path="/sp", savepoint_window_id=40, committed_window_id=3)
+    assert instructions(running, committed_window_id=3) == [TakeSavepoint("/sp", 40)]
+
+
 def test_a_spare_heartbeats_at_its_pace_until_given_operators_and_says_when_spark_is_warm():
     deployment = _SlowDeployment()
     deployment.release.set()

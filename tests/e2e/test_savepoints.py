@@ -128,3 +128,38 @@ def test_a_stopped_word_count_resumes_from_its_savepoint_in_a_new_version(master
     one_letter = {w for w in expected if len(w) == 1}
     assert not one_letter  # the words are long: Clean keeps every one, so totals add up
     assert last_totals(tmp_path / "out1", tmp_path / "out2") == dict(expected)
+
+
+def test_a_savepoint_taken_while_the_word_count_runs_on_resumes_in_a_new_version(
+        master, tmp_path):
+    """Without a stop: the savepoint holds every operator's checkpoint of one window while
+    the application goes on to the end of its input; the new version resumes at that
+    window (its output starts after it) and its last totals are the whole input's."""
+    expected = write_input(tmp_path / "inbox")
+    inbox, savepoint = tmp_path / "inbox", str(tmp_path / "savepoint")
+    keep = {"inbox": str(inbox)}
+    v1 = write_app(tmp_path / "v1.py", V1.replace("delete_consumed=True", "delete_consumed=False"),
+                   out=str(tmp_path / "out1"), state=str(tmp_path / "state1"), **keep)
+    v2 = write_app(tmp_path / "v2.py", V2.replace("delete_consumed=True", "delete_consumed=False"),
+                   out=str(tmp_path / "out2"), state=str(tmp_path / "state2"), **keep)
+    with WeirClient(master.address) as client:
+        first = client.submit(load_app(v1).to_descriptor())
+        poll_for(lambda: client.application(first).committed_window_id >= 0, 90,
+                 f"a first committed window\n{container_logs(master)}")
+        client.take_savepoint(first, savepoint)
+        poll_for(lambda: client.application(first).savepoint_state != "writing", 60,
+                 f"the savepoint\n{container_logs(master)}")
+        info = client.application(first)
+        assert info.savepoint_state == "complete", info
+        window = read_manifest(savepoint).window
+        assert info.state == "RUNNING" or info.committed_window_id > window
+        wait_finished(client, master, first, timeout_s=120)
+        second = client.submit(load_app(v2).to_descriptor(), from_savepoint=savepoint,
+                               allow_dropped=True)
+        wait_finished(client, master, second, timeout_s=180)
+
+    assert last_totals(tmp_path / "out1") == dict(expected)
+    assert last_totals(tmp_path / "out2") == dict(expected)
+    resumed = [json.loads(line)["window_id"] for file in (tmp_path / "out2").glob("*.jsonl")
+               for line in file.read_text().splitlines()]
+    assert resumed and min(resumed) > window  # nothing at or before the savepoint again

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from master.savepoints import plan_from_savepoint
+from master.planner import build_physical_plan
+from master.savepoints import (
+    advance,
+    committed_for_containers,
+    plan_from_savepoint,
+    record_written,
+    start,
+)
 from operators.savepoints import (
     Manifest,
     SavedOperator,
     SavedPartition,
     SavepointError,
+    read_manifest,
     write_manifest,
 )
 from proto import plan_pb2
@@ -70,3 +78,50 @@ def test_a_source_cannot_change_its_partition_count(tmp_path):
                                              "savepoint and has 1 now"):
         plan_from_savepoint(dag.to_descriptor(), plan_of(dag),
                             savepoint(tmp_path, source_partitions=2), False)
+
+
+def running_app(tmp_path):
+    from master.application import Application
+
+    dag = wordcount().to_descriptor()
+    app = Application("app-0001", dag, build_physical_plan(dag, {}, "app-0001"), 0)
+    return app, str(tmp_path / "sp")
+
+
+def test_a_savepoint_while_running_takes_the_newest_window_every_operator_checkpointed(
+        tmp_path):
+    app, path = running_app(tmp_path)
+    ids = list(app.plan.operators)
+    for op_id in ids:
+        for window in (10, 20):
+            app.checkpoints[op_id].add(window)
+    app.checkpoints[ids[-1]].add(30)  # only the last one is there yet
+    app.committed_window_id = 10
+    start(app, path, stop=False)
+    assert app.savepoint.window == 20 and not app.shutdown_requested
+    app.committed_window_id = 30
+    assert committed_for_containers(app) == 20  # nobody deletes what it copies meanwhile
+
+    for op_id in ids[:-1]:
+        record_written(app, op_id, path)
+    record_written(app, ids[-1], str(tmp_path / "another"))  # not this savepoint's part
+    advance(app)
+    assert app.savepoint.state == "writing"
+    record_written(app, ids[-1], path)
+    advance(app)
+    assert app.savepoint.state == "complete" and committed_for_containers(app) == 30
+    manifest = read_manifest(path)
+    assert manifest.window == 20
+    assert {p.window for op in manifest.operators for p in op.partitions} == {20}
+
+
+def test_a_savepoint_waits_for_a_window_every_operator_checkpointed(tmp_path):
+    app, path = running_app(tmp_path)
+    ids = list(app.plan.operators)
+    app.checkpoints[ids[0]].add(10)
+    start(app, path, stop=False)
+    assert app.savepoint.window == -1 and committed_for_containers(app) == -1
+    for op_id in ids:
+        app.checkpoints[op_id].add(14)
+    advance(app)
+    assert app.savepoint.window == 14
