@@ -64,9 +64,12 @@ def pytest_terminal_summary(terminalreporter):
         ratio = f" ({values[0] / values[1]:.2f}x)" if len(values) == 2 and values[1] else ""
         terminalreporter.write_line(f"{group}: {', '.join(parts)}{ratio}")
     if _TIMED and _SPARK_STARTS:
+        started = sum(_SPARK_STARTS)
         terminalreporter.write_line(
             f"(the local runner's SparkSession started and warmed up once in this process in "
-            f"{sum(_SPARK_STARTS):.1f} s, before the tests that use it: not counted above)")
+            f"{started:.1f} s, before the tests that use it: not counted above)"
+            if started >= 0.1 else "(the local runner's SparkSession was already up: earlier "
+            "tests in this process started it)")
 
 
 @pytest.fixture(scope="session")

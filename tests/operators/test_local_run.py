@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -154,7 +155,8 @@ def test_a_dag_without_spark_never_imports_pyspark():
             "from operators.testing import run_local\n"
             "assert len(run_local(pipeline(Doubler(), NUMBERS)).rows('sink')) == 5\n"
             "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   cwd=Path(__file__).resolve().parents[2])
 
 
 # -- Spark -----------------------------------------------------------------------------
