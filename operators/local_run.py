@@ -56,9 +56,10 @@ from operators.dag import Dag, DagError, topological_order, validate_descriptor
 from operators.local_checkpoints import LocalCheckpoints
 from operators.local_nodes import MAX_EMIT_CALLS, LocalNode, LocalRunError
 from operators.local_spark import shared_bridge
-from operators.operator import InputOperator, Operator, OperatorContext
+from operators.operator import InputOperator, Operator, OperatorContext, SparkBridge
 from operators.operator_state import capture, restore
 from operators.windows import make_window_id, window_base_seconds, window_counter
+from proto import plan_pb2
 
 __all__ = ["MAX_EMIT_CALLS", "LocalRun", "LocalRunError", "run_local"]
 
@@ -152,38 +153,44 @@ def run_local(dag: Dag, *, max_windows: int | None = None,
 class _LocalRunner:
     """Builds the nodes from a DAG descriptor and drives their windows."""
 
-    def __init__(self, descriptor: Any, folder: str, spark_master: str) -> None:
+    def __init__(self, descriptor: plan_pb2.DagDescriptor, folder: str,
+                 spark_master: str) -> None:
         self.folder = folder
         self.store = LocalCheckpoints(f"{folder}/checkpoints")
         self.order = topological_order(descriptor)
-        by_name = {op.name: op for op in descriptor.operators}
         self.resume = self.store.common_window(self.order)
         spark = shared_bridge(spark_master) if any(
             op.uses_spark for op in descriptor.operators) else None
-        self.nodes: dict[str, LocalNode] = {}
-        for index, name in enumerate(self.order):
-            op = by_name[name]
-            attributes = {a: resolve(a, dict(op.attributes), dict(descriptor.attributes))
-                          for a in ATTRIBUTES}
-            attributes["CRASH_AT"] = ""  # it would kill the test's process
-            if str(attributes.get("ON_ERROR", "")).upper() == "DEAD_LETTER" and not op.uses_spark:
-                raise LocalRunError(
-                    f"operator {name!r}: ON_ERROR='DEAD_LETTER' on an operator that is not a "
-                    "SparkOperator (its rows are bisected by the container's window loop) is "
-                    "not run by the local runner yet; test it with ON_ERROR='FAIL' here")
-            attributes["STATE_DIR"] = attributes["STATE_DIR"] or folder
-            operator = cloudpickle.loads(op.payload)
-            if self.resume >= 0:
-                restore(operator, self.store.load(name, self.resume), name)
-            context = OperatorContext(
-                name=name, operator_id=index, container_id="local", attributes=attributes,
-                spark=spark, state_dir=f"{folder}/operators/{index}-{name}",
-                recovered_window=self.resume)
-            inputs = [(sink.port, stream.source_operator, stream.source_port)
-                      for stream in descriptor.streams for sink in stream.sinks
-                      if sink.operator == name]
-            outputs = {s.source_port for s in descriptor.streams if s.source_operator == name}
-            self.nodes[name] = LocalNode(name, operator, context, inputs, outputs)
+        by_name = {op.name: op for op in descriptor.operators}
+        self.nodes = {name: self._node(index, by_name[name], descriptor, spark)
+                      for index, name in enumerate(self.order)}
+
+    def _node(self, index: int, op: plan_pb2.OperatorDescriptor,
+              descriptor: plan_pb2.DagDescriptor, spark: SparkBridge | None) -> LocalNode:
+        """The operator as the master ships it (its payload), restored when resuming, with
+        its attributes resolved operator over DAG over defaults."""
+        name = op.name
+        attributes = {a: resolve(a, dict(op.attributes), dict(descriptor.attributes))
+                      for a in ATTRIBUTES}
+        attributes["CRASH_AT"] = ""  # it would kill the test's process
+        if str(attributes.get("ON_ERROR", "")).upper() == "DEAD_LETTER" and not op.uses_spark:
+            raise LocalRunError(
+                f"operator {name!r}: ON_ERROR='DEAD_LETTER' on an operator that is not a "
+                "SparkOperator (its rows are bisected by the container's window loop) is "
+                "not run by the local runner yet; test it with ON_ERROR='FAIL' here")
+        attributes["STATE_DIR"] = attributes["STATE_DIR"] or self.folder
+        operator = cloudpickle.loads(op.payload)
+        if self.resume >= 0:
+            restore(operator, self.store.load(name, self.resume), name)
+        context = OperatorContext(
+            name=name, operator_id=index, container_id="local", attributes=attributes,
+            spark=spark, state_dir=f"{self.folder}/operators/{index}-{name}",
+            recovered_window=self.resume)
+        inputs = [(sink.port, stream.source_operator, stream.source_port)
+                  for stream in descriptor.streams for sink in stream.sinks
+                  if sink.operator == name]
+        outputs = {s.source_port for s in descriptor.streams if s.source_operator == name}
+        return LocalNode(name, operator, context, inputs, outputs)
 
     def run(self, max_windows: int | None, stop_after: int | None) -> LocalRun:
         for node in self.nodes.values():
