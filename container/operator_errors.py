@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 import traceback
 from types import FrameType
 
@@ -18,7 +17,8 @@ from container.event_time import EventTimeError
 from container.lease import LeaseRevoked
 from container.operator_state import OperatorStateError
 from container.port_input import InputClosed
-from operators.durable import Fenced
+from operators.dead_letters import is_record_error as rows_may_be_at_fault
+from operators.dead_letters import is_spark_analysis_error
 from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
 
@@ -34,8 +34,6 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     RecordDecodeError,  # a Kafka record that does not decode is read again on replay
     EventTimeError,  # a source's EVENT_TIME_COLUMN is not in (or not a time of) its output
 )
-# Spark analysis errors that may pass on retry: a file that is not there (yet, or any more).
-_RETRYABLE_SPARK_CONDITIONS = frozenset({"PATH_NOT_FOUND"})
 # Frames of these packages are not where an operator's error is: ``describe_error`` names
 # the innermost frame outside them.
 _LIBRARY_DIRS = frozenset({"pyspark", "py4j"})
@@ -54,41 +52,17 @@ def is_fatal(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, _FATAL_TYPES) or _is_spark_analysis_error(current):
+        if isinstance(current, _FATAL_TYPES) or is_spark_analysis_error(current):
             return True
         current = current.__cause__  # ``raise X from analysis_error`` keeps it fatal
     return False
 
 
-# Errors of the operator's surroundings, never of the rows it was given: retried, not set
-# aside as dead letters (``is_record_error``).
-_NOT_THE_ROWS: tuple[type[BaseException], ...] = (
-    OSError,  # files, sockets, connections: they may work on retry
-    MemoryError, LeaseRevoked, InputClosed, Fenced,  # the process, not the data
-    pickle.PicklingError, pickle.UnpicklingError, OperatorStateError,
-)
-
-
 def is_record_error(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by ``process``, may be the fault of the rows it was given:
-    with ON_ERROR="DEAD_LETTER" those rows are then isolated and set aside
-    (``operators.dead_letters``). A batch that does not fit its input port is; a lost
-    connection, a full disk, a replaced deployment or a Spark query that cannot be
-    analysed is not: no row would pass."""
-    return not isinstance(exc, _NOT_THE_ROWS) and not _is_spark_analysis_error(exc)
-
-
-def _is_spark_analysis_error(exc: BaseException) -> bool:
-    errors = sys.modules.get("pyspark.errors")  # not loaded: it cannot be a Spark error
-    analysis = getattr(errors, "AnalysisException", None) if errors is not None else None
-    if analysis is None or not isinstance(exc, analysis):
-        return False  # ParseException is an AnalysisException too
-    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
-    try:
-        name = condition() if condition is not None else None
-    except Exception:  # noqa: BLE001 - an exception without its error class is still one
-        name = None
-    return name not in _RETRYABLE_SPARK_CONDITIONS
+    """``operators.dead_letters.is_record_error``, and not the container's own stops (a
+    revoked lease, a closed input): whether the rows ``process`` was given may be at
+    fault, so that they are set aside as dead letters."""
+    return not isinstance(exc, LeaseRevoked | InputClosed) and rows_may_be_at_fault(exc)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -20,9 +20,8 @@ import pyarrow as pa
 
 from container.event_time import SourceEventTimes, operator_watermarks
 from container.lease import Lease, LeaseRevoked
-from container.operator_errors import describe_error, is_fatal
+from container.operator_errors import describe_error, is_fatal, is_record_error
 from container.port_input import InputClosed, PortInput
-from container.process_calls import ProcessCalls
 from container.runner_commits import CommitSteps
 from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
@@ -31,6 +30,7 @@ from container.stream_messages import Kind
 from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
+from operators.process_calls import ProcessCalls
 from operators.watermarks import NO_WATERMARK
 from operators.windows import (
     format_window_id,
@@ -114,7 +114,8 @@ class OperatorRunner(CommitSteps):
         declared = operator.input_ports()  # batches are cast to a declared schema, or fail
         self.calls = ProcessCalls(operator, context.name, {
             name: declared[name].schema for name in self.inputs
-            if name in declared and declared[name].schema is not None}, self.dead_letters)
+            if name in declared and declared[name].schema is not None}, self.dead_letters,
+            is_record_error)
         self.end_requested = threading.Event()
         # a stop for a savepoint: the stream ends without END_OF_TIME (``_end_stream``)
         self.suspended = False

@@ -23,13 +23,14 @@ over the rest (``operators.spark``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 __all__ = ["DEAD_LETTER", "ERRORS_PORT", "FAIL", "DeadLetterPort", "DeadLetters",
-           "error_columns", "isolate_failures"]
+           "error_columns", "is_record_error", "is_spark_analysis_error", "isolate_failures"]
 
 FAIL = "FAIL"
 DEAD_LETTER = "DEAD_LETTER"
@@ -102,6 +103,38 @@ def _try(lo: int, hi: int, attempt: Attempt,
             raise
         return exc
     return None
+
+
+def is_record_error(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by ``process``, may be the fault of the rows it was given.
+
+    A batch that does not fit its input port is; a lost connection, a full disk, a
+    replaced deployment, state that cannot be pickled or a Spark query that cannot be
+    analysed is not: no row would pass, and a retry may (the operator restarts).
+    """
+    import pickle
+
+    from operators.durable import Fenced
+    from operators.operator_state import OperatorStateError
+
+    not_the_rows = (OSError, MemoryError, Fenced, pickle.PicklingError,
+                    pickle.UnpicklingError, OperatorStateError)
+    return not isinstance(exc, not_the_rows) and not is_spark_analysis_error(exc)
+
+
+def is_spark_analysis_error(exc: BaseException) -> bool:
+    """A Spark query that cannot be analysed (bad SQL, an unknown column): it fails on any
+    rows. A missing path (``PATH_NOT_FOUND``) may be there on a retry, so it is not."""
+    errors = sys.modules.get("pyspark.errors")  # not loaded: it cannot be a Spark error
+    analysis = getattr(errors, "AnalysisException", None) if errors is not None else None
+    if analysis is None or not isinstance(exc, analysis):
+        return False  # ParseException is an AnalysisException too
+    condition = getattr(exc, "getCondition", None) or getattr(exc, "getErrorClass", None)
+    try:
+        name = condition() if condition is not None else None
+    except Exception:  # noqa: BLE001 - an exception without its error class is still one
+        name = None
+    return name != "PATH_NOT_FOUND"
 
 
 def error_columns(rows: pa.Table | pa.RecordBatch, error: BaseException, operator: str,

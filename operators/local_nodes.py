@@ -10,9 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from operators.dead_letters import DEAD_LETTER, DeadLetters
 from operators.event_time import SourceEventTimes, operator_watermarks
 from operators.operator import InputOperator, Operator, OperatorContext
-from operators.ports import conform
+from operators.process_calls import ProcessCalls
 from operators.watermarks import NO_WATERMARK
 from operators.windows import format_window_id, window_counter
 
@@ -49,8 +50,11 @@ class LocalNode:
         self.inputs = inputs
         self.is_sink = not outputs
         declared = operator.input_ports()
-        self.input_schemas = {port: declared[port].schema for port, _, _ in inputs
-                              if port in declared and declared[port].schema is not None}
+        dead_letters = (DeadLetters(operator, name)  # ON_ERROR="DEAD_LETTER"
+                        if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        self.calls = ProcessCalls(operator, name, {  # cast, dead letters: as in containers
+            port: declared[port].schema for port, _, _ in inputs
+            if port in declared and declared[port].schema is not None}, dead_letters)
         self.marks = operator_watermarks(operator, [port for port, _, _ in inputs],
                                          context.attributes)
         self.event_times: SourceEventTimes | None = None
@@ -97,6 +101,8 @@ class LocalNode:
         self.operator.teardown()
 
     def _emit(self, port: str, batch: pa.RecordBatch) -> None:
+        if self.calls.hold(port, batch):  # a try of rows that may fail: kept until it passed
+            return
         if port not in self.out:
             if port not in self.operator.output_ports():
                 raise KeyError(f"{self.name} has no output port {port!r}")
@@ -177,12 +183,10 @@ class LocalNode:
             self._finish(checkpoint)
 
     def _process(self, window_id: int, port: str, batch: pa.RecordBatch) -> None:
-        schema = self.input_schemas.get(port)
-        if schema is not None:
-            batch = conform(batch, schema, f"operator {self.name!r}, input port {port!r}")
         if self.is_sink:
-            self.received.setdefault(window_id, []).append((port, batch))
-        self.operator.process(port, batch)
+            self.received.setdefault(window_id, []).append(
+                (port, self.calls.conform(port, batch)))
+        self.calls.process(port, batch, window_id, self._emit)
 
     def _begin(self, window_id: int) -> None:
         self.window = window_id

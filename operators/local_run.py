@@ -34,8 +34,8 @@ What differs, and why:
   instance (the result of a partitioned operator followed by its unifier is the same).
 - **Spark**, when an operator has ``USES_SPARK``, is one local session shared by every run
   in the process (``operators.local_spark``); a DAG without Spark never imports pyspark.
-- ``ON_ERROR='DEAD_LETTER'`` works for Spark operators (their own code isolates the bad
-  rows) and is refused for other operators, whose rows the container's loop bisects.
+- ``ON_ERROR='DEAD_LETTER'`` works as in a container (``operators.process_calls``): the
+  rows an operator fails on leave on its ``errors`` port.
 - ``CRASH_AT`` is ignored (it would kill the test's process); ``stop_after_window`` is the
   local crash: the run stops after that many windows, without END_STREAM, ``teardown`` or
   any further checkpoint. Run again with the same ``checkpoint_dir`` to recover.
@@ -173,11 +173,6 @@ class _LocalRunner:
         attributes = {a: resolve(a, dict(op.attributes), dict(descriptor.attributes))
                       for a in ATTRIBUTES}
         attributes["CRASH_AT"] = ""  # it would kill the test's process
-        if str(attributes.get("ON_ERROR", "")).upper() == "DEAD_LETTER" and not op.uses_spark:
-            raise LocalRunError(
-                f"operator {name!r}: ON_ERROR='DEAD_LETTER' on an operator that is not a "
-                "SparkOperator (its rows are bisected by the container's window loop) is "
-                "not run by the local runner yet; test it with ON_ERROR='FAIL' here")
         attributes["STATE_DIR"] = attributes["STATE_DIR"] or self.folder
         operator = cloudpickle.loads(op.payload)
         if self.resume >= 0:

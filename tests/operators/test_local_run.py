@@ -140,13 +140,26 @@ def test_a_malformed_dag_fails_before_anything_runs():
         run_local(dag)
 
 
-def test_dead_letters_of_a_python_operator_are_refused_with_the_reason():
-    dag = pipeline(Doubler(), NUMBERS)
+class Picky(Doubler):
+    """Doubles its batch, but refuses a batch holding an odd number above 2."""
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        odd = [x for x in batch.column(0).to_pylist() if x > 2 and x % 2]
+        if odd:
+            raise ValueError(f"{odd[0]} is odd")
+        super().process(port, batch)
+
+
+def test_dead_letters_of_a_python_operator_leave_on_its_errors_port_as_in_a_container():
+    dag = pipeline(Picky(), [[{"x": 1}, {"x": 2}, {"x": 3}, {"x": 4}], [{"x": 5}]])
     dag.set_operator_attributes("op", ON_ERROR="DEAD_LETTER")
     bad = dag.add_operator("bad", CollectSink())
     dag.add_stream("errors", dag._operators["op"].errors, bad.input)
-    with pytest.raises(LocalRunError, match="ON_ERROR='DEAD_LETTER'.*not run by the local"):
-        run_local(dag)
+    run = run_local(dag)
+    assert [r["x"] for r in run.rows("sink")] == [2, 4, 8]
+    assert [(r["x"], r["weir_error"], r["weir_operator"]) for r in run.rows("bad")] == [
+        (3, "ValueError: 3 is odd", "op"), (5, "ValueError: 5 is odd", "op")]
+    assert run.operator("op").__dict__["_weir_dead_letters"] == 2
 
 
 def test_a_dag_without_spark_never_imports_pyspark():

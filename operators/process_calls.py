@@ -1,5 +1,6 @@
-"""How the window loop hands a batch to ``process``: cast to the input port's declared
-schema and, with ``ON_ERROR="DEAD_LETTER"``, with the rows it fails on set aside.
+"""How a runtime hands a batch to ``process`` (the container's window loop and the local
+runner alike): cast to the input port's declared schema and, with
+``ON_ERROR="DEAD_LETTER"``, with the rows it fails on set aside.
 
 A failing batch is bisected (``operators.dead_letters``). Each try's emits are held: a try
 that failed emits nothing, one that passed emits what it did, in order.
@@ -11,8 +12,7 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
-from container.operator_errors import is_record_error
-from operators.dead_letters import DeadLetters, isolate_failures
+from operators.dead_letters import DeadLetters, is_record_error, isolate_failures
 from operators.operator import Operator
 from operators.ports import conform
 
@@ -29,14 +29,18 @@ class ProcessCalls:
         name: its name, for errors.
         schemas: input port → declared schema (ports without one are not cast).
         dead_letters: where rows it fails on go; None: an error fails the operator.
+        record_error: whether an error may be the rows' fault (the runtime may know more
+            errors of its surroundings than ``operators.dead_letters.is_record_error``).
     """
 
     def __init__(self, operator: Operator, name: str, schemas: Mapping[str, pa.Schema],
-                 dead_letters: DeadLetters | None) -> None:
+                 dead_letters: DeadLetters | None,
+                 record_error: Callable[[BaseException], bool] = is_record_error) -> None:
         self.operator = operator
         self.name = name
         self.schemas = dict(schemas)
         self.dead_letters = dead_letters
+        self.record_error = record_error
         self._held: list[tuple[str, pa.RecordBatch]] | None = None
 
     def hold(self, port: str, batch: pa.RecordBatch) -> bool:
@@ -62,7 +66,7 @@ class ProcessCalls:
             for out, emitted in held:
                 emit(out, emitted)
 
-        for lo, hi, error in isolate_failures(batch.num_rows, attempt, is_record_error):
+        for lo, hi, error in isolate_failures(batch.num_rows, attempt, self.record_error):
             self.dead_letters.set_aside(batch.slice(lo, hi - lo), error, port, window_id)
 
     def conform(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
