@@ -293,7 +293,9 @@ class Deployment:
         try:
             operator = fresh
             if seed.savepoint_path and seed.from_node_ids:
-                operator = self._from_savepoint(info, seed, share)
+                operator = SavedParts(seed.savepoint_path).operator(
+                    list(seed.from_node_ids), lambda: self._unpickle(info), info.name,
+                    share, self._operator_dir(info.id))
             elif seed.from_node_ids:
                 old = [restore(self._unpickle(info), self.store.load(old_id, window_id),
                                info.name)
@@ -316,25 +318,6 @@ class Deployment:
                      self.container_id, info.name, info.id, list(seed.from_node_ids),
                      format_window_id(window_id))
         return operator
-
-    def _from_savepoint(self, info: plan_pb2.OperatorDeployInfo, seed: plan_pb2.StateSeed,
-                        share: PartitionFilter | None) -> Operator:
-        """The operator's state from its partitions in a savepoint: one part is taken as it
-        is, with its durable folder; several are merged and cut to ``share`` (a changed
-        partition count), which only state held in checkpoints allows."""
-        parts = SavedParts(seed.savepoint_path)
-        old = [restore(self._unpickle(info), parts.load(old_id), info.name)
-               for old_id in seed.from_node_ids]
-        if len(old) == 1 and share is None:
-            parts.restore_durable_dir(seed.from_node_ids[0], self._operator_dir(info.id))
-            return old[0]
-        kept = [old_id for old_id in seed.from_node_ids if parts.has_durable_dir(old_id)]
-        if kept:
-            raise RepartitionError(
-                f"its partitions {kept} in the savepoint kept state in their local folders "
-                "(a store, a log), which cannot be re-split into another partition count; "
-                "keep the savepoint's PARTITIONS for it")
-        return new_partition(old, share)
 
     def _forget_retired(self, committed: int) -> None:
         """Deletes the checkpoints of operators a repartition removed, once every operator

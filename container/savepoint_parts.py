@@ -12,10 +12,15 @@ import logging
 import os
 import posixpath
 import shutil
+from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
 from container.checkpoint_store import CheckpointStore
+from container.operator_state import new_partition, restore
+from operators.keyed_state import RepartitionError
+from operators.operator import Operator
+from operators.partitioning import PartitionFilter
 from operators.savepoints import filesystem
 
 __all__ = ["SavedParts", "write_part"]
@@ -50,6 +55,24 @@ class SavedParts:
     def __init__(self, savepoint_path: str) -> None:
         self.path = savepoint_path
         self.store = CheckpointStore(savepoint_path)
+
+    def operator(self, old_ids: list[int], fresh: Callable[[], Operator], name: str,
+                 share: PartitionFilter | None, durable_dir: str) -> Operator:
+        """A new run's operator from its partitions ``old_ids`` in the savepoint: one part
+        is taken as it is, with its durable folder; several are merged and cut to
+        ``share`` (a changed partition count), which only state held in checkpoints
+        allows (``RepartitionError`` otherwise)."""
+        old = [restore(fresh(), self.load(old_id), name) for old_id in old_ids]
+        if len(old) == 1 and share is None:
+            self.restore_durable_dir(old_ids[0], durable_dir)
+            return old[0]
+        kept = [old_id for old_id in old_ids if self.has_durable_dir(old_id)]
+        if kept:
+            raise RepartitionError(
+                f"its partitions {kept} in the savepoint kept state in their local folders "
+                "(a store, a log), which cannot be re-split into another partition count; "
+                "keep the savepoint's PARTITIONS for it")
+        return new_partition(old, share)
 
     def load(self, operator_id: int) -> bytes:
         """The operator's state in the savepoint (its only checkpoint there)."""
