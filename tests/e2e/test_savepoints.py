@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -82,16 +81,16 @@ def last_totals(*folders: Path) -> dict[str, int]:
 
 
 def test_a_stopped_word_count_resumes_from_its_savepoint_in_a_new_version(master, tmp_path):
-    expected = write_input(tmp_path / "inbox")
+    expected = write_input(tmp_path / "inbox", files=4)
     inbox, savepoint = tmp_path / "inbox", str(tmp_path / "savepoint")
     files_at_start = len(list(inbox.iterdir()))
     values = {"state": str(tmp_path / "state1"), "inbox": str(inbox)}
-    v1 = write_app(tmp_path / "v1.py", V1, out=str(tmp_path / "out1"), **values)
+    slow = V1.replace("bytes_per_window=1500", "bytes_per_window=500")  # about 20 s of input
+    v1 = write_app(tmp_path / "v1.py", slow, out=str(tmp_path / "out1"), **values)
     with WeirClient(master.address) as client:
         first = client.submit(load_app(v1).to_descriptor())
-        poll_for(lambda: client.application(first).committed_window_id >= 0, 90,
-                 f"a first committed window\n{container_logs(master)}")
-        time.sleep(1.0)
+        poll_for(lambda: len(list(inbox.iterdir())) < files_at_start, 90,
+                 f"a first file read and committed\n{container_logs(master)}")
         client.take_savepoint(first, savepoint, stop=True)
         info = wait_finished(client, master, first, timeout_s=120)
         assert info.savepoint_state == "complete", info
