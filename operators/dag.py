@@ -197,11 +197,11 @@ def _dead_letters(attributes: Mapping[str, str]) -> bool:
 
 def _add_errors_port(name: str, operator: Operator, op: plan_pb2.OperatorDescriptor) -> None:
     """The dead-letter port, declared for an operator with ``ON_ERROR="DEAD_LETTER"``."""
-    if isinstance(operator, InputOperator):
+    if isinstance(operator, InputOperator) and not operator.DEAD_LETTERS:
         raise DagError(f"operator {name!r}: ON_ERROR='DEAD_LETTER' applies to operators with "
-                       "input ports (their process() or Spark job); a source reads its input "
-                       "itself: drop the attribute, or check the records in an operator "
-                       "after it")
+                       "input ports (their process() or Spark job) and to sources that can "
+                       f"set records aside (KafkaSource); {type(operator).__name__} cannot: "
+                       "drop the attribute, or check the records in an operator after it")
     if any(p.name == ERRORS_PORT for p in (*op.inputs, *op.outputs)):
         raise DagError(f"operator {name!r} ({type(operator).__name__}) declares a port named "
                        f"{ERRORS_PORT!r}, the name of the dead-letter port "

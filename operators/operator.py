@@ -274,6 +274,9 @@ class InputOperator(Operator):
     #: ``EVENT_TIME_COLUMN`` its watermark is then the lowest over its splits
     #: (``operators.watermarks``), so a lagging split's rows are not made late.
     WATERMARK_SPLITS: ClassVar[tuple[str, ...]] = ()
+    #: with ``ON_ERROR="DEAD_LETTER"`` it sets aside the records it cannot read (decode) on
+    #: its ``errors`` port instead of failing; other sources refuse the attribute.
+    DEAD_LETTERS: ClassVar[bool] = False
 
     def emit_tuples(self) -> bool:
         """Emits what is available now, within the current streaming window.

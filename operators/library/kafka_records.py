@@ -4,21 +4,24 @@ Values decode as ``bytes`` (as they are), ``utf8`` (text) or ``json`` (each valu
 JSON object, its fields read into a declared Arrow schema). Decoding runs in Arrow's C++
 for a whole batch; only when a batch fails is it decoded record by record, to name the
 record at fault (topic, partition, offset). A record that does not decode is an error,
-never skipped.
+never skipped, unless the source has dead letters: then it goes to its ``errors`` port as
+it came (``decode_setting_aside``).
 """
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.json as pajson
 
-__all__ = ["VALUE_FORMATS", "RecordDecodeError", "json_value", "record_schema",
-           "records_to_batch"]
+from operators.dead_letters import isolate_failures
+
+__all__ = ["VALUE_FORMATS", "RecordDecodeError", "decode_setting_aside", "json_value",
+           "record_schema", "records_to_batch"]
 
 VALUE_FORMATS = ("bytes", "utf8", "json")
 
@@ -94,6 +97,29 @@ def records_to_batch(messages: Sequence[Any], value_format: str, schema: pa.Sche
     batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
     assert batch.num_rows == count
     return batch
+
+
+def decode_setting_aside(messages: Sequence[Any], value_format: str, schema: pa.Schema,
+                         headers: bool,
+                         set_aside: Callable[[pa.RecordBatch, BaseException], None]
+                         ) -> pa.RecordBatch:
+    """``records_to_batch``, with the records that do not decode handed to ``set_aside``
+    as they came (``value`` as bytes) with their error, instead of failing the batch
+    (Kafka Streams' deserialization handler; the bad ones are found by bisection)."""
+    try:
+        return records_to_batch(messages, value_format, schema, headers)
+    except RecordDecodeError as first:
+        bad = isolate_failures(
+            len(messages),
+            lambda lo, hi: records_to_batch(messages[lo:hi], value_format, schema, headers),
+            lambda exc: isinstance(exc, RecordDecodeError), whole_error=first)
+    raw = record_schema("bytes", None, headers)
+    dropped: set[int] = set()
+    for lo, hi, error in bad:
+        set_aside(records_to_batch(messages[lo:hi], "bytes", raw, headers), error)
+        dropped.update(range(lo, hi))
+    good = [m for i, m in enumerate(messages) if i not in dropped]
+    return records_to_batch(good, value_format, schema, headers)
 
 
 def _value_schema(schema: pa.Schema, headers: bool) -> pa.Schema:

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from operators.dead_letters import DEAD_LETTER, DeadLetters
 from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.kafka_client import (
     client_config,
@@ -19,7 +20,11 @@ from operators.library.kafka_client import (
     split_key,
     topic_partitions,
 )
-from operators.library.kafka_records import record_schema, records_to_batch
+from operators.library.kafka_records import (
+    decode_setting_aside,
+    record_schema,
+    records_to_batch,
+)
 from operators.metrics import metric
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
@@ -57,7 +62,9 @@ class KafkaSource(ReplayableSource):
     ``value_format="bytes"``, string for ``"utf8"``; or, for ``"json"``, one column per
     field of ``value_schema``), ``topic``, ``partition``, ``offset``, ``timestamp`` and,
     with ``headers=True``, ``headers``. A record that does not decode stops the operator
-    with an error naming its topic, partition and offset; nothing is skipped.
+    with an error naming its topic, partition and offset; nothing is skipped. With
+    ``ON_ERROR="DEAD_LETTER"`` it goes to the ``errors`` port instead, as it came (its
+    value as bytes) with the error, and reading goes on.
 
     Args:
         topics: a topic or a list of topics.
@@ -87,11 +94,13 @@ class KafkaSource(ReplayableSource):
     output = OutputPort()
     SPLITS_INPUT = True
     WATERMARK_SPLITS = ("topic", "partition")  # each partition in order, not in step
+    DEAD_LETTERS = True  # ON_ERROR="DEAD_LETTER": records that do not decode go to errors
     METRICS = ("records_read",)
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_consumer",
                                             "_context", "_window_start", "_ends", "_owned",
-                                            "_next_discovery", "_window_records")
+                                            "_next_discovery", "_window_records",
+                                            "_dead_letters")
 
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str,
                  group_id: str | None = None, start_from: str | int = "earliest",
@@ -143,6 +152,7 @@ class KafkaSource(ReplayableSource):
         self._owned: list[str] = []
         self._next_discovery = 0.0
         self._window_records = 0
+        self._dead_letters: DeadLetters | None = None
 
     def repartitioned(self, partitions: Sequence[Operator],
                       share: PartitionFilter | None) -> Operator:
@@ -157,6 +167,8 @@ class KafkaSource(ReplayableSource):
     def setup(self, context: OperatorContext) -> None:
         self.reset_non_state()
         self._context = context
+        self._dead_letters = (DeadLetters(self, context.name)  # records that do not decode
+                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
         config = client_config(
             self.bootstrap_servers, self.config, _DEFAULTS, _FIXED, f"operator {context.name!r}")
         config.setdefault("group.id", self.group_id or f"weir.{context.name}")
@@ -357,7 +369,15 @@ class KafkaSource(ReplayableSource):
             key = partition_key(message.topic(), message.partition())
             if key in self.positions and message.offset() >= self.positions[key]:
                 self.positions[key] = message.offset() + 1
-        batch = records_to_batch(records, self.value_format, self.output_schema, self.headers)
+        dead = self.__dict__.get("_dead_letters")
+        if dead is None:
+            batch = records_to_batch(records, self.value_format, self.output_schema,
+                                     self.headers)
+        else:
+            window_id = int(self.__dict__.get("_window_id", -1))
+            batch = decode_setting_aside(
+                records, self.value_format, self.output_schema, self.headers,
+                lambda rows, error: dead.set_aside(rows, error, "output", window_id))
         self.records_read += batch.num_rows
         self._window_records += batch.num_rows
         self.output.emit(batch)

@@ -232,3 +232,41 @@ def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
     assert "not retried: this error cannot succeed on retry" in result, result
     assert f"RecordDecodeError: the record at topic '{topic}', partition 1, offset 1 is " \
            "not JSON" in result, result
+
+
+def test_with_dead_letters_a_record_that_does_not_decode_is_set_aside_and_the_run_ends(
+        tmp_path, kafka_bootstrap, weir):  # noqa: F811 - the fixture
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    create_topics(kafka_bootstrap, topic)
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for value in (b'{"n": 1}', b"not json", b'{"n": 3}'):
+        producer.produce(topic, value, partition=1)
+    assert producer.flush(30) == 0
+    app = tmp_path / "dead_letters_app.py"
+    app.write_text(textwrap.dedent(f"""
+        import pyarrow as pa
+        from operators import Dag
+        from operators.library import FileSink, KafkaSource
+
+        dag = Dag("dead", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
+        source = dag.add_operator("source", KafkaSource(
+            {topic!r}, {kafka_bootstrap!r}, value_format="json", stop_at="end",
+            value_schema=pa.schema([("n", pa.int64())])), ON_ERROR="DEAD_LETTER")
+        good = dag.add_operator("good", FileSink({str(tmp_path / 'good')!r}))
+        dead = dag.add_operator("dead", FileSink({str(tmp_path / 'dead')!r}))
+        dag.add_stream("records", source.output, good.input)
+        dag.add_stream("dead-letters", source.errors, dead.input)
+    """))
+    proc = weir("run", str(app))
+    assert proc.wait(120) == 0, proc.output()
+    def rows(folder: str) -> list[dict]:
+        return [json.loads(line) for f in sorted((tmp_path / folder).glob("*.jsonl"))
+                for line in f.read_text().splitlines()]
+
+    assert sorted(r["n"] for r in rows("good")) == [1, 3]
+    [dead] = rows("dead")
+    assert (dead["partition"], dead["offset"], dead["weir_operator"]) == (1, 1, "source")
+    assert dead["weir_error"].startswith(f"RecordDecodeError: the record at topic '{topic}', "
+                                         "partition 1, offset 1 is not JSON")

@@ -256,6 +256,51 @@ def test_a_record_that_does_not_decode_is_an_error_naming_it(kafka_bootstrap, tm
         src.teardown()
 
 
+class WithErrors(Emitted):
+    """Keeps what goes to the dead-letter port apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[pa.RecordBatch] = []
+
+    def __call__(self, port: str, batch: pa.RecordBatch) -> None:
+        if port == "errors":
+            self.errors.append(batch)
+        else:
+            super().__call__(port, batch)
+
+
+def test_with_dead_letters_a_record_that_does_not_decode_is_set_aside_as_it_came(
+        kafka_bootstrap, tmp_path):
+    topic = new_topic(kafka_bootstrap, partitions=1)
+    good = [b'{"user": "a", "amount": 1}', b'{"user": "b", "amount": 2}']
+    produce(kafka_bootstrap, topic, [(0, None, good[0]), (0, b"k", b"{not json"),
+                                     (0, None, good[1]), (0, None, b"[1, 2]")])
+    schema = pa.schema([("user", pa.string()), ("amount", pa.int64())])
+    src = KafkaSource(topic, kafka_bootstrap, value_format="json", value_schema=schema,
+                      stop_at="end", batch_records=10)
+    emitted = WithErrors()
+    src.connect_outputs(emitted)
+    src.setup(OperatorContext(name="kafka", operator_id=3, container_id="c0", attributes={
+        "STREAMING_WINDOW_SIZE_MILLIS": 100, "ON_ERROR": "DEAD_LETTER"},
+        state_dir=str(tmp_path / "state")))
+    try:
+        for counter in range(1, 20):
+            if not window(src, emitted, counter):
+                break
+        assert [(r["user"], r["offset"]) for r in emitted.rows()] == [("a", 0), ("b", 2)]
+        dead = [r for b in emitted.errors for r in b.to_pylist()]
+        assert [(r["key"], r["value"], r["offset"], r["weir_port"]) for r in dead] == [
+            (b"k", b"{not json", 1, "output"), (None, b"[1, 2]", 3, "output")]
+        assert dead[0]["weir_error"].startswith(
+            f"RecordDecodeError: the record at topic '{topic}', partition 0, offset 1 is "
+            "not JSON")
+        assert "is JSON but not an object" in dead[1]["weir_error"]
+        assert src.positions == {f"{topic}/0": 4} and src.records_read == 2
+    finally:
+        src.teardown()
+
+
 def test_an_unknown_topic_and_an_unreachable_broker_are_clear_errors(kafka_bootstrap, tmp_path):
     missing = KafkaSource("no-such-topic-here", kafka_bootstrap)
     with pytest.raises(KafkaSetupError, match="topic 'no-such-topic-here' does not exist on "
