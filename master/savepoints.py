@@ -21,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from master.checkpoints import CheckpointBook
-from master.physical_plan import PhysicalPlan, PTOperator, StateSeed
+from master.physical_plan import OperatorState, PhysicalPlan, PTOperator, StateSeed
 from operators.savepoints import (
     Manifest,
     SavedPartition,
@@ -81,6 +81,11 @@ def start(app: Application, path: str, stop: bool) -> None:
                              f"{app.savepoint.path!r}")
     if app.shutdown_requested:
         raise SavepointError(f"application {app.id} is already shutting down")
+    ended = [f"{op.logical_name or op.name} ({op.id})" for op in _instances(app)
+             if op.state == OperatorState.SHUTDOWN]
+    if ended:
+        raise SavepointError(f"operators {', '.join(ended)} of application {app.id} already "
+                             "ended their streams: their state can no longer be saved")
     check_unused(path)
     app.savepoint = SavepointProgress(path, stop=stop)
     if stop:
@@ -116,7 +121,12 @@ def advance(app: Application) -> None:
             _LOGGER.info("app=%s savepoint at %s takes window %s", app.id, progress.path,
                          format_window_id(progress.window))
         return
-    if all(op.id in progress.written for op in _instances(app)):
+    gone = [f"{op.logical_name or op.name} ({op.id})" for op in _instances(app)
+            if op.id not in progress.written and op.state == OperatorState.SHUTDOWN]
+    if gone:  # ended without writing its part: it never will (nothing waits for it)
+        progress.state = f"incomplete: operators {', '.join(gone)} ended without their part"
+        _LOGGER.error("app=%s savepoint at %s is %s", app.id, progress.path, progress.state)
+    elif all(op.id in progress.written for op in _instances(app)):
         _complete(app, progress, {op.id: progress.window for op in _instances(app)})
 
 

@@ -125,3 +125,23 @@ def test_a_savepoint_waits_for_a_window_every_operator_checkpointed(tmp_path):
         app.checkpoints[op_id].add(14)
     advance(app)
     assert app.savepoint.window == 14
+
+
+def test_a_savepoint_is_refused_once_an_operator_ended_and_given_up_if_one_ends_unsaved(
+        tmp_path):
+    from master.physical_plan import OperatorState
+
+    app, path = running_app(tmp_path)
+    ops = list(app.plan.operators.values())
+    ops[0].state = OperatorState.SHUTDOWN
+    with pytest.raises(SavepointError, match=r"operators source \(1\) of application "
+                                             "app-0001 already ended their streams"):
+        start(app, path, stop=False)
+    ops[0].state = OperatorState.ACTIVE
+    for op in ops:
+        app.checkpoints[op.id].add(8)
+    start(app, path, stop=False)
+    ops[0].state = OperatorState.SHUTDOWN  # it ended before it wrote its part
+    advance(app)
+    assert app.savepoint.state.startswith("incomplete: operators source (1) ended")
+    assert committed_for_containers(app) == app.committed_window_id  # nothing held
