@@ -23,3 +23,16 @@ def test_weir_app_tells_of_repartitions_only_when_there_were_some():
     app.last_repartition = "operator 'count': 2 -> 4 partitions from checkpoint 7"
     assert "repartitions:     2, last: operator 'count': 2 -> 4 partitions" in \
         application_details(app, now_ms=0)
+
+
+def test_weir_apps_and_weir_app_tell_where_a_run_came_from_and_the_savepoint_it_took():
+    from master.tables import application_rows
+
+    resumed = client_pb2.ApplicationInfo(id="app-0002", state="RUNNING",
+                                         from_savepoint="/sp/v1")
+    taking = client_pb2.ApplicationInfo(id="app-0001", state="RUNNING",
+                                        savepoint_path="/sp/v1", savepoint_state="writing")
+    assert application_rows([resumed], now_ms=0)[0][-1] == "from savepoint /sp/v1"
+    assert application_rows([taking], now_ms=0)[0][-1] == "savepoint writing at /sp/v1"
+    assert "from savepoint:   /sp/v1" in application_details(resumed, now_ms=0)
+    assert "\nsavepoint:" not in application_details(resumed, now_ms=0)
