@@ -203,8 +203,10 @@ def test_lag_and_records_read_show_in_the_operator_stats(master, tmp_path, kafka
             client.kill(app_id)
 
 
-def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
-        tmp_path, kafka_bootstrap, weir):  # noqa: F811 - the fixture
+def bad_record_app(tmp_path, kafka_bootstrap: str, source_attributes: str, sinks: str
+                   ) -> tuple[str, str]:
+    """A topic whose partition 1 holds ``{"n": 1}``, ``not json``, ``{"n": 3}``, and an
+    app reading it as JSON into ``sinks`` (code using ``source``); returns both."""
     topic = f"bad-{uuid.uuid4().hex[:8]}"
     create_topics(kafka_bootstrap, topic)
     from confluent_kafka import Producer
@@ -217,16 +219,23 @@ def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
     app.write_text(textwrap.dedent(f"""
         import pyarrow as pa
         from operators import Dag
-        from operators.library import ConsoleSink, KafkaSource
+        from operators.library import ConsoleSink, FileSink, KafkaSource
 
         dag = Dag("bad", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
         source = dag.add_operator("source", KafkaSource(
             {topic!r}, {kafka_bootstrap!r}, value_format="json", stop_at="end",
-            value_schema=pa.schema([("n", pa.int64())])))
+            value_schema=pa.schema([("n", pa.int64())])){source_attributes})
+    """) + textwrap.dedent(sinks))
+    return topic, str(app)
+
+
+def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
+        tmp_path, kafka_bootstrap, weir):  # noqa: F811 - the fixture
+    topic, app = bad_record_app(tmp_path, kafka_bootstrap, "", """
         sink = dag.add_operator("sink", ConsoleSink(limit=0))
         dag.add_stream("records", source.output, sink.input)
-    """))
-    proc = weir("run", str(app))
+    """)
+    proc = weir("run", app)
     assert proc.wait(120) == 1, proc.output()
     result = proc.output()[proc.output().rindex("app-0001 bad: FAILED"):]
     assert "not retried: this error cannot succeed on retry" in result, result
@@ -236,31 +245,15 @@ def test_a_record_that_does_not_decode_fails_the_run_at_once_naming_it(
 
 def test_with_dead_letters_a_record_that_does_not_decode_is_set_aside_and_the_run_ends(
         tmp_path, kafka_bootstrap, weir):  # noqa: F811 - the fixture
-    topic = f"bad-{uuid.uuid4().hex[:8]}"
-    create_topics(kafka_bootstrap, topic)
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for value in (b'{"n": 1}', b"not json", b'{"n": 3}'):
-        producer.produce(topic, value, partition=1)
-    assert producer.flush(30) == 0
-    app = tmp_path / "dead_letters_app.py"
-    app.write_text(textwrap.dedent(f"""
-        import pyarrow as pa
-        from operators import Dag
-        from operators.library import FileSink, KafkaSource
-
-        dag = Dag("dead", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
-        source = dag.add_operator("source", KafkaSource(
-            {topic!r}, {kafka_bootstrap!r}, value_format="json", stop_at="end",
-            value_schema=pa.schema([("n", pa.int64())])), ON_ERROR="DEAD_LETTER")
+    topic, app = bad_record_app(tmp_path, kafka_bootstrap, ', ON_ERROR="DEAD_LETTER"', f"""
         good = dag.add_operator("good", FileSink({str(tmp_path / 'good')!r}))
         dead = dag.add_operator("dead", FileSink({str(tmp_path / 'dead')!r}))
         dag.add_stream("records", source.output, good.input)
         dag.add_stream("dead-letters", source.errors, dead.input)
-    """))
-    proc = weir("run", str(app))
+    """)
+    proc = weir("run", app)
     assert proc.wait(120) == 0, proc.output()
+
     def rows(folder: str) -> list[dict]:
         return [json.loads(line) for f in sorted((tmp_path / folder).glob("*.jsonl"))
                 for line in f.read_text().splitlines()]
