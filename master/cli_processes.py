@@ -154,6 +154,8 @@ def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo
     took = tables.format_duration_ms((info.finished_ms or now_ms()) - info.submitted_ms)
     line = f"{info.id} {info.name}: {info.state} after {took}"
     print(line + (f": {info.diagnostics}" if info.diagnostics else ""))
+    if info.savepoint_path:  # taken from another terminal (weir savepoint --stop)
+        print(f"savepoint {info.savepoint_state} at {info.savepoint_path}")
 
 
 def cmd_container(args: argparse.Namespace) -> int:

@@ -322,3 +322,18 @@ def test_attribute_options_are_offered_only_where_an_application_is_submitted():
     assert "--config" in sub["run"].format_help() and "-D NAME=VALUE" in sub["submit"].format_help()
     for name in ("apps", "operators", "master", "top"):
         assert "--config" not in sub[name].format_help(), name
+
+
+def test_weir_run_ends_saying_the_savepoint_it_took(capsys):
+    import argparse
+
+    from master.cli_processes import _print_run_result
+    from proto import client_pb2
+
+    info = client_pb2.ApplicationInfo(id="app-0001", name="wc", state="FINISHED",
+                                      submitted_ms=1_000, finished_ms=15_100,
+                                      savepoint_path="/sp/v1", savepoint_state="complete")
+    _print_run_result(argparse.Namespace(json=False), info, [])
+    out = capsys.readouterr().out
+    assert out.splitlines()[-2:] == ["app-0001 wc: FINISHED after 14.1 s",
+                                     "savepoint complete at /sp/v1"]
