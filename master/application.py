@@ -80,8 +80,8 @@ class Application:
     """
 
     repartitions = 0  # run-time changes of an operator's partition count
-    savepoint: SavepointProgress | None = None
-    from_savepoint = ""
+    savepoint: SavepointProgress | None = None  # the one being taken, or the last taken
+    from_savepoint = ""  # the savepoint this run started from
     last_repartition = ""
     last_repartition_ms = 0
     spare_losses_in_a_row = 0  # spares lost before they were ready (``master.spares``)
@@ -101,8 +101,6 @@ class Application:
         self.committed_window_id = -1
         self.blocked_checked_ms = 0  # when the master loop last looked for blocked operators
         self.shutdown_requested = False
-        self.savepoint: SavepointProgress | None = None  # one being taken (a stop)
-        self.from_savepoint = ""  # the savepoint this run started from
         self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
         self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}
         self.checkpoints = {op_id: CheckpointBook() for op_id in plan.operators}

@@ -363,3 +363,24 @@ def test_a_stream_stopped_for_a_savepoint_keeps_its_watermark_and_says_so_downst
     assert runner.suspended and runner.marks.current == 5_000
     assert [(m.kind, m.watermark) for m in out.messages if m.kind == Kind.END_STREAM] == [
         (Kind.END_STREAM, 5_000)]
+
+
+@pytest.mark.parametrize("suspend", [True, False], ids=["savepoint", "shutdown"])
+def test_a_source_stopped_for_a_savepoint_ends_its_stream_with_its_watermark(suspend):
+    """Asked to end for a savepoint, a source's END_STREAM says its watermark (downstream
+    keeps it, nothing closes); a plain shutdown's END_STREAM says none (the end)."""
+    from container.stream_messages import Kind
+
+    publisher = RecordingPublisher()
+    start_ms = 1_700_000_000_000
+    context = OperatorContext("events", 1, "c1", {"STREAMING_WINDOW_SIZE_MILLIS": 100,
+                                                  "EVENT_TIME_COLUMN": "t"})
+    runner = OperatorRunner(1, Timed([[1_000, 5_000], [9_000]]), context,
+                            {"output": publisher}, {}, start_ms, lambda: None,
+                            clock=SteppedClock(start_ms))
+    runner.request_end(suspend=suspend)  # before its first window: it ends after it
+    runner.start()
+    assert runner.join(10), "the source did not finish within 10 s"
+    assert list(watermarks(publisher).values()) == [5_000]
+    [end] = [m for m in publisher.messages if m.kind == Kind.END_STREAM]
+    assert end.watermark == (5_000 if suspend else NO_WATERMARK)
