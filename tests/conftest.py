@@ -162,3 +162,17 @@ def tls_files(tmp_path_factory):
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert, key_file
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-writable folder (as /tmp is), where another local user can make things:
+    ``tests.users.as_other_user`` acts there as ``nobody``. Removed afterwards."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(tempfile.mkdtemp(prefix="weir-shared-", dir="/tmp"))
+    folder.chmod(0o1777)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
