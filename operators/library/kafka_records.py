@@ -162,30 +162,47 @@ def _json(messages: Sequence[Any], values: list[bytes | None],
                                                   unexpected_field_behavior="ignore"))
             if table.num_rows == len(lines):
                 return table.select(value_schema.names)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        except pa.ArrowException:
             pass  # find the record at fault below
-    rows = []
-    for message, value in zip(messages, values, strict=True):
-        if value is None:
-            rows.append({})
-            continue
-        try:
-            row = json.loads(value)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RecordDecodeError(f"the record at {_where(message)} is not JSON ({exc}); "
-                                    "fix the producer or read with value_format='bytes'"
-                                    ) from None
-        if not isinstance(row, dict):
-            raise RecordDecodeError(f"the record at {_where(message)} is JSON but not an "
-                                    f"object ({type(row).__name__}); value_format='json' "
-                                    "reads objects")
-        try:
-            pa.Table.from_pylist([row], schema=value_schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-            raise RecordDecodeError(f"the record at {_where(message)} does not fit "
-                                    f"value_schema ({exc})") from None
-        rows.append(row)
+    rows = [{} if value is None else _json_row(message, value, value_schema)
+            for message, value in zip(messages, values, strict=True)]
     return pa.Table.from_pylist(rows, schema=value_schema)
+
+
+_UNREADABLE = (ValueError, TypeError, OverflowError, RecursionError, NotImplementedError,
+               pa.ArrowException)
+"""What decoding one record may raise because of the record: bad JSON or UTF-8, an integer
+past Python's digit limit (``ValueError``), nesting past the recursion limit, a value Arrow
+cannot convert. Any of them is that record's fault, never a reason to fail the app."""
+
+
+def _json_row(message: Any, value: bytes, value_schema: pa.Schema) -> dict[str, Any]:
+    """One record's JSON object, checked against ``value_schema``."""
+    try:
+        row = json.loads(value)
+    except _UNREADABLE as exc:
+        what = "is not JSON" if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError) \
+            else "cannot be read as JSON"  # valid, but too deep or an integer too long
+        raise RecordDecodeError(f"the record at {_where(message)} {what} "
+                                f"({type(exc).__name__}: {_first_line(exc)}); fix the "
+                                "producer or read with value_format='bytes'") from None
+    if not isinstance(row, dict):
+        raise RecordDecodeError(f"the record at {_where(message)} is JSON but not an "
+                                f"object ({type(row).__name__}); value_format='json' "
+                                "reads objects")
+    try:
+        pa.Table.from_pylist([row], schema=value_schema)
+    except _UNREADABLE as exc:
+        raise RecordDecodeError(f"the record at {_where(message)} does not fit "
+                                f"value_schema ({type(exc).__name__}: {_first_line(exc)})"
+                                ) from None
+    return row
+
+
+def _first_line(exc: BaseException, chars: int = 300) -> str:
+    """The error's first line, cut: a record's error may quote the record at length."""
+    text = str(exc).strip().split("\n", 1)[0]
+    return text if len(text) <= chars else text[:chars - 3] + "..."
 
 
 def _timestamp(message: Any) -> int | None:
