@@ -25,7 +25,6 @@ import logging
 import os
 import secrets
 import stat
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,12 @@ from typing import Any
 import grpc
 
 from master.tls import TlsFiles, read_pem
+from operators.durable.private_files import (
+    UntrustedPath,
+    make_private_dir,
+    read_private_file,
+    write_private_file,
+)
 from proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
 
 __all__ = [
@@ -130,20 +135,18 @@ def secret_path(port: int) -> Path:
 def local_master_addresses() -> list[str]:
     """The addresses named by the master secret files in ``weir_home()``, newest first:
     the masters of this machine and user (``weir master``, and ``weir run``'s embedded
-    one on whatever port it got). Only regular files owned by this user count (a file
-    planted by someone else, or a link, is skipped): the caller will send the secret
+    one on whatever port it got). Only owner-only regular files of this user count (a
+    file planted by someone else, or a link, is skipped): the caller will send the secret
     there."""
     found = []
     for path in weir_home().glob("master-*.secret"):
         try:
-            info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-                continue
-            address = str(read_secret_file(path)[1].get("address") or "")
+            address = str(read_secret_file(path, found=True)[1].get("address") or "")
+            mtime = path.lstat().st_mtime
         except (OSError, ValueError):
             continue
         if address:
-            found.append((info.st_mtime, address))
+            found.append((mtime, address))
     return [address for _, address in sorted(found, reverse=True)]
 
 
@@ -152,52 +155,67 @@ def write_secret_file(path: Path, address: str, secret: str, tls_roots: bytes,
     """Writes the secret file atomically, readable by its owner only (0600, folder 0700).
 
     The file holds the certificates that prove the master (``tls_ca_pem``), so a copy of
-    it is all a client or container elsewhere needs. It is created 0600 before anything
-    is written to it, then renamed into place, so the secret is never readable by
-    others, not even for a moment. ``extra``: more fields (the dashboard's URL).
+    it is all a client or container elsewhere needs. It is written through a fresh file
+    of a random name, 0600 before anything is in it, then renamed into place, so the
+    secret is never readable by others, not even for a moment, and a link planted at its
+    name is replaced, not written through. The folder is made owner-only, or closed to
+    0700 if others could only read it; one others could write into is refused
+    (``UntrustedPath``). ``extra``: more fields (the dashboard's URL).
     """
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(str(path.parent), f"the folder of secret files (${HOME_ENV})",
+                     advice=f"remove it, or set ${HOME_ENV} to a folder of your own")
     text = json.dumps({"address": address, "secret": secret,
                        "tls_ca_pem": tls_roots.decode("ascii"), **(extra or {})})
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as file:
-            os.fchmod(file.fileno(), 0o600)
-            file.write(text + "\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_private_file(str(path), (text + "\n").encode())
 
 
 def remove_secret_file(path: Path, secret: str) -> None:
     """Removes the file if it still holds ``secret`` (a later master may have replaced it)."""
     try:
-        if read_secret_file(path)[0] == secret:
+        if read_secret_file(path, found=True)[0] == secret:
             path.unlink()
     except (OSError, ValueError):
         pass
 
 
-def read_secret_file(path: str | Path) -> tuple[str, dict[str, Any]]:
+def read_secret_file(path: str | Path, *, found: bool = False) -> tuple[str, dict[str, Any]]:
     """The secret in ``path`` and the file's other fields.
 
     A master's secret file (JSON with ``secret``, ``address``, ``tls_ca_pem``) or a file
-    holding just the secret.
+    holding just the secret. ``found``: a file found in ``weir_home()`` rather than given
+    by the user, whose address gets the secret and whose certificate is trusted: it must
+    be a regular file of this user that nobody else can read or write, not a link
+    (``read_private_file``), else ``UntrustedPath``. A given file readable by others is
+    only warned about.
 
     Raises:
-        OSError: unreadable. ValueError: empty.
+        OSError: unreadable (or, ``found``, untrusted). ValueError: empty.
     """
     path = Path(path)
     try:
-        with open(path) as file:
-            mode = os.fstat(file.fileno()).st_mode
-            text = file.read().strip()
+        if found:
+            text = read_private_file(str(path), "the master's secret file", secret=True,
+                                     advice="remove it").decode()
+        else:
+            text = _read_given(path)
+    except UntrustedPath:
+        raise
     except OSError as exc:
         raise OSError(f"cannot read secret file {path}: {exc.strerror or exc}") from None
+    return _parse_secret(path, text.strip())
+
+
+def _read_given(path: Path) -> str:
+    with open(path) as file:
+        mode = os.fstat(file.fileno()).st_mode
+        text = file.read()
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         _LOGGER.warning("secret file %s is readable by others (mode %o); chmod 600 it",
                         path, stat.S_IMODE(mode))
+    return text
+
+
+def _parse_secret(path: Path, text: str) -> tuple[str, dict[str, Any]]:
     fields: dict[str, Any] = {}
     if text.startswith("{"):
         try:
@@ -252,7 +270,10 @@ def _local_secret_file(address: str) -> tuple[str | None, dict[str, Any], Path]:
     host, port = _split(address)
     path = secret_path(port)
     try:
-        found, fields = read_secret_file(path)
+        found, fields = read_secret_file(path, found=True)
+    except UntrustedPath as exc:
+        _LOGGER.warning("ignoring %s", exc.strerror)
+        return None, {}, path
     except (OSError, ValueError):
         return None, {}, path
     their_host = _split(str(fields.get("address", "")))[0]

@@ -25,10 +25,14 @@ from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.rpc import STOPPED_MESSAGE
 from master.state_owner import StateClaim
+from operators.durable.private_files import check_private_tree, make_private_dir
 
 __all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
 
 _LOGGER = logging.getLogger(__name__)
+
+_WHAT = "the master's journal"
+_ADVICE = "remove it, or give --state-dir a folder of your own"
 
 
 class JournalError(RuntimeError):
@@ -63,9 +67,18 @@ class ApplicationJournal:
     Records per application: ``<id>/plan`` (DAG and operator payloads, once), ``<id>``
     (the application without its operators) and ``<id>/op/<n>`` per operator (its state,
     checkpoint book and totals): a checkpoint of one operator rewrites one small record.
+
+    The records are unpickled at load, so the folder is made owner-only, or checked with
+    every segment in it (this user's, no links, writable by nobody else) before one is
+    read.
+
+    Raises:
+        UntrustedPath: the folder or a file in it fails those checks (named).
     """
 
     def __init__(self, folder: str) -> None:
+        make_private_dir(folder, _WHAT, advice=_ADVICE)
+        check_private_tree(folder, _WHAT, advice=_ADVICE)
         self.journal = Journal(folder)
         self._saved: dict[str, tuple[Any, ...]] = {}
 

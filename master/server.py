@@ -8,6 +8,7 @@ must carry the master's secret (``master.auth``).
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import logging
 import os
@@ -28,6 +29,13 @@ from master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, Unavailabl
 from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
 from operators.durable import CorruptLog
+from operators.durable.private_files import (
+    UntrustedPath,
+    check_private_tree,
+    make_private_dir,
+    read_private_file,
+    write_private_file,
+)
 from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
 from proto.contract import MASTER_FILE_ENV
 
@@ -38,8 +46,48 @@ _LOGGER = logging.getLogger(__name__)
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
 
+_STATE_ADVICE = ("remove it, or give --state-dir a folder of your own that only you can "
+                 "write (a new path is made owner-only)")
+
+
 class MasterStartError(RuntimeError):
-    """The master could not listen on the requested address."""
+    """The master cannot start: its address cannot be bound, or its state folder cannot be
+    trusted or read back."""
+
+
+def _state_folder(state_dir: str | os.PathLike[str]) -> Path:
+    """``state_dir`` made owner-only, or checked if it is there, with everything in it.
+
+    The folder holds the secret, the TLS key and the journal (unpickled): one another user
+    made or could write into (or a link in its place) would let them choose the secret
+    the master accepts and the code it runs, so it is refused, whole, before anything in
+    it is read. One that others could only read is closed to mode 0700. The last part of
+    the path is never followed as a link; the folders above it are resolved.
+
+    Raises:
+        MasterStartError: naming the folder or file, what is wrong and what to do.
+    """
+    absolute = os.path.abspath(state_dir)
+    path = Path(os.path.realpath(os.path.dirname(absolute))) / os.path.basename(absolute)
+    what = "the master's state folder"
+    try:
+        make_private_dir(str(path), what, advice=_STATE_ADVICE)
+        check_private_tree(str(path), what, advice=_STATE_ADVICE)
+    except OSError as exc:
+        raise _state_error(path, exc) from None
+    return path
+
+
+def _state_error(path: Path, exc: OSError) -> MasterStartError:
+    """A state folder's problem as one line: ``UntrustedPath`` says it all already."""
+    if isinstance(exc, UntrustedPath):
+        return MasterStartError(exc.strerror or str(exc))
+    if exc.errno == errno.ELOOP:
+        detail = f"{exc.filename or path} is a symbolic link (never followed)"
+    else:
+        detail = f"{exc.filename or path}: {exc.strerror or exc}"
+    return MasterStartError(f"cannot use the master's state folder {path}: {detail}; "
+                            f"{_STATE_ADVICE}")
 
 
 class MasterServer:
@@ -80,6 +128,8 @@ class MasterServer:
             master killed at any moment starts again from it), its secret (kept, so the
             containers still running are let back in) and ``master.json`` (its address,
             which containers re-read when they lose it). None = nothing survives a stop.
+            Made owner-only; one that is there must be this user's and writable by nobody
+            else, as everything in it (``MasterStartError`` otherwise).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -104,9 +154,7 @@ class MasterServer:
         self.loop_interval_s = loop_interval_s
         self.max_workers = max_workers
         self.max_concurrent_calls = max_concurrent_calls
-        self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
-        if self.state_dir is not None:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.state_dir = _state_folder(state_dir) if state_dir is not None else None
         self.secret = secret.strip() if secret else self._kept_secret()
         self._loading = False
         self.own_tls = tls
@@ -160,7 +208,12 @@ class MasterServer:
                 interceptors=[auth.AuthInterceptor(self.secret), RequestGuard(),
                               UnavailableInterceptor(self._unavailable)])
             self._probe_port()
-            self.tls = self._tls_identity()
+            try:
+                self.tls = self._tls_identity()
+            except OSError as exc:
+                if self.state_dir is None or self.own_tls is not None:
+                    raise
+                raise _state_error(self.state_dir, exc) from None
             try:
                 bound = server.add_secure_port(f"{self.host}:{self.port}",
                                                self.tls.server_credentials())
@@ -294,31 +347,36 @@ class MasterServer:
         except CorruptLog as exc:
             raise MasterStartError(f"cannot take back the applications of {self.state_dir}: "
                                    f"{exc}") from None
+        except OSError as exc:
+            raise _state_error(self.state_dir, exc) from None
 
     def _kept_secret(self) -> str:
-        """The secret of an earlier run on this state folder, or a new one kept there."""
+        """The secret of an earlier run on this state folder, or a new one kept there.
+
+        The kept one is read only from a regular file of this user that nobody else can
+        read or write (never through a link)."""
         if self.state_dir is None:
             return auth.new_secret()
         path = self.state_dir / "secret"
-        if path.exists():
-            kept = path.read_text().strip()
-            if kept:
-                return kept
+        try:
+            kept = read_private_file(str(path), "the master's kept secret", secret=True,
+                                     advice=_STATE_ADVICE).decode().strip()
+        except FileNotFoundError:
+            kept = ""
+        except OSError as exc:
+            raise _state_error(self.state_dir, exc) from None
+        if kept:
+            return kept
         secret = auth.new_secret()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(secret + "\n")
+        write_private_file(str(path), (secret + "\n").encode())
         return secret
 
     def _write_address_file(self) -> Path:
         """``master.json`` in the state folder: where this master listens now."""
         assert self.state_dir is not None
         path = self.state_dir / "master.json"
-        temp = path.with_suffix(".tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump({"address": self._address, "pid": os.getpid()}, out)
-        os.replace(temp, path)
+        write_private_file(str(path), json.dumps({"address": self._address,
+                                                  "pid": os.getpid()}).encode())
         return path
 
     def _probe_port(self) -> None:

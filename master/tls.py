@@ -25,6 +25,11 @@ from typing import Any
 
 import grpc
 
+from operators.durable.private_files import (
+    check_private_file,
+    make_private_dir,
+    write_private_file,
+)
 from operators.orphans import remove_orphans
 from proto import umbilical_pb2
 from proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
@@ -35,6 +40,7 @@ __all__ = ["TemporaryIdentity", "TlsFiles", "identity_for", "make_self_signed",
 _CERT, _KEY = "cert.pem", "key.pem"
 _TEMP_PREFIX = "weir-tls-"
 _VALID_DAYS = 3650  # a pinned certificate is replaced with its master, not by expiry
+_FOLDER = "the master's TLS folder"
 
 TLS_CERT_ENV = "WEIR_TLS_CERT"
 TLS_KEY_ENV = "WEIR_TLS_KEY"
@@ -97,7 +103,8 @@ def read_pem(path: Path) -> bytes:
 
 
 def make_self_signed(folder: Path) -> TlsFiles:
-    """A fresh self-signed certificate and key in ``folder`` (made 0700; files 0600).
+    """A fresh self-signed certificate and key in ``folder`` (made or checked owner-only;
+    files 0600, written through fresh random names, never through a planted link).
 
     An EC P-256 key; the certificate names :data:`PINNED_SERVER_NAME` only.
     """
@@ -120,20 +127,32 @@ def make_self_signed(folder: Path) -> TlsFiles:
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .sign(key, hashes.SHA256()))
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _write_private(folder / _KEY, key.private_bytes(
+    make_private_dir(str(folder), _FOLDER)
+    write_private_file(str(folder / _KEY), key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))
-    _write_private(folder / _CERT, cert.public_bytes(serialization.Encoding.PEM))
+    write_private_file(str(folder / _CERT), cert.public_bytes(serialization.Encoding.PEM))
     return TlsFiles(folder / _CERT, folder / _KEY)
 
 
 def identity_for(folder: Path) -> TlsFiles:
-    """The certificate kept in ``folder`` by an earlier run, else a fresh one kept there."""
+    """The certificate kept in ``folder`` by an earlier run, else a fresh one kept there.
+
+    A kept pair is pinned by every container and its key proves the master, so it is
+    taken only from an owner-only folder of this user, as regular files of this user
+    (never links), the key readable by nobody else.
+
+    Raises:
+        UntrustedPath: the folder, certificate or key fails those checks (named).
+    """
+    make_private_dir(str(folder), _FOLDER)
     cert, key = folder / _CERT, folder / _KEY
-    if cert.is_file() and key.is_file():
-        return TlsFiles(cert, key)
-    return make_self_signed(folder)
+    try:
+        check_private_file(str(cert), "the master's kept certificate")
+        check_private_file(str(key), "the master's kept TLS key", secret=True)
+    except FileNotFoundError:
+        return make_self_signed(folder)
+    return TlsFiles(cert, key)
 
 
 class TemporaryIdentity:
@@ -149,14 +168,6 @@ class TemporaryIdentity:
 
     def cleanup(self) -> None:
         self._remove()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    os.replace(temp, path)
 
 
 def open_channel(address: str, roots: bytes, options: list[tuple[str, Any]]
