@@ -17,8 +17,8 @@ from container.event_time import EventTimeError
 from container.lease import LeaseRevoked
 from container.operator_state import OperatorStateError
 from container.port_input import InputClosed
+from operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
 from operators.dead_letters import is_record_error as rows_may_be_at_fault
-from operators.dead_letters import is_spark_analysis_error
 from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
 
@@ -33,6 +33,7 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     SchemaMismatch,  # a batch does not fit its port's schema
     RecordDecodeError,  # a Kafka record that does not decode is read again on replay
     EventTimeError,  # a source's EVENT_TIME_COLUMN is not in (or not a time of) its output
+    TooManyDeadLetters,  # the replayed batch trips the dead letters' breaker again
 )
 # Frames of these packages are not where an operator's error is: ``describe_error`` names
 # the innermost frame outside them.

@@ -27,7 +27,7 @@ from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.runner_savepoints import SavepointDuty
 from container.stream_messages import Kind
-from operators.dead_letters import DEAD_LETTER, METRIC, DeadLetters
+from operators.dead_letters import METRIC, dead_letters_of
 from operators.metrics import collect_metrics
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.process_calls import ProcessCalls
@@ -109,8 +109,7 @@ class OperatorRunner(CommitSteps):
         self.stopped = stopped if stopped is not None else threading.Event()
         self._unconnected = dict.fromkeys(  # unconnected port -> rows there were said to
             set(operator.output_ports()) - set(self.publishers), False)  # go nowhere
-        self.dead_letters = (DeadLetters(operator, context.name)  # ON_ERROR="DEAD_LETTER"
-                             if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        self.dead_letters = dead_letters_of(operator, context)  # ON_ERROR="DEAD_LETTER"
         declared = operator.input_ports()  # batches are cast to a declared schema, or fail
         self.calls = ProcessCalls(operator, context.name, {
             name: declared[name].schema for name in self.inputs

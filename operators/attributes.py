@@ -209,6 +209,11 @@ _ALL = [
               "operator restarts, up to MAX_RESTARTS, then the application fails) or "
               "DEAD_LETTER (they leave on its errors port with the error, found by "
               "bisecting the batch, and the rest go on; connect op.errors to a sink)."),
+    Attribute("DEAD_LETTER_MAX_ROWS", _positive_int, 100, Scope.OPERATOR,
+              "With ON_ERROR=DEAD_LETTER, the most rows of one batch (a Spark operator: of "
+              "one window) set aside: when more fail, or every row of a batch fails with an "
+              "AttributeError, NameError, TypeError or ImportError (a bug), the operator "
+              "fails naming the first error instead of turning its stream into dead letters."),
     Attribute("PARALLEL_PARTITION", _bool, False, Scope.OPERATOR,
               "Partition i reads partition i of its partitioned upstream operators (same "
               "count, no split, no unifier between them)."),

@@ -13,6 +13,13 @@ to single rows (``isolate_failures``). ``k`` bad rows among ``n`` cost about
 they pass); a Spark operator's are dry runs that only find the bad rows, then one job runs
 over the rest (``operators.spark``).
 
+A circuit breaker keeps a broken operator from turning its stream into dead letters: when
+more than ``DEAD_LETTER_MAX_ROWS`` rows of one batch (a Spark operator: of one window)
+fail, or every row of a batch fails with an error of the operator's own code (an
+``AttributeError``, ``NameError``, ``TypeError`` or ``ImportError``: a bug), the operator
+fails with ``TooManyDeadLetters`` naming the first row's error. Bisection then stops early:
+everything failing costs about ``2 DEAD_LETTER_MAX_ROWS`` tries, not ``2 n``.
+
 >>> def attempt(lo, hi):  # an operator failing on row 3
 ...     if lo <= 3 < hi:
 ...         raise ValueError("row 3")
@@ -29,8 +36,9 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["DEAD_LETTER", "ERRORS_PORT", "FAIL", "DeadLetterPort", "DeadLetters",
-           "error_columns", "is_record_error", "is_spark_analysis_error", "isolate_failures"]
+__all__ = ["DEAD_LETTER", "ERRORS_PORT", "ERROR_COLUMNS", "FAIL", "DeadLetterPort",
+           "DeadLetters", "TooManyDeadLetters", "dead_letters_of", "error_columns",
+           "is_record_error", "is_spark_analysis_error", "isolate_failures"]
 
 FAIL = "FAIL"
 DEAD_LETTER = "DEAD_LETTER"
@@ -38,22 +46,38 @@ ON_ERROR_VALUES = (FAIL, DEAD_LETTER)
 ERRORS_PORT = "errors"
 COUNT_ATTRIBUTE = "_weir_dead_letters"  # on the operator: checkpointed with its state
 METRIC = "dead_letters"
+ERROR_COLUMNS = ("weir_error", "weir_operator", "weir_port", "weir_window_id")
 _MESSAGE_CHARS = 1000
 
 Attempt = Callable[[int, int], None]
 """Tries rows ``[lo, hi)``; raises what the operator raised on them."""
 
 
+class TooManyDeadLetters(Exception):
+    """The circuit breaker of dead letters: so many rows of one batch fail, or every row
+    with an error of the operator's own code, that the cause is not bad data but a bug or
+    a wrong setting; the operator fails rather than turn its stream into dead letters.
+    Raised from the first row's error, with its traceback (its place is the operator's)."""
+
+
+BUG_TYPES: tuple[type[BaseException], ...] = (AttributeError, NameError, TypeError,
+                                              ImportError)
+"""Errors of the operator's own code: on every row of a batch they are a bug, not data."""
+
+
 def isolate_failures(count: int, attempt: Attempt,
                      is_record_error: Callable[[BaseException], bool], *,
                      together_is_failure: bool = False,
                      whole_error: BaseException | None = None,
+                     max_rows: int | None = None,
                      ) -> list[tuple[int, int, BaseException]]:
     """The row ranges ``[lo, hi)`` of ``count`` rows that fail ``attempt``, with the error.
 
     Bisects: a range that fails is tried as two halves, down to single rows. An error
     that is not about the rows (``is_record_error`` says no: a lost connection, a full
     disk, a query that cannot run at all) is raised at once, as without dead letters.
+    Bisection goes depth first, so with ``max_rows`` a batch where every row fails costs
+    about ``log2(count) + 2 max_rows`` tries before the breaker trips, not ``2 count``.
 
     Args:
         count: the rows to try.
@@ -63,8 +87,12 @@ def isolate_failures(count: int, attempt: Attempt,
             (rows that fail only together, say a join's); otherwise it counts as passed,
             which is right when passing tries are kept (both halves did their work).
         whole_error: what all ``count`` rows already failed with (they are not tried again).
+        max_rows: the most failing rows to set aside (``DEAD_LETTER_MAX_ROWS``); one more
+            stops the bisection. None: no limit.
 
     Raises:
+        TooManyDeadLetters: more than ``max_rows`` rows fail, or every row fails with an
+            error of ``BUG_TYPES``.
         What ``attempt`` raised, when it is not a record error or ``count`` is 0.
     """
     if count == 0:  # no row to blame: the error is the operator's own
@@ -72,26 +100,66 @@ def isolate_failures(count: int, attempt: Attempt,
             raise whole_error
         attempt(0, 0)
         return []
-    bad: list[tuple[int, int, BaseException]] = []
+    bad = _Failures(count, max_rows)
     _bisect(0, count, attempt, is_record_error, together_is_failure, bad, known=whole_error)
-    return bad
+    bad.check_not_a_bug()
+    return bad.ranges
+
+
+class _Failures:
+    """The failing ranges found so far; trips the breaker past ``max_rows`` rows."""
+
+    def __init__(self, count: int, max_rows: int | None) -> None:
+        self.count = count
+        self.max_rows = max_rows
+        self.ranges: list[tuple[int, int, BaseException]] = []
+        self.rows = 0
+
+    def add(self, lo: int, hi: int, error: BaseException) -> None:
+        self.ranges.append((lo, hi, error))
+        self.rows += hi - lo
+        if self.max_rows is not None and self.rows > self.max_rows:
+            first = self.ranges[0][2]
+            raise _tripped(
+                f"more than {self.max_rows} of a batch's {self.count} rows fail "
+                f"(DEAD_LETTER_MAX_ROWS={self.max_rows}), the first with {describe(first)}; "
+                "that many is a bug or a wrong setting rather than bad data: fix it, or "
+                "raise DEAD_LETTER_MAX_ROWS if such batches are expected", first) from first
+
+    def check_not_a_bug(self) -> None:
+        """Every row failing with an error of the operator's own code is a bug."""
+        errors = [error for _, _, error in self.ranges]
+        if self.rows == self.count and all(_is_bug(error) for error in errors):
+            raise _tripped(
+                f"every row of a batch ({self.count}) fails with {describe(errors[0])}; "
+                f"{type(errors[0]).__name__} on every row is a bug in the operator, not bad "
+                "data, so the rows are not set aside: fix the operator", errors[0]
+            ) from errors[0]
+
+
+def _is_bug(error: BaseException) -> bool:
+    return isinstance(error, BUG_TYPES) and not isinstance(error, pa.ArrowException)
+
+
+def _tripped(message: str, first: BaseException) -> TooManyDeadLetters:
+    """The breaker's error, with the first row's traceback (it names the operator's line)."""
+    return TooManyDeadLetters(message).with_traceback(first.__traceback__)
 
 
 def _bisect(lo: int, hi: int, attempt: Attempt, is_record_error: Callable[[BaseException], bool],
-            together: bool, bad: list[tuple[int, int, BaseException]],
-            known: BaseException | None) -> None:
+            together: bool, bad: _Failures, known: BaseException | None) -> None:
     error = known if known is not None else _try(lo, hi, attempt, is_record_error)
     if error is None:
         return
     if hi - lo <= 1:
-        bad.append((lo, hi, error))
+        bad.add(lo, hi, error)
         return
     middle = (lo + hi) // 2
-    found = len(bad)
+    found = len(bad.ranges)
     _bisect(lo, middle, attempt, is_record_error, together, bad, None)
     _bisect(middle, hi, attempt, is_record_error, together, bad, None)
-    if together and len(bad) == found:
-        bad.append((lo, hi, error))
+    if together and len(bad.ranges) == found:
+        bad.add(lo, hi, error)
 
 
 def _try(lo: int, hi: int, attempt: Attempt,
@@ -141,17 +209,15 @@ def error_columns(rows: pa.Table | pa.RecordBatch, error: BaseException, operato
                   port: str, window_id: int) -> pa.Table:
     """``rows`` with the dead-letter columns appended: ``weir_error`` (the error's type and
     first line), ``weir_operator``, ``weir_port`` (the input port, or ``window`` for a
-    window job's input) and ``weir_window_id``."""
+    window job's input) and ``weir_window_id``. Rows that already have them (a dead letter
+    failing again in a second operator) get them anew, once: their schema stays the same."""
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_batches([rows])
+    table = table.drop_columns([name for name in ERROR_COLUMNS if name in table.column_names])
     n = table.num_rows
     message = describe(error)
-    extra: dict[str, Any] = {
-        "weir_error": pa.array([message] * n, pa.string()),
-        "weir_operator": pa.array([operator] * n, pa.string()),
-        "weir_port": pa.array([port] * n, pa.string()),
-        "weir_window_id": pa.array([window_id] * n, pa.int64()),
-    }
-    for name, column in extra.items():
+    extra = [pa.array([message] * n, pa.string()), pa.array([operator] * n, pa.string()),
+             pa.array([port] * n, pa.string()), pa.array([window_id] * n, pa.int64())]
+    for name, column in zip(ERROR_COLUMNS, extra, strict=True):
         table = table.append_column(name, column)
     return table
 
@@ -169,12 +235,14 @@ class DeadLetters:
     """One operator's dead-letter output: emits the rows set aside and counts them.
 
     The count is kept on the operator (``COUNT_ATTRIBUTE``), so it is checkpointed with
-    its state and a replayed window does not count its rows twice.
+    its state and a replayed window does not count its rows twice. ``max_rows`` is its
+    circuit breaker (``isolate_failures``; None: none): ``dead_letters_of`` sets it.
     """
 
-    def __init__(self, operator: Any, name: str) -> None:
+    def __init__(self, operator: Any, name: str, max_rows: int | None = None) -> None:
         self.operator = operator
         self.name = name
+        self.max_rows = max_rows
 
     @property
     def count(self) -> int:
@@ -190,6 +258,17 @@ class DeadLetters:
         emit = self.operator.emitter
         for batch in table.to_batches():
             emit(ERRORS_PORT, batch)
+
+
+def dead_letters_of(operator: Any, context: Any) -> DeadLetters | None:
+    """The dead-letter output of ``operator`` set up with ``context`` (an
+    ``OperatorContext``): None unless its ``ON_ERROR`` is ``DEAD_LETTER``."""
+    if context.attributes.get("ON_ERROR") != DEAD_LETTER:
+        return None
+    from operators.attributes import resolve
+
+    return DeadLetters(operator, context.name,
+                       resolve("DEAD_LETTER_MAX_ROWS", context.attributes))
 
 
 class DeadLetterPort:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.dead_letters import DEAD_LETTER, DeadLetters
+from operators.dead_letters import dead_letters_of
 from operators.event_time import SourceEventTimes, operator_watermarks
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.process_calls import ProcessCalls
@@ -50,8 +50,7 @@ class LocalNode:
         self.inputs = inputs
         self.is_sink = not outputs
         declared = operator.input_ports()
-        dead_letters = (DeadLetters(operator, name)  # ON_ERROR="DEAD_LETTER"
-                        if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        dead_letters = dead_letters_of(operator, context)  # ON_ERROR="DEAD_LETTER"
         self.calls = ProcessCalls(operator, name, {  # cast, dead letters: as in containers
             port: declared[port].schema for port, _, _ in inputs
             if port in declared and declared[port].schema is not None}, dead_letters)

@@ -66,7 +66,8 @@ class ProcessCalls:
             for out, emitted in held:
                 emit(out, emitted)
 
-        for lo, hi, error in isolate_failures(batch.num_rows, attempt, self.record_error):
+        for lo, hi, error in isolate_failures(batch.num_rows, attempt, self.record_error,
+                                              max_rows=self.dead_letters.max_rows):
             self.dead_letters.set_aside(batch.slice(lo, hi - lo), error, port, window_id)
 
     def conform(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from operators.dead_letters import DEAD_LETTER, DeadLetters
+from operators.dead_letters import dead_letters_of
 from operators.metrics import metric
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
@@ -118,8 +118,7 @@ class SparkOperator(Operator):
     def setup(self, context: OperatorContext) -> None:
         self._operator_name = context.name
         self._spark = context.spark
-        self._dead_letters = (DeadLetters(self, context.name)
-                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        self._dead_letters = dead_letters_of(self, context)
         if context.spark is None:
             raise SparkOperatorError(self._no_spark_message())
         context.spark.warm_up()  # the operator reports ready only with Spark warm

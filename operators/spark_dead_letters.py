@@ -5,7 +5,8 @@ set aside, and the job runs once more over the rest.
 The cost: a window with ``k`` bad rows among ``n`` runs about ``2 k log2(n)`` extra jobs
 (each a few tens of ms on a warm local Spark), and an operator with dead letters keeps
 its window's input batches in memory until the window's job ran. Windows without a bad
-row cost nothing more.
+row cost nothing more. A window with more than ``DEAD_LETTER_MAX_ROWS`` bad rows fails
+the operator after about ``2 DEAD_LETTER_MAX_ROWS`` dry runs (the dead letters' breaker).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def set_aside_bad_rows(rows: dict[str, list[pa.RecordBatch]], error: BaseExcepti
                        for port, batches in rows.items() if batches})
     bad = isolate_failures(space.total, lambda lo, hi: rerun(space.between(lo, hi), False),
                            is_spark_record_error, together_is_failure=True,
-                           whole_error=error)
+                           whole_error=error, max_rows=dead.max_rows)
     for lo, hi, reason in bad:
         for port, part in space.between(lo, hi).items():
             dead.set_aside(part, reason, port, window_id)

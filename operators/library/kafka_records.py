@@ -101,18 +101,21 @@ def records_to_batch(messages: Sequence[Any], value_format: str, schema: pa.Sche
 
 def decode_setting_aside(messages: Sequence[Any], value_format: str, schema: pa.Schema,
                          headers: bool,
-                         set_aside: Callable[[pa.RecordBatch, BaseException], None]
-                         ) -> pa.RecordBatch:
+                         set_aside: Callable[[pa.RecordBatch, BaseException], None],
+                         max_rows: int | None = None) -> pa.RecordBatch:
     """``records_to_batch``, with the records that do not decode handed to ``set_aside``
     as they came (``value`` as bytes) with their error, instead of failing the batch
-    (Kafka Streams' deserialization handler; the bad ones are found by bisection)."""
+    (Kafka Streams' deserialization handler; the bad ones are found by bisection). More
+    than ``max_rows`` of them fail the batch (``operators.dead_letters``' breaker: a
+    wrong ``value_format`` is not a topic of bad records)."""
     try:
         return records_to_batch(messages, value_format, schema, headers)
     except RecordDecodeError as first:
         bad = isolate_failures(
             len(messages),
             lambda lo, hi: records_to_batch(messages[lo:hi], value_format, schema, headers),
-            lambda exc: isinstance(exc, RecordDecodeError), whole_error=first)
+            lambda exc: isinstance(exc, RecordDecodeError), whole_error=first,
+            max_rows=max_rows)
     raw = record_schema("bytes", None, headers)
     dropped: set[int] = set()
     for lo, hi, error in bad:

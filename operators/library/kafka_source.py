@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.dead_letters import DEAD_LETTER, DeadLetters
+from operators.dead_letters import DeadLetters, dead_letters_of
 from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.kafka_client import (
     client_config,
@@ -167,8 +167,7 @@ class KafkaSource(ReplayableSource):
     def setup(self, context: OperatorContext) -> None:
         self.reset_non_state()
         self._context = context
-        self._dead_letters = (DeadLetters(self, context.name)  # records that do not decode
-                              if context.attributes.get("ON_ERROR") == DEAD_LETTER else None)
+        self._dead_letters = dead_letters_of(self, context)  # records that do not decode
         config = client_config(
             self.bootstrap_servers, self.config, _DEFAULTS, _FIXED, f"operator {context.name!r}")
         config.setdefault("group.id", self.group_id or f"weir.{context.name}")
@@ -377,7 +376,8 @@ class KafkaSource(ReplayableSource):
             window_id = int(self.__dict__.get("_window_id", -1))
             batch = decode_setting_aside(
                 records, self.value_format, self.output_schema, self.headers,
-                lambda rows, error: dead.set_aside(rows, error, "output", window_id))
+                lambda rows, error: dead.set_aside(rows, error, "output", window_id),
+                dead.max_rows)
         self.records_read += batch.num_rows
         self._window_records += batch.num_rows
         self.output.emit(batch)

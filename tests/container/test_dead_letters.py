@@ -98,3 +98,16 @@ def test_an_error_of_the_surroundings_is_not_set_aside():
     assert runner.state is RunnerState.FAILED
     assert "ConnectionResetError: the database went away" in runner.error
     assert dead_rows(errors) == []
+
+
+def test_a_bug_on_every_row_fails_the_operator_at_once_instead_of_dead_lettering():
+    class Buggy(Inverse):
+        def process(self, port: str, batch: pa.RecordBatch) -> None:
+            self.output.emit(self.lookup(batch))  # no such method: every row fails
+
+    runner, out, errors = run(Buggy(), stream({1: [[1, 2, 3, 4]]}))
+    assert runner.state is RunnerState.FAILED and runner.fatal  # a replay fails alike
+    assert runner.error.startswith("TooManyDeadLetters: every row of a batch (4) fails with "
+                                   "AttributeError: 'Buggy' object has no attribute 'lookup'")
+    assert "test_dead_letters.py" in runner.error  # the place is the operator's line
+    assert dead_rows(errors) == []

@@ -1,12 +1,14 @@
 """Kafka records to Arrow without a broker: a record that does not decode, whatever the
 reason (bad JSON, nesting past the recursion limit, an integer past Python's digit limit),
-is a ``RecordDecodeError`` naming it, so that it becomes a dead letter, never a crash."""
+is a ``RecordDecodeError`` naming it, so that it becomes a dead letter, never a crash; more
+of them in a batch than ``DEAD_LETTER_MAX_ROWS`` fail the source (a wrong format)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
+from operators.dead_letters import TooManyDeadLetters
 from operators.library.kafka_records import (
     RecordDecodeError,
     decode_setting_aside,
@@ -76,3 +78,12 @@ def test_with_dead_letters_unreadable_records_are_set_aside_and_the_rest_go_on()
     assert [(rows.column("offset").to_pylist(), rows.column("value").to_pylist())
             for rows, _ in aside] == [([1], [DEEP]), ([3], [LONG_INT])]
     assert all(type(error) is RecordDecodeError for _, error in aside)
+
+
+def test_more_unreadable_records_than_max_rows_fail_the_source():
+    with pytest.raises(TooManyDeadLetters, match=r"more than 2 of a batch's 4 rows fail "
+                                                 r"\(DEAD_LETTER_MAX_ROWS=2\), the first with "
+                                                 "RecordDecodeError: the record at topic 't', "
+                                                 "partition 0, offset 0 is not JSON"):
+        decode_setting_aside(messages(b"<a/>", b"<b/>", b"<c/>", GOOD), "json", SCHEMA, False,
+                             lambda rows, error: None, max_rows=2)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from operators import spark_dead_letters
+from operators.dead_letters import DeadLetters, TooManyDeadLetters
 from operators.operator import OperatorContext
 from operators.spark import SparkSql
 from tests.operators.test_spark import Emitted, run_window
@@ -65,3 +67,22 @@ def test_a_query_that_cannot_run_at_all_is_not_a_row_problem(bridge):
     with pytest.raises(Exception, match="UNRESOLVED_COLUMN"):
         run_window(op, 5, {"input": [rows(0, 10)]})
     assert emitted.rows("errors") == []
+
+
+def test_a_window_failing_on_more_rows_than_max_rows_fails_after_few_dry_runs(monkeypatch):
+    """Without Spark: the window's dry runs fail on every row; the breaker stops them."""
+    monkeypatch.setattr(spark_dead_letters, "is_spark_record_error",
+                        lambda exc: isinstance(exc, ValueError))
+    runs: list[int] = []
+
+    def rerun(tables: dict[str, pa.Table], emit: bool) -> None:
+        runs.append(sum(t.num_rows for t in tables.values()))
+        raise ValueError("bad row")
+
+    op = SparkSql(QUERY)
+    op.connect_outputs(Emitted())
+    dead = DeadLetters(op, "sum", max_rows=3)
+    with pytest.raises(TooManyDeadLetters, match=r"more than 3 of a batch's 1000 rows fail"):
+        spark_dead_letters.set_aside_bad_rows({"input": [rows(0, 1000)]}, ValueError("bad"),
+                                              rerun, dead, 5)
+    assert len(runs) <= 2 * 4 + 10 and 0 not in runs  # not 2 x 1000 - 1 dry runs
