@@ -11,10 +11,12 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -26,6 +28,7 @@ from typing import IO, Any
 import psutil
 
 from master.tls import TLS_CERT_ENV, TLS_KEY_ENV
+from operators.durable.private_files import UntrustedPath, make_private_dir
 from proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
 
 __all__ = [
@@ -109,6 +112,40 @@ def launcher_factory(name: str, **options: Any) -> LauncherFactory:
     if factory is None:
         raise ValueError(f"unknown launcher {name!r}; known launchers: {launcher_names()}")
     return lambda address: factory(address, **options)
+
+
+_LOG_FOLDER = "the container log folder (--log-dir)"
+_LOG_ADVICE = "remove it, or give --log-dir a folder of your own"
+_LOG_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NONBLOCK
+              | getattr(os, "O_NOFOLLOW", 0))
+
+
+def _open_log(log_dir: Path, container_id: str) -> IO[bytes]:
+    """``<log_dir>/<container id>.log`` for appending, owner-only.
+
+    A container's log holds its errors, paths and data it printed, so the folder is made
+    (or checked) owner-only, and the file is never reached through a link (``O_NOFOLLOW``:
+    a link planted at its name would send the log wherever it points), a FIFO does not
+    block the master, and what is there must be a regular file of this user.
+
+    Raises:
+        OSError: the folder or the file fails those checks (``UntrustedPath``, or ELOOP
+            for a link).
+    """
+    make_private_dir(str(log_dir), _LOG_FOLDER, advice=_LOG_ADVICE)  # it may be gone since
+    path = log_dir / f"{container_id}.log"
+    fd = os.open(path, _LOG_FLAGS, 0o600)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            raise UntrustedPath(errno.EPERM, f"the container log {path} is not a regular "
+                                f"file of this user; {_LOG_ADVICE}")
+        os.fchmod(fd, 0o600)  # a file left by an earlier run keeps no wider mode
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _Adopted:
@@ -203,8 +240,9 @@ class LocalProcessLauncher(Launcher):
 
     Args:
         master_address: the master's ``host:port`` the containers call.
-        log_dir: if set, each container's stdout and stderr go to ``<log_dir>/<id>.log``;
-            otherwise they are inherited.
+        log_dir: if set, each container's stdout and stderr go to ``<log_dir>/<id>.log``
+            (owner-only; the folder is made or checked owner-only at once, see
+            ``_open_log``); otherwise they are inherited.
         command: the program before ``--master``; ``python -m container`` by default.
         env: extra environment variables for the containers.
     """
@@ -214,6 +252,8 @@ class LocalProcessLauncher(Launcher):
                  env: dict[str, str] | None = None) -> None:
         self.master_address = master_address
         self.log_dir = Path(log_dir) if log_dir else None
+        if self.log_dir is not None:  # a folder another user could write is refused now
+            make_private_dir(str(self.log_dir), _LOG_FOLDER, advice=_LOG_ADVICE)
         self.command = list(command) if command else [sys.executable, "-m", "container"]
         self.env = dict(env or {})
         self._children: dict[str, _Child] = {}
@@ -229,12 +269,7 @@ class LocalProcessLauncher(Launcher):
         env.update({**self.env, **self.credential_env, CONTAINER_ID_ENV: container_id})
         log_file: IO[bytes] | None = None
         if self.log_dir is not None:
-            self.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # owner-only: a container's log holds its errors, paths and data it printed
-            fd = os.open(self.log_dir / f"{container_id}.log",
-                         os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            os.fchmod(fd, 0o600)  # a file left by an earlier run keeps no wider mode
-            log_file = os.fdopen(fd, "ab")
+            log_file = _open_log(self.log_dir, container_id)
             env.setdefault("PYTHONUNBUFFERED", "1")
         try:
             popen = subprocess.Popen(self.argv(container_id), env=env, stdin=subprocess.DEVNULL,

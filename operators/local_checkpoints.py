@@ -4,6 +4,11 @@ operator and window under a folder, so a second run can resume from the first on
 A run resumes from the newest window at which *every* operator has a checkpoint (the
 committed window, as the master would compute it), and only checkpoints older than that
 window are deleted, so an aborted run always leaves one it can resume from.
+
+Checkpoints are pickles a resumed run loads: the folder is owner-only (made so, or
+refused if others could write into it), each file is written owner-only through a fresh
+random name (``write_private_file``: never through a link planted at a predictable name)
+and read only if it is a regular file of this user.
 """
 
 from __future__ import annotations
@@ -13,9 +18,17 @@ import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 
+from operators.durable.private_files import (
+    check_private_file,
+    make_private_dir,
+    write_private_file,
+)
+
 __all__ = ["LocalCheckpointError", "LocalCheckpoints"]
 
 _SUFFIX = ".ckpt"
+_WHAT = "the local runner's checkpoint folder"
+_ADVICE = "remove it, or give checkpoint_dir a folder of your own"
 
 
 class LocalCheckpointError(RuntimeError):
@@ -26,30 +39,34 @@ class LocalCheckpoints:
     """Checkpoints under ``folder/<operator>/<window id, 16 hex digits>.ckpt``.
 
     Args:
-        folder: where they go (created).
+        folder: where they go (created owner-only, or checked: ``UntrustedPath`` if
+            another user could write into it).
     """
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_private_dir(str(self.folder), _WHAT, advice=_ADVICE)
 
     def _dir(self, name: str) -> Path:
         return self.folder / urllib.parse.quote(name, safe="")
 
     def save(self, name: str, window_id: int, data: bytes) -> None:
-        """Writes atomically (temporary file, sync, rename)."""
+        """Writes atomically and owner-only (random temporary name, sync, rename)."""
         folder = self._dir(name)
-        folder.mkdir(exist_ok=True)
-        final = folder / f"{window_id:016x}{_SUFFIX}"
-        partial = final.with_suffix(".partial")
-        with open(partial, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, final)
+        make_private_dir(str(folder), f"a folder of {_WHAT}", advice=_ADVICE)
+        write_private_file(str(folder / f"{window_id:016x}{_SUFFIX}"), data)
 
     def load(self, name: str, window_id: int) -> bytes:
-        return (self._dir(name) / f"{window_id:016x}{_SUFFIX}").read_bytes()
+        """The checkpoint's bytes, from a regular file of this user only (never a link).
+
+        Raises:
+            UntrustedPath: it is a link, another user's, or others may write it.
+        """
+        path = self._dir(name) / f"{window_id:016x}{_SUFFIX}"
+        check_private_file(str(path), "a local checkpoint", advice=_ADVICE)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))  # no swap since
+        with os.fdopen(fd, "rb") as file:
+            return file.read()
 
     def windows(self, name: str) -> list[int]:
         """The windows ``name`` has checkpoints of, oldest first."""
