@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -93,8 +94,40 @@ def _tls_options(parser: argparse.ArgumentParser) -> None:
                         help="the certificate's private key (default: $WEIR_TLS_KEY)")
 
 
+def port_number(lowest: int = 0) -> Callable[[str], int]:
+    """An argparse type: a TCP port, ``lowest``..65535 (a larger number is refused, not
+    wrapped around: 70000 would listen on 4464)."""
+
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid port {text!r}: give a number in "
+                                             f"{lowest}..65535") from None
+        if not lowest <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"port {value} is outside {lowest}..65535")
+        return value
+
+    return port
+
+
+def absolute_location(path: str | None) -> str | None:
+    """A local path made absolute against the caller's working folder (the master and its
+    containers have their own); a URI (``scheme://``) and nothing stay as they are."""
+    if not path or "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
+def _absolute_savepoints(args: argparse.Namespace) -> None:
+    """Savepoint paths given to this command, made absolute before they are sent."""
+    for name in ("path", "from_savepoint"):
+        if args.command in ("savepoint", "submit", "run") and getattr(args, name, None):
+            setattr(args, name, absolute_location(getattr(args, name)))
+
+
 def _http_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--http-port", type=int, default=0, metavar="PORT",
+    parser.add_argument("--http-port", type=port_number(-1), default=0, metavar="PORT",
                         help="the dashboard, JSON API and /metrics on this port of the "
                              "master's host (default 0: any free port, printed; -1: none)")
     parser.add_argument("--http-open", action="store_true",
@@ -140,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", metavar="ADDR",
                    help="host of the address the master prints and gives its containers "
                         "(default: --host; 127.0.0.1 for 0.0.0.0)")
-    p.add_argument("--port", type=int, default=5151, help="port (0 = any free port)")
+    p.add_argument("--port", type=port_number(), default=5151,
+                   help="port (0 = any free port; at most 65535)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="the master's journal, secret and address: a master started again "
                         "on the same DIR takes its running applications back")
@@ -275,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.tls_ca = getattr(args, "tls_ca", None)
     if (args.define or args.config) and args.command not in ("submit", "run"):
         return _fail(f"-D and --config apply to submit and run, not to {args.command}", 2)
+    _absolute_savepoints(args)
     configure_logging(args.verbose)
     try:
         return args.func(args)

@@ -20,6 +20,7 @@ from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory
 from master.server import MasterServer
 from master.tls import TlsFiles
+from operators.durable.locations import redact_location
 from proto import client_pb2
 from proto.contract import SECRET_ENV
 
@@ -155,7 +156,7 @@ def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo
     line = f"{info.id} {info.name}: {info.state} after {took}"
     print(line + (f": {info.diagnostics}" if info.diagnostics else ""))
     if info.savepoint_path:  # taken from another terminal (weir savepoint --stop)
-        print(f"savepoint {info.savepoint_state} at {info.savepoint_path}")
+        print(f"savepoint {info.savepoint_state} at {redact_location(info.savepoint_path)}")
 
 
 def cmd_container(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import time
 
 from master.cli_queries import client_for, print_json
 from master.client import WeirClient
+from operators.durable.locations import redact_location
 from operators.savepoints import SavepointError, match, read_manifest
 from operators.windows import format_window_id
 from proto import client_pb2, plan_pb2
@@ -17,11 +18,13 @@ __all__ = ["cmd_savepoint", "say_savepoint_match"]
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
     """Takes a savepoint (with --stop: and finishes the application), waits for it, says
-    where it is and how to resume from it."""
+    where it is and how to resume from it. ``args.path`` is absolute (``weir`` made it so)
+    or a URI, shown without its keys."""
+    shown = redact_location(args.path)
     with client_for(args) as client:
         client.take_savepoint(args.app_id, args.path, stop=args.stop)
         if not args.json:
-            print(f"{args.app_id}: savepoint requested at {args.path}"
+            print(f"{args.app_id}: savepoint requested at {shown}"
                   + ("; its inputs end after the current window" if args.stop else ""),
                   file=sys.stderr)
         if args.stop:
@@ -31,15 +34,15 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     if args.json:
         print_json(info)
     if info.savepoint_state != "complete":
-        print(f"weir: {args.app_id} is {info.state} and its savepoint at {args.path} is "
+        print(f"weir: {args.app_id} is {info.state} and its savepoint at {shown} is "
               f"{info.savepoint_state or 'not written'} {info.diagnostics}".rstrip(),
               file=sys.stderr)
         return 1
     if not args.json:
         window = read_manifest(args.path).window
-        print(f"{args.app_id}: savepoint complete at {args.path} (window "
+        print(f"{args.app_id}: savepoint complete at {shown} (window "
               f"{format_window_id(window)}); resume with: weir submit APP.py "
-              f"--from-savepoint {args.path}")
+              f"--from-savepoint {shown}")
     return 0
 
 
@@ -66,7 +69,8 @@ def say_savepoint_match(dag: plan_pb2.DagDescriptor, path: str, allow_dropped: b
         print(f"weir: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     matched = match(dag, manifest)
-    print(f"from the savepoint of {manifest.application_id} ({manifest.app_name}) at {path}, "
+    print(f"from the savepoint of {manifest.application_id} ({manifest.app_name}) at "
+          f"{redact_location(path)}, "
           f"window {format_window_id(manifest.window)}:", file=sys.stderr)
     print("\n".join(matched.lines()), file=sys.stderr)
     refusal = matched.refusal(allow_dropped)

@@ -10,7 +10,9 @@ import hashlib
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import cloudpickle
 
@@ -19,6 +21,7 @@ from operators.dag import Dag, DagError
 __all__ = ["AppLoadError", "load_app"]
 
 _LOGGER = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class AppLoadError(ValueError):
@@ -45,17 +48,11 @@ def load_app(path: str | Path) -> Dag:
         raise AppLoadError(f"{path} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (DagError, AppLoadError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - the user's file may raise anything
-        raise AppLoadError(f"{path} failed while building the DAG: "
-                           f"{type(exc).__name__}: {exc}") from None
+    _run_user_code(path, lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
     cloudpickle.register_pickle_by_value(module)
     dag = getattr(module, "dag", None)
     if dag is None and callable(getattr(module, "build_dag", None)):
-        dag = module.build_dag()
+        dag = _run_user_code(path, module.build_dag)
     if not isinstance(dag, Dag):
         raise AppLoadError(
             f"{path} defines no DAG: assign a weir Dag to a module-level variable named "
@@ -63,3 +60,21 @@ def load_app(path: str | Path) -> Dag:
         )
     dag.validate()
     return dag
+
+
+def _run_user_code(path: str | Path, call: Callable[[], _T]) -> _T:
+    """``call()`` (the application file's code); what it raises is an ``AppLoadError``
+    naming the file. ``SystemExit`` too (a script's ``sys.exit()`` at import): it would end
+    ``weir submit`` with that status and nothing submitted. Ctrl-C stays Ctrl-C."""
+    try:
+        return call()
+    except (DagError, AppLoadError, KeyboardInterrupt):
+        raise
+    except SystemExit as exc:
+        raise AppLoadError(
+            f"{path} exited (SystemExit({exc.code!r})) while building the DAG: an application "
+            "file defines `dag` or build_dag() and must not exit; put script code under "
+            "`if __name__ == \"__main__\":`") from None
+    except BaseException as exc:  # noqa: BLE001 - the user's file may raise anything
+        raise AppLoadError(f"{path} failed while building the DAG: "
+                           f"{type(exc).__name__}: {exc}") from None
