@@ -307,12 +307,16 @@ class TransientNonState:
     """Mixin for operators whose ``NON_STATE`` attributes cannot travel in a pickle (open
     files, sockets, connections): they are left out of deploy payloads and checkpoints,
     and ``reset_non_state()`` gives them their fresh values after unpickling (``setup``
-    then opens what they need)."""
+    then opens what they need). ``SETTINGS`` are the exception: ``NON_STATE`` attributes
+    that are the deployment's own settings (credentials, addresses): they travel in deploy
+    payloads but never in checkpoints, so a restore keeps the new deployment's values."""
 
     NON_STATE: ClassVar[tuple[str, ...]] = ()
+    SETTINGS: ClassVar[tuple[str, ...]] = ()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in self.NON_STATE}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in self.NON_STATE or k in self.SETTINGS}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

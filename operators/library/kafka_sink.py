@@ -78,9 +78,12 @@ class KafkaSink(TransientNonState, _WindowBuffer):
         'counts'
     """
 
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_producer", "_context", "_key", "_watermark",
-                                            "_offsets", "_leftovers", "_delivered",
-                                            "_failures")
+    # the deployment's, never a checkpoint's: credentials stay out of checkpoints and
+    # savepoints, and a new version's brokers and settings are not restored over
+    SETTINGS: ClassVar[tuple[str, ...]] = ("bootstrap_servers", "config")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*SETTINGS, "_producer", "_context", "_key",
+                                            "_watermark", "_offsets", "_leftovers",
+                                            "_delivered", "_failures")
     METRICS = ("windows_written", "windows_skipped", "records_written", "leftovers_skipped")
 
     def __init__(self, topic: str, bootstrap_servers: str, key_column: str | None = None,

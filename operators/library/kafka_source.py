@@ -97,9 +97,12 @@ class KafkaSource(ReplayableSource):
     DEAD_LETTERS = True  # ON_ERROR="DEAD_LETTER": records that do not decode go to errors
     METRICS = ("records_read",)
 
-    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, "_consumer",
-                                            "_context", "_window_start", "_ends", "_owned",
-                                            "_next_discovery", "_window_records",
+    # the deployment's, never a checkpoint's: credentials stay out of checkpoints and
+    # savepoints, and a new version's brokers and settings are not restored over
+    SETTINGS: ClassVar[tuple[str, ...]] = ("bootstrap_servers", "config")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*ReplayableSource.NON_STATE, *SETTINGS,
+                                            "_consumer", "_context", "_window_start", "_ends",
+                                            "_owned", "_next_discovery", "_window_records",
                                             "_dead_letters")
 
     def __init__(self, topics: str | Sequence[str], bootstrap_servers: str,

@@ -99,7 +99,9 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         ('user', 'window_start', 'window_end')
     """
 
-    NON_STATE: ClassVar[tuple[str, ...]] = ("_conn", "_context", "_key", "_table_ready")
+    SETTINGS: ClassVar[tuple[str, ...]] = ("dsn",)  # the deployment's: never checkpointed
+    NON_STATE: ClassVar[tuple[str, ...]] = (*SETTINGS, "_conn", "_context", "_key",
+                                            "_table_ready")
 
     def __init__(self, dsn: str, table: str, create_table: bool = True,
                  watermark_table: str = "weir_sink_watermarks",
