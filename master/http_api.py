@@ -25,6 +25,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from importlib import resources
@@ -78,6 +79,13 @@ REQUEST_DEADLINE_S = 30.0
 """The whole of one request, read and answered: a client that sends (or reads) a byte
 now and then, never silent for ``_Handler.timeout``, is still cut off."""
 
+HEAD_DEADLINE_S = 5.0
+"""The request line and headers (and the TLS handshake), all of them: a browser sends them
+at once, so clients that drip a header line now and then are cut off within seconds and
+cannot hold every one of the ``MAX_CONNECTIONS`` slots for long."""
+
+_ALLOWED = "GET, HEAD, OPTIONS"
+
 
 class HttpApi:
     """The HTTP server; ``start`` binds and serves from a thread, ``stop`` ends it.
@@ -90,14 +98,17 @@ class HttpApi:
         open_metrics: serve ``/metrics`` without the secret.
         tls: serve HTTPS with this certificate and key.
         request_deadline_s: the whole of one request, read and answered.
+        head_deadline_s: its request line and headers, read.
     """
 
     def __init__(self, core: MasterCore, token: str, host: str = "127.0.0.1", port: int = 0,
                  *, open_api: bool = False, open_metrics: bool = False,
                  tls: TlsFiles | None = None,
-                 request_deadline_s: float = REQUEST_DEADLINE_S) -> None:
+                 request_deadline_s: float = REQUEST_DEADLINE_S,
+                 head_deadline_s: float = HEAD_DEADLINE_S) -> None:
         self.core = core
         self.request_deadline_s = request_deadline_s
+        self.head_deadline_s = min(head_deadline_s, request_deadline_s)
         self._expected = token.encode()
         self.host, self.port = host, port
         self.open_api, self.open_metrics = open_api, open_metrics
@@ -221,23 +232,42 @@ class _BoundedHTTPServerV6(_BoundedHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
     """One request: route, check the token, answer JSON, HTML or metrics text.
 
-    HTTP/1.0: one request per connection, so the connection's deadline is the request's.
+    HTTP/1.0: one request per connection, so the connection's deadlines are the
+    request's: ``head_deadline_s`` for its head, ``request_deadline_s`` for all of it.
+    ``HEAD`` is answered as ``GET`` without the body, ``OPTIONS`` with what is allowed
+    (and nothing for other origins: no CORS).
     """
 
     api: HttpApi
     timeout = 10  # a silent client frees its thread
     server_version = "weir"
     sys_version = ""
+    _head_only = False  # HEAD: headers as for GET, no body
 
     def setup(self) -> None:
         super().setup()
-        self._deadline = threading.Timer(self.api.request_deadline_s, self._cut_off)
-        self._deadline.daemon = True
-        self._deadline.start()
+        self._started = time.monotonic()
+        self._deadline = self._arm(self.api.head_deadline_s, "send its request head")
 
-    def _cut_off(self) -> None:
-        _LOGGER.debug("HTTP: a request from %s took over %.0f s; closed", self.client_address,
-                      self.api.request_deadline_s)
+    def _arm(self, seconds: float, what: str) -> threading.Timer:
+        """A timer that cuts the connection off unless cancelled within ``seconds``."""
+        timer = threading.Timer(max(seconds, 0.0), self._cut_off, (what, seconds))
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def parse_request(self) -> bool:
+        """Reads the headers under the head's deadline; then the rest of the request's
+        deadline replaces it (one timer thread per connection at a time)."""
+        parsed = super().parse_request()
+        self._deadline.cancel()
+        left = self.api.request_deadline_s - (time.monotonic() - self._started)
+        self._deadline = self._arm(left, "be answered")
+        return parsed
+
+    def _cut_off(self, what: str, seconds: float) -> None:
+        _LOGGER.debug("HTTP: a client at %s took over %.0f s to %s; closed",
+                      self.client_address, seconds, what)
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -256,8 +286,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
         except Exception:  # noqa: BLE001 - one bad request must not take the server down
-            _LOGGER.exception("HTTP %s failed", self.path)
+            # the path only: the query may hold the token
+            _LOGGER.exception("HTTP %s %s failed", self.command, self._logged_path())
             self._json(500, {"error": "internal error; see the master's log"})
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        """As GET, with the same status and headers (Content-Length too), no body."""
+        self._head_only = True
+        self.do_GET()
+
+    def do_OPTIONS(self) -> None:  # noqa: N802
+        """What may be asked: 204 with ``Allow``; no CORS headers, so other origins'
+        pages are given nothing more than before."""
+        self.send_response(204)
+        for name, value in {**_SECURITY_HEADERS, "Allow": _ALLOWED}.items():
+            self.send_header(name, value)
+        self.end_headers()
 
     def _get(self) -> None:
         url = urllib.parse.urlsplit(self.path)
@@ -299,7 +343,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self._json(405, {"error": "the HTTP API is read-only; use `weir` to act"},
-                   {"Allow": "GET"})
+                   {"Allow": _ALLOWED})
 
     do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
 
@@ -320,7 +364,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for name, value in {**_SECURITY_HEADERS, **(headers or {})}.items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if not self._head_only:
+            self.wfile.write(body)
 
     def _logged_path(self) -> str:
         """The request's path without its query (which may hold the secret); a request

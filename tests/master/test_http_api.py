@@ -93,7 +93,7 @@ def test_errors_are_json_with_a_status(api):
     assert status == 404 and "no operator 'nope'" in json.loads(body)["error"]
     assert fetch(http.url + "api/nothing")[0] == 404
     status, headers, _ = fetch(http.url + "api/apps", method="POST")
-    assert status == 405 and headers["Allow"] == "GET"
+    assert status == 405 and headers["Allow"] == "GET, HEAD, OPTIONS"
 
 
 @pytest.mark.parametrize("path", ["", "api/apps", "metrics"])
