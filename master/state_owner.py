@@ -18,13 +18,13 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import tempfile
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from master.errors import InvalidArgument
+from operators.durable.private_files import UntrustedPath, make_private_dir, write_private_file
 
 __all__ = [
     "OWNER_FILE", "StateClaim", "check_private_root", "claim_state_dir", "default_state_dir",
@@ -95,23 +95,10 @@ def check_private_root(path: str) -> None:
         InvalidArgument: naming the folder, what is wrong and what to do.
     """
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    problem = None
-    if not stat.S_ISDIR(info.st_mode):
-        problem = "is not a folder (a link or a file is in its place)"
-    elif info.st_uid != os.getuid():
-        problem = f"belongs to user {info.st_uid}, not to this user ({os.getuid()})"
-    elif stat.S_IMODE(info.st_mode) & 0o022:
-        problem = f"has mode {stat.S_IMODE(info.st_mode):o}: other users may write in it"
-    elif stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(path, 0o700)
-        _LOGGER.info("state root %s closed to other users (mode 700)", path)
-    if problem is not None:
-        raise InvalidArgument(f"the state root {path} {problem}; remove it (or chmod 700 "
-                              "it if it is yours) or set STATE_DIR to a folder of your own")
+        make_private_dir(path, "the state root", advice="remove it (or chmod 700 it if it is "
+                         "yours) or set STATE_DIR to a folder of your own")
+    except UntrustedPath as exc:
+        raise InvalidArgument(exc.strerror or str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +189,8 @@ def _read_owner(fs: pafs.FileSystem, path: str) -> dict[str, object] | None:
 
 def _write_owner(fs: pafs.FileSystem, path: str, record: dict[str, object]) -> None:
     data = json.dumps(record).encode()
-    if isinstance(fs, pafs.LocalFileSystem):
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(path + ".tmp", path)
+    if isinstance(fs, pafs.LocalFileSystem):  # never through a link at a predictable name
+        write_private_file(path, data)
         return
     with fs.open_output_stream(path) as out:
         out.write(data)

@@ -80,7 +80,7 @@ def test_the_default_root_is_made_private_and_a_planted_or_open_one_is_refused(
     elsewhere = tmp_path / "planted"
     elsewhere.mkdir(mode=0o700)
     os.symlink(elsewhere, root)  # a link in its place: the checkpoints would go there
-    with pytest.raises(InvalidArgument, match="is not a folder"):
+    with pytest.raises(InvalidArgument, match="is a symbolic link"):
         claim_state_dir(default_state_dir("app-0003", new_run_id()), "app-0003", "r3")
 
 
