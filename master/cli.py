@@ -114,7 +114,7 @@ def port_number(lowest: int = 0) -> Callable[[str], int]:
 def absolute_location(path: str | None) -> str | None:
     """A local path made absolute against the caller's working folder (the master and its
     containers have their own); a URI (``scheme://``) and nothing stay as they are."""
-    if not path or "://" in path:
+    if not path or "://" in path or os.path.isabs(path):
         return path
     return os.path.abspath(path)
 
