@@ -29,6 +29,8 @@ _LOGGER = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _RUNNING_STATES = ("ACCEPTED", "RUNNING")
 _HANDSHAKE_FAILED = "CERTIFICATE_VERIFY_FAILED"  # in gRPC's details: the peer proved nothing
+_CALL_DEADLINE = "Deadline Exceeded"  # gRPC's own details: this call's deadline passed (the
+# master's DEADLINE_EXCEEDED, a store it waited for, says which in its details)
 
 DEFAULT_MASTER = "127.0.0.1:5151"
 """Where ``weir`` looks for a master unless told otherwise (``--master``, ``WEIR_MASTER``)."""
@@ -172,7 +174,7 @@ class WeirClient:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "Concurrent RPC limit" in details:
             return WeirClientError(f"the master at {self.address} is busy (at its limit of "
                                    "calls in progress); try again", code)
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and details == _CALL_DEADLINE:
             return WeirClientError(f"no answer from the master at {self.address} within "
                                    f"{self.timeout_s:g} s; is it running there? start one "
                                    "with `weir master` or pass --master", code)

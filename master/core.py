@@ -17,14 +17,21 @@ from collections.abc import Callable, Mapping
 from master import heartbeat as rules
 from master import liveness, recovery, savepoints, views
 from master.application import Application, ApplicationState, LauncherAction
-from master.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from master.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal, HaltingJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer
 from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
+from master.report_filter import bounded_text
 from master.run_folders import RunFolders
-from master.state_owner import new_run_id
+from master.state_owner import StateClaim, new_run_id
 from master.stats_listeners import (
     ListenerAsk,
     StatsListenerError,
@@ -32,8 +39,16 @@ from master.stats_listeners import (
     consult,
     load_listeners,
 )
+from master.store_calls import STORE_TIMEOUT_S, call_store
 from operators.dag import DagError, validate_descriptor
-from operators.savepoints import SavepointError
+from operators.durable.locations import redact_location
+from operators.savepoints import (
+    Manifest,
+    SavepointError,
+    check_unused,
+    read_manifest,
+    write_manifest,
+)
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
@@ -79,6 +94,8 @@ class MasterCore:
         self._changed = threading.Condition(self._lock)
         self._apps: dict[str, Application] = {}
         self._folders = RunFolders()  # each run's state folder: claimed, then released
+        self._manifests_writing: set[str] = set()  # apps whose savepoint manifest is written
+        self.store_timeout_s = STORE_TIMEOUT_S  # how long a request waits for a store
         self._container_apps: dict[str, str] = {}
         self._listeners = StatsListeners()
         self._next_app_number = 1
@@ -130,18 +147,28 @@ class MasterCore:
             listeners = load_listeners(dag)
         except (DagError, StatsListenerError) as exc:
             raise InvalidArgument(str(exc)) from None
+        manifest = self._read_savepoint(from_savepoint) if from_savepoint else None
         with self._lock:
             app_id = f"app-{self._next_app_number:04d}"
             run_id = new_run_id()
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
                 seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
-                                                         allow_dropped)
-                          if from_savepoint else None)
+                                                         allow_dropped, manifest)
+                          if manifest is not None else None)
             except (PlanError, DagError, SavepointError) as exc:
                 raise InvalidArgument(str(exc)) from None
-            self._folders.claim(plan.attributes["STATE_DIR"], app_id, run_id)
+            state_dir = plan.attributes["STATE_DIR"]
+            self._folders.reserve(state_dir, app_id)
             self._next_app_number += 1
+        try:
+            claim = self._claim(state_dir, app_id, run_id)
+        except BaseException:
+            with self._lock:
+                self._folders.unreserve(app_id)
+            raise
+        with self._lock:
+            self._folders.hold(claim)
             app = Application(app_id, dag, plan, self.clock())
             if seeded is not None:
                 savepoints.adopt(app, from_savepoint, *seeded)
@@ -152,9 +179,22 @@ class MasterCore:
             self._persist(app)
             _LOGGER.info("app=%s submitted: %r, %d operators in %d containers, state in %s",
                          app_id, app.name, len(plan.operators), len(plan.containers),
-                         plan.attributes["STATE_DIR"])
+                         redact_location(state_dir))
         self._launch(app, list(plan.containers))
         return app_id
+
+    def _claim(self, state_dir: str, app_id: str, run_id: str) -> StateClaim:
+        """Claims a run's state folder without the lock, bounded (it may be remote)."""
+        return call_store(lambda: self._folders.claim(state_dir, app_id, run_id),
+                          f"STATE_DIR {redact_location(state_dir)}", self.store_timeout_s)
+
+    def _read_savepoint(self, path: str) -> Manifest:
+        """The manifest of the savepoint at ``path``, read without the lock, bounded."""
+        try:
+            return call_store(lambda: read_manifest(path),
+                              f"the savepoint at {redact_location(path)}", self.store_timeout_s)
+        except SavepointError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     def _take_actions(self, app: Application) -> list[tuple[Application, LauncherAction]]:
         """The app's queued kills and launches; new containers become known (lock held)."""
@@ -272,7 +312,16 @@ class MasterCore:
 
     def take_savepoint(self, app_id: str, path: str, stop: bool) -> None:
         """Takes a savepoint of the application at ``path``: while it runs on, or with
-        ``stop``, finishing it (``master.savepoints``)."""
+        ``stop``, finishing it (``master.savepoints``). The path is checked (unused, a
+        folder of this user's) before the lock is taken: it may be a store that never
+        answers."""
+        with self._lock:
+            self._app(app_id)  # an unknown application is told before any store is asked
+        try:
+            call_store(lambda: check_unused(path), f"the savepoint at {redact_location(path)}",
+                       self.store_timeout_s)
+        except SavepointError as exc:
+            raise FailedPrecondition(str(exc)) from None
         with self._lock:
             app = self._app(app_id)
             if app.terminal:
@@ -330,16 +379,46 @@ class MasterCore:
             app = self._apps.get(app_id) if app_id else None
             response = rules.process_heartbeat(app, heartbeat, self.clock())
             actions = self._take_actions(app) if app is not None else []
+            manifest = self._manifest_to_write(app) if app is not None else None
             if app is not None:
                 self._persist(app)  # before the container hears of what changed
             self._changed.notify_all()
         self._carry_out(actions)
+        if manifest is not None:
+            self._write_manifest_later(app, *manifest)  # type: ignore[arg-type]
         return response
+
+    def _manifest_to_write(self, app: Application) -> tuple[str, Manifest] | None:
+        """A savepoint manifest now due and not yet being written (lock held)."""
+        due = savepoints.manifest_due(app)
+        if due is None or app.id in self._manifests_writing:
+            return None
+        self._manifests_writing.add(app.id)
+        return due
+
+    def _write_manifest_later(self, app: Application, path: str, manifest: Manifest) -> None:
+        """Writes a savepoint's manifest in a thread of its own: the store may be slow or
+        never answer, and neither the lock nor the heartbeat that completed it waits."""
+        def write() -> None:
+            error = ""
+            try:
+                call_store(lambda: write_manifest(path, manifest),
+                           f"the savepoint at {redact_location(path)}", self.store_timeout_s)
+            except (SavepointError, OSError, DeadlineExceeded) as exc:
+                error = str(exc)
+            with self._lock:
+                self._manifests_writing.discard(app.id)
+                savepoints.manifest_written(app, path, error)
+                if self._apps.get(app.id) is app:
+                    self._persist(app)
+                self._changed.notify_all()
+
+        threading.Thread(target=write, name=f"weir-savepoint-{app.id}", daemon=True).start()
 
     def log(self, container_id: str, msg: str) -> None:
         with self._lock:
             app, _ = self._container(container_id)
-        _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, msg)
+        _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, bounded_text(msg))
 
     def report_error(self, container_id: str, operator_ids: list[int], msg: str) -> None:
         """Records an error event; a failed deploy counts as a failure of its operator."""
@@ -347,6 +426,7 @@ class MasterCore:
             app, container = self._container(container_id)
             names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
                      for i in operator_ids]
+            msg = bounded_text(msg)  # kept, journaled and logged: a container sets its size
             app.reported_errors.append(f"{container_id} {names}: {msg}")
             _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id,
                             container_id, names, msg)
@@ -470,9 +550,12 @@ class MasterCore:
         if self.journal is None:
             return 0
         loaded = self.journal.load()
+        claims = {app.id: self._claim(claim.state_dir, app.id, claim.run_id)
+                  for app, claim in loaded if claim is not None and not app.terminal}
         now_ms = self.clock()
+        manifests = []
         with self._lock:
-            for app, claim in loaded:
+            for app, _ in loaded:
                 self._apps[app.id] = app
                 for cid in app.plan.containers:
                     self._container_apps[cid] = app.id
@@ -481,14 +564,19 @@ class MasterCore:
                     self._next_app_number = max(self._next_app_number, int(number) + 1)
                 if app.terminal:
                     continue
-                if claim is not None:
-                    self._folders.claim(claim.state_dir, app.id, claim.run_id)
+                if app.id in claims:
+                    self._folders.hold(claims[app.id])
+                manifest = self._manifest_to_write(app)  # due when the last master stopped
+                if manifest is not None:
+                    manifests.append((app, *manifest))
                 for container_id, pid, host in recovery.resume(app, now_ms):
                     self.launcher.adopt(container_id, pid, host)
                 self._listeners.restore(app)
                 _LOGGER.info("app=%s restored from the journal: %s, committed window %s",
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()
+        for app, path, manifest in manifests:
+            self._write_manifest_later(app, path, manifest)
         return len(loaded)
 
     def start(self) -> None:

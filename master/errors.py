@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["FailedPrecondition", "InvalidArgument", "InvalidTransition", "MasterError", "NotFound",
-           "PlanError", "Unavailable"]
+__all__ = ["DeadlineExceeded", "FailedPrecondition", "InvalidArgument", "InvalidTransition",
+           "MasterError", "NotFound", "PlanError", "Unavailable"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -29,6 +29,11 @@ class FailedPrecondition(MasterError):
 class Unavailable(MasterError):
     """The master cannot serve (gRPC UNAVAILABLE): it stopped because it could not write
     its journal; containers keep retrying and are taken back by the next master."""
+
+
+class DeadlineExceeded(MasterError):
+    """A store the request needs (a savepoint or state folder, local or remote) did not
+    answer in time (gRPC DEADLINE_EXCEEDED); nothing was changed."""
 
 
 class InvalidTransition(RuntimeError):

@@ -23,7 +23,7 @@ from master.physical_plan import (
     StateSeed,
 )
 from master.recovery import lose_container
-from master.report_filter import filter_report
+from master.report_filter import bounded_text, filter_report
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id, window_base_seconds, window_counter
 from proto import plan_pb2, umbilical_pb2
@@ -367,7 +367,7 @@ def _apply_state(app: Application, container: PTContainer, op: PTOperator,
                      format_window_id(app.operator_stats[op.id].current_window_id))
     elif report.state == umbilical_pb2.OPERATOR_STATE_FAILED:
         op.transition(OperatorState.FAILED)  # the failure is charged by lose_container
-        op.error = report.error or "failed without an error message"
+        op.error = bounded_text(report.error) or "failed without an error message"
         _LOGGER.warning("app=%s container=%s operator=%s (%d) FAILED at window %s: %s",
                         app.id, container.id, op.name, op.id,
                         format_window_id(app.operator_stats[op.id].last_window_id), op.error)

@@ -13,13 +13,31 @@ from __future__ import annotations
 from master.physical_plan import PTOperator
 from proto import umbilical_pb2
 
-__all__ = ["MAX_METRIC_NAME_CHARS", "MAX_METRICS", "filter_report"]
+__all__ = ["MAX_ERROR_CHARS", "MAX_METRIC_NAME_CHARS", "MAX_METRICS", "bounded_text",
+           "filter_report"]
 
 MAX_METRICS = 64
 """User metrics kept per operator and window; more are left out."""
 
 MAX_METRIC_NAME_CHARS = 128
 """A longer metric name is left out."""
+
+MAX_ERROR_CHARS = 4_000
+"""What the master keeps (and journals, and logs) of one error or log text a container
+sends: a stack trace's head and its last line; the container's own log has it whole."""
+
+
+def bounded_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` if short enough, else its head and tail around a note of what was cut.
+
+    >>> bounded_text("a" * 10 + "Z", limit=8)
+    'aaaa… [3 characters cut] …aaaZ'
+    """
+    if len(text) <= limit:
+        return text
+    keep = max(limit // 2, 1)
+    cut = len(text) - 2 * keep
+    return f"{text[:keep]}… [{cut} characters cut] …{text[-keep:]}"
 
 
 def filter_report(op: PTOperator, report: umbilical_pb2.OperatorHeartbeat) -> str:

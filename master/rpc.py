@@ -11,7 +11,14 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.errors import FailedPrecondition, InvalidArgument, MasterError, NotFound, Unavailable
+from master.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    MasterError,
+    NotFound,
+    Unavailable,
+)
 
 __all__ = [
     "LOADING_MESSAGE",
@@ -160,6 +167,7 @@ _CODES: list[tuple[type[MasterError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable
 
 from master.application import Application, ApplicationState
+from master.errors import InvalidArgument
 from master.state_owner import (
     StateClaim,
     claim_state_dir,
@@ -15,6 +16,7 @@ from master.state_owner import (
     is_default_state_dir,
     release_state_dir,
 )
+from operators.durable.locations import redact_location
 
 __all__ = ["RunFolders"]
 
@@ -24,18 +26,42 @@ _LOGGER = logging.getLogger(__name__)
 class RunFolders:
     """Claims by application id, and default folders waiting for their containers to exit.
 
-    Not thread-safe: the master calls it under its lock, and ``release`` (which touches
-    files) outside it.
+    Not thread-safe: the master calls it under its lock, and ``claim`` and ``release``
+    (which touch files, maybe a remote store) outside it. A folder is first ``reserve``d
+    under the lock, so two submits racing for one folder are told apart in memory; the
+    reservation becomes a claim (``hold``) once its file is written, or is dropped.
     """
 
     def __init__(self) -> None:
         self._claims: dict[str, StateClaim] = {}
+        self._reserved: dict[str, str] = {}  # app id -> the state folder it is claiming
         self._discard: dict[str, str] = {}  # app id -> its default folder, to delete
 
-    def claim(self, state_dir: str, app_id: str, run_id: str) -> StateClaim:
-        """Claims ``state_dir`` for the run (``state_owner.claim_state_dir``'s errors)."""
-        claim = self._claims[app_id] = claim_state_dir(state_dir, app_id, run_id)
-        return claim
+    def reserve(self, state_dir: str, app_id: str) -> None:
+        """Refuses a folder that another run of this master claims or is claiming."""
+        taken = {c.state_dir: c.app_id for c in self._claims.values()}
+        taken.update((folder, owner) for owner, folder in self._reserved.items())
+        other = taken.get(state_dir)
+        if other is not None and other != app_id:
+            raise InvalidArgument(
+                f"STATE_DIR {redact_location(state_dir)} is in use by application {other}; "
+                "two applications must not share a state folder: give this one its own "
+                "STATE_DIR (or leave it empty for a fresh private folder), or stop the other")
+        self._reserved[app_id] = state_dir
+
+    def unreserve(self, app_id: str) -> None:
+        self._reserved.pop(app_id, None)
+
+    @staticmethod
+    def claim(state_dir: str, app_id: str, run_id: str) -> StateClaim:
+        """Writes the run's claim file (``state_owner.claim_state_dir``'s errors); call it
+        without the lock, then ``hold`` the claim."""
+        return claim_state_dir(state_dir, app_id, run_id)
+
+    def hold(self, claim: StateClaim) -> None:
+        """The run's claim is written: it holds its folder until it ends."""
+        self._reserved.pop(claim.app_id, None)
+        self._claims[claim.app_id] = claim
 
     def get(self, app_id: str) -> StateClaim | None:
         return self._claims.get(app_id)

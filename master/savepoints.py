@@ -7,6 +7,12 @@ under the savepoint path (containers do the copying: they own the state). Once e
 operator of the DAG has written its part and the application finished, the master writes
 the manifest, which makes the savepoint complete.
 
+Nothing here touches a store: the rules run under the master's lock, and a savepoint path
+may be a remote store that never answers. The core checks a path before ``start`` and
+reads a manifest before ``plan_from_savepoint``, outside its lock; a manifest due
+(``manifest_due``) is written by the core outside its lock too, which then calls
+``manifest_written``.
+
 Starting from one: every physical operator of the new plan starts at the savepoint's window
 from a seed (the repartition mechanism): the state of its partitions there (re-split when
 the partition count changed), or its fresh payload for a new operator. Windows go on from
@@ -22,15 +28,8 @@ from typing import TYPE_CHECKING
 
 from master.checkpoints import CheckpointBook
 from master.physical_plan import OperatorState, PhysicalPlan, PTOperator, StateSeed
-from operators.savepoints import (
-    Manifest,
-    SavedPartition,
-    SavepointError,
-    check_unused,
-    match,
-    read_manifest,
-    write_manifest,
-)
+from operators.durable.locations import redact_location
+from operators.savepoints import Manifest, SavedPartition, SavepointError, match
 from operators.windows import format_window_id, window_base_seconds
 from proto import plan_pb2
 
@@ -38,7 +37,8 @@ if TYPE_CHECKING:
     from master.application import Application
 
 __all__ = ["SavepointProgress", "adopt", "advance", "committed_for_containers", "finish",
-           "plan_from_savepoint", "record_written", "start"]
+           "manifest_due", "manifest_written", "plan_from_savepoint", "record_written",
+           "start"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class SavepointProgress:
     state: str = WRITING  # WRITING, COMPLETE, or why it failed
     stop: bool = True  # the application finishes with it
     window: int = -1  # without a stop: the window of the checkpoints it holds, once chosen
+    manifest: Manifest | None = None  # every part is written: this is due, still WRITING
 
     @property
     def running(self) -> bool:
@@ -73,12 +74,13 @@ def adopt(app: Application, path: str, manifest: Manifest,
 
 
 def start(app: Application, path: str, stop: bool) -> None:
-    """Starts a savepoint; raises ``SavepointError`` when it cannot be taken."""
+    """Starts a savepoint; raises ``SavepointError`` when it cannot be taken. The caller
+    checked the path (``operators.savepoints.check_unused``) without the lock."""
     if not path:
         raise SavepointError("name the folder the savepoint goes to (a path or a URI)")
     if app.savepoint is not None and app.savepoint.state == WRITING:
         raise SavepointError(f"application {app.id} is already taking a savepoint at "
-                             f"{app.savepoint.path!r}")
+                             f"{redact_location(app.savepoint.path)!r}")
     if app.shutdown_requested:
         raise SavepointError(f"application {app.id} is already shutting down")
     ended = [f"{op.logical_name or op.name} ({op.id})" for op in _instances(app)
@@ -86,14 +88,14 @@ def start(app: Application, path: str, stop: bool) -> None:
     if ended:
         raise SavepointError(f"operators {', '.join(ended)} of application {app.id} already "
                              "ended their streams: their state can no longer be saved")
-    check_unused(path)
     app.savepoint = SavepointProgress(path, stop=stop)
     if stop:
         app.shutdown_requested = True
         _LOGGER.info("app=%s savepoint requested at %s: inputs end after their current "
-                     "window", app.id, path)
+                     "window", app.id, redact_location(path))
     else:
-        _LOGGER.info("app=%s savepoint requested at %s, the application runs on", app.id, path)
+        _LOGGER.info("app=%s savepoint requested at %s, the application runs on", app.id,
+                     redact_location(path))
         advance(app)
 
 
@@ -118,14 +120,15 @@ def advance(app: Application) -> None:
         usable = [w for w in common or () if w >= max(app.committed_window_id, 0)]
         if usable:
             progress.window = max(usable)
-            _LOGGER.info("app=%s savepoint at %s takes window %s", app.id, progress.path,
-                         format_window_id(progress.window))
+            _LOGGER.info("app=%s savepoint at %s takes window %s", app.id,
+                         redact_location(progress.path), format_window_id(progress.window))
         return
     gone = [f"{op.logical_name or op.name} ({op.id})" for op in _instances(app)
             if op.id not in progress.written and op.state == OperatorState.SHUTDOWN]
     if gone:  # ended without writing its part: it never will (nothing waits for it)
         progress.state = f"incomplete: operators {', '.join(gone)} ended without their part"
-        _LOGGER.error("app=%s savepoint at %s is %s", app.id, progress.path, progress.state)
+        _LOGGER.error("app=%s savepoint at %s is %s", app.id, redact_location(progress.path),
+                      progress.state)
     elif all(op.id in progress.written for op in _instances(app)):
         _complete(app, progress, {op.id: progress.window for op in _instances(app)})
 
@@ -147,7 +150,7 @@ def finish(app: Application) -> None:
     """The application finished: a savepoint with a stop gets its manifest if every
     operator wrote its part, else says which did not (no manifest: incomplete)."""
     progress = app.savepoint
-    if progress is None or progress.state != WRITING:
+    if progress is None or progress.state != WRITING or progress.manifest is not None:
         return
     if not progress.stop:
         progress.state = "incomplete: the application ended before every operator wrote its part"
@@ -156,7 +159,8 @@ def finish(app: Application) -> None:
                if op.id not in progress.written]
     if missing:
         progress.state = f"incomplete: operators {', '.join(missing)} wrote no part"
-        _LOGGER.error("app=%s savepoint at %s is %s", app.id, progress.path, progress.state)
+        _LOGGER.error("app=%s savepoint at %s is %s", app.id, redact_location(progress.path),
+                      progress.state)
         return
     _complete(app, progress, {op.id: _latest(app, op.id) for op in _instances(app)})
 
@@ -167,36 +171,58 @@ def _latest(app: Application, operator_id: int) -> int:
 
 
 def _complete(app: Application, progress: SavepointProgress, windows: dict[int, int]) -> None:
-    """Writes the manifest: the savepoint is complete (or says why it is not)."""
+    """Every part is written: the manifest is due (the core writes it, outside its lock)."""
+    if progress.manifest is not None:
+        return
     partitions = {op.name: [SavedPartition(i.id, windows[i.id])
                             for i in app.plan.instances(op.name)] for op in app.dag.operators}
     window = max(windows.values(), default=-1)
-    try:
-        write_manifest(progress.path, Manifest.describe(app.dag, app.id, window, partitions))
-    except OSError as exc:
-        progress.state = f"failed: its manifest cannot be written: {exc}"
-        _LOGGER.error("app=%s savepoint at %s %s", app.id, progress.path, progress.state)
+    progress.manifest = Manifest.describe(app.dag, app.id, window, partitions)
+
+
+def manifest_due(app: Application) -> tuple[str, Manifest] | None:
+    """The savepoint path and manifest the core must write now, if any."""
+    progress = app.savepoint
+    if progress is None or progress.state != WRITING or progress.manifest is None:
+        return None
+    return progress.path, progress.manifest
+
+
+def manifest_written(app: Application, path: str, error: str) -> None:
+    """The core wrote the manifest of the savepoint at ``path`` (``error`` empty), or could
+    not: the savepoint is complete, or failed saying why (the committed window it held
+    is let go either way)."""
+    progress = app.savepoint
+    if progress is None or progress.path != path or progress.state != WRITING:
+        return
+    where = redact_location(path)
+    if error:
+        progress.state = f"failed: its manifest cannot be written: {error}"
+        _LOGGER.error("app=%s savepoint at %s %s", app.id, where, progress.state)
         return
     progress.state = COMPLETE
-    _LOGGER.info("app=%s savepoint complete at %s: window %s", app.id, progress.path,
-                 format_window_id(window))
+    assert progress.manifest is not None
+    _LOGGER.info("app=%s savepoint complete at %s: window %s", app.id, where,
+                 format_window_id(progress.manifest.window))
 
 
 def plan_from_savepoint(dag: plan_pb2.DagDescriptor, plan: PhysicalPlan, path: str,
-                        allow_dropped: bool) -> tuple[Manifest, dict[int, CheckpointBook]]:
-    """Seeds every operator of ``plan`` at the savepoint's window; returns the manifest and
-    the operators' checkpoint books (each holding that window).
+                        allow_dropped: bool, manifest: Manifest
+                        ) -> tuple[Manifest, dict[int, CheckpointBook]]:
+    """Seeds every operator of ``plan`` at the window of the savepoint at ``path``, whose
+    ``manifest`` the caller read (outside the lock); returns the manifest and the
+    operators' checkpoint books (each holding that window).
 
     Raises:
         SavepointError: no complete savepoint there, or the DAG does not match it (the
             message lists each operator: kept, new, dropped, class changed).
     """
-    manifest = read_manifest(path)
     counts = {op.name: len(plan.instances(op.name)) for op in dag.operators}
     matched = match(dag, manifest, counts)
     refusal = matched.refusal(allow_dropped)
     if refusal is not None:
-        raise SavepointError(f"the DAG does not match the savepoint at {path!r}: {refusal}")
+        raise SavepointError(f"the DAG does not match the savepoint at "
+                             f"{redact_location(path)!r}: {refusal}")
     window = manifest.window
     books: dict[int, CheckpointBook] = {}
     for op in plan.operators.values():
@@ -220,6 +246,7 @@ def plan_from_savepoint(dag: plan_pb2.DagDescriptor, plan: PhysicalPlan, path: s
         book = CheckpointBook()
         book.add(window)  # built by its container before it runs
         books[op.id] = book
-    _LOGGER.info("plan %s starts from the savepoint at %s (window %s):\n%s", plan.name, path,
+    _LOGGER.info("plan %s starts from the savepoint at %s (window %s):\n%s", plan.name,
+                 redact_location(path),
                  format_window_id(window), "\n".join(matched.lines()))
     return manifest, books

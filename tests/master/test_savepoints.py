@@ -10,6 +10,8 @@ from master.planner import build_physical_plan
 from master.savepoints import (
     advance,
     committed_for_containers,
+    manifest_due,
+    manifest_written,
     plan_from_savepoint,
     record_written,
     start,
@@ -48,7 +50,8 @@ def test_every_operator_starts_at_the_savepoints_window_from_its_own_state(tmp_p
     dag = wordcount()
     plan = plan_of(dag)
     path = savepoint(tmp_path)
-    manifest, books = plan_from_savepoint(dag.to_descriptor(), plan, path, False)
+    manifest, books = plan_from_savepoint(dag.to_descriptor(), plan, path, False,
+                                          read_manifest(path))
     assert manifest.window == WINDOW
     seeds = {op.name: op.seed for op in plan.operators.values()}
     assert {name: seed.from_ids for name, seed in seeds.items()} == {
@@ -63,8 +66,8 @@ def test_every_operator_starts_at_the_savepoints_window_from_its_own_state(tmp_p
 def test_a_new_partition_count_re_splits_the_keyed_state_of_every_old_partition(tmp_path):
     dag = wordcount(PARTITIONS=3, PARTITION_KEY="word")
     plan = plan_of(dag)
-    plan_from_savepoint(dag.to_descriptor(), plan, savepoint(tmp_path, count_partitions=2),
-                        False)
+    path = savepoint(tmp_path, count_partitions=2)
+    plan_from_savepoint(dag.to_descriptor(), plan, path, False, read_manifest(path))
     for op in plan.instances("count"):
         assert op.seed.from_ids == (102, 103) and op.seed.share == op.share
     [unifier] = [op for op in plan.operators.values()
@@ -74,10 +77,11 @@ def test_a_new_partition_count_re_splits_the_keyed_state_of_every_old_partition(
 
 def test_a_source_cannot_change_its_partition_count(tmp_path):
     dag = wordcount()
+    path = savepoint(tmp_path, source_partitions=2)
     with pytest.raises(SavepointError, match="source 'source' had 2 partitions in the "
                                              "savepoint and has 1 now"):
-        plan_from_savepoint(dag.to_descriptor(), plan_of(dag),
-                            savepoint(tmp_path, source_partitions=2), False)
+        plan_from_savepoint(dag.to_descriptor(), plan_of(dag), path, False,
+                            read_manifest(path))
 
 
 def running_app(tmp_path):
@@ -109,8 +113,13 @@ def test_a_savepoint_while_running_takes_the_newest_window_every_operator_checkp
     assert app.savepoint.state == "writing"
     record_written(app, ids[-1], path)
     advance(app)
+    # every part is written: the manifest is due, written by the core outside its lock
+    due_path, manifest = manifest_due(app)
+    assert due_path == path and app.savepoint.state == "writing"
+    assert committed_for_containers(app) == 20  # still held until the manifest is written
+    manifest_written(app, path, "")
     assert app.savepoint.state == "complete" and committed_for_containers(app) == 30
-    manifest = read_manifest(path)
+    assert manifest_due(app) is None
     assert manifest.window == 20
     assert {p.window for op in manifest.operators for p in op.partitions} == {20}
 
