@@ -7,12 +7,14 @@ then acknowledges; the operator's thread emits from that log, window by window, 
 recovered operator re-reads its windows from it. Segments are deleted once every window
 that read them is committed.
 
-Protocol (one TCP connection, any number at once): the sender writes UTF-8 lines ending in
-``\\n`` (a trailing ``\\r`` is dropped); the source answers ``ACK <n>\\n`` where ``n`` is the
-number of lines of this connection that are durable so far (cumulative). A line without
-its ``\\n`` when the connection closes was never acknowledged and is dropped. Invalid UTF-8
-or a line longer than ``max_line_bytes`` gets ``ERR <reason>\\n`` and the connection is
-closed (the lines before it stay acknowledged).
+Protocol (one TCP connection, up to ``max_connections`` at once): the sender writes UTF-8
+lines ending in ``\\n`` (a trailing ``\\r`` is dropped); the source answers ``ACK <n>\\n``
+where ``n`` is the number of lines of this connection that are durable so far
+(cumulative). A line without its ``\\n`` when the connection closes was never acknowledged
+and is dropped. Invalid UTF-8 or a line longer than ``max_line_bytes`` gets
+``ERR <reason>\\n`` and the connection is closed (the lines before it stay acknowledged).
+A sender connecting while ``max_connections`` others are gets ``ERR too many
+connections...`` and is closed before anything is read (it may connect again later).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from operators.library.tcp_receiver import (
     stop_writer_of,
 )
 from operators.library.tcp_wal import Wal
+from operators.metrics import metric
 from operators.operator import OperatorContext
 from operators.ports import OutputPort
 
@@ -75,6 +78,10 @@ class TcpLineSource(ReplayableSource):
             rarely reads the disk.
         bind_retry_s: how long a port in use is tried again before setup fails (a
             predecessor in this process may still hold it).
+        max_connections: the most senders connected at once; one more is refused (``ERR``,
+            closed) and counted (metric ``connections_refused``), so that nobody able to
+            connect can take every file descriptor of the container. A setting of the
+            deployment: a restore does not bring back an earlier value.
 
     Example:
         >>> src = TcpLineSource(port=7070, end_line="EOF")
@@ -84,15 +91,21 @@ class TcpLineSource(ReplayableSource):
 
     output = OutputPort(LINE_SCHEMA)
 
-    NON_STATE: ClassVar[tuple[str, ...]] = ReplayableSource.NON_STATE + (
+    SETTINGS: ClassVar[tuple[str, ...]] = ("max_connections",)
+    NON_STATE: ClassVar[tuple[str, ...]] = ReplayableSource.NON_STATE + SETTINGS + (
         "_wal", "_receiver", "_ends", "_context")
 
     def __init__(self, port: int, host: str = "127.0.0.1", end_line: str | None = None,
                  batch_lines: int = 10_000, segment_bytes: int = 1 << 20,
                  max_line_bytes: int = 1 << 20, max_wal_bytes: int = 1 << 30,
-                 cache_bytes: int = 16 << 20, bind_retry_s: float = 5.0) -> None:
+                 cache_bytes: int = 16 << 20, bind_retry_s: float = 5.0,
+                 max_connections: int = 128) -> None:
         if not 0 <= port <= 65535:
             raise ValueError(f"port must be in 0..65535, not {port}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
+                or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive integer (the most senders "
+                             f"connected at once), not {max_connections!r}")
         if batch_lines <= 0 or segment_bytes <= 0 or max_line_bytes <= 0:
             raise ValueError("batch_lines, segment_bytes and max_line_bytes must be positive")
         if max_wal_bytes < 2 * segment_bytes:
@@ -109,6 +122,7 @@ class TcpLineSource(ReplayableSource):
         self.max_wal_bytes = max_wal_bytes
         self.cache_bytes = cache_bytes
         self.bind_retry_s = bind_retry_s
+        self.max_connections = max_connections
         self.position = 0  # the next WAL sequence number to emit
         self.lines_emitted = 0
         self.ended = False
@@ -120,6 +134,18 @@ class TcpLineSource(ReplayableSource):
         """The port actually listened on (useful with ``port=0``); 0 when not listening."""
         receiver = self.__dict__.get("_receiver")
         return receiver.port if receiver is not None else 0
+
+    @metric
+    def connections(self) -> int:
+        """Senders connected now."""
+        receiver = self.__dict__.get("_receiver")
+        return receiver.connection_count if receiver is not None else 0
+
+    @metric
+    def connections_refused(self) -> int:
+        """Senders refused since setup: ``max_connections`` others were connected."""
+        receiver = self.__dict__.get("_receiver")
+        return receiver.refused if receiver is not None else 0
 
     # -- runtime hooks -----------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -148,7 +174,8 @@ class TcpLineSource(ReplayableSource):
         self._receiver = Receiver(server, self._wal, end, self.max_line_bytes,
                                    context.crash_point, threading.current_thread(),
                                    context.name,
-                                   max_segments=self.max_wal_bytes // self.segment_bytes)
+                                   max_segments=self.max_wal_bytes // self.segment_bytes,
+                                   max_connections=self.max_connections)
         register_writer(folder, self._receiver)
         self._receiver.start()
         _LOGGER.info("operator %s listens on %s:%d, WAL %s from record %d", context.name,

@@ -1,6 +1,12 @@
 """The receiving side of a ``TcpLineSource``: a thread that accepts senders, logs their
 complete lines in the write-ahead log, syncs, and only then acknowledges them; while the
-log is at its bound it stops reading (TCP holds the senders back)."""
+log is at its bound it stops reading (TCP holds the senders back).
+
+Connections are bounded (``max_connections``): past it a new sender gets ``ERR`` and is
+closed at once, so that no local user can take every file descriptor of the container.
+A process out of descriptors or memory (``accept`` fails with ``EMFILE``, ``ENFILE``,
+``ENOBUFS`` or ``ENOMEM``) stops accepting for a while, up to ``_MAX_BACKOFF_S``, and
+goes on serving its senders: the waiting connections stay in the kernel's backlog."""
 
 from __future__ import annotations
 
@@ -22,6 +28,9 @@ _LOGGER = logging.getLogger("operators.library.tcp")
 
 _RECV_BYTES = 256 << 10
 _POLL_S = 0.1  # how often the receiver checks that it should still run
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_MIN_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 1.0  # accept() out of resources: pause, doubling
+_LOG_EVERY_S = 10.0  # refused connections and failing accepts are logged at most this often
 
 _WRITERS: dict[str, Receiver] = {}  # WAL folder -> the receiver writing it, in this process
 _WRITERS_LOCK = threading.Lock()
@@ -56,7 +65,8 @@ class Receiver:
 
     def __init__(self, server: socket.socket, wal: Wal, end: bytes | None,
                  max_line_bytes: int, crash_point: Callable[[str], None],
-                 owner: threading.Thread, name: str, max_segments: int = 1 << 30) -> None:
+                 owner: threading.Thread, name: str, max_segments: int = 1 << 30,
+                 max_connections: int = 1 << 30) -> None:
         self.server = server
         self.port = server.getsockname()[1]
         self.wal = wal
@@ -66,7 +76,13 @@ class Receiver:
         self.owner = owner
         self.name = name
         self.max_segments = max_segments
+        self.max_connections = max_connections
         self.paused = False  # the WAL is full: senders are not read
+        self.refused = 0  # connections closed at once: ``max_connections`` were open
+        self._refusals_logged = (0, 0.0)  # (refused, when) at the last log of refusals
+        self._backoff_s = 0.0  # accept() ran out of resources: how long it pauses now
+        self._exhaustion_logged: float | None = None  # when a failing accept was logged
+        self._accept_at: float | None = None  # when to accept again; None: accepting
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._selector = selectors.DefaultSelector()
@@ -86,6 +102,7 @@ class Receiver:
         try:
             while not self._stop.is_set() and self.owner.is_alive():
                 self._pause_while_full()
+                self._resume_accepting()
                 ready: list[Connection] = []
                 for key, mask in self._selector.select(timeout=_POLL_S):
                     if key.fileobj is self.server:
@@ -123,6 +140,11 @@ class Receiver:
         for connection in list(self._connections.values()):
             self._flush(connection)  # registers each for reading, or not
 
+    @property
+    def connection_count(self) -> int:
+        """The senders connected now (those being closed included)."""
+        return len(self._connections)
+
     def _accept(self) -> None:
         while True:
             try:
@@ -131,10 +153,55 @@ class Receiver:
                 return
             except ConnectionError:  # the sender gave up before we accepted
                 continue
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    raise
+                self._pause_accepting(exc)
+                return
+            self._backoff_s = 0.0
+            if len(self._connections) >= self.max_connections:
+                self._refuse(sock, peer)
+                continue
             sock.setblocking(False)
             connection = Connection(sock, f"{peer[0]}:{peer[1]}")
             self._connections[sock.fileno()] = connection
             self._watch(connection, 0 if self.paused else selectors.EVENT_READ)
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors or memory: stops selecting the port for a while (it would
+        be ready at once again) and serves the open connections, which may free some."""
+        now = time.monotonic()
+        if self._exhaustion_logged is None or now - self._exhaustion_logged >= _LOG_EVERY_S:
+            self._exhaustion_logged = now
+            _LOGGER.warning("operator %s: cannot accept a connection: %s; the %d open "
+                            "connection(s) are served and accepting is tried again, every "
+                            "%.1f s at most (raise the open-files limit or lower "
+                            "max_connections)", self.name, exc, len(self._connections),
+                            _MAX_BACKOFF_S)
+        self._backoff_s = min(_MAX_BACKOFF_S, max(_MIN_BACKOFF_S, 2 * self._backoff_s))
+        self._accept_at = now + self._backoff_s
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(self.server)
+
+    def _resume_accepting(self) -> None:
+        if self._accept_at is not None and time.monotonic() >= self._accept_at:
+            self._accept_at = None
+            self._selector.register(self.server, selectors.EVENT_READ)
+
+    def _refuse(self, sock: socket.socket, peer: tuple) -> None:
+        """Closes a connection past ``max_connections`` at once, telling the sender why."""
+        self.refused += 1
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            sock.send(f"ERR too many connections: {self.max_connections} are open\n".encode())
+        sock.close()
+        logged, when = self._refusals_logged
+        now = time.monotonic()
+        if logged == 0 or now - when >= _LOG_EVERY_S:
+            _LOGGER.warning("operator %s: refused %d connection(s) (the latest from %s:%s): "
+                            "max_connections=%d are open", self.name, self.refused - logged,
+                            peer[0], peer[1], self.max_connections)
+            self._refusals_logged = (self.refused, now)
 
     def _receive(self, connection: Connection) -> None:
         try:
