@@ -23,6 +23,7 @@ from master.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    shown,
 )
 from master.launcher import Launcher
 from master.persistence import ApplicationJournal, HaltingJournal
@@ -109,13 +110,14 @@ class MasterCore:
     def _app(self, app_id: str) -> Application:
         app = self._apps.get(app_id)
         if app is None:
-            raise NotFound(f"unknown application {app_id!r}; `weir apps` lists the applications")
+            raise NotFound(f"unknown application {shown(app_id)}; `weir apps` lists the "
+                           "applications")
         return app
 
     def _container(self, container_id: str) -> tuple[Application, PTContainer]:
         app_id = self._container_apps.get(container_id)
         if app_id is None:
-            raise NotFound(f"unknown container {container_id!r}; `weir containers` lists the "
+            raise NotFound(f"unknown container {shown(container_id)}; `weir containers` lists the "
                            "containers")
         app = self._apps[app_id]
         return app, app.plan.containers[container_id]

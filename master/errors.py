@@ -5,9 +5,21 @@ from __future__ import annotations
 import logging
 
 __all__ = ["DeadlineExceeded", "FailedPrecondition", "InvalidArgument", "InvalidTransition",
-           "MasterError", "NotFound", "PlanError", "Unavailable"]
+           "MasterError", "NotFound", "PlanError", "Unavailable", "shown"]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+def shown(name: str, limit: int = 80) -> str:
+    """A name from a request as an error echoes it: quoted, and cut if long (an id of
+    3 MB would make the reply unreadable).
+
+    >>> shown("app-0001"), shown("x" * 100, limit=5)
+    ("'app-0001'", "'xxxxx…' (100 characters)")
+    """
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[:limit]!r}"[:-1] + f"…' ({len(name):,} characters)"
 
 
 class MasterError(Exception):

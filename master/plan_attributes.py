@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from master.errors import PlanError
-from operators.attributes import ATTRIBUTES, InvalidAttribute, Scope, parse_attributes, resolve
+from operators.attributes import (
+    ATTRIBUTES,
+    InvalidAttribute,
+    Scope,
+    check_together,
+    parse_attributes,
+    resolve,
+)
 from proto import plan_pb2
 
 __all__ = ["resolve_attributes"]
@@ -35,7 +42,7 @@ def _split_overrides(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
         try:
             parse_attributes({attribute: value}, scope)
         except InvalidAttribute as exc:
-            raise PlanError(f"attribute override {key}={value}: {exc}") from None
+            raise PlanError(f"attribute override {key[:200]}: {exc}") from None
         target[attribute] = str(value)
     return plain, per_operator
 
@@ -49,7 +56,8 @@ def resolve_attributes(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
     overrides named ``<operator>.<ATTR>``.
 
     Raises:
-        PlanError: an override names an unknown attribute or operator, or has a bad value.
+        PlanError: an override names an unknown attribute or operator, or has a bad value,
+            or values do not fit together (``check_together``).
     """
     plain, per_operator = _split_overrides(dag, overrides)
     dag_layer = dict(dag.attributes)
@@ -57,6 +65,10 @@ def resolve_attributes(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
         name: resolve(name, plain, dag_layer)
         for name, attribute in ATTRIBUTES.items() if attribute.scope & Scope.DAG
     }
+    try:
+        check_together(dag_attributes)
+    except InvalidAttribute as exc:
+        raise PlanError(str(exc)) from None
     operator_attributes = {
         op.name: {name: resolve(name, per_operator[op.name], dict(op.attributes), plain, dag_layer)
                   for name in ATTRIBUTES}

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from master.application import Application, ApplicationState
 from master.checkpoints import CheckpointBook, update_recovery
-from master.errors import FailedPrecondition, InvalidArgument, NotFound
+from master.errors import FailedPrecondition, InvalidArgument, NotFound, shown
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator, StateSeed
 from master.planner import instance_names, instantiate, spread
 from master.recovery import downstream_closure, redeploy
@@ -141,8 +141,8 @@ def _check(app: Application, operator: str, count: int) -> None:
     descriptors = {op.name: op for op in app.dag.operators}
     desc = descriptors.get(operator)
     if desc is None:
-        raise NotFound(f"application {app.id} has no operator {operator!r} in its DAG; the "
-                       f"operators are {sorted(descriptors)}")
+        raise NotFound(f"application {app.id} has no operator {shown(operator)} in its DAG; "
+                       f"the operators are {sorted(descriptors)}")
     if not 1 <= count <= MAX_PARTITIONS:
         raise InvalidArgument(f"{count} partitions: give 1 to {MAX_PARTITIONS}")
     if desc.kind == plan_pb2.OPERATOR_KIND_INPUT:

@@ -13,7 +13,7 @@ import time
 
 from master import spares
 from master.application import Application
-from master.errors import NotFound
+from master.errors import NotFound, shown
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import max_restarts
 from master.stats import event_time_lag_ms, latency_ms, window_latency_ms
@@ -228,9 +228,9 @@ def find_operator(app: Application, operator: str) -> PTOperator:
         return op
     partitions = [o.name for o in app.plan.operators.values() if o.logical_name == operator]
     if partitions:
-        raise NotFound(f"operator {operator!r} of application {app.id} runs as partitions "
+        raise NotFound(f"operator {shown(operator)} of application {app.id} runs as partitions "
                        f"{partitions}; name one of them")
-    raise NotFound(f"application {app.id} has no operator {operator!r}; "
+    raise NotFound(f"application {app.id} has no operator {shown(operator)}; "
                    f"`weir operators {app.id}` lists them")
 
 

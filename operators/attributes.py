@@ -20,6 +20,7 @@ __all__ = [
     "MAX_SPARES",
     "ProcessingMode",
     "Scope",
+    "check_together",
     "parse_attributes",
     "resolve",
 ]
@@ -51,6 +52,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _within(low: int, high: int, unit: str = "") -> Callable[[str], int]:
+    """A parser of integers from ``low`` to ``high``: a value the runtime cannot honour
+    (a window of 2^70 ms, a 1 ms heartbeat timeout) is refused at submit, saying the range."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(f"{value} is outside {low:,}..{high:,}{unit}")
+        return value
+    return parse
+
+
+MAX_TEXT_CHARS = 4096
+"""The longest text attribute (a URL, a path, a column name)."""
+
+
+def _text(text: str) -> str:
+    value = str(text)
+    if len(value) > MAX_TEXT_CHARS:
+        raise ValueError(f"{len(value):,} characters is longer than {MAX_TEXT_CHARS:,}")
+    if "\0" in value:
+        raise ValueError("a NUL character is not allowed")
+    return value
+
+
+_HOUR_MS = 3_600_000
+_DAY_MS = 24 * _HOUR_MS
+_MANY = 1_000_000  # windows, rows, restarts: more is a typo, not a plan
+
+
 MAX_COUNT = 1024
 """The most containers an application, or partitions an operator, may ask for: a typo
 (3000000) must be an error at submit, not a master that tries to plan it."""
@@ -74,21 +104,6 @@ def _spare_count(text: str) -> int:
     if not 0 <= value <= MAX_SPARES:
         raise ValueError(f"{value} is not a number of spares: set 0 (none) to {MAX_SPARES} "
                          "(each spare keeps a process with a warm Spark JVM)")
-    return value
-
-
-def _int(text: str) -> int:
-    return int(text)
-
-
-def _str(text: str) -> str:
-    return str(text)
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(f"{value} is negative")
     return value
 
 
@@ -130,15 +145,15 @@ def _crash_points(text: str) -> str:
 
 
 _ALL = [
-    Attribute("STREAMING_WINDOW_SIZE_MILLIS", _positive_int, 500, Scope.DAG,
+    Attribute("STREAMING_WINDOW_SIZE_MILLIS", _within(1, _HOUR_MS, " ms"), 500, Scope.DAG,
               "Length of one streaming window."),
-    Attribute("HEARTBEAT_INTERVAL_MILLIS", _positive_int, 500, Scope.DAG,
+    Attribute("HEARTBEAT_INTERVAL_MILLIS", _within(10, 60_000, " ms"), 500, Scope.DAG,
               "Time between two heartbeats of a container."),
-    Attribute("HEARTBEAT_TIMEOUT_MILLIS", _positive_int, 10_000, Scope.DAG,
+    Attribute("HEARTBEAT_TIMEOUT_MILLIS", _within(100, _HOUR_MS, " ms"), 10_000, Scope.DAG,
               "A container silent this long is lost."),
-    Attribute("CHECKPOINT_WINDOW_COUNT", _positive_int, 20, Scope.BOTH,
+    Attribute("CHECKPOINT_WINDOW_COUNT", _within(1, _MANY), 20, Scope.BOTH,
               "Streaming windows between two checkpoints (20 x 500 ms = 10 s of replay at most)."),
-    Attribute("APPLICATION_WINDOW_COUNT", _positive_int, 1, Scope.OPERATOR,
+    Attribute("APPLICATION_WINDOW_COUNT", _within(1, _MANY), 1, Scope.OPERATOR,
               "Streaming windows per application window: window logic (one Spark job) runs "
               "once per application window."),
     Attribute("CONTAINERS", _count, 2, Scope.DAG,
@@ -147,60 +162,61 @@ _ALL = [
               "Warm standby containers kept beside the plan's: a lost container's operators "
               "go to a ready spare at once (its Spark already warm) instead of a new process; "
               "a new spare is then started in the background."),
-    Attribute("CONTAINER", _int, -1, Scope.OPERATOR,
+    Attribute("CONTAINER", _within(-1, MAX_COUNT - 1), -1, Scope.OPERATOR,
               "Pin the operator to container number N (0-based); -1 = placed by the master."),
-    Attribute("SPARK_MASTER", _str, "local[2]", Scope.DAG,
+    Attribute("SPARK_MASTER", _text, "local[2]", Scope.DAG,
               "Spark master URL of each container's SparkSession."),
-    Attribute("SPARK_SHUFFLE_PARTITIONS", _positive_int, 2, Scope.DAG,
+    Attribute("SPARK_SHUFFLE_PARTITIONS", _within(1, 100_000), 2, Scope.DAG,
               "spark.sql.shuffle.partitions: small, for small frequent jobs."),
-    Attribute("SPARK_DRIVER_MEMORY", _str, "1g", Scope.DAG, "spark.driver.memory."),
-    Attribute("SPARK_WARMUP_ROWS", _positive_int, 200_000, Scope.DAG,
+    Attribute("SPARK_DRIVER_MEMORY", _text, "1g", Scope.DAG, "spark.driver.memory."),
+    Attribute("SPARK_WARMUP_ROWS", _within(1, 100 * _MANY), 200_000, Scope.DAG,
               "Rows of the aggregations a Spark container runs before its sources start, "
               "until their time settles: the JIT is warm before the first window."),
-    Attribute("SPARK_DRIVER_HOST", _str, "", Scope.DAG,
+    Attribute("SPARK_DRIVER_HOST", _text, "", Scope.DAG,
               "spark.driver.host: the address a cluster's executors reach each container's "
               "driver at; empty = 127.0.0.1 for a loopback spark:// master, else Spark's "
               "choice."),
-    Attribute("SPARK_EXECUTOR_MEMORY", _str, "", Scope.DAG,
+    Attribute("SPARK_EXECUTOR_MEMORY", _text, "", Scope.DAG,
               "spark.executor.memory on a cluster; empty = Spark's default (1g)."),
-    Attribute("SPARK_CORES_MAX", _non_negative_int, 0, Scope.DAG,
+    Attribute("SPARK_CORES_MAX", _within(0, 1_000_000), 0, Scope.DAG,
               "spark.cores.max: cores each container's Spark application takes from a "
               "standalone cluster; 0 = all it offers (a second container then waits)."),
-    Attribute("SPARK_HANDOFF_DIR", _str, "", Scope.DAG,
+    Attribute("SPARK_HANDOFF_DIR", _text, "", Scope.DAG,
               "A folder every Spark executor reads at the same path (e.g. NFS): windows "
               "reach Spark as Parquet files there. Empty = /dev/shm for local mode and a "
               "loopback spark:// master, createDataFrame (slower) for other clusters."),
-    Attribute("STATE_DIR", _str, "", Scope.DAG,
+    Attribute("STATE_DIR", _text, "", Scope.DAG,
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,
               "AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE."),
-    Attribute("TIMEOUT_WINDOW_COUNT", _positive_int, 120, Scope.BOTH,
+    Attribute("TIMEOUT_WINDOW_COUNT", _within(1, _MANY), 120, Scope.BOTH,
               "An operator whose window has not moved for this many windows while its input "
               "has data is blocked, and its container is restarted."),
-    Attribute("MAX_RESTARTS", _positive_int, 5, Scope.BOTH,
+    Attribute("MAX_RESTARTS", _within(1, _MANY), 5, Scope.BOTH,
               "Restarts of an operator without a new checkpoint before the application fails."),
     Attribute("CRASH_AT", _crash_points, "", Scope.BOTH,
               "Kill the container on purpose at these named points, once each: "
               "'point' or 'point@n', comma-separated (tests of recovery; see operators.faults)."),
-    Attribute("THROUGHPUT_CALCULATION_INTERVAL_MILLIS", _positive_int, 10_000, Scope.DAG,
+    Attribute("THROUGHPUT_CALCULATION_INTERVAL_MILLIS", _within(1, _DAY_MS, " ms"), 10_000,
+              Scope.DAG,
               "Rates (tuples/s, bytes/s, CPU %) and latencies are moving averages over the "
               "windows that ended in this interval (at most the last 100 windows)."),
-    Attribute("QUEUE_CAPACITY", _positive_int, 64, Scope.OPERATOR,
+    Attribute("QUEUE_CAPACITY", _within(1, 100_000), 64, Scope.OPERATOR,
               "Messages buffered at one input port before its subscriber waits."),
     Attribute("PARTITIONS", _count, 1, Scope.OPERATOR,
               "Run the operator as N partitions, each taking the rows whose PARTITION_KEY "
               "hashes to its share; a unifier merges their output for an unpartitioned "
               "downstream operator."),
-    Attribute("PARTITION_KEY", _str, "", Scope.OPERATOR,
+    Attribute("PARTITION_KEY", _text, "", Scope.OPERATOR,
               "The input column a partitioned operator's streams are split by (hash)."),
-    Attribute("EVENT_TIME_COLUMN", _str, "", Scope.OPERATOR,
+    Attribute("EVENT_TIME_COLUMN", _text, "", Scope.OPERATOR,
               "A source's event-time column (a timestamp, or epoch milliseconds): its "
               "watermark, sent downstream with every END_WINDOW, is the highest event time "
               "it emitted minus WATERMARK_DELAY_MILLIS. Empty = no watermark."),
-    Attribute("WATERMARK_DELAY_MILLIS", _non_negative_int, 0, Scope.OPERATOR,
+    Attribute("WATERMARK_DELAY_MILLIS", _within(0, 30 * _DAY_MS, " ms"), 0, Scope.OPERATOR,
               "How far out of order a source's events may come: its watermark trails the "
               "highest event time it emitted by this much."),
-    Attribute("IDLE_TIMEOUT_MILLIS", _non_negative_int, 0, Scope.OPERATOR,
+    Attribute("IDLE_TIMEOUT_MILLIS", _within(0, 30 * _DAY_MS, " ms"), 0, Scope.OPERATOR,
               "A source partition with EVENT_TIME_COLUMN that emits no row for this long "
               "(counted in streaming windows, so a replay decides alike) is idle: it stops "
               "holding the watermark downstream back until it emits again. 0 = never."),
@@ -209,7 +225,7 @@ _ALL = [
               "operator restarts, up to MAX_RESTARTS, then the application fails) or "
               "DEAD_LETTER (they leave on its errors port with the error, found by "
               "bisecting the batch, and the rest go on; connect op.errors to a sink)."),
-    Attribute("DEAD_LETTER_MAX_ROWS", _positive_int, 100, Scope.OPERATOR,
+    Attribute("DEAD_LETTER_MAX_ROWS", _within(1, _MANY), 100, Scope.OPERATOR,
               "With ON_ERROR=DEAD_LETTER, the most rows of one batch (a Spark operator: of "
               "one window) set aside: when more fail, or every row of a batch fails with an "
               "AttributeError, NameError, TypeError or ImportError (a bug), the operator "
@@ -241,8 +257,28 @@ def parse_attributes(values: Mapping[str, Any], scope: Scope) -> dict[str, Any]:
         try:
             parsed[name] = attribute.parse(str(value))
         except (TypeError, ValueError) as exc:
-            raise InvalidAttribute(f"attribute {name}={value!r} is invalid: {exc}") from None
+            shown = repr(value) if len(str(value)) <= 80 else f"{str(value)[:80]!r}…"
+            raise InvalidAttribute(f"attribute {name}={shown} is invalid: {exc}") from None
     return parsed
+
+
+def check_together(values: Mapping[str, Any]) -> None:
+    """Refuses typed DAG attributes that are valid alone but not together.
+
+    >>> check_together({"HEARTBEAT_INTERVAL_MILLIS": 500, "HEARTBEAT_TIMEOUT_MILLIS": 600})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    operators.attributes.InvalidAttribute: HEARTBEAT_TIMEOUT_MILLIS=600 is less than twice ...
+    """
+    interval = values.get("HEARTBEAT_INTERVAL_MILLIS", ATTRIBUTES[
+        "HEARTBEAT_INTERVAL_MILLIS"].default)
+    timeout = values.get("HEARTBEAT_TIMEOUT_MILLIS", ATTRIBUTES[
+        "HEARTBEAT_TIMEOUT_MILLIS"].default)
+    if timeout < 2 * interval:
+        raise InvalidAttribute(
+            f"HEARTBEAT_TIMEOUT_MILLIS={timeout} is less than twice HEARTBEAT_INTERVAL_MILLIS="
+            f"{interval}: one late heartbeat would lose a healthy container; raise the "
+            f"timeout to {2 * interval} or more, or lower the interval")
 
 
 def resolve(name: str, *layers: Mapping[str, str]) -> Any:

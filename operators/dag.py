@@ -237,8 +237,10 @@ def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
     """
     if not dag.name:
         raise DagError("the DAG has no name")
+    _check_names(dag)
     if not dag.operators:
         raise DagError(f"DAG {dag.name!r} has no operators; add at least a source")
+    _check_port_schemas(dag)
     _check_attributes(dag.attributes, Scope.DAG, f"DAG {dag.name!r}")
     operators: dict[str, plan_pb2.OperatorDescriptor] = {}
     for op in dag.operators:
@@ -288,6 +290,38 @@ def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
                                "stream to it or declare it InputPort(optional=True)")
     _check_dead_letters_go_somewhere(dag)
     topological_order(dag)
+
+
+MAX_NAME_CHARS = 200
+"""The longest name of a DAG, operator, port or stream: names are echoed in every error,
+table and log line."""
+
+
+def _check_names(dag: plan_pb2.DagDescriptor) -> None:
+    """Every name is 1..MAX_NAME_CHARS printable characters (a name is shown everywhere)."""
+    named = [("the DAG", dag.name)]
+    for op in dag.operators:
+        named.append(("an operator", op.name))
+        named += [(f"a port of operator {op.name[:MAX_NAME_CHARS]!r}", port.name)
+                  for port in (*op.inputs, *op.outputs)]
+    named += [("a stream", stream.name) for stream in dag.streams]
+    for what, name in named:
+        if not name or len(name) > MAX_NAME_CHARS or not name.isprintable():
+            raise DagError(f"{what} is named {name[:40]!r}{'…' if len(name) > 40 else ''} "
+                           f"({len(name):,} characters): a name has 1 to {MAX_NAME_CHARS} "
+                           "printable characters")
+
+
+def _check_port_schemas(dag: plan_pb2.DagDescriptor) -> None:
+    """Every declared port schema is Arrow IPC that parses (containers rely on it)."""
+    for op in dag.operators:
+        for port in (*op.inputs, *op.outputs):
+            try:
+                _schema(port.schema)
+            except (pa.ArrowException, ValueError, TypeError) as exc:
+                raise DagError(f"port {op.name}.{port.name} declares a schema that is not an "
+                               f"Arrow schema ({type(exc).__name__}: {str(exc)[:200]}); "
+                               "declare it as a pyarrow.Schema") from None
 
 
 def _check_dead_letters_go_somewhere(dag: plan_pb2.DagDescriptor) -> None:

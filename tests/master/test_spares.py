@@ -241,5 +241,5 @@ def test_a_restarted_master_keeps_its_spares_and_launches_what_it_had_queued(tmp
 def test_spare_containers_is_bounded_with_a_message_naming_the_fix():
     with pytest.raises(InvalidAttribute, match=r"SPARE_CONTAINERS.*set 0 \(none\) to 16"):
         Dag("x", SPARE_CONTAINERS=-1)
-    with pytest.raises(PlanError, match=r"SPARE_CONTAINERS=17.*set 0 \(none\) to 16"):
+    with pytest.raises(PlanError, match=r"SPARE_CONTAINERS='17'.*set 0 \(none\) to 16"):
         build_physical_plan(chain_descriptor(3), {"SPARE_CONTAINERS": "17"}, "app-0001")

@@ -236,8 +236,8 @@ def test_dead_letter_max_rows_takes_effect():
                                             r"rows fail \(DEAD_LETTER_MAX_ROWS=4\), the first "
                                             "with ValueError: 1 is odd"):
         run_local(chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=4))
-    with pytest.raises(ValueError, match="DEAD_LETTER_MAX_ROWS=0 is invalid: 0 is not a "
-                                         "positive integer"):
+    with pytest.raises(ValueError, match="DEAD_LETTER_MAX_ROWS=0 is invalid: 0 is outside "
+                                         "1..1,000,000"):
         chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=0)
 
 
