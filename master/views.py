@@ -18,6 +18,7 @@ from master.physical_plan import ContainerState, OperatorState, PTContainer, PTO
 from master.recovery import max_restarts
 from master.stats import event_time_lag_ms, latency_ms, window_latency_ms
 from operators.attributes import ATTRIBUTES
+from operators.durable.locations import redact_location
 from proto import client_pb2
 
 __all__ = ["application_info", "application_plan", "container_info", "find_operator",
@@ -87,7 +88,8 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
                                    for op in [*ops, *app.plan.retired.values()]),
         total_tuples_emitted=sum(stats[op.id].total_tuples_emitted
                                  for op in [*ops, *app.plan.retired.values()]),
-        attributes=app.plan.attribute_text(),
+        attributes={name: redact_location(value)  # STATE_DIR may be s3://KEY:SECRET@…
+                    for name, value in app.plan.attribute_text().items()},
         start_window_millis=app.start_window_millis,
         operators_failed=sum(op.state == OperatorState.FAILED for op in ops),
         recoveries=app.recoveries,
@@ -97,8 +99,8 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
         tuples_processed_per_second=sum(f.processed_per_second for f in figures.values()),
         tuples_emitted_per_second=sum(f.emitted_per_second for f in figures.values()),
         latency_ms=path_latency, critical_path=path, dashboard_url=dashboard_url,
-        from_savepoint=app.from_savepoint,
-        savepoint_path=app.savepoint.path if app.savepoint is not None else "",
+        from_savepoint=redact_location(app.from_savepoint),
+        savepoint_path=redact_location(app.savepoint.path) if app.savepoint is not None else "",
         savepoint_state=app.savepoint.state if app.savepoint is not None else "",
         repartitions=app.repartitions, last_repartition=app.last_repartition,
         containers_spare=sum(c.spare for c in app.plan.live_containers()),
