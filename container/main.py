@@ -33,6 +33,7 @@ from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.attributes import ATTRIBUTES, resolve
+from operators.durable.private_files import read_private_file
 from proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["main"]
@@ -74,8 +75,14 @@ def _read(path: str) -> bytes:
 
 def _read_secret_file(path: str) -> dict[str, object]:
     """A master's secret file (JSON with ``secret`` and ``tls_ca_pem``) or a file holding
-    just the secret, as fields."""
-    text = _read(path).decode().strip()
+    just the secret, as fields. Only a regular file of this user that nobody else can read
+    or write counts: it names the certificate the master is proven by."""
+    try:
+        text = read_private_file(path, "the secret file", secret=True,
+                                 advice="chmod 600 it if it is yours, or copy the master's "
+                                 "secret file to a file of your own").decode().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     fields: dict[str, object] = {"secret": text}
     if text.startswith("{"):
         try:

@@ -251,7 +251,9 @@ class RecordLog:
                                  f"record {self._segments[index + 1]}, not {first + count}")
             self.next_seq = first + count
         path = self._path(self._segments[-1])
-        self._file = open(path, "ab")  # noqa: SIM115 - kept open while appending
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0))
+        os.fchmod(fd, 0o600)  # owner-only whatever the umask or an older version made it
+        self._file = os.fdopen(fd, "ab")
         self._file_bytes = self._file.tell()
 
 

@@ -41,3 +41,25 @@ def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
     loop, failure = Loop(), []
     warm_spare_or_stop(WarmSpark(), loop, failure, "app-0001-c4")
     assert not loop.stopped and failure == []
+
+
+def test_a_secret_file_others_may_read_or_another_user_made_is_refused(tmp_path, shared_dir):
+    import json
+
+    import pytest
+
+    from container.main import _read_secret_file
+    from tests.users import as_other_user, other_user_available
+
+    mine = tmp_path / "copied.secret"
+    mine.write_text(json.dumps({"secret": "s3cr3t", "tls_ca_pem": "PEM"}))
+    mine.chmod(0o600)
+    assert _read_secret_file(str(mine))["secret"] == "s3cr3t"
+    mine.chmod(0o644)
+    with pytest.raises(ValueError, match="other users may read it; chmod 600 it"):
+        _read_secret_file(str(mine))
+    if other_user_available():
+        planted = shared_dir / "master.secret"
+        as_other_user(lambda: (planted.write_text('{"secret": "theirs"}'), planted.chmod(0o600)))
+        with pytest.raises(ValueError, match="belongs to user"):
+            _read_secret_file(str(planted))
