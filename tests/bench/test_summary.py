@@ -37,3 +37,47 @@ def test_the_table_shows_ratios_to_spark_streaming() -> None:
     assert weir[0] == "weir" and weir[2] == "2" and weir[3] == "33" and weir[4] == "30-36"
     assert weir[-2:] == ["1.32", "0.75"]  # 33 / 25 events/s, 450 / 600 ms
     assert lines[3].split()[-2:] == ["1.00", "1.00"]
+
+
+def test_a_failed_or_wrong_row_is_reported_and_makes_make_bench_fail(monkeypatch, tmp_path,
+                                                                     capsys) -> None:
+    import bench.__main__ as bench_main
+
+    def fake_run(system, spec, timeout_s, *extra):
+        if system == "recovery":  # the warm spare of issue 30: never ready
+            return ({"error": "no window was committed (or no spare became ready)"}
+                    if "--spares" in extra else
+                    {"killed": "c1", "moved_to": "c3 (a new container)",
+                     "seconds_until_windows_move_again": 11.5, "windows_replayed": 4,
+                     "final_state": "FINISHED", "every_event_counted_at_least_once": True})
+        return run(system, 10, 100, correct=system != "spark-streaming")
+
+    monkeypatch.setattr(bench_main, "_run", fake_run)
+    monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
+    skip = [f"--skip={row}" for row in ("event-time", "running-count", "weir-kafka",
+                                         "bytewax", "scaling", "startup", "master-restart",
+                                         "control-plane")]
+    status = bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "FAILED spark-streaming: WRONG: x" in out
+    assert "FAILED recovery: no window was committed (or no spare became ready)" in out
+    assert "FAILED recovery without spare" not in out
+    assert out.index("FAILED") > out.index("wrote ")  # after everything else was printed
+
+
+def test_recovery_runs_give_the_median_and_spread_and_a_failed_run_fails_the_row() -> None:
+    from bench.__main__ import summarize_recovery
+    from bench.verdict import failed_rows
+
+    def recovery(seconds, **extra):
+        return {"seconds_until_windows_move_again": seconds, "final_state": "FINISHED",
+                "every_event_counted_at_least_once": True, **extra}
+
+    row = summarize_recovery([recovery(0.9), recovery(2.5), recovery(0.7)])
+    assert row["seconds_until_windows_move_again"] == 0.9 and row["repeats"] == 3
+    assert row["spread"]["seconds_until_windows_move_again"] == [0.7, 2.5]
+    assert failed_rows({"recovery": row}) == []
+    row = summarize_recovery([recovery(0.9),
+                              recovery(0.8, every_event_counted_at_least_once=False)])
+    assert failed_rows({"recovery": row}) == ["recovery: not every event was counted"]
