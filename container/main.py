@@ -177,6 +177,15 @@ def warm_spare_or_stop(spark: SparkSessionBridge, loop: HeartbeatLoop, failure: 
         loop.stop()
 
 
+def report_exit(client: UmbilicalClient, container_id: str, reason: str) -> None:
+    """Tells the master why this container exits on its own (best effort: it may be gone)."""
+    try:
+        client.report_error(container_id, [], reason)
+    except (grpc.RpcError, MasterUnreachable) as exc:
+        _LOGGER.warning("could not tell the master why container %s exits: %s", container_id,
+                        exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(
@@ -262,7 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         buffer_server.close()
         spark.stop()
         process_stats.close()
+        if spare_failure:  # a state and an error on the master, not only this log
+            reason = spare_failure[0]
+            report_exit(client, args.container_id, reason)
         client.close()
-    reason = spare_failure[0] if spare_failure else reason
     _LOGGER.info("container %s exits: %s", args.container_id, reason)
     return 0 if reason in ("aborted by the master", "stopped", "interrupted") else 1

@@ -64,7 +64,7 @@ from container.spark_window_input import WindowInput
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["Handoff", "SparkBridgeStopped", "SparkSessionBridge", "handoff_for"]
+__all__ = ["Handoff", "SparkBridgeStopped", "SparkSessionBridge", "SparkWarmUpError", "handoff_for"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -85,6 +85,10 @@ logger.hadoop.level = error
 
 class SparkBridgeStopped(RuntimeError):
     """The bridge was used after ``stop()``."""
+
+
+class SparkWarmUpError(RuntimeError):
+    """Spark could not start (its JVM, its gateway) or run the warm-up jobs."""
 
 
 class SparkSessionBridge:
@@ -158,6 +162,7 @@ class SparkSessionBridge:
         self._session: SparkSession | None = None
         self._warmed = threading.Event()  # a warm-up (``_warm``: started) ended
         self._warm_ok = False  # ... and ran its jobs
+        self._warm_error: Exception | None = None  # ... or failed: why
         self._lock = threading.RLock()
         self._warm = False
         self._spark_schemas: dict[pa.Schema, Any] = {}  # Arrow schema -> Spark's (inferred)
@@ -208,24 +213,34 @@ class SparkSessionBridge:
         start (operators report ready after this), keep that out of the first windows. A
         spare container warms up as it starts; a call while another thread warms up waits
         for it to end.
+
+        Raises:
+            SparkWarmUpError: Spark could not start or run the jobs (every caller hears
+                it, those that waited too): a spare exits, an operator's setup fails.
+                Stopping the bridge meanwhile is not an error.
         """
         with self._lock:
             started, self._warm = self._warm, True
-        if started:  # another thread warms it: callers report ready only once it is warm
-            self._warmed.wait()
-            return
+        if not started:
+            self._run_warm_up(max_rounds)
+        self._warmed.wait()
+        if self._warm_error is not None:
+            raise SparkWarmUpError(f"Spark could not start or warm up ({self.master}): "
+                                   f"{self._warm_error}") from self._warm_error
+
+    def _run_warm_up(self, max_rounds: int) -> None:
         try:
             run_warm_up_jobs(self, self.warmup_rows, max_rounds)
             self._warm_ok = True
             _LOGGER.info("Spark session warm (%s)", self.master)
         except SparkBridgeStopped:
             _LOGGER.info("Spark warm-up interrupted: the container is stopping")
-        except Exception as exc:  # noqa: BLE001 - the first real job reports a real problem
+        except Exception as exc:  # noqa: BLE001 - handed to every caller
             if self._stopped:  # stop() pulled the JVM from under the job: Ctrl-C, SIGTERM
                 _LOGGER.info("Spark warm-up interrupted: the container is stopping (%s)",
                              type(exc).__name__)
             else:
-                _LOGGER.warning("warming up Spark failed", exc_info=True)
+                self._warm_error = exc
         finally:
             self._warmed.set()
 

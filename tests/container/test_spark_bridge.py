@@ -256,3 +256,42 @@ def test_spark_is_given_the_schema_it_inferred_for_a_shape(bridge: SparkSessionB
     again = bridge.to_dataframe([batch], batch.schema)  # read with the schema, no inference
     assert again.schema == first.schema
     assert bridge.to_arrow(again.selectExpr("sum(n) AS s")).to_pylist() == [{"s": 3}]
+
+
+def test_a_warm_up_that_fails_is_told_to_every_caller(tmp_path: Path, monkeypatch) -> None:
+    """It used to be logged and swallowed: a spare then waited as SPARE_STARTING for good
+    and an operator reported ready over a Spark that never started."""
+    import container.spark_bridge as spark_bridge
+    from container.spark_bridge import SparkWarmUpError
+
+    started = threading.Event()
+    go_on = threading.Event()
+
+    def gateway_exits(bridge, rows, max_rounds):
+        started.set()
+        go_on.wait(10)
+        raise RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited before "
+                           "sending its port number.")
+
+    monkeypatch.setattr(spark_bridge, "run_warm_up_jobs", gateway_exits)
+    broken = SparkSessionBridge(master="local[1]", scratch_dir=tmp_path)
+    heard: list[BaseException] = []
+
+    def wait_for_it() -> None:
+        try:
+            broken.warm_up()
+        except SparkWarmUpError as exc:
+            heard.append(exc)
+
+    first = threading.Thread(target=wait_for_it)
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=wait_for_it)  # comes while the first warms up
+    second.start()
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert len(heard) == 2 and not broken.warm
+    assert "JAVA_GATEWAY_EXITED" in str(heard[0])
+    with pytest.raises(SparkWarmUpError, match="Spark could not start or warm up"):
+        broken.warm_up()  # a later caller (an operator deployed afterwards) hears it too
