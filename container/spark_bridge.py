@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from container import spark_gateway
 from container.spark_handoff import (
     PARQUET_OPTIONS,
     Handoff,
@@ -256,6 +257,7 @@ class SparkSessionBridge:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no host lookup, no warning
         from pyspark.sql import SparkSession
 
+        spark_gateway.install()  # Java started without fork(): see container.spark_gateway
         settings = {
             # Spark's own log lines go through log4j: warnings and errors only, on stderr.
             "spark.driver.extraJavaOptions":
