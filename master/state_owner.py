@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from master.errors import InvalidArgument
+from operators.durable.locations import redact_location
 from operators.durable.private_files import UntrustedPath, make_private_dir, write_private_file
 
 __all__ = [
@@ -126,7 +127,8 @@ def claim_state_dir(state_dir: str, app_id: str, run_id: str) -> StateClaim:
     try:
         return _claim(state_dir, app_id, run_id)
     except (OSError, ValueError, pa.ArrowException) as exc:
-        raise InvalidArgument(f"STATE_DIR {state_dir!r} cannot hold the application's state: "
+        raise InvalidArgument(f"STATE_DIR {redact_location(state_dir)!r} cannot hold the "
+                              "application's state: "
                               f"{type(exc).__name__}: {exc}; give a folder (or pyarrow.fs "
                               "URI) this user can create and write") from None
 
@@ -143,13 +145,14 @@ def _claim(state_dir: str, app_id: str, run_id: str) -> StateClaim:
     owner = _read_owner(fs, f"{root}/{OWNER_FILE}")
     if owner is not None and owner.get("run_id") != run_id and _alive(owner):
         raise InvalidArgument(
-            f"STATE_DIR {state_dir} is in use by application {owner.get('app_id')} (run "
-            f"{owner.get('run_id')}, master pid {owner.get('pid')} on {owner.get('host')}); "
+            f"STATE_DIR {redact_location(state_dir)} is in use by application "
+            f"{owner.get('app_id')} (run {owner.get('run_id')}, master pid {owner.get('pid')} "
+            f"on {owner.get('host')}); "
             "two applications must not share a state folder: give this one its own STATE_DIR "
             "(or leave it empty for a fresh private folder), or stop the other one")
     if owner is not None and owner.get("run_id") != run_id:
         _LOGGER.warning("STATE_DIR %s belonged to application %s (run %s), which is no longer "
-                        "running; application %s takes it over", state_dir,
+                        "running; application %s takes it over", redact_location(state_dir),
                         owner.get("app_id"), owner.get("run_id"), app_id)
     _write_owner(fs, f"{root}/{OWNER_FILE}", claim.record())
     return claim
@@ -164,7 +167,8 @@ def release_state_dir(claim: StateClaim) -> None:
         if owner is not None and owner.get("run_id") == claim.run_id:
             fs.delete_file(path)
     except OSError as exc:
-        _LOGGER.warning("could not release the claim on STATE_DIR %s: %s", claim.state_dir, exc)
+        _LOGGER.warning("could not release the claim on STATE_DIR %s: %s",
+                        redact_location(claim.state_dir), exc)
 
 
 def _filesystem(state_dir: str) -> tuple[pafs.FileSystem, str]:
