@@ -137,10 +137,10 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     _undeployed(app, container, reported)
     states_after = [op.state for op in app.plan.operators_in(container)]
     changed = states_after != states_before
-    if checkpointed or changed:
-        # The recovery checkpoints depend only on checkpoints and operator states: most
-        # heartbeats change neither, and the computation walks the whole application.
+    if changed:  # recovery checkpoints depend on operator states: all are recomputed
         update_recovery(app)
+    elif checkpointed:  # only what the new checkpoints move (most heartbeats have none)
+        update_recovery(app, checkpointed)
     savepoints.advance(app)
     response.committed_window_id = savepoints.committed_for_containers(app)
     if not app.terminal and app.all_containers_active():
@@ -208,7 +208,7 @@ def _activate(app: Application, container: PTContainer,
 def _apply_operator_reports(app: Application, container: PTContainer,
                             heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int,
                             response: umbilical_pb2.ContainerHeartbeatResponse
-                            ) -> tuple[set[int], tuple[PTOperator, bool] | None, bool]:
+                            ) -> tuple[set[int], tuple[PTOperator, bool] | None, set[int]]:
     """Moves operators to their reported states.
 
     A report whose window ids cannot be right (``check_window_ids``) adds nothing to the
@@ -216,11 +216,11 @@ def _apply_operator_reports(app: Application, container: PTContainer,
 
     Returns:
         The ids reported, one FAILED operator with whether its error is fatal (or None),
-        and whether a checkpoint was new.
+        and the ids of the operators with a new checkpoint.
     """
     reported: set[int] = set()
     failed: tuple[PTOperator, bool] | None = None
-    checkpointed = False
+    checkpointed: set[int] = set()
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
         retired = app.plan.retired.get(report.node_id)
@@ -273,7 +273,8 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             if tracker.record(report, now_ms):
                 _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
                               format_window_id(tracker.current_window_id))
-            checkpointed |= record_checkpoints(app, op, report)
+            if record_checkpoints(app, op, report):
+                checkpointed.add(op.id)
         if _apply_state(app, container, op, report) and failed is None:
             failed = (op, report.fatal)
     return reported, failed, checkpointed

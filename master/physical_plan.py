@@ -259,6 +259,7 @@ class Topology:
     upstream: dict[int, tuple[int, ...]]  # feeding operators, without repeats
     downstream: dict[int, tuple[int, ...]]  # fed operators, ascending
     order: tuple[int, ...]  # each operator after every operator feeding it
+    position: dict[int, int] = dataclasses.field(default_factory=dict)  # index in ``order``
 
     @classmethod
     def of(cls, operators: dict[int, PTOperator]) -> Topology:
@@ -279,7 +280,8 @@ class Topology:
                 waiting[down] -= 1
                 if not waiting[down]:
                     ready.append(down)
-        return cls(upstream, downstream, tuple(order))
+        return cls(upstream, downstream, tuple(order),
+                   {op_id: index for index, op_id in enumerate(order)})
 
 
 @dataclasses.dataclass(eq=False)

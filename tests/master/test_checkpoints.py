@@ -171,3 +171,57 @@ def test_a_very_long_chain_does_not_exhaust_the_stack():
     nodes = {i: RecoveryNode(downstream=(i + 1,) if i < n - 1 else (), checkpoints=(5, 10))
              for i in range(n)}
     assert set(recovery_checkpoints(nodes).values()) == {10}
+
+
+@pytest.mark.parametrize("shape", ["chain", "partitioned"])
+@pytest.mark.parametrize("seed", range(6))
+def test_recomputing_from_the_new_checkpoints_gives_what_recomputing_all_gives(shape, seed):
+    """The heartbeat recomputes only what new checkpoints move (``update_recovery(app,
+    checkpointed)``); after every step it equals a whole recomputation, books included."""
+    import random
+
+    from master.application import Application
+    from master.checkpoints import update_recovery
+    from master.physical_plan import OperatorState
+    from master.planner import build_physical_plan
+    from tests.master.fakes import chain_descriptor, partitioned_dag
+
+    def app() -> Application:
+        dag = (chain_descriptor(6) if shape == "chain"
+               else partitioned_dag().to_descriptor())
+        made = Application("app-0001", dag, build_physical_plan(dag, {}, "app-0001"), 0)
+        for op in made.plan.operators.values():
+            op.state = OperatorState.ACTIVE
+        return made
+
+    rng = random.Random(seed)
+    partial, whole = app(), app()
+    ids = sorted(partial.plan.operators)
+    newest = {op_id: 0 for op_id in ids}
+    reached = -1
+    for step in range(300):
+        op_id = rng.choice(ids)
+        if rng.random() < 0.05:  # a state change: both recompute everything
+            state = rng.choice([OperatorState.PENDING_DEPLOY, OperatorState.ACTIVE,
+                                OperatorState.ACTIVE])
+            for a in (partial, whole):
+                a.plan.operators[op_id].state = state
+                update_recovery(a)
+            continue
+        if partial.plan.operators[op_id].state != OperatorState.ACTIVE:
+            for a in (partial, whole):  # deployed again: it reports checkpoints once active
+                a.plan.operators[op_id].state = OperatorState.ACTIVE
+                update_recovery(a)
+        newest[op_id] += rng.choice([10, 10, 20, 30])
+        for a in (partial, whole):
+            a.checkpoints[op_id].add(newest[op_id])
+        update_recovery(partial, [op_id])
+        update_recovery(whole)
+        got = {i: (op.recovery_window_id, partial.checkpoints[i].windows)
+               for i, op in partial.plan.operators.items()}
+        want = {i: (op.recovery_window_id, whole.checkpoints[i].windows)
+                for i, op in whole.plan.operators.items()}
+        assert got == want, f"step {step}"
+        assert partial.committed_window_id == whole.committed_window_id, f"step {step}"
+        reached = max(reached, whole.committed_window_id)
+    assert reached > 0  # the windows got committed along the way
