@@ -143,7 +143,7 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         update_recovery(app, checkpointed)
     savepoints.advance(app)
     response.committed_window_id = savepoints.committed_for_containers(app)
-    if not app.terminal and app.all_containers_active():
+    if app.state == ApplicationState.ACCEPTED and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
     if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
                                             for op in app.plan.operators.values()):

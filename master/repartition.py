@@ -121,6 +121,7 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
         if kept.inputs != inputs:
             kept.inputs = inputs
             rewired.append(kept)
+    plan.reshaped()
     new_ids = {op.id for op in made}
     restart = [op for op in downstream_closure(app, [*rewired, *made]) if op.id not in new_ids]
     redeploy(app, restart, now_ms)
