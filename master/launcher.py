@@ -182,9 +182,30 @@ class _Adopted:
         return -1
 
 
+class _Gone:
+    """A container process proven gone when an earlier master's container was taken back:
+    it exited (code -1: its code went to that master); its pid is never signalled."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode = -1
+
+    def poll(self) -> int:
+        return -1
+
+    def send_signal(self, signum: int) -> None:
+        """Nothing: the pid may be another process's now."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        return -1
+
+
+_CANNOT_INSPECT = "cannot be inspected"
+
+
 @dataclasses.dataclass
 class _Child:
-    popen: subprocess.Popen[bytes] | _Adopted
+    popen: subprocess.Popen[bytes] | _Adopted | _Gone
     log_file: IO[bytes] | None
     swept: bool = False
 
@@ -222,7 +243,7 @@ def is_container_process(pid: int, container_id: str) -> str | None:
     except (psutil.NoSuchProcess, ProcessLookupError):
         return f"process {pid} does not exist"
     except (psutil.AccessDenied, PermissionError):
-        return f"process {pid} cannot be inspected"
+        return f"process {pid} {_CANNOT_INSPECT}"
     if named != container_id:
         return (f"process {pid} is not container {container_id} (its {CONTAINER_ID_ENV} is "
                 f"{named!r})")
@@ -289,6 +310,13 @@ class LocalProcessLauncher(Launcher):
         if host and host != socket.gethostname():
             return
         refusal = is_container_process(pid, container_id)
+        if refusal is not None and not refusal.endswith(_CANNOT_INSPECT):
+            # proven gone: no process has that pid, or another one has it now (a pid is
+            # reused only once its process ended): lost at once, never signalled
+            with self._lock:
+                self._children.setdefault(container_id, _Child(_Gone(pid), None, swept=True))
+            _LOGGER.warning("container=%s is gone: %s", container_id, refusal)
+            return
         if refusal is not None:
             _LOGGER.warning("container=%s not adopted: %s; it is never signalled",
                             container_id, refusal)
@@ -343,8 +371,10 @@ class LocalProcessLauncher(Launcher):
             self._kill_group(cid, child)  # also what it started
 
     def _kill_group(self, container_id: str, child: _Child) -> None:
-        """SIGKILLs the container's process group, reaps it and closes its log."""
-        _signal_group(child.popen.pid, signal.SIGKILL)
+        """SIGKILLs the container's process group (unless that was done: ``swept``), reaps
+        it and closes its log."""
+        if not child.swept:
+            _signal_group(child.popen.pid, signal.SIGKILL)
         child.swept = True
         try:
             child.popen.wait(timeout=5.0)

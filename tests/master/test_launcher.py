@@ -165,6 +165,19 @@ def _sleeper(**env: str) -> subprocess.Popen:
     return process
 
 
+def test_a_restarted_master_finds_a_container_whose_process_is_gone_lost_at_once():
+    """Issue 36: it used to wait out the heartbeat timeout (14.6 s) for a container whose
+    process had already exited while the master was down."""
+    dead = _sleeper(**{CONTAINER_ID_ENV: "app-0001-c0"})
+    dead.kill()
+    dead.wait(10)
+    launcher = LocalProcessLauncher("127.0.0.1:1234")
+    launcher.adopt("app-0001-c0", dead.pid, "")
+    assert launcher.exit_code("app-0001-c0") == -1
+    launcher.adopt("app-0001-c1", 4_000_000, "elsewhere")  # another host's: not judged here
+    assert launcher.exit_code("app-0001-c1") is None
+
+
 def test_a_restarted_master_adopts_only_processes_proven_to_be_its_containers():
     """A heartbeat names the pid; only a process carrying that container's id is adopted,
     so no other process (nor init, nor the master's own group) is ever signalled."""
@@ -180,9 +193,11 @@ def test_a_restarted_master_adopts_only_processes_proven_to_be_its_containers():
                                                                        "app-0001-c0")
         for cid in ("app-0001-c0", "app-0001-c2", "app-0001-c3"):
             launcher.kill(cid)
-            assert launcher.exit_code(cid) is None  # never adopted: nothing to watch
+            # not its container: that one is proven gone (lost at once), never signalled
+            assert launcher.exit_code(cid) == -1
         launcher.kill("app-0001-c1")
         poll_for(lambda: _gone(ours.pid), 10, "the adopted container to be killed")
+        launcher.stop_all(grace_s=1)
         assert stranger.poll() is None, "an unrelated process was killed"
     finally:
         for process in (stranger, ours):
