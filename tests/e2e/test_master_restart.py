@@ -4,19 +4,22 @@ containers find it, nothing is redeployed, and the output is exactly the referen
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import signal
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 from master.client import WeirClient
 from operators.app import load_app
+from proto.contract import CONTAINER_ID_ENV
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.wordcount import published_counts
-from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
+from tests.harness import TAG_ENV, WeirProcess, poll_for, tagged_env, tagged_processes
 
 APP = """
     import collections
@@ -44,7 +47,8 @@ APP = """
                     "word": words, "count": [self.counts[w] for w in words]}}))
 
     dag = Dag("restart", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
-              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=10000,
+              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS={timeout_ms},
+              TIMEOUT_WINDOW_COUNT={timeout_ms} // 200,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r})
     source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
                                                         bytes_per_window=1500), CONTAINER=0)
@@ -82,12 +86,35 @@ def env(tmp_path):
     poll_for(lambda: not tagged_processes(tag), 20, "every container to exit", 0.2)
 
 
-def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
-    expected: collections.Counter[str] = write_input(tmp_path / "inbox")
+def _write_app(tmp_path: Path, timeout_ms: int = 10_000) -> Path:
     app = tmp_path / "restart_app.py"
     app.write_text(textwrap.dedent(APP.format(state=str(tmp_path / "state"),
                                               inbox=str(tmp_path / "inbox"),
-                                              out=str(tmp_path / "out"))))
+                                              out=str(tmp_path / "out"), timeout_ms=timeout_ms)))
+    return app
+
+
+def _stop(*masters: Master | None) -> None:
+    for master in masters:
+        if master is not None and master.process.proc.poll() is None:
+            master.process.proc.send_signal(signal.SIGTERM)  # stops its containers too
+            master.process.wait(30)
+
+
+def _container_process(env: dict[str, str], container_id: str) -> psutil.Process:
+    """The live process of ``container_id`` among this test's processes."""
+    def find() -> psutil.Process | None:
+        for process in tagged_processes(env[TAG_ENV]):
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get(CONTAINER_ID_ENV) == container_id:
+                    return process
+        return None
+    return poll_for(find, 30, f"the process of {container_id}")
+
+
+def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
+    expected: collections.Counter[str] = write_input(tmp_path / "inbox")
+    app = _write_app(tmp_path)
     first = Master(tmp_path, env, "master-1")
     secret = (tmp_path / "master-state" / "secret").read_text().strip()
     second = None
@@ -111,10 +138,7 @@ def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
             after = {o.name: o for o in client.operators(app_id)}
             containers_after = {c.id for c in client.containers(app_id)}
     finally:
-        for master in (second, first):
-            if master is not None and master.process.proc.poll() is None:
-                master.process.proc.send_signal(signal.SIGTERM)  # stops its containers too
-                master.process.wait(30)
+        _stop(second, first)
 
     counted, rows = published_counts(tmp_path / "out")
     assert counted == expected, f"{rows} rows published"
@@ -123,3 +147,41 @@ def test_master_killed_mid_run_takes_its_application_back(tmp_path, env):
         assert op.failure_count == 0 and op.deploy_window_id == before[name].deploy_window_id, (
             f"{name} was redeployed after the master restarted")
     assert os.listdir(tmp_path / "inbox") == []
+
+
+def test_a_container_that_died_with_the_master_is_replaced_at_once(tmp_path, env):
+    """Issue 36: a restarted master waited out the heartbeat timeout (here 10 minutes, and
+    as long for a blocked window) for a container whose process had exited while it was
+    down; a process proven gone is lost at once, replaced, and the output is still exactly
+    the reference."""
+    expected: collections.Counter[str] = write_input(tmp_path / "inbox")
+    app = _write_app(tmp_path, timeout_ms=600_000)
+    first = Master(tmp_path, env, "master-1")
+    secret = (tmp_path / "master-state" / "secret").read_text().strip()
+    cert = tmp_path / "master-state" / "tls" / "cert.pem"
+    second = None
+    try:
+        with WeirClient(first.address, secret=secret, tls_ca=cert) as client:
+            app_id = client.submit(load_app(app).to_descriptor())
+            poll_for(lambda: client.application(app_id).committed_window_id >= 0, 60,
+                     f"a first committed window\n{first.process.output()}")
+            before = {c.id for c in client.containers(app_id)}
+        sink_container = f"{app_id}-c1"
+        doomed = _container_process(env, sink_container)
+        os.kill(first.process.proc.pid, signal.SIGKILL)
+        first.process.wait(10)
+        doomed.kill()
+        psutil.wait_procs([doomed], timeout=10)
+
+        second = Master(tmp_path, env, "master-2")
+        with WeirClient(second.address, secret=secret, tls_ca=cert) as client:
+            # far inside the 10-minute heartbeat timeout: only a proven-gone process does it
+            poll_for(lambda: {c.id for c in client.containers(app_id)} - before, 120,
+                     f"a replacement of {sink_container}\n{second.process.output()}")
+            info = poll_for(lambda: (i := client.application(app_id)).state not in (
+                "ACCEPTED", "RUNNING") and i, 180, f"{app_id} to end\n{second.process.output()}")
+            assert info.state == "FINISHED", f"{info.diagnostics}\n{second.process.output()}"
+    finally:
+        _stop(second, first)
+    counted, rows = published_counts(tmp_path / "out")
+    assert counted == expected, f"{rows} rows published"
