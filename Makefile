@@ -32,12 +32,13 @@ run: install
 test: install
 	@$(PY) -m pytest -q
 
-# The peers (Bytewax), the chart (matplotlib) and the Kafka row's private broker (noida-db)
-# go into the bench environment only.
+# The peers (Bytewax, Quix Streams), the chart (matplotlib) and the Kafka row's private
+# broker (noida-db) go into the bench environment only. Quix Streams pins confluent-kafka
+# below 2.13 there; Weir's Kafka source and sink are tested with that version too.
 $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	@$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax matplotlib noida-db==0.2.2
+	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax quixstreams matplotlib noida-db==0.2.2
 	@touch $@
 
 bench: install $(BENCH_STAMP)
