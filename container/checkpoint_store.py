@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
-from operators.durable.fence import Fence
+from operators.durable.fence import CHECKPOINTS_FOLDER, Fence
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "VERSION", "CheckpointInfo", "CheckpointStore", "CorruptCheckpoint",
@@ -114,7 +114,7 @@ class CheckpointStore:
         name = str(operator_id)
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             raise ValueError(f"operator id {name!r} cannot name a checkpoint folder")
-        return f"{self.root}/checkpoints/{name}"
+        return f"{self.root}/{CHECKPOINTS_FOLDER}/{name}"
 
     def path(self, operator_id: int | str, window_id: int) -> str:
         """The file of the checkpoint of ``operator_id`` as of ``window_id``."""

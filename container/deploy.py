@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -87,6 +88,12 @@ def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
     return typed
 
 
+def redeployed(info: plan_pb2.OperatorDeployInfo) -> bool:
+    """An earlier deployment of the operator ran in this run: its generation is above the
+    run's first."""
+    return info.generation > max(1, info.first_generation)
+
+
 def default_state_dir(application_id: str) -> str:
     """Where checkpoints go when STATE_DIR is not set (the master resolves the same)."""
     return os.path.join(tempfile.gettempdir(), "weir-state", application_id)
@@ -159,6 +166,7 @@ class Deployment:
         self.store = CheckpointStore(self.state_dir)
         # the savepoint asked for: (path, window; -1 = at the end of the stream, a stop)
         self.savepoint: tuple[str, int] | None = None
+        self.run = 0  # the run's first generation: names its durable folders (``_operator_dir``)
         # (seed window, operators a repartition retired): checkpoints to delete after commit
         self._retired: list[tuple[int, list[int]]] = []
 
@@ -177,6 +185,7 @@ class Deployment:
                             "%d still running here", self.container_id, info.name, info.id,
                             info.generation, running.generation)
             self.undeploy([info.id])
+        self._enter_run(info.first_generation)
         fence = self._claim(info)  # first: a previous deployment still stopping is fenced
         self._await_stopped(info)
         with self._lock:
@@ -192,7 +201,8 @@ class Deployment:
                                       recovered_window=resume,
                                       partition_index=info.partition_index,
                                       partition_count=max(1, info.partition_count),
-                                      generation=info.generation, fence_check=fence.check)
+                                      generation=info.generation, redeployed=redeployed(info),
+                                      fence_check=fence.check)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise
@@ -242,12 +252,33 @@ class Deployment:
                               f"{self.state_dir}: {exc}") from None
         return fence
 
-    def _operator_dir(self, operator_id: int) -> str:
-        """The operator's durable folder: local STATE_DIR only (logs need append and fsync)."""
+    def _runs_dir(self) -> str:
+        """The folder of the runs' durable folders: local STATE_DIR only (logs need append
+        and fsync); "" for a remote one."""
         if "://" in self.state_dir and not self.state_dir.startswith("file://"):
             return ""
-        root = self.state_dir.removeprefix("file://")
-        return os.path.join(root, "operators", str(operator_id))
+        return os.path.join(self.state_dir.removeprefix("file://"), "runs")
+
+    def _operator_dir(self, operator_id: int) -> str:
+        """The operator's durable folder in this run's: another run on the same STATE_DIR
+        (a resubmit, a resume from a savepoint) never reads what an earlier one left."""
+        runs = self._runs_dir()
+        return os.path.join(runs, str(self.run), "operators", str(operator_id)) if runs else ""
+
+    def _enter_run(self, first_generation: int) -> None:
+        """Takes the run (named by its first generation) and, the first time, deletes the
+        durable folders earlier runs left in STATE_DIR: they are over (the master claims
+        STATE_DIR for one run at a time), and a stray deployment of one is fenced off."""
+        with self._lock:
+            if first_generation <= self.run:
+                return
+            self.run = first_generation
+        runs = self._runs_dir()
+        if not runs or not os.path.isdir(runs):
+            return
+        for name in os.listdir(runs):
+            if name.isdecimal() and int(name) < first_generation:
+                shutil.rmtree(os.path.join(runs, name), ignore_errors=True)
 
     def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int,
                checkpointer: StoreCheckpointer | None = None) -> Operator:

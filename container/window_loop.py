@@ -93,6 +93,7 @@ class OperatorRunner(CommitSteps):
         self.resume_window = resume_window
         self.skip_missed_windows = skip_missed_windows
         self.generation = context.generation
+        self.redeployed = context.redeployed
         self.lease = lease
         self.clock = clock
         self._windows_done = 0  # since this deployment started
@@ -470,5 +471,5 @@ class OperatorRunner(CommitSteps):
     def recovering(self) -> bool:
         """A redeployed instance that has not finished a window yet (restoring its state,
         starting Spark, replaying): the master shows it RECOVERING, not ACTIVE."""
-        return (self.generation > 1 and self._windows_done == 0
+        return (self.redeployed and self._windows_done == 0
                 and self.state == RunnerState.ACTIVE)

@@ -32,7 +32,7 @@ from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
 from master.report_filter import bounded_text
 from master.run_folders import RunFolders
-from master.state_owner import StateClaim, new_run_id
+from master.state_owner import StateClaim, first_generation, new_run_id
 from master.stats_listeners import (
     ListenerAsk,
     StatsListenerError,
@@ -150,6 +150,7 @@ class MasterCore:
         except (DagError, StatsListenerError) as exc:
             raise InvalidArgument(str(exc)) from None
         manifest = self._read_savepoint(from_savepoint) if from_savepoint else None
+        self._release_ended_runs()  # a run ended a moment ago: its folder is free at once
         with self._lock:
             app_id = f"app-{self._next_app_number:04d}"
             run_id = new_run_id()
@@ -163,9 +164,15 @@ class MasterCore:
             state_dir = plan.attributes["STATE_DIR"]
             self._folders.reserve(state_dir, app_id)
             self._next_app_number += 1
+        claim = None
         try:
             claim = self._claim(state_dir, app_id, run_id)
+            plan.start_generations(call_store(lambda: first_generation(state_dir),
+                                              f"STATE_DIR {redact_location(state_dir)}",
+                                              self.store_timeout_s))
         except BaseException:
+            if claim is not None:
+                self._folders.release([claim], [])
             with self._lock:
                 self._folders.unreserve(app_id)
             raise
@@ -460,6 +467,12 @@ class MasterCore:
         self._carry_out(actions)
         self._folders.release(ended, discard)
         return [loss.container_id for loss in losses]
+
+    def _release_ended_runs(self) -> None:
+        """Releases the state folders of runs that ended (the loop does it at every tick)."""
+        with self._lock:
+            ended, discard = self._folders.ended(self._apps.values(), all_stopped=False)
+        self._folders.release(ended, discard)
 
     def _forget_ended(self, now_ms: int) -> None:
         """Forgets ended applications past their time or count (lock held)."""

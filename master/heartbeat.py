@@ -409,7 +409,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             application_window_count=int(op.attributes.get("APPLICATION_WINDOW_COUNT", 1)),
             checkpoint_window_count=int(op.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))),
         context_attributes=op.attribute_text(), partition_index=op.partition_index,
-        partition_count=op.partition_count, generation=op.generation)
+        partition_count=op.partition_count, generation=op.generation,
+        first_generation=app.plan.first_generation)
     if op.seed is not None:
         info.seed.CopyFrom(_seed_info(op.seed))
     for link in op.inputs:

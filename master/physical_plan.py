@@ -158,7 +158,8 @@ class PTOperator:
     partition_count: int = 1
     seed: StateSeed | None = None  # made by a repartition: how its first checkpoint is built
     share: PartitionSpec | None = None  # the keys this partition takes (None: every key)
-    # its deployment's number: 1, then one more at every redeploy (the fence of its writes)
+    # its deployment's number: the plan's first_generation, then one more at every redeploy
+    # (the fence of its writes)
     generation: int = 1
     recovering: bool = False  # its container says: redeployed, no window finished yet
 
@@ -300,9 +301,19 @@ class PhysicalPlan:
     # operators a repartition removed: PENDING_UNDEPLOY until their container lets them go,
     # then SHUTDOWN; kept for their figures. Their ids are never used again.
     retired: dict[int, PTOperator] = dataclasses.field(default_factory=dict)
+    # every operator's generation at its first deployment in this run: above every fence an
+    # earlier run left in STATE_DIR (``master.state_owner.first_generation``)
+    first_generation: int = 1
     _topology: tuple[Any, Topology] | None = dataclasses.field(
         default=None, init=False, repr=False, compare=False)
     _reshaped: int = dataclasses.field(default=0, init=False, repr=False, compare=False)
+
+    def start_generations(self, first: int) -> None:
+        """Makes ``first`` the generation of every operator's first deployment in this run
+        (and of those a repartition adds later)."""
+        self.first_generation = first
+        for op in self.operators.values():
+            op.generation = first
 
     def next_operator_id(self) -> int:
         return max([0, *self.operators, *self.retired]) + 1

@@ -264,6 +264,7 @@ def _add(app: Application, op: PTOperator, start: int, sources: list[PTOperator]
          retired_ids: tuple[int, ...]) -> PTOperator:
     """A new operator of the plan, pending deploy from ``start`` with its seed."""
     op.state = OperatorState.PENDING_DEPLOY
+    op.generation = app.plan.first_generation
     op.deploy_window_id = op.recovery_window_id = start
     op.seed = StateSeed(start, tuple(o.id for o in sources),
                         op.share if sources else None, retired_ids)

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from master.errors import InvalidArgument
+from operators.durable.fence import highest_fence
 from operators.durable.locations import redact_location
 from operators.durable.private_files import UntrustedPath, make_private_dir, write_private_file
 
@@ -156,6 +157,21 @@ def _claim(state_dir: str, app_id: str, run_id: str) -> StateClaim:
                         owner.get("app_id"), owner.get("run_id"), app_id)
     _write_owner(fs, f"{root}/{OWNER_FILE}", claim.record())
     return claim
+
+
+def first_generation(state_dir: str) -> int:
+    """The generation a new run on ``state_dir`` deploys its operators with: one above
+    every fence an earlier run left there (1 on a fresh folder), so none refuses it.
+
+    Raises:
+        InvalidArgument: the folder cannot be read.
+    """
+    try:
+        fs, root = _filesystem(state_dir)
+        return highest_fence(fs, root) + 1
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InvalidArgument(f"STATE_DIR {redact_location(state_dir)!r}: its operators' "
+                              f"fences cannot be read: {type(exc).__name__}: {exc}") from None
 
 
 def release_state_dir(claim: StateClaim) -> None:

@@ -78,8 +78,9 @@ class OperatorContext:
         recovered_window: the checkpoint this instance was restored from; -1 = fresh.
         partition_index: which partition of its operator this instance is (from 0).
         partition_count: how many partitions its operator has (1: not partitioned).
-        generation: this deployment's number (1, then one more at every redeploy; 0 in
-            unit tests).
+        generation: this deployment's number (the run's first, then one more at every
+            redeploy; 0 in unit tests).
+        redeployed: an earlier deployment of this operator ran in this run (a recovery).
         fence_check: raises ``operators.durable.Fenced`` once a newer deployment of the
             operator took over; ``check_fence`` calls it (None: never fenced).
     """
@@ -94,6 +95,7 @@ class OperatorContext:
     partition_index: int = 0
     partition_count: int = 1
     generation: int = 0
+    redeployed: bool = False
     fence_check: Callable[[], None] | None = dataclasses.field(default=None, repr=False)
     _crash_points: CrashPoints | None = dataclasses.field(default=None, repr=False)
 

@@ -30,11 +30,14 @@ import uuid
 
 import pyarrow.fs as pafs
 
-__all__ = ["FENCE_FILE", "Fence", "Fenced"]
+__all__ = ["CHECKPOINTS_FOLDER", "FENCE_FILE", "Fence", "Fenced", "highest_fence"]
 
 _LOGGER = logging.getLogger(__name__)
 
 FENCE_FILE = "FENCE"
+
+CHECKPOINTS_FOLDER = "checkpoints"
+"""The folder of a state folder with one folder per operator: its checkpoints and FENCE."""
 
 
 class Fenced(RuntimeError):
@@ -126,3 +129,16 @@ class Fence:
             raise
         _LOGGER.debug("fence %s claimed by generation %d (was %d)", self.path,
                       self.generation, current)
+
+
+def highest_fence(fs: pafs.FileSystem, state_root: str) -> int:
+    """The highest generation any operator's fence in the state folder ``state_root`` holds
+    (0: none). A new run starts its generations above it, so no fence an earlier run left
+    refuses its deployments, and that run's stragglers are fenced off by the new one."""
+    selector = pafs.FileSelector(f"{state_root.rstrip('/')}/{CHECKPOINTS_FOLDER}",
+                                 allow_not_found=True)
+    highest = 0
+    for info in fs.get_file_info(selector):
+        if info.type == pafs.FileType.Directory:
+            highest = max(highest, Fence(fs, info.path, 0).current())
+    return highest

@@ -50,10 +50,34 @@ class Idle(InputOperator):
         return True
 
 
-def idle_info(generation: int) -> plan_pb2.OperatorDeployInfo:
+def idle_info(generation: int, first_generation: int = 1) -> plan_pb2.OperatorDeployInfo:
     return plan_pb2.OperatorDeployInfo(
         id=5, name="idle", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="Idle",
-        payload=cloudpickle.dumps(Idle()), generation=generation)
+        payload=cloudpickle.dumps(Idle()), generation=generation,
+        first_generation=first_generation)
+
+
+def test_each_run_has_durable_folders_of_its_own_and_earlier_runs_are_deleted(tmp_path):
+    """Issue 36: a second run on a STATE_DIR read the first run's source log as its own
+    (and replayed files of another inbox); a run's durable folders are named by its first
+    generation, and those of earlier runs go when the next run deploys."""
+    state = tmp_path / "state"
+    earlier = state / "runs" / "1" / "operators" / "5"
+    earlier.mkdir(parents=True)
+    (earlier / "log").write_text("the first run's")
+    deployment = Deployment("app-0002", "app-0002-c0", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(state)}, on_change=lambda: None)
+    try:
+        deployment.deploy(idle_info(4, first_generation=4))
+        runner = deployment.runners[5]
+        assert runner.context.durable_dir() == str(state / "runs" / "4" / "operators" / "5")
+        assert not runner.context.redeployed and not runner.recovering
+        assert not (state / "runs" / "1").exists()
+        deployment.deploy(idle_info(5, first_generation=4))
+        assert deployment.runners[5].context.redeployed
+        assert (state / "runs" / "4").is_dir()  # this run's own: kept
+    finally:
+        deployment.stop_all()
 
 
 def test_a_newer_generation_replaces_the_one_running_here_and_fences_it(tmp_path):

@@ -19,6 +19,7 @@ from operators.durable import (
     RecordLog,
     WindowLog,
 )
+from operators.durable.fence import CHECKPOINTS_FOLDER, highest_fence
 from operators.library import FileSink
 from operators.operator import OperatorContext
 from tests.operators.test_library import Emitted, wid
@@ -116,3 +117,13 @@ def test_a_fenced_file_sink_stages_nothing_and_a_successor_sweeps_leftovers(tmp_
     assert len(os.listdir(staging)) == 2  # the refused write left no file of its own
     started(new)  # restored from scratch: nothing staged is its own, the temp file goes
     assert os.listdir(staging) == []
+
+
+def test_the_highest_fence_of_a_state_folder_is_what_a_new_run_starts_above(tmp_path):
+    """Issue 36: a new run deploys above every fence an earlier run left."""
+    fs = pafs.LocalFileSystem()
+    assert highest_fence(fs, str(tmp_path / "none")) == 0
+    for operator_id, generation in ((1, 3), (2, 7), (3, 1)):
+        Fence(fs, str(tmp_path / CHECKPOINTS_FOLDER / str(operator_id)), generation).claim()
+    (tmp_path / CHECKPOINTS_FOLDER / "4").mkdir()  # a folder without a fence
+    assert highest_fence(fs, str(tmp_path)) == 7
