@@ -41,6 +41,8 @@ def failed_rows(report: dict[str, Any]) -> list[str]:
     failed: list[tuple[str, str | None]] = []
     failed += [(str(r.get("system")), _why(r)) for r in report.get("results", [])]
     failed += [(f"event time {r.get('system')}", _why(r)) for r in report.get("event_time", [])]
+    failed += [(f"latency {r.get('job')} {r.get('system')}", _why(r))
+               for r in report.get("latency", [])]
     failed += [(f"scaling {r.get('partitions')} partitions", _why(r))
                for r in report.get("scaling", {}).get("runs", [])]
     for key in ("running_count", "startup", "master_restart", "control_plane"):
