@@ -85,6 +85,8 @@ class Application:
     last_repartition = ""
     last_repartition_ms = 0
     spare_losses_in_a_row = 0  # spares lost before they were ready (``master.spares``)
+    restart_at_ms = 0  # operators being restarted deploy from then on (``recovery.backoff``)
+    restart_delay_ms = 0  # the delay of the last restart (0: at once)
 
     def __init__(self, app_id: str, dag: plan_pb2.DagDescriptor, plan: PhysicalPlan,
                  submitted_ms: int) -> None:

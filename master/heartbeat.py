@@ -154,7 +154,7 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         return response
     pending = [op for op in app.plan.operators_in(container)
                if op.state == OperatorState.PENDING_DEPLOY and op.id not in reported]
-    if pending and _may_deploy(app, container):
+    if pending and _may_deploy(app, container) and now_ms >= app.restart_at_ms:
         for op in pending:
             response.deploy_request.append(deploy_info(app, op))
         _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])

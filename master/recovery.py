@@ -255,12 +255,33 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
         return ContainerLoss(container.id, cause)
     replacement = _replace(app, container, held)
     redeploy(app, affected_operators(app, replacement), now_ms, replacement)
+    delay = backoff(app, max(op.failures_in_a_row for op in charged))
+    app.restart_delay_ms, app.restart_at_ms = delay, now_ms + delay
     app.recoveries += 1
     app.last_recovery_ms = now_ms
     app.last_recovery = (f"container {container.id} lost ({cause}); replaced by "
                          f"{replacement.id}; committed window "
-                         f"{format_window_id(app.committed_window_id)}")
+                         f"{format_window_id(app.committed_window_id)}"
+                         + (f"; restart delayed {delay / 1000:.1f} s (backoff)" if delay else ""))
     return ContainerLoss(container.id, cause, replacement.id)
+
+
+def backoff(app: Application, failures_in_a_row: int) -> int:
+    """The delay (ms) before a restart after ``failures_in_a_row`` failures without a new
+    checkpoint: none for the first, then RESTART_BACKOFF_MILLIS doubling at each further
+    one up to RESTART_BACKOFF_MAX_MILLIS (Flink's exponential-delay restart strategy).
+
+    >>> from types import SimpleNamespace
+    >>> app = SimpleNamespace(plan=SimpleNamespace(attributes={
+    ...     "RESTART_BACKOFF_MILLIS": 1000, "RESTART_BACKOFF_MAX_MILLIS": 5000}))
+    >>> [backoff(app, k) for k in range(1, 7)]
+    [0, 1000, 2000, 4000, 5000, 5000]
+    """
+    first = int(app.plan.attributes.get("RESTART_BACKOFF_MILLIS", 1_000))
+    longest = int(app.plan.attributes.get("RESTART_BACKOFF_MAX_MILLIS", 60_000))
+    if failures_in_a_row <= 1 or first <= 0:
+        return 0
+    return min(longest, first << min(failures_in_a_row - 2, 40))
 
 
 def _fail_operators(operators: Sequence[PTOperator]) -> None:

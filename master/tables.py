@@ -309,6 +309,10 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
         ("latency", f"{app.latency_ms:.0f} ms along {' -> '.join(app.critical_path) or '-'}"),
         ("failures", f"{app.operator_failures} of operators, {app.recoveries} recoveries"),
     ]
+    if app.restart_at_ms > now_ms and not app.finished_ms:
+        fields.append(("restart", f"in {format_duration_ms(app.restart_at_ms - now_ms)} "
+                                  f"(backoff {format_duration_ms(app.restart_delay_ms)}, "
+                                  "RESTART_BACKOFF_MILLIS)"))
     if app.repartitions:
         fields.append(("repartitions", f"{app.repartitions}, last: {app.last_repartition}"))
     if app.from_savepoint:

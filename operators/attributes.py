@@ -194,6 +194,14 @@ _ALL = [
               "has data is blocked, and its container is restarted."),
     Attribute("MAX_RESTARTS", _within(1, _MANY), 5, Scope.BOTH,
               "Restarts of an operator without a new checkpoint before the application fails."),
+    Attribute("RESTART_BACKOFF_MILLIS", _within(0, _DAY_MS, " ms"), 1_000, Scope.DAG,
+              "Delay before the second restart in a row (failures without a new checkpoint "
+              "between them), doubled for each further one: a fault that lasts (a full disk, "
+              "a broker down) does not spend MAX_RESTARTS in seconds. The first restart "
+              "after a checkpoint is never delayed. 0 = no delay."),
+    Attribute("RESTART_BACKOFF_MAX_MILLIS", _within(0, _DAY_MS, " ms"), 60_000, Scope.DAG,
+              "The longest delay between restarts (RESTART_BACKOFF_MILLIS doubling stops "
+              "here)."),
     Attribute("CRASH_AT", _crash_points, "", Scope.BOTH,
               "Kill the container on purpose at these named points, once each: "
               "'point' or 'point@n', comma-separated (tests of recovery; see operators.faults)."),
@@ -279,6 +287,14 @@ def check_together(values: Mapping[str, Any]) -> None:
             f"HEARTBEAT_TIMEOUT_MILLIS={timeout} is less than twice HEARTBEAT_INTERVAL_MILLIS="
             f"{interval}: one late heartbeat would lose a healthy container; raise the "
             f"timeout to {2 * interval} or more, or lower the interval")
+    backoff = values.get("RESTART_BACKOFF_MILLIS", ATTRIBUTES["RESTART_BACKOFF_MILLIS"].default)
+    longest = values.get("RESTART_BACKOFF_MAX_MILLIS",
+                         ATTRIBUTES["RESTART_BACKOFF_MAX_MILLIS"].default)
+    if longest < backoff:
+        raise InvalidAttribute(
+            f"RESTART_BACKOFF_MAX_MILLIS={longest} is less than RESTART_BACKOFF_MILLIS="
+            f"{backoff}: the longest delay cannot be shorter than the first; raise the "
+            "maximum or lower the first delay")
 
 
 def resolve(name: str, *layers: Mapping[str, str]) -> Any:

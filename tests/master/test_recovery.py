@@ -496,3 +496,26 @@ def test_containers_that_stop_with_a_finished_application_are_no_failures():
     cluster.liveness({C0: 0, C1: 0, C2: 0})
     assert all(c.state == ContainerState.KILLED for c in cluster.app.plan.containers.values())
     assert list(application_info(cluster.app).recent_failures) == []
+
+
+def test_restarts_in_a_row_wait_longer_each_time_up_to_the_maximum():
+    """Issue 36: a lasting fault spent every restart back to back. The first restart after
+    a checkpoint is at once; each further one in a row waits twice as long, up to the
+    maximum, and its operators are not deployed before then."""
+    cluster = chain(MAX_RESTARTS="9", RESTART_BACKOFF_MILLIS="1000",
+                    RESTART_BACKOFF_MAX_MILLIS="3000")
+    delays = []
+    for attempt in range(1, 6):
+        cluster.report(SINK, state=FAILED, error=f"OSError: disk full {attempt}")
+        delays.append(cluster.app.restart_delay_ms)
+        replacement = cluster.ops[SINK].container_id
+        held_back = cluster.beat(replacement)
+        assert bool(held_back.deploy_request) == (cluster.app.restart_delay_ms == 0)
+        cluster.clock.advance(cluster.app.restart_delay_ms)
+        assert [d.id for d in cluster.beat(replacement).deploy_request] == [SINK]
+    assert delays == [0, 1000, 2000, 3000, 3000]
+    shown = application_info(cluster.app)
+    assert (shown.restart_delay_ms, shown.restart_at_ms) == (3000, cluster.app.restart_at_ms)
+    checkpointed(cluster, SINK, 20)  # a new checkpoint: the next restart is at once again
+    cluster.report(SINK, state=FAILED, error="OSError: disk full again")
+    assert cluster.app.restart_delay_ms == 0

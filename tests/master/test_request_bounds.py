@@ -58,6 +58,14 @@ def test_a_heartbeat_timeout_below_twice_the_interval_is_refused(client):
     assert "less than twice HEARTBEAT_INTERVAL_MILLIS=1000" in str(error)
 
 
+def test_a_restart_backoff_maximum_below_its_first_delay_is_refused(client):
+    error = refused(client.submit, chain_descriptor(1), {
+        "RESTART_BACKOFF_MILLIS": "5000", "RESTART_BACKOFF_MAX_MILLIS": "1000"})
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "RESTART_BACKOFF_MAX_MILLIS=1000 is less than RESTART_BACKOFF_MILLIS=5000" in str(
+        error)
+
+
 def test_an_attribute_out_of_range_is_refused_in_the_dag_code_already():
     with pytest.raises(InvalidAttribute, match="is outside 1..3,600,000 ms"):
         Dag("wc", STREAMING_WINDOW_SIZE_MILLIS=2 ** 70)
