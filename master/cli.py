@@ -298,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     args.forward = unknown
+    # found, not given: a command that waits finds the master again if it restarts
+    args.master_found = not getattr(args, "master", None) and not os.environ.get("WEIR_MASTER")
     args.master = getattr(args, "master", None) or (
         "" if args.command in ("master", "run") else default_master())  # they start one
     args.json = getattr(args, "json", False)

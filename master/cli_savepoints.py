@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+
+import grpc
 
 from master.cli_queries import client_for, print_json
-from master.client import WeirClient
+from master.client import WeirClient, WeirClientError, default_master
 from operators.durable.locations import redact_location
 from operators.savepoints import SavepointError, match, read_manifest
 from operators.windows import format_window_id
@@ -23,14 +26,14 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     shown = redact_location(args.path)
     with client_for(args) as client:
         client.take_savepoint(args.app_id, args.path, stop=args.stop)
-        if not args.json:
-            print(f"{args.app_id}: savepoint requested at {shown}"
-                  + ("; its inputs end after the current window" if args.stop else ""),
-                  file=sys.stderr)
-        if args.stop:
-            info = client.wait(args.app_id, args.wait)
-        else:
-            info = _wait_written(client, args.app_id, args.wait)
+    if not args.json:
+        print(f"{args.app_id}: savepoint requested at {shown}"
+              + ("; its inputs end after the current window" if args.stop else ""),
+              file=sys.stderr)
+    if args.stop:
+        info = wait_across_restarts(args, lambda c, s: c.wait(args.app_id, s))
+    else:
+        info = wait_across_restarts(args, lambda c, s: _wait_written(c, args.app_id, s))
     if args.json:
         print_json(info)
     if info.savepoint_state != "complete":
@@ -44,6 +47,34 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
               f"{format_window_id(window)}); resume with: weir submit APP.py "
               f"--from-savepoint {shown}")
     return 0
+
+
+def wait_across_restarts(args: argparse.Namespace,
+                         wait: Callable[[WeirClient, float], client_pb2.ApplicationInfo]
+                         ) -> client_pb2.ApplicationInfo:
+    """``wait(client, seconds left)`` within ``args.wait`` seconds, through a restart of the
+    master: while no master answers, it is looked for again (where the other commands look,
+    when ``--master`` and $WEIR_MASTER named none: a restarted master may listen on another
+    port) and the wait goes on with the one found. A master that took the application
+    back answers for it (its journal); one that never comes back ends the wait with its
+    error at the deadline."""
+    deadline = time.monotonic() + args.wait
+    said = False
+    while True:
+        try:
+            with client_for(args) as client:
+                return wait(client, max(0.0, deadline - time.monotonic()))
+        except WeirClientError as exc:
+            if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
+                raise
+            if not said:
+                print(f"weir: the master at {args.master} does not answer; waiting up to "
+                      f"{deadline - time.monotonic():.0f} s for it (or a restarted one) to "
+                      "come back", file=sys.stderr)
+                said = True
+        time.sleep(0.5)
+        if getattr(args, "master_found", False):
+            args.master = default_master()
 
 
 def _wait_written(client: WeirClient, app_id: str, timeout_s: float
