@@ -20,6 +20,8 @@ from typing import Any
 
 from bench.common import JobSpec, PeakMemory, render_table
 from bench.event_time import event_time_jobs, render_event_time
+from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
+from bench.latency import latency_jobs, render_latency
 from bench.running_count import render as render_running_count
 from bench.verdict import failed_rows
 
@@ -148,13 +150,16 @@ def render(results: list[dict[str, Any]]) -> str:
     for r in results:
         eps, p50, p99 = (r.get("events_per_second", 0), r.get("latency_p50_ms", 0),
                          r.get("latency_p99_ms", 0))
+        timed = r.get("latencies_ms") != []  # e.g. the Kafka consumer ceiling: no windows
         low, high = r.get("spread", {}).get("events_per_second", [eps, eps])
         ratio = (f"{eps / spark['events_per_second']:.2f}"
                  if spark and spark.get("events_per_second") and r.get("correct") else "-")
         p99_ratio = (f"{p99 / spark['latency_p99_ms']:.2f}"
-                     if spark and spark.get("latency_p99_ms") and r.get("correct") else "-")
+                     if spark and spark.get("latency_p99_ms") and r.get("correct") and timed
+                     else "-")
         rows.append([r["system"], _fmt(r.get("events", 0)), str(r.get("repeats", 1)),
-                     _fmt(eps), f"{_fmt(low)}-{_fmt(high)}", _fmt(p50), _fmt(p99),
+                     _fmt(eps), f"{_fmt(low)}-{_fmt(high)}",
+                     *([_fmt(p50), _fmt(p99)] if timed else ["-", "-"]),
                      _fmt(r.get("peak_rss_mb", 0)), "yes" if r.get("correct") else "NO",
                      ratio, p99_ratio])
     lines = render_table(headers, rows)
@@ -330,10 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-time-rate", type=float, default=2_000_000,
                         help="event-time row: events/s offered to Weir (above what it "
                              "sustains: its ceiling; its delay then includes a backlog)")
+    parser.add_argument("--latency-seconds", type=float, default=30.0,
+                        help="latency row: seconds of events per run (the first 5 s left out)")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "weir-kafka", "spark-streaming",
                                  "event-time", "running-count", "bytewax", "startup",
-                                 "recovery", "master-restart", "control-plane", "scaling"])
+                                 "recovery", "master-restart", "control-plane", "scaling",
+                                 "latency"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
     args = parser.parse_args(argv)
@@ -364,11 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     results.extend(_repeated(jobs, max(1, args.repeat)))
     if "event-time" not in args.skip:
         report["event_time"] = _repeated(event_time_jobs(args, _run), max(1, args.repeat))
+    if "latency" not in args.skip:
+        report["latency"] = _repeated(latency_jobs(args, _run), max(1, args.repeat))
     if "running-count" not in args.skip:
         report["running_count"] = _run("running-count", spec, args.timeout)
     if "weir-kafka" not in args.skip:
         kafka = dataclasses.replace(spec, events=args.kafka_events)
         results.append(_run("weir-kafka", kafka, args.timeout, *app_windows))
+        # the same events read by one plain consumer (the ceiling) and by Quix Streams
+        results += [_run(peer, kafka, args.timeout) for peer in KAFKA_PEERS]
     if "bytewax" not in args.skip:
         small = dataclasses.replace(spec, events=args.bytewax_events)
         results.append(_run("bytewax", small, args.timeout))
@@ -402,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     sections = [render(results)] if results else []
+    if kafka_context := render_kafka_context(results):
+        sections.append(kafka_context)
     if "event_time" in report:
         sections.append(render_event_time(report["event_time"]))
+    if "latency" in report:
+        sections.append(render_latency(report["latency"]))
     if "scaling" in report:
         sections.append(render_scaling(report["scaling"]))
     if "running_count" in report:
@@ -441,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     if "control_plane" in report:
         c = report["control_plane"]
         flat = {k: v for k, v in c.items() if not isinstance(v, list | dict)}
+        if "rtt_p99_ms" in c:
+            print(f"control plane: round trip p99 {c['rtt_p99_ms']:g} ms (target < 100 ms), "
+                  f"master CPU {c.get('master_cpu_ms_per_heartbeat', '?')} ms per heartbeat "
+                  f"({c.get('master_cpu_percent', '?')} % of a core), targets "
+                  f"{'met' if c.get('meets_targets') else 'NOT met'}")
         print(f"control plane: {json.dumps(flat)}")
     (args.out / "latest.json").write_text(json.dumps(report, indent=2))
     (args.out / "latest.txt").write_text(table + "\n")

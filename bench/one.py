@@ -19,7 +19,8 @@ __all__ = ["SYSTEMS", "main"]
 
 SYSTEMS = ("weir", "weir-kafka", "spark-streaming", "bytewax", "startup", "recovery",
            "master-restart", "control-plane", "weir-event-time", "spark-event-time",
-           "running-count")
+           "running-count", "kafka-consumer-ceiling", "quixstreams", "weir-latency",
+           "spark-latency")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="control plane: seconds before the figures are taken")
+    parser.add_argument("--latency-spec", default="",
+                        help="weir-latency, spark-latency: the bench.latency.LatencySpec as "
+                             "JSON (its job: map or count)")
+    parser.add_argument("--probe", action="store_true",
+                        help="spark-latency: only find the smallest trigger it sustains")
     args = parser.parse_args(argv)
     spec = JobSpec.from_json(args.spec)
     # Memory-backed like Weir's Spark scratch files, so both read their input from RAM.
@@ -76,6 +82,8 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         run = event_time_jobs.run_weir if args.system == "weir-event-time" \
             else event_time_jobs.run_spark
         result = run(et, work).to_dict()
+    elif args.system in ("weir-latency", "spark-latency"):
+        result = _latency(args, work)
     elif args.system == "running-count":
         from bench import running_count
 
@@ -91,6 +99,11 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         if args.events_per_trigger:
             files = max(1, args.events_per_trigger // spec.batch_rows)
         result = spark_streaming.run(spec, work, files_per_trigger=files).to_dict()
+    elif args.system in ("kafka-consumer-ceiling", "quixstreams"):
+        from bench import kafka_peers
+
+        result = (kafka_peers.consumer_ceiling(spec) if args.system == "kafka-consumer-ceiling"
+                  else kafka_peers.quixstreams_job(spec, work)).to_dict()
     elif args.system == "bytewax":
         from bench import bytewax_job
 
@@ -114,6 +127,20 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
                                    operators_per_container=args.operators,
                                    duration_s=args.duration, warmup_s=args.warmup)
     return result
+
+
+def _latency(args: argparse.Namespace, work: Path) -> dict:
+    """The latency row's runs (``bench.latency``)."""
+    from bench.latency import LatencySpec
+
+    spec = LatencySpec.from_json(args.latency_spec) if args.latency_spec else LatencySpec()
+    if args.system == "weir-latency":
+        from bench.latency_jobs import run_weir
+
+        return run_weir(spec, work)
+    from bench import latency_spark
+
+    return latency_spark.probe(spec, work) if args.probe else latency_spark.run(spec, work)
 
 
 if __name__ == "__main__":

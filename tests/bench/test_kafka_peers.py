@@ -88,7 +88,8 @@ def test_a_wrong_or_crashed_peer_fails_make_bench(monkeypatch, tmp_path, capsys)
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
     skip = [f"--skip={row}" for row in ("weir", "weir-paced", "spark-streaming", "event-time",
                                          "running-count", "bytewax", "scaling", "startup",
-                                         "recovery", "master-restart", "control-plane")]
+                                         "recovery", "master-restart", "control-plane",
+                                         "latency")]
     status = bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
     out = capsys.readouterr().out
     assert status == 1
@@ -101,10 +102,12 @@ def test_skipping_the_kafka_row_skips_its_peers(monkeypatch, tmp_path) -> None:
     import bench.__main__ as bench_main
 
     calls: list[str] = []
-    monkeypatch.setattr(bench_main, "_run", lambda system, *a: calls.append(system) or {})
+    monkeypatch.setattr(bench_main, "_run", lambda system, *a: calls.append(system) or {
+        "system": system, "correct": True})
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
     skip = [f"--skip={row}" for row in ("weir", "weir-paced", "spark-streaming", "event-time",
                                          "running-count", "weir-kafka", "scaling", "startup",
-                                         "recovery", "master-restart", "control-plane")]
+                                         "recovery", "master-restart", "control-plane",
+                                         "latency")]
     bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
     assert calls == ["bytewax"]

@@ -12,7 +12,7 @@ from bench.running_count import _window_times, expected_totals, render, write_ke
 
 SKIP_ALL_BUT = [arg for name in ("weir", "weir-paced", "spark-streaming", "weir-kafka",
                                  "bytewax", "event-time", "startup", "recovery",
-                                 "master-restart", "control-plane", "scaling")
+                                 "master-restart", "control-plane", "scaling", "latency")
                 for arg in ("--skip", name)]
 
 
