@@ -75,6 +75,9 @@ WEIR, SPARK = "weir-latency", "spark-latency"
 JOBS = ("map", "count")
 TRIGGERS_MS = (100, 200, 500, 1000)
 """Spark SS's processing-time triggers tried, smallest first."""
+APP_WINDOWS = (1, 2, 3, 5, 10)
+"""Weir's application windows tried for the count (streaming windows per Spark job),
+smallest first: its counterpart of Spark SS's trigger."""
 GOAL_MS = {"map": 100.0, "count": 250.0}
 """The issue's goal for Weir's p99 per job (and below Spark SS's p99)."""
 
@@ -96,7 +99,8 @@ class LatencySpec:
     duration_s: float = 30.0
     warmup_s: float = 5.0
     trigger_ms: int = 0  # Spark SS: 0 = find the smallest it sustains (TRIGGERS_MS)
-    probe_s: float = 12.0  # Spark SS: seconds per trigger tried
+    probe_s: float = 12.0  # seconds per trigger (Spark SS) or window count (Weir) tried
+    app_windows: int = 1  # Weir's count: streaming windows per application window
 
     @property
     def events(self) -> int:
@@ -217,10 +221,36 @@ def keeps_up(trigger_ms: int, batch_ms: Sequence[float], most_behind: float = 0.
     return behind <= most_behind * len(batch_ms)
 
 
+def weir_keeps_up(spec: LatencySpec, result: dict[str, Any]) -> bool:
+    """Whether a Weir probe run sustained the rate: correct, and its events/s at least
+    90 % of the rate offered (a backlog that grows shows as a lower rate)."""
+    return bool(result.get("correct")) and float(
+        result.get("events_per_second", 0)) >= 0.9 * spec.rate_per_second
+
+
+def _weir_app_windows(spec: LatencySpec, run: Callable[..., dict[str, Any]], shown: Any,
+                      timeout_s: float) -> tuple[int, list[dict[str, Any]]]:
+    """The smallest application window (APP_WINDOWS) at which Weir's count keeps up, each
+    tried on a short run, as Spark SS's trigger is; the largest if none does."""
+    tries = []
+    for count in APP_WINDOWS:
+        short = dataclasses.replace(spec, app_windows=count,
+                                    duration_s=spec.probe_s + spec.warmup_s)
+        result = run(WEIR, shown, timeout_s, "--latency-spec", short.to_json())
+        kept = weir_keeps_up(short, result)
+        tries.append({"app_windows": count, "kept_up": kept,
+                      "events_per_second": result.get("events_per_second"),
+                      "p99_ms": result.get("latency_p99_ms")})
+        if kept:
+            return count, tries
+    return APP_WINDOWS[-1], tries
+
+
 def latency_jobs(args: Any, run: Callable[..., dict[str, Any]]
                  ) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """``make bench``'s four latency runs: ``run`` is its ``_run(system, JobSpec,
-    timeout_s, *extra)``. Spark SS's trigger per job is found first by a probe run."""
+    timeout_s, *extra)``. Each system's batch for the count is found first by probe runs:
+    Spark SS's smallest trigger, Weir's smallest application window that keep up."""
     from bench.common import JobSpec
 
     jobs = []
@@ -234,7 +264,13 @@ def latency_jobs(args: Any, run: Callable[..., dict[str, Any]]
               f"(probe: {probe.get('probes', probe.get('detail'))})", file=sys.stderr,
               flush=True)
         spark_spec = dataclasses.replace(spec, trigger_ms=trigger)
-        for system, s in ((WEIR, spec), (SPARK, spark_spec)):
+        weir_spec = spec
+        if job == "count":
+            count, tries = _weir_app_windows(spec, run, shown, args.timeout)
+            print(f"  latency count: Weir application window {count} x {spec.window_ms} ms "
+                  f"(probe: {tries})", file=sys.stderr, flush=True)
+            weir_spec = dataclasses.replace(spec, app_windows=count)
+        for system, s in ((WEIR, weir_spec), (SPARK, spark_spec)):
             jobs.append((f"{system} {job}", lambda system=system, s=s, shown=shown: {
                 **run(system, shown, args.timeout, "--latency-spec", s.to_json()),
                 "system": system, "job": s.job}))
@@ -256,7 +292,8 @@ def render_latency(results: list[dict[str, Any]]) -> str:
         low, high = r.get("spread", {}).get("latency_p99_ms", [p99, p99])
         extra = r.get("extra", {})
         unit = (f"trigger {extra.get('trigger_ms', '?')} ms" if r.get("system") == SPARK
-                else f"window {extra.get('window_ms', '?')} ms")
+                else f"window {extra.get('window_ms', '?')} ms"
+                + (f" x {extra['app_windows']}" if extra.get("app_windows", 1) > 1 else ""))
         ratio = (f"{p99 / spark['latency_p99_ms']:.2f}" if spark and r.get("correct")
                  and spark.get("latency_p99_ms") else "-")
         goal = "-"

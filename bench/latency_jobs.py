@@ -132,7 +132,7 @@ def build_dag(spec: LatencySpec, work: Path) -> Dag:
                               CONTAINER=0)
     middle = (dag.add_operator("map", MapOperator(), CONTAINER=1) if spec.job == "map" else
               dag.add_operator("aggregate", WindowedCount(key="key", value="value"),
-                               CONTAINER=1, APPLICATION_WINDOW_COUNT=1))
+                               CONTAINER=1, APPLICATION_WINDOW_COUNT=spec.app_windows))
     sink = dag.add_operator("sink", LatencySink(str(work / "sink.parquet")), CONTAINER=1)
     dag.add_stream("events", source.output, middle.input)
     dag.add_stream("results", middle.output, sink.input)
@@ -174,7 +174,8 @@ def run_weir(spec: LatencySpec, work: Path, timeout_s: float = 600.0) -> dict[st
     figs = figures(created, arrival, counted, boundary)
     latencies = (arrival - created)[created > boundary].tolist()
     return {**base, **figs, "events": generated, "correct": correct, "detail": detail,
-            "extra": {"window_ms": spec.window_ms, "wall_seconds_with_startup": round(wall_s, 1),
+            "extra": {"window_ms": spec.window_ms, "app_windows": spec.app_windows,
+                      "wall_seconds_with_startup": round(wall_s, 1),
                       "breakdown": breakdown(windows, latencies),
                       "stages": _stages(windows, middle, log)}}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -164,3 +166,30 @@ def test_the_weir_dag_puts_the_source_alone_in_container_0(job: str, tmp_path) -
     descriptor = dag.to_descriptor()
     assert descriptor is not None
     assert failed_rows({"latency": [_summary(WEIR, job, [1.0])]}) == []
+
+
+def test_weirs_count_runs_on_the_smallest_application_window_that_keeps_up() -> None:
+    """Weir's counterpart of Spark SS's trigger probe: 100 ms streaming windows, counted
+    over the smallest number of them per Spark job at which the rate is sustained."""
+    from types import SimpleNamespace
+
+    from bench.latency import latency_jobs as jobs_of
+
+    seen: list[tuple[str, int]] = []
+
+    def fake_run(system, shown, timeout_s, *extra):
+        if "--probe" in extra:
+            return {"system": SPARK, "trigger_ms": 500, "probes": []}
+        spec = LatencySpec.from_json(extra[extra.index("--latency-spec") + 1])
+        seen.append((spec.job, spec.app_windows))
+        rate = 100_000 if spec.app_windows >= 3 else 40_000
+        return {"system": system, "correct": True, "events_per_second": rate}
+
+    jobs = dict(jobs_of(SimpleNamespace(latency_seconds=30.0, timeout=60.0), fake_run))
+    assert seen == [("count", 1), ("count", 2), ("count", 3)]  # the probe stops at 3
+    jobs[f"{WEIR} count"]()
+    jobs[f"{WEIR} map"]()
+    assert seen[-2:] == [("count", 3), ("map", 1)]
+    dag = latency_jobs.build_dag(LatencySpec(job="count", app_windows=3), Path("/tmp"))
+    aggregate = next(o for o in dag.to_descriptor().operators if o.name == "aggregate")
+    assert aggregate.attributes["APPLICATION_WINDOW_COUNT"] == "3"
