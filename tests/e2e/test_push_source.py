@@ -201,7 +201,7 @@ def test_every_acknowledged_line_is_processed_exactly_once_across_a_crash(master
     assert END not in got
     if crash != "sigkill":  # the chunk being appended was neither synced nor acknowledged
         assert sender.unacked and not set(sender.unacked) & set(got)
-    segments = sorted((state / "operators" / str(source_id) / "wal").glob("*.log"))
+    segments = sorted(state.glob(f"runs/*/operators/{source_id}/wal/*.log"))
     assert int(segments[0].name[:20]) > 0, "committed WAL segments were deleted"
     print(f"{len(sender.acked)} lines acknowledged ({acked_at_kill} before the kill), "
           f"{len(sender.unacked)} sent but not acknowledged, "

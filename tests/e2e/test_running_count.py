@@ -74,5 +74,5 @@ def test_running_count_totals_are_exact_after_sigkills_of_its_container(master, 
     assert last == dict(expected), (
         f"{note}: {sum(last.get(w) != n for w, n in expected.items())} words' totals differ, "
         f"e.g. {[(w, last.get(w), n) for w, n in expected.items() if last.get(w) != n][:5]}")
-    stores = list((tmp_path / "state" / "operators").glob("*/running-count.sqlite"))
+    stores = list((tmp_path / "state").glob("runs/*/operators/*/running-count.sqlite"))
     assert len(stores) == 1, stores
