@@ -30,10 +30,8 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
         print(f"{args.app_id}: savepoint requested at {shown}"
               + ("; its inputs end after the current window" if args.stop else ""),
               file=sys.stderr)
-    if args.stop:
-        info = wait_across_restarts(args, lambda c, s: c.wait(args.app_id, s))
-    else:
-        info = wait_across_restarts(args, lambda c, s: _wait_written(c, args.app_id, s))
+    info = wait_across_restarts(args, lambda c, s: _wait_written(c, args.app_id, s,
+                                                                  stop=args.stop))
     if args.json:
         print_json(info)
     if info.savepoint_state != "complete":
@@ -77,13 +75,17 @@ def wait_across_restarts(args: argparse.Namespace,
             args.master = default_master()
 
 
-def _wait_written(client: WeirClient, app_id: str, timeout_s: float
+def _wait_written(client: WeirClient, app_id: str, timeout_s: float, *, stop: bool = False
                   ) -> client_pb2.ApplicationInfo:
-    """Polls until the savepoint is no longer being written (or the application ended)."""
+    """Polls until the savepoint is no longer being written: complete (its manifest is
+    written, by a thread of the master's, which may be after the application ended) or
+    failed. ``stop``: a complete one also waits for the application to end."""
     deadline = time.monotonic() + timeout_s
     while True:
         info = client.application(app_id)
-        if info.savepoint_state != "writing" or info.state not in ("ACCEPTED", "RUNNING"):
+        ended = info.state not in ("ACCEPTED", "RUNNING")
+        state = info.savepoint_state
+        if state != "writing" and (ended or not stop or state != "complete"):
             return info
         if time.monotonic() > deadline:
             raise TimeoutError(f"the savepoint of {app_id} was still being written after "

@@ -154,3 +154,30 @@ def test_a_savepoint_is_refused_once_an_operator_ended_and_given_up_if_one_ends_
     advance(app)
     assert app.savepoint.state.startswith("incomplete: operators source (1) ended")
     assert committed_for_containers(app) == app.committed_window_id  # nothing held
+
+
+def test_savepoint_stop_waits_for_the_manifest_written_after_the_application_ended():
+    """The master writes the manifest in a thread of its own, which may finish after the
+    application is FINISHED: `weir savepoint --stop` waits for it (it exited 1 saying the
+    savepoint was still "writing")."""
+    from master.cli_savepoints import _wait_written
+    from proto import client_pb2
+
+    polls = iter([("RUNNING", "writing"), ("FINISHED", "writing"), ("FINISHED", "complete")])
+
+    class Client:
+        def application(self, app_id):
+            state, savepoint = next(polls)
+            return client_pb2.ApplicationInfo(id=app_id, state=state, savepoint_state=savepoint,
+                                              savepoint_path="/sp")
+
+    info = _wait_written(Client(), "app-0001", 30, stop=True)  # type: ignore[arg-type]
+    assert (info.state, info.savepoint_state) == ("FINISHED", "complete")
+    failed = iter([("RUNNING", "operators 'x' wrote no part")])
+
+    class Failing:
+        def application(self, app_id):
+            state, savepoint = next(failed)
+            return client_pb2.ApplicationInfo(id=app_id, state=state, savepoint_state=savepoint)
+
+    assert _wait_written(Failing(), "app-0001", 30, stop=True).state == "RUNNING"  # type: ignore[arg-type]
