@@ -182,14 +182,14 @@ def test_weirs_count_runs_on_the_smallest_application_window_that_keeps_up() -> 
             return {"system": SPARK, "trigger_ms": 500, "probes": []}
         spec = LatencySpec.from_json(extra[extra.index("--latency-spec") + 1])
         seen.append((spec.job, spec.app_windows))
-        rate = 100_000 if spec.app_windows >= 3 else 40_000
+        rate = 100_000 if spec.app_windows >= 4 else 40_000
         return {"system": system, "correct": True, "events_per_second": rate}
 
     jobs = dict(jobs_of(SimpleNamespace(latency_seconds=30.0, timeout=60.0), fake_run))
-    assert seen == [("count", 1), ("count", 2), ("count", 3)]  # the probe stops at 3
+    assert seen == [("count", 1), ("count", 2), ("count", 4)]  # the probe stops at 4
     jobs[f"{WEIR} count"]()
     jobs[f"{WEIR} map"]()
-    assert seen[-2:] == [("count", 3), ("map", 1)]
+    assert seen[-2:] == [("count", 4), ("map", 1)]
     dag = latency_jobs.build_dag(LatencySpec(job="count", app_windows=3), Path("/tmp"))
     aggregate = next(o for o in dag.to_descriptor().operators if o.name == "aggregate")
     assert aggregate.attributes["APPLICATION_WINDOW_COUNT"] == "3"
