@@ -21,14 +21,14 @@ from tests.e2e.test_exactly_once import write_input
 from tests.e2e.wordcount import published_counts
 from tests.harness import TAG_ENV, WeirProcess, poll_for, tagged_env, tagged_processes
 
-APP = """
+COUNT_WORDS = """
     import collections
     import pyarrow as pa
     from operators import Dag, Operator, InputPort, OutputPort
     from operators.library import DirectorySource, FileSink
 
     class CountWords(Operator):
-        '''Words per window, in plain Python (no Spark: the test is about the master).'''
+        '''Words per window, in plain Python (no Spark: the tests are about deployments).'''
         input = InputPort()
         output = OutputPort()
 
@@ -45,7 +45,10 @@ APP = """
                 words = sorted(self.counts)
                 self.output.emit(pa.record_batch({{
                     "word": words, "count": [self.counts[w] for w in words]}}))
+"""
+"""An application file's head: a plain-Python word count operator (for ``str.format``)."""
 
+APP = COUNT_WORDS + """
     dag = Dag("restart", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS={timeout_ms},
               TIMEOUT_WINDOW_COUNT={timeout_ms} // 200,

@@ -16,34 +16,12 @@ from master.client import WeirClient
 from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import write_input
+from tests.e2e.test_master_restart import COUNT_WORDS
 from tests.e2e.test_recovery import wait_finished, where_it_stands
 from tests.e2e.wordcount import published_counts
 from tests.harness import poll_for
 
-APP = """
-    import collections
-    import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import DirectorySource, FileSink
-
-    class CountWords(Operator):
-        '''Words per window, in plain Python (the test is about deployments, not Spark).'''
-        input = InputPort()
-        output = OutputPort()
-
-        def begin_window(self, window_id):
-            self.counts = collections.Counter()
-
-        def process(self, port, batch):
-            for line in batch.column("line").to_pylist():
-                self.counts.update(line.split())
-
-        def end_window(self):
-            if self.counts:
-                words = sorted(self.counts)
-                self.output.emit(pa.record_batch({{
-                    "word": words, "count": [self.counts[w] for w in words]}}))
-
+APP = COUNT_WORDS + """
     dag = Dag("second-run", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=4000,
               CHECKPOINT_WINDOW_COUNT=2, STATE_DIR={state!r}, MAX_RESTARTS={restarts})
