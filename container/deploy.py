@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -14,6 +13,7 @@ import cloudpickle
 from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
+from container.durable_folders import DurableFolders, redeployed
 from container.lease import Lease
 from container.operator_state import OperatorStateError, capture, new_partition, restore
 from container.port_input import PortInput
@@ -88,12 +88,6 @@ def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
     return typed
 
 
-def redeployed(info: plan_pb2.OperatorDeployInfo) -> bool:
-    """An earlier deployment of the operator ran in this run: its generation is above the
-    run's first."""
-    return info.generation > max(1, info.first_generation)
-
-
 def default_state_dir(application_id: str) -> str:
     """Where checkpoints go when STATE_DIR is not set (the master resolves the same)."""
     return os.path.join(tempfile.gettempdir(), "weir-state", application_id)
@@ -166,7 +160,7 @@ class Deployment:
         self.store = CheckpointStore(self.state_dir)
         # the savepoint asked for: (path, window; -1 = at the end of the stream, a stop)
         self.savepoint: tuple[str, int] | None = None
-        self.run = 0  # the run's first generation: names its durable folders (``_operator_dir``)
+        self.folders = DurableFolders(self.state_dir)  # this run's durable folders
         # (seed window, operators a repartition retired): checkpoints to delete after commit
         self._retired: list[tuple[int, list[int]]] = []
 
@@ -185,7 +179,7 @@ class Deployment:
                             "%d still running here", self.container_id, info.name, info.id,
                             info.generation, running.generation)
             self.undeploy([info.id])
-        self._enter_run(info.first_generation)
+        self.folders.enter_run(info.first_generation)
         fence = self._claim(info)  # first: a previous deployment still stopping is fenced
         self._await_stopped(info)
         with self._lock:
@@ -197,11 +191,13 @@ class Deployment:
             context = OperatorContext(name=info.name, operator_id=info.id,
                                       container_id=self.container_id,
                                       attributes=attributes, spark=self.spark,
-                                      state_dir=self._operator_dir(info.id),
+                                      state_dir=self.folders.operator_dir(info.id),
                                       recovered_window=resume,
                                       partition_index=info.partition_index,
                                       partition_count=max(1, info.partition_count),
-                                      generation=info.generation, redeployed=redeployed(info),
+                                      generation=info.generation,
+                                      redeployed=redeployed(info.first_generation,
+                                                            info.generation),
                                       fence_check=fence.check)
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
@@ -252,34 +248,6 @@ class Deployment:
                               f"{self.state_dir}: {exc}") from None
         return fence
 
-    def _runs_dir(self) -> str:
-        """The folder of the runs' durable folders: local STATE_DIR only (logs need append
-        and fsync); "" for a remote one."""
-        if "://" in self.state_dir and not self.state_dir.startswith("file://"):
-            return ""
-        return os.path.join(self.state_dir.removeprefix("file://"), "runs")
-
-    def _operator_dir(self, operator_id: int) -> str:
-        """The operator's durable folder in this run's: another run on the same STATE_DIR
-        (a resubmit, a resume from a savepoint) never reads what an earlier one left."""
-        runs = self._runs_dir()
-        return os.path.join(runs, str(self.run), "operators", str(operator_id)) if runs else ""
-
-    def _enter_run(self, first_generation: int) -> None:
-        """Takes the run (named by its first generation) and, the first time, deletes the
-        durable folders earlier runs left in STATE_DIR: they are over (the master claims
-        STATE_DIR for one run at a time), and a stray deployment of one is fenced off."""
-        with self._lock:
-            if first_generation <= self.run:
-                return
-            self.run = first_generation
-        runs = self._runs_dir()
-        if not runs or not os.path.isdir(runs):
-            return
-        for name in os.listdir(runs):
-            if name.isdecimal() and int(name) < first_generation:
-                shutil.rmtree(os.path.join(runs, name), ignore_errors=True)
-
     def _build(self, info: plan_pb2.OperatorDeployInfo, resume: int,
                checkpointer: StoreCheckpointer | None = None) -> Operator:
         checkpointer = checkpointer or StoreCheckpointer(self.store)
@@ -326,7 +294,7 @@ class Deployment:
             if seed.savepoint_path and seed.from_node_ids:
                 operator = SavedParts(seed.savepoint_path).operator(
                     list(seed.from_node_ids), lambda: self._unpickle(info), info.name,
-                    share, self._operator_dir(info.id))
+                    share, self.folders.operator_dir(info.id))
             elif seed.from_node_ids:
                 old = [restore(self._unpickle(info), self.store.load(old_id, window_id),
                                info.name)
@@ -479,7 +447,8 @@ class Deployment:
             runner.savepoint.ask(path, window_id, self._write_savepoint_part)
 
     def _write_savepoint_part(self, operator_id: int, window_id: int, path: str) -> None:
-        write_part(self.store, operator_id, window_id, self._operator_dir(operator_id), path)
+        write_part(self.store, operator_id, window_id, self.folders.operator_dir(operator_id),
+                   path)
 
     def heartbeats(self, interval_ms: int) -> list[umbilical_pb2.OperatorHeartbeat]:
         with self._lock:

@@ -15,7 +15,8 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from container.deploy import DeployError, Deployment, redeployed
+from container.deploy import DeployError, Deployment
+from container.durable_folders import redeployed
 from proto import plan_pb2, umbilical_pb2
 
 __all__ = ["DeployQueue"]
@@ -70,7 +71,8 @@ class DeployQueue:
         running = self.deployment.runners
         return [umbilical_pb2.OperatorHeartbeat(
                     node_id=info.id, state=umbilical_pb2.OPERATOR_STATE_ACTIVE, ready=False,
-                    generation=info.generation, recovering=redeployed(info))
+                    generation=info.generation,
+                    recovering=redeployed(info.first_generation, info.generation))
                 for info in infos if info.id not in running]
 
     def wait_idle(self, timeout_s: float) -> bool:

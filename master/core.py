@@ -18,7 +18,6 @@ from master import heartbeat as rules
 from master import liveness, recovery, savepoints, views
 from master.application import Application, ApplicationState, LauncherAction
 from master.errors import (
-    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -32,7 +31,8 @@ from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition, unhealthy
 from master.report_filter import bounded_text
 from master.run_folders import RunFolders
-from master.state_owner import StateClaim, first_generation, new_run_id
+from master.run_store import RunStore
+from master.state_owner import new_run_id
 from master.stats_listeners import (
     ListenerAsk,
     StatsListenerError,
@@ -40,15 +40,11 @@ from master.stats_listeners import (
     consult,
     load_listeners,
 )
-from master.store_calls import STORE_TIMEOUT_S, call_store
 from operators.dag import DagError, validate_descriptor
 from operators.durable.locations import redact_location
 from operators.savepoints import (
     Manifest,
     SavepointError,
-    check_unused,
-    read_manifest,
-    write_manifest,
 )
 from proto import client_pb2, plan_pb2, umbilical_pb2
 
@@ -96,7 +92,7 @@ class MasterCore:
         self._apps: dict[str, Application] = {}
         self._folders = RunFolders()  # each run's state folder: claimed, then released
         self._manifests_writing: set[str] = set()  # apps whose savepoint manifest is written
-        self.store_timeout_s = STORE_TIMEOUT_S  # how long a request waits for a store
+        self.store = RunStore()  # every store call, made without the lock and bounded
         self._container_apps: dict[str, str] = {}
         self._listeners = StatsListeners()
         self._next_app_number = 1
@@ -149,7 +145,7 @@ class MasterCore:
             listeners = load_listeners(dag)
         except (DagError, StatsListenerError) as exc:
             raise InvalidArgument(str(exc)) from None
-        manifest = self._read_savepoint(from_savepoint) if from_savepoint else None
+        manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self._release_ended_runs()  # a run ended a moment ago: its folder is free at once
         with self._lock:
             app_id = f"app-{self._next_app_number:04d}"
@@ -166,10 +162,8 @@ class MasterCore:
             self._next_app_number += 1
         claim = None
         try:
-            claim = self._claim(state_dir, app_id, run_id)
-            plan.start_generations(call_store(lambda: first_generation(state_dir),
-                                              f"STATE_DIR {redact_location(state_dir)}",
-                                              self.store_timeout_s))
+            claim = self.store.claim(state_dir, app_id, run_id)
+            plan.start_generations(self.store.first_generation(state_dir))
         except BaseException:
             if claim is not None:
                 self._folders.release([claim], [])
@@ -192,18 +186,14 @@ class MasterCore:
         self._launch(app, list(plan.containers))
         return app_id
 
-    def _claim(self, state_dir: str, app_id: str, run_id: str) -> StateClaim:
-        """Claims a run's state folder without the lock, bounded (it may be remote)."""
-        return call_store(lambda: self._folders.claim(state_dir, app_id, run_id),
-                          f"STATE_DIR {redact_location(state_dir)}", self.store_timeout_s)
+    @property
+    def store_timeout_s(self) -> float:
+        """How long a request waits for a store."""
+        return self.store.timeout_s
 
-    def _read_savepoint(self, path: str) -> Manifest:
-        """The manifest of the savepoint at ``path``, read without the lock, bounded."""
-        try:
-            return call_store(lambda: read_manifest(path),
-                              f"the savepoint at {redact_location(path)}", self.store_timeout_s)
-        except SavepointError as exc:
-            raise InvalidArgument(str(exc)) from None
+    @store_timeout_s.setter
+    def store_timeout_s(self, seconds: float) -> None:
+        self.store.timeout_s = seconds
 
     def _take_actions(self, app: Application) -> list[tuple[Application, LauncherAction]]:
         """The app's queued kills and launches; new containers become known (lock held)."""
@@ -326,11 +316,7 @@ class MasterCore:
         answers."""
         with self._lock:
             self._app(app_id)  # an unknown application is told before any store is asked
-        try:
-            call_store(lambda: check_unused(path), f"the savepoint at {redact_location(path)}",
-                       self.store_timeout_s)
-        except SavepointError as exc:
-            raise FailedPrecondition(str(exc)) from None
+        self.store.check_unused(path)
         with self._lock:
             app = self._app(app_id)
             if app.terminal:
@@ -409,12 +395,7 @@ class MasterCore:
         """Writes a savepoint's manifest in a thread of its own: the store may be slow or
         never answer, and neither the lock nor the heartbeat that completed it waits."""
         def write() -> None:
-            error = ""
-            try:
-                call_store(lambda: write_manifest(path, manifest),
-                           f"the savepoint at {redact_location(path)}", self.store_timeout_s)
-            except (SavepointError, OSError, DeadlineExceeded) as exc:
-                error = str(exc)
+            error = self.store.write_manifest(path, manifest)
             with self._lock:
                 self._manifests_writing.discard(app.id)
                 savepoints.manifest_written(app, path, error)
@@ -565,7 +546,7 @@ class MasterCore:
         if self.journal is None:
             return 0
         loaded = self.journal.load()
-        claims = {app.id: self._claim(claim.state_dir, app.id, claim.run_id)
+        claims = {app.id: self.store.claim(claim.state_dir, app.id, claim.run_id)
                   for app, claim in loaded if claim is not None and not app.terminal}
         now_ms = self.clock()
         manifests = []

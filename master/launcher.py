@@ -9,7 +9,6 @@ in-thread launcher takes the container's entry point from its caller.
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
 import errno
 import logging
@@ -25,8 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
+from master.container_processes import (
+    CANNOT_INSPECT,
+    AdoptedProcess,
+    GoneProcess,
+    is_container_process,
+)
 from master.tls import TLS_CERT_ENV, TLS_KEY_ENV
 from operators.durable.private_files import UntrustedPath, make_private_dir
 from proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
@@ -38,7 +41,6 @@ __all__ = [
     "LocalProcessLauncher",
     "RecordingLauncher",
     "ThreadLauncher",
-    "is_container_process",
     "launcher_factory",
     "launcher_names",
     "register_launcher",
@@ -148,64 +150,9 @@ def _open_log(log_dir: Path, container_id: str) -> IO[bytes]:
         raise
 
 
-class _Adopted:
-    """A container process an earlier master launched: not our child, so watched by pid."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        try:
-            self._process: psutil.Process | None = psutil.Process(pid)
-        except psutil.NoSuchProcess:
-            self._process = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None and (
-                self._process is None or not self._process.is_running()
-                or self._process.status() == psutil.STATUS_ZOMBIE):
-            self.returncode = -1  # gone; its exit code went to the earlier master
-        return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signum)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self._process is not None:
-            try:
-                self._process.wait(timeout)
-            except psutil.TimeoutExpired:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0) from None
-            except psutil.NoSuchProcess:
-                pass
-        self.returncode = -1
-        return -1
-
-
-class _Gone:
-    """A container process proven gone when an earlier master's container was taken back:
-    it exited (code -1: its code went to that master); its pid is never signalled."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode = -1
-
-    def poll(self) -> int:
-        return -1
-
-    def send_signal(self, signum: int) -> None:
-        """Nothing: the pid may be another process's now."""
-
-    def wait(self, timeout: float | None = None) -> int:
-        return -1
-
-
-_CANNOT_INSPECT = "cannot be inspected"
-
-
 @dataclasses.dataclass
 class _Child:
-    popen: subprocess.Popen[bytes] | _Adopted | _Gone
+    popen: subprocess.Popen[bytes] | AdoptedProcess | GoneProcess
     log_file: IO[bytes] | None
     swept: bool = False
 
@@ -219,35 +166,6 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def is_container_process(pid: int, container_id: str) -> str | None:
-    """Why ``pid`` cannot be proven to be container ``container_id``'s process, or None.
-
-    The proof: it is a process of this user, leader of its own process group (the
-    launcher starts each container in a new session), other than this process and its
-    group, whose environment names that container (``WEIR_CONTAINER_ID``, set at launch;
-    only its owner can read it). A pid that was reused, or invented by a heartbeat, fails.
-    """
-    if pid <= 1:
-        return f"pid {pid} is not a process a container could have"
-    try:
-        process = psutil.Process(pid)
-        if process.uids().real != os.getuid():
-            return f"process {pid} belongs to another user"
-        if pid == os.getpid() or os.getpgid(pid) == os.getpgrp():
-            return f"process {pid} is the master's own"
-        if os.getpgid(pid) != pid:
-            return f"process {pid} leads no process group of its own"
-        named = process.environ().get(CONTAINER_ID_ENV)
-    except (psutil.NoSuchProcess, ProcessLookupError):
-        return f"process {pid} does not exist"
-    except (psutil.AccessDenied, PermissionError):
-        return f"process {pid} {_CANNOT_INSPECT}"
-    if named != container_id:
-        return (f"process {pid} is not container {container_id} (its {CONTAINER_ID_ENV} is "
-                f"{named!r})")
-    return None
 
 
 class LocalProcessLauncher(Launcher):
@@ -310,11 +228,11 @@ class LocalProcessLauncher(Launcher):
         if host and host != socket.gethostname():
             return
         refusal = is_container_process(pid, container_id)
-        if refusal is not None and not refusal.endswith(_CANNOT_INSPECT):
+        if refusal is not None and not refusal.endswith(CANNOT_INSPECT):
             # proven gone: no process has that pid, or another one has it now (a pid is
             # reused only once its process ended): lost at once, never signalled
             with self._lock:
-                self._children.setdefault(container_id, _Child(_Gone(pid), None, swept=True))
+                self._children.setdefault(container_id, _Child(GoneProcess(pid), None, swept=True))
             _LOGGER.warning("container=%s is gone: %s", container_id, refusal)
             return
         if refusal is not None:
@@ -323,7 +241,7 @@ class LocalProcessLauncher(Launcher):
             return
         with self._lock:
             if container_id not in self._children:
-                self._children[container_id] = _Child(_Adopted(pid), None)
+                self._children[container_id] = _Child(AdoptedProcess(pid), None)
         _LOGGER.info("container=%s adopted: pid %d, launched by an earlier master",
                      container_id, pid)
 

@@ -76,7 +76,7 @@ def test_one_part_is_taken_whole_with_its_folder_and_saved_as_the_first_checkpoi
     savepoint = old_run(tmp_path, {7: {"a": 1, "b": 2}}, durable={7})
     operator = deployment._build(seeded(savepoint, [7]), WINDOW)
     assert operator.totals == {"a": 1, "b": 2}
-    assert (Path(deployment._operator_dir(1)) / "store.db").read_text() == "store of 7"
+    assert (Path(deployment.folders.operator_dir(1)) / "store.db").read_text() == "store of 7"
     assert deployment.store.windows(1) == [WINDOW]  # built once: a redeploy restores it
 
 

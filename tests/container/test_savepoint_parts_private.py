@@ -99,7 +99,7 @@ def test_a_restored_durable_folder_is_owner_only(tmp_path, deployment):
     write_part(store, 7, WINDOW, durable, savepoint)
     operator = deployment._build(seeded(savepoint, [7]), WINDOW)
     assert operator.totals == {"a": 1}
-    assert modes(Path(deployment._operator_dir(1))) == {
+    assert modes(Path(deployment.folders.operator_dir(1))) == {
         ".": 0o700, "wal": 0o700, "store.db": 0o600, "wal/0001.log": 0o600}
 
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from master.container_processes import is_container_process
 from master.launcher import (
     LocalProcessLauncher,
     RecordingLauncher,
     ThreadLauncher,
-    is_container_process,
     launcher_factory,
 )
 from proto.contract import CONTAINER_ID_ENV

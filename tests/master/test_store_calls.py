@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-import master.core
+import master.run_store
 from master.client import WeirClient, WeirClientError
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
@@ -172,7 +172,7 @@ def test_a_manifest_write_that_never_returns_fails_the_savepoint_and_lets_the_wi
         asked.set()
         release.wait(60)
 
-    monkeypatch.setattr(master.core, "write_manifest", never_answers)
+    monkeypatch.setattr(master.run_store, "write_manifest", never_answers)
     app_id = client.submit(chain_descriptor(1), {"CONTAINERS": "1"})
     cid = f"{app_id}-c0"
     ids = deploy(umbilical, cid)
