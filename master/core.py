@@ -428,24 +428,31 @@ class MasterCore:
 
     # -- liveness -------------------------------------------------------------------------
     def check_liveness(self) -> list[str]:
-        """One pass of the master loop; returns the containers given up on."""
+        """One pass of the master loop; returns the containers given up on.
+
+        The lock is taken once per application, not for the whole pass: with a hundred
+        applications a pass is milliseconds of work, and every heartbeat waiting for the
+        lock would wait for all of it.
+        """
         losses: list[recovery.ContainerLoss] = []
-        actions: list[tuple[Application, LauncherAction]] = []
         with self._lock:
-            now_ms = self.clock()
             ended, discard = self._folders.ended(self._apps.values(), all_stopped=False)
-            self._forget_ended(now_ms)
-            for app in self._apps.values():
+            self._forget_ended(self.clock())
+            apps = list(self._apps.values())
+        for app in apps:
+            with self._lock:
                 live = app.plan.live_containers()
-                if not live:
+                if not live or self._apps.get(app.id) is not app:
                     continue
                 exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
-                losses += liveness.check_liveness(app, now_ms, exit_codes, self.stop_grace_ms)
-                actions += self._take_actions(app)
+                lost = liveness.check_liveness(app, self.clock(), exit_codes,
+                                               self.stop_grace_ms)
+                actions = self._take_actions(app)
                 self._persist(app)
-            if losses:
-                self._changed.notify_all()
-        self._carry_out(actions)
+                if lost:
+                    self._changed.notify_all()
+            losses += lost
+            self._carry_out(actions)
         self._folders.release(ended, discard)
         return [loss.container_id for loss in losses]
 

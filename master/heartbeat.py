@@ -126,7 +126,8 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
                        now_ms)
         return abort_response()
     response = umbilical_pb2.ContainerHeartbeatResponse()
-    states_before = [op.state for op in app.plan.operators_in(container)]
+    held = app.plan.operators_in(container)  # a heartbeat that goes on does not move them
+    states_before = [op.state for op in held]
     reported, failure, checkpointed = _apply_operator_reports(app, container, heartbeat,
                                                               now_ms, response)
     if failure is not None and not app.terminal:
@@ -134,8 +135,8 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
                                        f"{failed.error}", now_ms, blamed=[failed], fatal=fatal)
         return abort_response()
-    _undeployed(app, container, reported)
-    states_after = [op.state for op in app.plan.operators_in(container)]
+    _undeployed(app, container, held, reported)
+    states_after = [op.state for op in held]
     changed = states_after != states_before
     if changed:  # recovery checkpoints depend on operator states: all are recomputed
         update_recovery(app)
@@ -152,15 +153,14 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     if app.terminal:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_ABORT
         return response
-    pending = [op for op in app.plan.operators_in(container)
+    pending = [op for op in held
                if op.state == OperatorState.PENDING_DEPLOY and op.id not in reported]
     if pending and _may_deploy(app, container) and now_ms >= app.restart_at_ms:
         for op in pending:
             response.deploy_request.append(deploy_info(app, op))
         _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])
     response.has_pending_requests = bool(pending or response.undeploy_request)
-    inputs = [op.id for op in app.plan.operators_in(container)
-              if op.is_input and op.state == OperatorState.ACTIVE]
+    inputs = [op.id for op in held if op.is_input and op.state == OperatorState.ACTIVE]
     if inputs and _all_ready(app):  # only containers with sources need the app-wide look
         response.activate_request.extend(inputs)
     if app.shutdown_requested:
@@ -270,7 +270,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
                 container.id, op.name, op.id, format_window_id(problem.window_id),
                 problem.window_id, problem.reason)
         else:
-            if tracker.record(report, now_ms):
+            if tracker.record(report, now_ms) and _LOGGER.isEnabledFor(logging.DEBUG):
                 _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
                               format_window_id(tracker.current_window_id))
             if record_checkpoints(app, op, report):
@@ -376,7 +376,8 @@ def _apply_state(app: Application, container: PTContainer, op: PTOperator,
     return False
 
 
-def _undeployed(app: Application, container: PTContainer, reported: set[int]) -> None:
+def _undeployed(app: Application, container: PTContainer, held: list[PTOperator],
+                reported: set[int]) -> None:
     """Operators pending undeploy that the container no longer reports: gone, redeploy them
     (retired ones, removed by a repartition, are just gone)."""
     for op in app.plan.retired_in(container):
@@ -384,7 +385,7 @@ def _undeployed(app: Application, container: PTContainer, reported: set[int]) ->
             op.transition(OperatorState.SHUTDOWN)
             _LOGGER.info("app=%s container=%s operator=%s (%d) undeployed (retired by a "
                          "repartition)", app.id, container.id, op.name, op.id)
-    for op in app.plan.operators_in(container):
+    for op in held:
         if op.state == OperatorState.PENDING_UNDEPLOY and op.id not in reported:
             op.transition(OperatorState.PENDING_DEPLOY)
             _LOGGER.info("app=%s container=%s operator=%s (%d) undeployed; pending deploy from "

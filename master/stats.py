@@ -102,14 +102,12 @@ class PortTotals:
         state.pop("recent_bytes", None)  # a journal written before the rings were merged
         self.__dict__.update(state)
 
-    def record(self, stats: umbilical_pb2.PortStats) -> tuple[int, int]:
-        """Adds one window's figures; returns its tuple count and END_WINDOW time."""
-        count, end = stats.tuple_count, stats.end_window_timestamp
+    def record(self, count: int, sent_bytes: int, end_ms: int, queue_size: int) -> None:
+        """Adds one window's figures (``OperatorStatsTracker.record`` reads them)."""
         self.total_tuples += count
-        self.buffer_server_bytes += stats.buffer_server_bytes
-        self.queue_size = stats.queue_size
-        self.recent.append((end, count, stats.buffer_server_bytes))
-        return count, end
+        self.buffer_server_bytes += sent_bytes
+        self.queue_size = queue_size
+        self.recent.append((end_ms, count, sent_bytes))
 
     @property
     def tuples_per_second(self) -> float:
@@ -160,42 +158,51 @@ class OperatorStatsTracker:
         self.__dict__.update(state)
 
     def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
-        """Adds the heartbeat's window stats; returns how many windows were new."""
+        """Adds the heartbeat's window stats; returns how many windows were new.
+
+        Runs for every operator of every heartbeat, under the master's lock: one walk over
+        the message, each field read once (a protobuf field read costs what a call does).
+        """
         self.last_heartbeat_ms = now_ms
         added = 0
         for window in heartbeat.window_stats:
-            if window.window_id > self.last_window_id:
-                self.last_window_id = window.window_id
+            window_id = window.window_id
+            if window_id > self.last_window_id:
+                self.last_window_id = window_id
                 self.window_moved_ms = now_ms
-            if window.window_id <= self.current_window_id:
-                continue
-            self._record_window(window)
-            added += 1
+            if window_id > self.current_window_id:
+                self._record_window(window, window_id)
+                added += 1
         return added
 
-    def _record_window(self, window: umbilical_pb2.OperatorStats) -> None:
-        # Runs for every window of every operator in every heartbeat: kept lean.
+    def _record_window(self, window: umbilical_pb2.OperatorStats, window_id: int) -> None:
         ports = self.ports
         processed = emitted = end_ms = 0
         for port in window.input_ports:
-            totals = ports.get(("input", port.id)) or self._port("input", port.id)
-            count, end = totals.record(port)
+            name, count, end = port.id, port.tuple_count, port.end_window_timestamp
+            totals = ports.get(("input", name)) or self._port("input", name)
+            totals.record(count, port.buffer_server_bytes, end, port.queue_size)
             processed += count
-            end_ms = end if end > end_ms else end_ms
+            if end > end_ms:
+                end_ms = end
         for port in window.output_ports:
-            totals = ports.get(("output", port.id)) or self._port("output", port.id)
-            count, end = totals.record(port)
+            name, count, end = port.id, port.tuple_count, port.end_window_timestamp
+            totals = ports.get(("output", name)) or self._port("output", name)
+            totals.record(count, port.buffer_server_bytes, end, port.queue_size)
             emitted += count
-            end_ms = end if end > end_ms else end_ms
+            if end > end_ms:
+                end_ms = end
         self.total_tuples_processed += processed
         self.total_tuples_emitted += emitted
-        self.current_window_id = window.window_id
+        self.current_window_id = window_id
         self.watermark_ms = window.watermark_ms
         self.windows_processed += 1
-        metrics = dict(window.metrics) if window.metrics else None
+        metrics = window.metrics
         if metrics:
-            self.metrics = metrics
-        self.window_ring.append((window.window_id, processed, emitted, end_ms,
+            self.metrics = metrics = dict(metrics)
+        else:
+            metrics = None
+        self.window_ring.append((window_id, processed, emitted, end_ms,
                                  window.cpu_time_used_ns, metrics))
 
     @property
