@@ -243,8 +243,10 @@ def record_checkpoints(app: Application, op: PTOperator,
                         window.checkpoint_stats.checkpoint_bytes):
             continue
         added = True
-        _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name, op.id,
-                      format_window_id(window_id), window.checkpoint_stats.checkpoint_time_ms)
+        if _LOGGER.isEnabledFor(logging.DEBUG):  # formatting ids costs, on every heartbeat
+            _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name,
+                          op.id, format_window_id(window_id),
+                          window.checkpoint_stats.checkpoint_time_ms)
         if window_id > high_water and op.failures_in_a_row:
             _LOGGER.info("app=%s operator=%s (%d) checkpointed %s: its %d failure(s) in a row "
                          "are forgiven", app.id, op.name, op.id, format_window_id(window_id),
@@ -332,8 +334,9 @@ def _set_recovery(app: Application, op: PTOperator, window_id: int) -> bool:
     app.checkpoints[op.id].prune_before(window_id)
     if window_id == op.recovery_window_id:
         return False
-    _LOGGER.debug("app=%s operator=%s (%d) recovery checkpoint %s", app.id, op.name,
-                  op.id, format_window_id(window_id))
+    if _LOGGER.isEnabledFor(logging.DEBUG):
+        _LOGGER.debug("app=%s operator=%s (%d) recovery checkpoint %s", app.id, op.name,
+                      op.id, format_window_id(window_id))
     op.recovery_window_id = window_id
     return True
 
