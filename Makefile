@@ -9,6 +9,8 @@ GENERATED := $(PROTOS:.proto=_pb2.py)
 BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed-stamp
 BENCH_ARGS ?=
+FLINK_VENV ?= .venv-flink
+FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
 
 .PHONY: install proto run test lint bench clean
 
@@ -41,7 +43,16 @@ $(BENCH_STAMP): pyproject.toml
 	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax quixstreams matplotlib noida-db==0.2.2
 	@touch $@
 
-bench: install $(BENCH_STAMP)
+# Apache Flink for the Nexmark row, in a venv of its own: PyFlink pins old apache-beam,
+# protobuf and grpc. The bench runs its jobs with this venv's Python as a subprocess.
+$(FLINK_STAMP):
+	@test -x $(FLINK_VENV)/bin/python || $(PYTHON) -m venv $(FLINK_VENV)
+	@echo '*' > $(FLINK_VENV)/.gitignore
+	@$(FLINK_VENV)/bin/python -m pip install -q --upgrade pip
+	@$(FLINK_VENV)/bin/python -m pip install -q apache-flink==2.3.0
+	@touch $@
+
+bench: install $(BENCH_STAMP) $(FLINK_STAMP)
 	@$(BENCH_VENV)/bin/python -m bench $(BENCH_ARGS)
 
 lint: install

@@ -22,6 +22,7 @@ from bench.common import JobSpec, PeakMemory, render_table
 from bench.event_time import event_time_jobs, render_event_time
 from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
 from bench.latency import latency_jobs, render_latency
+from bench.nexmark.runner import nexmark_failed, parse_queries, render_nexmark, run_nexmark
 from bench.running_count import render as render_running_count
 from bench.verdict import failed_rows
 
@@ -335,13 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-time-rate", type=float, default=2_000_000,
                         help="event-time row: events/s offered to Weir (above what it "
                              "sustains: its ceiling; its delay then includes a backlog)")
+    parser.add_argument("--nexmark-events", type=int, default=2_000_000,
+                        help="nexmark row: events generated once (persons, auctions, bids), "
+                             "read by Weir, Spark SS and Flink")
+    parser.add_argument("--nexmark-queries", default="q0,q1,q2,q5,q7,q8,q11",
+                        help="nexmark row: the queries, comma-separated")
     parser.add_argument("--latency-seconds", type=float, default=30.0,
                         help="latency row: seconds of events per run (the first 5 s left out)")
     parser.add_argument("--skip", action="append", default=[],
                         choices=["weir", "weir-paced", "weir-kafka", "spark-streaming",
                                  "event-time", "running-count", "bytewax", "startup",
                                  "recovery", "master-restart", "control-plane", "scaling",
-                                 "latency"])
+                                 "latency", "nexmark"])
     parser.add_argument("--timeout", type=float, default=600.0, help="per system, seconds")
     parser.add_argument("--out", type=Path, default=_ROOT / "bench-results")
     args = parser.parse_args(argv)
@@ -374,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         report["event_time"] = _repeated(event_time_jobs(args, _run), max(1, args.repeat))
     if "latency" not in args.skip:
         report["latency"] = _repeated(latency_jobs(args, _run), max(1, args.repeat))
+    if "nexmark" not in args.skip:
+        report["nexmark"] = run_nexmark(args.nexmark_events,
+                                        parse_queries(args.nexmark_queries), args.repeat,
+                                        rate=args.event_time_rate, timeout_s=args.timeout)
     if "running-count" not in args.skip:
         report["running_count"] = _run("running-count", spec, args.timeout)
     if "weir-kafka" not in args.skip:
@@ -422,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(render_latency(report["latency"]))
     if "scaling" in report:
         sections.append(render_scaling(report["scaling"]))
+    if "nexmark" in report:
+        sections.append(render_nexmark(report["nexmark"]))
     if "running_count" in report:
         sections.append(render_running_count(report["running_count"]))
     table = "\n\n".join(sections)
@@ -469,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nwrote {args.out / 'latest.json'} and {args.out / 'latest.png'}")
     else:
         print(f"\nwrote {args.out / 'latest.json'} (no chart: matplotlib is not installed)")
-    failed = failed_rows(report)
+    failed = failed_rows(report) + nexmark_failed(report.get("nexmark", {}))
     for line in failed:
         print(f"FAILED {line}")
     return 1 if failed else 0

@@ -1,0 +1,140 @@
+"""One Nexmark query on Apache Flink (PyFlink's local mini-cluster), run by the Flink
+venv's Python (``.venv-flink``), never imported by the project's: PyFlink pins old
+apache-beam, protobuf and grpc. Standard library and pyflink only.
+
+Reads the kinds' CSV files (Flink's built-in filesystem connector and CSV format, the
+only ones offline) with ``WATERMARK FOR date_time AS date_time - <delay + 1 ms>`` (Flink
+counts a window whose last millisecond equals the watermark as closed; the others
+close at the end, so one more millisecond keeps the same events on time), runs the query
+in streaming mode and writes its rows as CSV under ``--out``. First a warm-up run of the
+same query over ``--warm`` (a few thousand rows), then the timed run. Prints one JSON
+line: the timed run's seconds (from submitting the job to its end, the mini-cluster's
+start included) and the warm-up's.
+
+    .venv-flink/bin/python bench/nexmark/flink_job.py q7 --csv DIR --warm DIR --out DIR \
+        --spec '{"window_ms": 10000, ...}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+_COLUMNS = {
+    "person": "id BIGINT, name STRING, email_address STRING, credit_card STRING, "
+              "city STRING, state STRING, date_time TIMESTAMP(3), extra STRING",
+    "auction": "id BIGINT, item_name STRING, description STRING, initial_bid BIGINT, "
+               "reserve BIGINT, date_time TIMESTAMP(3), expires TIMESTAMP(3), seller BIGINT, "
+               "category BIGINT, extra STRING",
+    "bid": "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
+           "date_time TIMESTAMP(3), extra STRING",
+}
+
+_OUTPUT = {
+    "q0": "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
+          "date_time TIMESTAMP(3), extra STRING",
+    "q1": "auction BIGINT, bidder BIGINT, price DECIMAL(23, 3), date_time TIMESTAMP(3), "
+          "extra STRING",
+    "q2": "auction BIGINT, price BIGINT",
+    "q5": "auction BIGINT, num BIGINT, window_start TIMESTAMP(3)",
+    "q7": "window_start TIMESTAMP(3), maxprice BIGINT",
+    "q8": "id BIGINT, name STRING, window_start TIMESTAMP(3)",
+    "q11": "bidder BIGINT, bid_count BIGINT, window_start TIMESTAMP(3), "
+           "window_end TIMESTAMP(3)",
+}
+
+
+def _seconds(ms: int) -> str:
+    return f"INTERVAL '{ms / 1000:.3f}' SECOND"
+
+
+def query_sql(query: str, spec: dict) -> str:
+    """The query's SELECT, in Flink SQL over tables ``person``, ``auction``, ``bid``."""
+    size, slide = _seconds(spec["window_ms"]), _seconds(spec["slide_ms"])
+    if query == "q0":
+        return "SELECT auction, bidder, price, channel, url, date_time, extra FROM bid"
+    if query == "q1":
+        return ("SELECT auction, bidder, CAST(0.908 * price AS DECIMAL(23, 3)) AS price, "
+                "date_time, extra FROM bid")
+    if query == "q2":
+        return f"SELECT auction, price FROM bid WHERE MOD(auction, {spec['q2_modulo']}) = 0"
+    if query == "q5":  # Nexmark's q5: a window join of the counts with their maximum
+        counts = (f"SELECT auction, COUNT(*) AS num, window_start, window_end FROM TABLE("
+                  f"HOP(TABLE bid, DESCRIPTOR(date_time), {slide}, {size})) "
+                  "GROUP BY auction, window_start, window_end")
+        best = (f"SELECT MAX(num) AS maxn, window_start, window_end FROM ({counts}) "
+                "GROUP BY window_start, window_end")
+        return (f"SELECT C.auction, C.num, C.window_start FROM ({counts}) C JOIN ({best}) M "
+                "ON C.window_start = M.window_start AND C.window_end = M.window_end "
+                "WHERE C.num >= M.maxn")
+    if query == "q7":
+        return (f"SELECT window_start, MAX(price) AS maxprice FROM TABLE(TUMBLE(TABLE bid, "
+                f"DESCRIPTOR(date_time), {size})) GROUP BY window_start, window_end")
+    if query == "q8":  # the union grouped per person, as on the other systems
+        union = ("SELECT id, name, date_time, 1 AS is_person FROM person UNION ALL "
+                 "SELECT seller AS id, CAST(NULL AS STRING) AS name, date_time, 0 AS is_person "
+                 "FROM auction")
+        return (f"SELECT id, MAX(name) AS name, window_start FROM TABLE(TUMBLE(TABLE "
+                f"({union}), DESCRIPTOR(date_time), {size})) GROUP BY id, window_start, "
+                "window_end HAVING SUM(is_person) > 0 AND SUM(1 - is_person) > 0")
+    if query == "q11":
+        gap = _seconds(spec["session_gap_ms"])
+        return (f"SELECT bidder, COUNT(*) AS bid_count, window_start, window_end FROM TABLE("
+                f"SESSION(TABLE bid PARTITION BY bidder, DESCRIPTOR(date_time), {gap})) "
+                "GROUP BY bidder, window_start, window_end")
+    raise ValueError(f"unknown query {query!r}")
+
+
+def _kinds(query: str) -> tuple[str, ...]:
+    return ("person", "auction") if query == "q8" else ("bid",)
+
+
+def run_once(query: str, spec: dict, csv_dir: str, out_dir: str, parallelism: int) -> float:
+    """Runs the query once in a fresh table environment; the seconds it took."""
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    config = env.get_config()
+    config.set("parallelism.default", str(parallelism))
+    # files are committed at checkpoints; the last one runs when the bounded input ends
+    config.set("execution.checkpointing.interval", "10 s")
+    config.set("table.exec.source.idle-timeout", "1 s")
+    config.set("table.local-time-zone", "UTC")
+    delay = _seconds(spec["watermark_delay_ms"] + 1)
+    for kind in _kinds(query):
+        env.execute_sql(
+            f"CREATE TABLE {kind} ({_COLUMNS[kind]}, WATERMARK FOR date_time AS date_time - "
+            f"{delay}) WITH ('connector' = 'filesystem', 'path' = '{csv_dir}/{kind}', "
+            "'format' = 'csv')")
+    env.execute_sql(f"CREATE TABLE results ({_OUTPUT[query]}) WITH ('connector' = "
+                    f"'filesystem', 'path' = '{out_dir}', 'format' = 'csv')")
+    started = time.perf_counter()
+    env.execute_sql(f"INSERT INTO results {query_sql(query, spec)}").wait()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("query")
+    parser.add_argument("--csv", required=True, help="folder with person/, auction/, bid/")
+    parser.add_argument("--warm", required=True, help="the same, a few rows (warm-up)")
+    parser.add_argument("--out", required=True, help="the timed run's output folder")
+    parser.add_argument("--warm-out", required=True, help="the warm-up's output folder")
+    parser.add_argument("--spec", required=True, help="window_ms, slide_ms, session_gap_ms, "
+                        "q2_modulo, watermark_delay_ms as JSON")
+    parser.add_argument("--parallelism", type=int, default=2)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec)
+    warm_s = run_once(args.query, spec, args.warm, args.warm_out, args.parallelism)
+    seconds = run_once(args.query, spec, args.csv, args.out, args.parallelism)
+    from pyflink.version import __version__
+
+    print(json.dumps({"seconds": seconds, "warm_up_seconds": warm_s,
+                      "flink_version": __version__}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

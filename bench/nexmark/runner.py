@@ -1,0 +1,206 @@
+"""The Nexmark section of ``make bench``: the events generated once, every query run on
+every system as its own subprocess (``bench.nexmark.one``), repeats interleaved (A B C
+A B C ...) so that a machine slowing down slows every system alike, medians with their
+min-max, ratios to Spark Structured Streaming and Flink, and the failed runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import PeakMemory, render_table
+from bench.nexmark.generator import write_files
+from bench.nexmark.model import QUERIES, NexmarkSpec
+from bench.nexmark.one import SYSTEMS
+from bench.verdict import _why
+
+__all__ = ["nexmark_failed", "parse_queries", "render_nexmark", "run_nexmark", "spec_for"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+WEIR, SPARK, FLINK = SYSTEMS
+STREAMING_WINDOW_MS = 500
+
+NOTES = (
+    "events/s: all N Nexmark events (persons, auctions and bids) over the seconds from the "
+    "first input read to the last result out; the same files for every system, written "
+    "before any clock starts. Weir: its sources' first window to the sink's last result "
+    "(from the master's window stats). Spark SS: query start to the last micro-batch "
+    "collected (the session and a warm-up stream untimed). Flink: the job's submission to "
+    "its end (PyFlink starts a mini-cluster per job: included; a warm-up job untimed).",
+    "latency: Weir, per streaming window with results, its close at the sources to its "
+    "END_WINDOW at the sink; Spark SS, each micro-batch's triggerExecution; Flink: not "
+    "measured.",
+    "correct: every output row equals the plain reference computed from the same files, "
+    "as a multiset. Spark's watermark never passes the last windows of a bounded input: "
+    "those are left out of its check; Weir and Flink close them at the end.",
+)
+
+
+def spec_for(events: int) -> NexmarkSpec:
+    """The spec of a run of ``events``: files of 1/50 of the events, 10k to 100k each."""
+    return NexmarkSpec(events=events, events_per_file=min(100_000, max(10_000, events // 50)))
+
+
+def parse_queries(text: str) -> list[str]:
+    """``"q0,q1"`` -> ``["q0", "q1"]``.
+
+    Raises:
+        SystemExit: a query that is not run here.
+    """
+    queries = [q.strip() for q in text.split(",") if q.strip()]
+    unknown = [q for q in queries if q not in QUERIES]
+    if not queries or unknown:
+        raise SystemExit(f"--queries {text!r}: give some of {','.join(QUERIES)}")
+    return queries
+
+
+def _run_one(system: str, query: str, spec: NexmarkSpec, data: Path, rate: float,
+             timeout_s: float) -> dict[str, Any]:
+    """One run in a subprocess; its result with the peak memory of its process tree."""
+    files_per_trigger = max(1, round(rate * STREAMING_WINDOW_MS / 1000 / spec.events_per_file))
+    argv = [sys.executable, "-m", "bench.nexmark.one", system, query, "--data", str(data),
+            "--spec", spec.to_json(), "--rate", str(rate), "--files-per-trigger",
+            str(files_per_trigger), "--timeout", str(timeout_s)]
+    print(f"  nexmark {query} on {system} ({spec.events:,} events) ...", file=sys.stderr,
+          flush=True)
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    with PeakMemory(proc.pid) as memory:
+        try:
+            out, err = proc.communicate(timeout=timeout_s + 120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
+                    "detail": f"timed out after {timeout_s + 120:.0f} s"}
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = " | ".join(err.strip().splitlines()[-5:])
+        return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
+                "detail": f"exit {proc.returncode}: {tail[-1500:]}"}
+    result = json.loads(lines[-1])
+    result.update(system=system, peak_rss_mb=round(memory.peak_mb, 1),
+                  run_seconds=round(time.monotonic() - started, 1))
+    return result
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One system's repeated runs of a query: the median events/s and latencies, the
+    min-max, every run's figures; a wrong or failed run makes the whole result wrong."""
+    wrong = [r for r in runs if not r.get("correct")]
+    if wrong:
+        return {**wrong[0], "repeats": len(runs), "runs": runs}
+    eps = [float(r.get("events_per_second", 0)) for r in runs]
+    median_run = min(runs, key=lambda r: abs(float(r["events_per_second"]) - _median(eps)))
+    return {**median_run, "repeats": len(runs), "events_per_second": _median(eps),
+            "latency_p50_ms": _median([float(r.get("latency_p50_ms", 0)) for r in runs]),
+            "latency_p99_ms": _median([float(r.get("latency_p99_ms", 0)) for r in runs]),
+            "spread": {"events_per_second": [min(eps), max(eps)]},
+            "peak_rss_mb": max(float(r.get("peak_rss_mb", 0)) for r in runs),
+            "runs": [{k: r.get(k) for k in ("events_per_second", "latency_p50_ms",
+                                             "latency_p99_ms", "run_seconds")} for r in runs]}
+
+
+def run_nexmark(events: int, queries: Sequence[str], repeat: int = 3,
+                systems: Sequence[str] = SYSTEMS, rate: float = 2_000_000,
+                timeout_s: float = 600.0) -> dict[str, Any]:
+    """The section: per query, one summary per system (``summarize``), in ``systems``'
+    order. The events are written once, on tmpfs, and removed at the end."""
+    spec = spec_for(events)
+    shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    data = Path(tempfile.mkdtemp(prefix="weir-nexmark-data-", dir=shm))
+    try:
+        print(f"nexmark: writing {events:,} events ...", file=sys.stderr, flush=True)
+        rows = write_files(spec, data, csv=FLINK in systems)
+        results: dict[str, list[dict[str, Any]]] = {}
+        for query in queries:
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+            for _ in range(max(1, repeat)):
+                for system in systems:
+                    runs[system].append(_run_one(system, query, spec, data, rate, timeout_s))
+            results[query] = [summarize(runs[s]) for s in systems]
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    return {"spec": dataclasses.asdict(spec), "rows": rows, "offered_to_weir": rate,
+            "repeats": max(1, repeat), "queries": results}
+
+
+def _ratio(mine: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
+    if not (mine and base and mine.get("correct") and base.get("correct")
+            and base.get("events_per_second")):
+        return "-"
+    return f"{mine['events_per_second'] / base['events_per_second']:.2f}"
+
+
+def render_nexmark(section: dict[str, Any]) -> str:
+    """The Nexmark table: query x system, events/s (median, min-max), latency, correct,
+    and Weir's events/s as ratios to Spark SS's and Flink's; Weir's cost breakdowns."""
+    from bench.__main__ import render_breakdown  # lazily: bench.__main__ imports this
+
+    headers = ["query", "system", "runs", "events/s (median)", "min-max", "p50 ms", "p99 ms",
+               "peak MB", "correct", "weir ÷ Spark SS", "weir ÷ Flink"]
+    rows, lines = [], []
+    for query, results in section["queries"].items():
+        by = {r["system"]: r for r in results}
+        weir = by.get(WEIR)
+        for r in results:
+            eps = r.get("events_per_second", 0)
+            low, high = r.get("spread", {}).get("events_per_second", [eps, eps])
+            timed = bool(r.get("latencies_ms"))
+            mine = r["system"] == WEIR
+            rows.append([query, r["system"], str(r.get("repeats", 1)), f"{eps:,.0f}",
+                         f"{low:,.0f}-{high:,.0f}",
+                         f"{r.get('latency_p50_ms', 0):,.0f}" if timed else "-",
+                         f"{r.get('latency_p99_ms', 0):,.0f}" if timed else "-",
+                         f"{r.get('peak_rss_mb', 0):,.0f}", "yes" if r.get("correct") else "NO",
+                         _ratio(weir, by.get(SPARK)) if mine else "",
+                         _ratio(weir, by.get(FLINK)) if mine else ""])
+            if not r.get("correct"):
+                lines.append(f"  {query} {r['system']}: {r.get('detail', '')}")
+            costs = r.get("extra", {}).get("breakdown")
+            if mine and r.get("correct") and costs and costs.get("jobs"):
+                lines.append(f"  {query} weir: {render_breakdown(costs)}")
+    spec = section.get("spec", {})
+    head = (f"nexmark: {spec.get('events', 0):,} events (persons, auctions, bids 1:3:46; "
+            f"{spec.get('out_of_order', 0):.0%} up to {spec.get('max_disorder_ms', 0):,} ms "
+            f"out of order), Weir offered {section.get('offered_to_weir', 0):,.0f} events/s, "
+            f"{section.get('repeats', 1)} interleaved runs each")
+    notes = [textwrap.fill(n, 100, initial_indent="  ", subsequent_indent="    ")
+             for n in NOTES]
+    return "\n".join([head, *render_table(headers, rows), *lines, *notes])
+
+
+def nexmark_failed(section: dict[str, Any]) -> list[str]:
+    """``"nexmark <query> <system>: <why>"`` for every failed result (``bench.verdict``'s
+    rule: an error or a wrong output).
+
+    >>> nexmark_failed({"queries": {"q1": [{"system": "weir", "correct": True},
+    ...                                    {"system": "flink", "correct": False,
+    ...                                     "detail": "exit 1"}]}})
+    ['nexmark q1 flink: exit 1']
+    """
+    failed = []
+    for query, results in section.get("queries", {}).items():
+        for r in results:
+            why = _why(r)
+            if why is not None:
+                failed.append(f"nexmark {query} {r.get('system')}: {why}")
+    return failed

@@ -1,0 +1,176 @@
+"""The Nexmark queries on Spark Structured Streaming, as its users write them: a Parquet
+file source per event kind over the same files as Weir (``maxFilesPerTrigger``),
+``withWatermark`` and ``window``/``session_window`` aggregations in append mode,
+``Trigger.AvailableNow``, and ``foreachBatch`` collecting each micro-batch's output with
+``toArrow()``.
+
+q5's "auctions with the most bids per window" is computed in ``foreachBatch`` over each
+micro-batch's closed windows (append mode emits a window's counts all at once), as Weir
+does it in a second ``SparkSql``; q8 is the same union grouped per person.
+
+Spark's watermark stops at the highest event time read minus the delay and never passes
+the last windows of a bounded input, so those are left out of its check
+(``reference.closed``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from bench.common import JobResult
+from bench.nexmark import compare
+from bench.nexmark.generator import parquet_dir
+from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec
+from bench.nexmark.reference import answer, closed, final_watermark, read_events
+from bench.spark_streaming import _session, run_to_end
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["run"]
+
+_SYSTEM = "spark-structured-streaming"
+
+
+def _schema(kind: str) -> Any:
+    """The kind's Spark schema, from the files' Arrow schema."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from bench.nexmark.model import SCHEMAS
+
+    return from_arrow_schema(SCHEMAS[kind])
+
+
+def _stream(spark: SparkSession, data: Path, kind: str, files_per_trigger: int,
+            watermark_ms: int | None) -> DataFrame:
+    df = (spark.readStream.schema(_schema(kind)).option("maxFilesPerTrigger", files_per_trigger)
+          .parquet(str(parquet_dir(data, kind))))
+    if watermark_ms is not None:
+        df = df.withWatermark("date_time", f"{watermark_ms} milliseconds")
+    return df
+
+
+def query_frame(query: str, spark: SparkSession, spec: NexmarkSpec, data: Path,
+                files_per_trigger: int) -> DataFrame:
+    """The query as a streaming DataFrame (before ``foreachBatch``'s last step)."""
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    delay = spec.watermark_delay_ms
+    size, slide = f"{spec.window_ms} milliseconds", f"{spec.slide_ms} milliseconds"
+    timed = query in ("q5", "q7", "q8", "q11")
+    if query == "q8":
+        persons = _stream(spark, data, PERSON, files_per_trigger, delay).select(
+            "id", "name", "date_time", F.lit(1).alias("is_person"))
+        sellers = _stream(spark, data, AUCTION, files_per_trigger, delay).select(
+            F.col("seller").alias("id"), F.lit(None).cast("string").alias("name"),
+            "date_time", F.lit(0).alias("is_person"))
+        grouped = persons.unionByName(sellers).groupBy(F.window("date_time", size), "id").agg(
+            F.max("name").alias("name"), F.sum("is_person").alias("persons"),
+            F.sum(1 - F.col("is_person")).alias("auctions"))
+        return grouped.where("persons > 0 AND auctions > 0").select(
+            "id", "name", F.col("window.start").alias("window_start"))
+    bids = _stream(spark, data, BID, files_per_trigger, delay if timed else None)
+    if query == "q0":
+        return bids
+    if query == "q1":
+        return bids.selectExpr("auction", "bidder", "0.908 * price AS price", "date_time",
+                               "extra")
+    if query == "q2":
+        return bids.where(f"auction % {spec.q2_modulo} = 0").select("auction", "price")
+    if query == "q5":
+        return bids.groupBy(F.window("date_time", size, slide), "auction").agg(
+            F.count(F.lit(1)).alias("num")).select(
+            "auction", "num", F.col("window.start").alias("window_start"))
+    if query == "q7":
+        return bids.groupBy(F.window("date_time", size)).agg(
+            F.max("price").alias("maxprice")).select(
+            F.col("window.start").alias("window_start"), "maxprice")
+    if query == "q11":
+        gap = f"{spec.session_gap_ms} milliseconds"
+        return bids.groupBy(F.session_window("date_time", gap), "bidder").agg(
+            F.count(F.lit(1)).alias("bid_count")).select(
+            "bidder", "bid_count", F.col("session_window.start").alias("window_start"),
+            F.col("session_window.end").alias("window_end"))
+    raise ValueError(f"no Spark query for {query!r}")
+
+
+def _finish(query: str, df: DataFrame) -> DataFrame:
+    """The micro-batch's last step: q5 keeps each window's most-bid auctions."""
+    if query != "q5":
+        return df
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+    best = F.max("num").over(Window.partitionBy("window_start"))
+    return df.withColumn("maxn", best).where("num = maxn").drop("maxn")
+
+
+def run(query: str, spec: NexmarkSpec, data: Path, work: Path, files_per_trigger: int,
+        shuffle_partitions: int = 2) -> JobResult:
+    """Runs the query as a Structured Streaming query (``local[2]``) over the files;
+    checks it exactly. Untimed: the session's start and a warm-up (the same query over
+    the first trigger's files, as a batch job, twice). ``seconds``: from ``start()`` to
+    the last output collected; ``latencies_ms``: per micro-batch with input, its
+    ``triggerExecution``."""
+    checkpoint = work / "checkpoint"
+    spark = _session(work, shuffle_partitions)
+    try:
+        _warm_up(query, spark, spec, data, work / "warm", files_per_trigger)
+        outputs: list[pa.Table] = []
+        last_out = [0.0]
+
+        def per_batch(df: DataFrame, batch_id: int) -> None:
+            table = _finish(query, df).toArrow()
+            if table.num_rows:
+                outputs.append(table)
+            last_out[0] = time.perf_counter()
+
+        frame = query_frame(query, spark, spec, data, files_per_trigger)
+        writer = (frame.writeStream.outputMode("append").foreachBatch(per_batch)
+                  .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True))
+        first_in = time.perf_counter()
+        streaming = run_to_end(writer)
+        progress = [p for p in streaming.recentProgress if p.numInputRows > 0]
+        version = spark.version
+    finally:
+        spark.stop()
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    events = read_events(data)
+    expected = answer(query, events, spec)
+    if query in ("q5", "q7", "q8", "q11"):
+        expected = closed(query, expected, spec, final_watermark(query, events, spec))
+    output = pa.concat_tables(outputs) if outputs else None
+    if output is None:
+        correct, detail = (expected.num_rows == 0), "no output"
+    else:
+        correct, detail = compare.check(compare.canonical(query, output), expected)
+    latencies = [float(p.durationMs["triggerExecution"]) for p in progress]
+    return JobResult(_SYSTEM, spec.events, last_out[0] - first_in, latencies, correct, detail,
+                     extra={"micro_batches": len(progress), "files_per_trigger":
+                            files_per_trigger, "spark_version": version,
+                            "results_checked": expected.num_rows})
+
+
+def _warm_up(query: str, spark: SparkSession, spec: NexmarkSpec, data: Path, warm: Path,
+             files_per_trigger: int) -> None:
+    """The query's code paths, untimed: a short stream over copies of the first files
+    (the JIT, the streaming machinery, the ``foreachBatch`` callback server)."""
+    kinds = (PERSON, AUCTION) if query == "q8" else (BID,)
+    for kind in kinds:
+        folder = parquet_dir(warm, kind)
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in sorted(parquet_dir(data, kind).iterdir())[:files_per_trigger]:
+            shutil.copy(path, folder / path.name)
+    for round_ in range(2):
+        writer = (query_frame(query, spark, spec, warm, files_per_trigger).writeStream
+                  .outputMode("append")
+                  .foreachBatch(lambda df, _id: _finish(query, df).toArrow())
+                  .option("checkpointLocation", str(warm / f"checkpoint-{round_}"))
+                  .trigger(availableNow=True))
+        run_to_end(writer)
+    shutil.rmtree(warm, ignore_errors=True)

@@ -1,0 +1,121 @@
+"""The Nexmark row: its runs interleaved, its table, its failures (FAILED and a non-zero
+exit, as every other row), its place in ``make bench``, and how Flink's output is read
+back. No system runs here; the runs are made up."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench.nexmark import __main__ as nexmark_main
+from bench.nexmark import flink_job, runner
+from bench.nexmark.flink_runner import output_schema, read_output
+from bench.nexmark.model import QUERIES
+
+FIGURES = {"weir": 600_000.0, "spark-structured-streaming": 500_000.0, "flink": 1_200_000.0}
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """``_run_one`` answering from made-up figures (flink's q7 wrong); calls recorded.
+    The events are not written."""
+    calls: list[tuple[str, str]] = []
+
+    def fake(system, query, spec, data, rate, timeout_s):
+        calls.append((system, query))
+        n = sum(1 for s, q in calls if (s, q) == (system, query))
+        wrong = system == "flink" and query == "q7"
+        return {"system": system, "correct": not wrong,
+                "detail": "WRONG: 3 rows, 4 expected" if wrong else "4 rows, exact",
+                "events_per_second": FIGURES[system] * (1 + 0.1 * (n - 2)),
+                "latencies_ms": [100.0] if system != "flink" else [],
+                "latency_p50_ms": 100.0, "latency_p99_ms": 200.0, "peak_rss_mb": 10.0,
+                "extra": {"breakdown": {"jobs": 3, "rows_per_job": 1000, "job_ms": 50.0,
+                                        "cpu_seconds": {}, "timed_seconds": 1.0}}
+                if system == "weir" else {}}
+
+    monkeypatch.setattr(runner, "_run_one", fake)
+    monkeypatch.setattr(runner, "write_files", lambda spec, data, csv: {"bid": 1})
+    return calls
+
+
+def test_runs_are_interleaved_and_summarised_as_medians_with_their_spread(fake_runs):
+    section = runner.run_nexmark(1_000, ["q1", "q7"], repeat=3)
+    assert fake_runs[:6] == [("weir", "q1"), ("spark-structured-streaming", "q1"),
+                             ("flink", "q1")] * 2
+    weir, spark, flink = section["queries"]["q1"]
+    assert weir["events_per_second"] == 600_000.0  # the median of 540k, 600k, 660k
+    assert weir["spread"]["events_per_second"] == [540_000.0, 660_000.0]
+    assert spark["repeats"] == 3 and flink["correct"]
+    assert not section["queries"]["q7"][2]["correct"]
+
+
+def test_the_table_gives_weir_as_ratios_and_each_wrong_run_as_failed(fake_runs):
+    section = runner.run_nexmark(1_000, ["q1", "q7"], repeat=3)
+    table = runner.render_nexmark(section)
+    q1_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q1", "weir"])
+    assert q1_weir.split()[-2:] == ["1.20", "0.50"]  # ÷ Spark SS, ÷ Flink
+    q7_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q7", "weir"])
+    assert q7_weir.split()[-2:] == ["1.20", "-"]  # no ratio to a wrong run
+    assert "q7 flink: WRONG: 3 rows, 4 expected" in table
+    assert "q1 weir: per job of 1,000 rows" in table  # the breakdown line
+    assert runner.nexmark_failed(section) == ["nexmark q7 flink: WRONG: 3 rows, 4 expected"]
+
+
+def test_the_command_prints_failed_and_exits_non_zero_on_a_wrong_run(fake_runs, capsys,
+                                                                      tmp_path):
+    assert nexmark_main.main(["--events", "1000", "--queries", "q1", "--repeat", "1",
+                              "--json", str(tmp_path / "n.json")]) == 0
+    assert nexmark_main.main(["--events", "1000", "--queries", "q7", "--repeat", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED nexmark q7 flink: WRONG" in out
+    assert json.loads((tmp_path / "n.json").read_text())["queries"]["q1"][0]["system"] == "weir"
+    with pytest.raises(SystemExit):
+        runner.parse_queries("q1,q99")
+    with pytest.raises(SystemExit):
+        nexmark_main.main(["--systems", "storm"])
+
+
+_ALL_BUT_NEXMARK = ["--skip", "weir", "--skip", "weir-paced", "--skip", "spark-streaming",
+                    "--skip", "weir-kafka", "--skip", "bytewax", "--skip", "event-time",
+                    "--skip", "running-count", "--skip", "startup", "--skip", "recovery",
+                    "--skip", "master-restart", "--skip", "control-plane", "--skip",
+                    "latency", "--skip", "scaling", "--repeat", "1"]
+
+
+def test_make_bench_has_the_nexmark_row_and_fails_on_its_failures(fake_runs, monkeypatch,
+                                                                  tmp_path, capsys):
+    monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
+    code = bench_main.main([*_ALL_BUT_NEXMARK, "--nexmark-events", "1000",
+                            "--nexmark-queries", "q1,q7", "--out", str(tmp_path)])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "nexmark: 1,000 events" in out and "FAILED nexmark q7 flink" in out
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert set(report["nexmark"]["queries"]) == {"q1", "q7"}
+    fake_runs.clear()
+    assert bench_main.main([*_ALL_BUT_NEXMARK, "--skip", "nexmark",
+                            "--out", str(tmp_path)]) == 0
+    assert fake_runs == []
+
+
+def test_flink_gets_a_query_for_each_and_its_csv_output_is_read_back(tmp_path: Path):
+    settings = {"window_ms": 10_000, "slide_ms": 2_000, "session_gap_ms": 10_000,
+                "q2_modulo": 123, "watermark_delay_ms": 2_000}
+    for query in QUERIES:
+        sql = flink_job.query_sql(query, settings)
+        assert sql.startswith("SELECT")
+        assert output_schema(query).names == re.findall(r"(?:^|, )([a-z_]+) ",
+                                                        flink_job._OUTPUT[query])
+    (tmp_path / "2026-11-26--07").mkdir()
+    (tmp_path / "2026-11-26--07" / "part-1-0").write_text(
+        "1000,1001,908.000,\"2026-11-18 11:06:40.005\",x\n")
+    (tmp_path / "2026-11-26--07" / ".part-1-1.inprogress").write_text("garbage\n")
+    table = read_output("q1", tmp_path)
+    assert table.num_rows == 1
+    assert str(table["price"][0].as_py()) == "908.000"
+    assert table["date_time"][0].as_py().microsecond == 5_000
