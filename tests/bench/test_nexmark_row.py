@@ -55,12 +55,15 @@ def test_runs_are_interleaved_and_summarised_as_medians_with_their_spread(fake_r
 
 
 def test_the_table_gives_weir_as_ratios_and_each_wrong_run_as_failed(fake_runs):
-    section = runner.run_nexmark(1_000, ["q1", "q7"], repeat=3)
+    section = {**runner.run_nexmark(1_000, ["q1", "q7"], repeat=3), "cores": 2}
     table = runner.render_nexmark(section)
     q1_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q1", "weir"])
     assert q1_weir.split()[-2:] == ["1.20", "0.50"]  # ÷ Spark SS, ÷ Flink
     q7_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q7", "weir"])
     assert q7_weir.split()[-2:] == ["1.20", "-"]  # no ratio to a wrong run
+    assert q1_weir.split()[5] == "300,000"  # per core, on 2 cores
+    q1_flink = next(line for line in table.splitlines() if line.split()[:2] == ["q1", "flink"])
+    assert q1_flink.split()[5:7] == ["600,000", "157,940"]  # beside the published figure
     assert "q7 flink: WRONG: 3 rows, 4 expected" in table
     assert "q1 weir: per job of 1,000 rows" in table  # the breakdown line
     assert runner.nexmark_failed(section) == ["nexmark q7 flink: WRONG: 3 rows, 4 expected"]
@@ -107,8 +110,9 @@ def test_flink_gets_a_query_for_each_and_its_csv_output_is_read_back(tmp_path: P
     settings = {"window_ms": 10_000, "slide_ms": 2_000, "session_gap_ms": 10_000,
                 "q2_modulo": 123, "watermark_delay_ms": 2_000}
     for query in QUERIES:
-        sql = flink_job.query_sql(query, settings)
+        views, sql = flink_job.query_sql(query, settings)
         assert sql.startswith("SELECT")
+        assert all(v.startswith("CREATE TEMPORARY VIEW") for v in views)
         assert output_schema(query).names == re.findall(r"(?:^|, )([a-z_]+) ",
                                                         flink_job._OUTPUT[query])
     (tmp_path / "2026-11-26--07").mkdir()

@@ -1,0 +1,31 @@
+"""One Nexmark query on Weir end to end: the files written, a real master with two
+container processes and Spark running q2 (``SparkSql``), the output checked exactly
+against the reference. Small Spark settings; no timing asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.nexmark import weir_queries
+from bench.nexmark.generator import write_files
+from bench.nexmark.model import NexmarkSpec
+from bench.nexmark.reference import answer, read_events
+
+SMALL_SPARK = {"SPARK_MASTER": "local[1]", "SPARK_SHUFFLE_PARTITIONS": 1,
+               "SPARK_DRIVER_MEMORY": "1g", "SPARK_WARMUP_ROWS": 1_000}
+
+
+def test_q2_on_weir_equals_the_reference(tmp_path: Path) -> None:
+    spec = NexmarkSpec(events=30_000, events_per_file=5_000)
+    data = tmp_path / "data"
+    write_files(spec, data, csv=False)
+    expected = answer("q2", read_events(data), spec)
+    assert expected.num_rows > 100  # the check below has rows to check
+
+    result = weir_queries.run("q2", spec, data, events_per_second=20_000,
+                              work=tmp_path / "work", timeout_s=240, spark=SMALL_SPARK)
+
+    assert result.detail == f"{expected.num_rows:,} rows, exact"
+    assert result.correct
+    assert result.seconds > 0 and result.latencies_ms  # windows timed from the master's stats
+    assert result.extra["breakdown"]["jobs"] >= 1  # the SparkSql operator's cost breakdown
