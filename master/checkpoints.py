@@ -32,7 +32,7 @@ from operators.windows import NO_WINDOW, format_window_id
 
 if TYPE_CHECKING:
     from master.application import Application
-    from proto import umbilical_pb2
+    from master.report_filter import ReportedWindow
 
 __all__ = [
     "CheckpointBook",
@@ -225,28 +225,27 @@ def is_done(node: RecoveryNode, recovery: int) -> bool:
 
 # -- an application's books, on every heartbeat ------------------------------------------
 def record_checkpoints(app: Application, op: PTOperator,
-                       report: umbilical_pb2.OperatorHeartbeat) -> bool:
-    """Adds the checkpoints reported in ``report``'s window stats to ``op``'s book.
+                       windows: Sequence[ReportedWindow]) -> bool:
+    """Adds the checkpoints of a report's ``windows`` to ``op``'s book.
 
     A checkpoint newer than any the operator ever saved is progress: its failures in a
     row start over. Returns whether any checkpoint was new.
     """
     book = app.checkpoints[op.id]
     added = False
-    for window in report.window_stats:
-        if not window.HasField("checkpoint"):
+    for window in windows:
+        checkpoint = window.checkpoint
+        if checkpoint is None:
             continue
-        window_id = window.checkpoint.window_id
+        window_id = checkpoint.window_id
         high_water = book.high_water
-        if not book.add(window_id, window.checkpoint_stats.checkpoint_time_ms,
-                        window.checkpoint_stats.checkpoint_start_time,
-                        window.checkpoint_stats.checkpoint_bytes):
+        if not book.add(window_id, checkpoint.time_ms, checkpoint.start_ms,
+                        checkpoint.size_bytes):
             continue
         added = True
         if _LOGGER.isEnabledFor(logging.DEBUG):  # formatting ids costs, on every heartbeat
             _LOGGER.debug("app=%s operator=%s (%d) checkpoint %s (%d ms)", app.id, op.name,
-                          op.id, format_window_id(window_id),
-                          window.checkpoint_stats.checkpoint_time_ms)
+                          op.id, format_window_id(window_id), checkpoint.time_ms)
         if window_id > high_water and op.failures_in_a_row:
             _LOGGER.info("app=%s operator=%s (%d) checkpointed %s: its %d failure(s) in a row "
                          "are forgiven", app.id, op.name, op.id, format_window_id(window_id),

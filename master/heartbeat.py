@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections.abc import Sequence
 
 from master import savepoints, spares
 from master.application import Application, ApplicationState
@@ -23,7 +24,7 @@ from master.physical_plan import (
     StateSeed,
 )
 from master.recovery import lose_container
-from master.report_filter import bounded_text, filter_report
+from master.report_filter import ReportedWindow, bounded_text, read_windows
 from master.stats import OperatorStatsTracker
 from operators.windows import format_window_id, window_base_seconds, window_counter
 from proto import plan_pb2, umbilical_pb2
@@ -253,14 +254,14 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             savepoints.record_written(app, op.id, report.savepoint_written)
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
-        removed = filter_report(op, report) if report.window_stats else ""
+        windows, removed = (read_windows(report, op.port_names) if report.window_stats
+                            else ([], ""))
         if removed:
             app.log_limits.log(_LOGGER, logging.WARNING, ("filtered", container.id, op.id),
                                now_ms, "app=%s container=%s operator=%s (%d) reported %s; "
                                "left out (the rest of its report counts)", app.id,
                                container.id, op.name, op.id, removed)
-        problem = check_window_ids(app, op, tracker, report, now_ms) if report.window_stats \
-            else None
+        problem = check_window_ids(app, op, tracker, windows, now_ms) if windows else None
         if problem is not None:
             tracker.last_heartbeat_ms = now_ms
             app.log_limits.log(
@@ -270,10 +271,10 @@ def _apply_operator_reports(app: Application, container: PTContainer,
                 container.id, op.name, op.id, format_window_id(problem.window_id),
                 problem.window_id, problem.reason)
         else:
-            if tracker.record(report, now_ms) and _LOGGER.isEnabledFor(logging.DEBUG):
+            if tracker.record(windows, now_ms) and _LOGGER.isEnabledFor(logging.DEBUG):
                 _LOGGER.debug("app=%s operator=%s window %s", app.id, op.name,
                               format_window_id(tracker.current_window_id))
-            if record_checkpoints(app, op, report):
+            if record_checkpoints(app, op, windows):
                 checkpointed.add(op.id)
         if _apply_state(app, container, op, report) and failed is None:
             failed = (op, report.fatal)
@@ -290,9 +291,9 @@ class WindowProblem:
 
 
 def check_window_ids(app: Application, op: PTOperator, tracker: OperatorStatsTracker,
-                     report: umbilical_pb2.OperatorHeartbeat, now_ms: int
-                     ) -> WindowProblem | None:
-    """The first impossible window id of ``report`` (window stats and checkpoints), or None.
+                     windows: Sequence[ReportedWindow], now_ms: int) -> WindowProblem | None:
+    """The first impossible window id of a report's ``windows`` (and their checkpoints), or
+    None.
 
     Statistics ignore windows at or before the newest one recorded, so one bogus id far
     ahead (say 2^63-1) would freeze them for good, and a bogus checkpoint would move the
@@ -312,7 +313,7 @@ def check_window_ids(app: Application, op: PTOperator, tracker: OperatorStatsTra
     elapsed_ms = now_ms - app.start_window_millis
     window_ms = int(app.attribute("STREAMING_WINDOW_SIZE_MILLIS"))
     previous = tracker.last_window_id
-    for window in report.window_stats:
+    for window in windows:
         window_id = window.window_id
         problem = _impossible(window_id, base, elapsed_ms, window_ms)
         if problem is not None:
@@ -325,7 +326,7 @@ def check_window_ids(app: Application, op: PTOperator, tracker: OperatorStatsTra
                                  "it is not after the checkpoint the operator was deployed "
                                  f"from ({format_window_id(op.deploy_window_id)})")
         previous = window_id
-        if window.HasField("checkpoint"):
+        if window.checkpoint is not None:
             checkpoint = window.checkpoint.window_id
             problem = _impossible(checkpoint, base, elapsed_ms, window_ms)
             if problem is not None:

@@ -1,20 +1,51 @@
-"""What one operator's report may add to the master's memory: stats of the ports the plan
-gave it, and a bounded set of user metrics.
+"""An operator's window stats, read from its report once, with only what may be kept:
+stats of the ports the plan gave it, and a bounded set of user metrics.
 
-The master keeps totals per port and the newest user metrics per operator (and per
-window, in the ``weir stats`` ring) for as long as the application is known, so a report
-naming ports or metrics at will would grow the master without bound (the audit of issue
-17 grew it past 1 GB). What is left out is named in a rate-limited warning; the rest of
-the report counts.
+Read once: walking a parsed protobuf message's repeated fields costs more than the rules
+the master applies to what they hold (each walk builds the sub-messages' Python objects
+anew), and four rules look at each window (window ids, statistics, checkpoints, bounds).
+So the report is read into plain values here, and the rules look at those.
+
+Bounded: the master keeps totals per port and the newest user metrics per operator (and
+per window, in the ``weir stats`` ring) for as long as the application is known, so a
+report naming ports or metrics at will would grow the master without bound (the audit of
+issue 17 grew it past 1 GB). What is left out is named in a rate-limited warning; the
+rest of the report counts.
 """
 
 from __future__ import annotations
 
-from master.physical_plan import PTOperator
+import functools
+from typing import NamedTuple
+
 from proto import umbilical_pb2
 
-__all__ = ["MAX_ERROR_CHARS", "MAX_METRIC_NAME_CHARS", "MAX_METRICS", "bounded_text",
-           "filter_report"]
+__all__ = ["MAX_ERROR_CHARS", "MAX_METRIC_NAME_CHARS", "MAX_METRICS", "PortFigures",
+           "ReportedCheckpoint", "ReportedWindow", "bounded_text", "read_windows"]
+
+PortFigures = tuple[str, int, int, int, int]
+"""One port in one window: (name, tuples, buffer-server bytes, END_WINDOW ms, queue size);
+a plain tuple, as a report has a few per window."""
+
+
+class ReportedCheckpoint(NamedTuple):
+    window_id: int
+    time_ms: int
+    start_ms: int
+    size_bytes: int
+
+
+class ReportedWindow(NamedTuple):
+    """One window of an operator's report, as the master's rules read it."""
+
+    window_id: int
+    inputs: list[PortFigures]
+    outputs: list[PortFigures]
+    cpu_time_ns: int
+    watermark_ms: int
+    metrics: dict[str, float] | None
+    checkpoint: ReportedCheckpoint | None
+
 
 MAX_METRICS = 64
 """User metrics kept per operator and window; more are left out."""
@@ -40,49 +71,73 @@ def bounded_text(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return f"{text[:keep]}… [{cut} characters cut] …{text[-keep:]}"
 
 
-def filter_report(op: PTOperator, report: umbilical_pb2.OperatorHeartbeat) -> str:
-    """Removes, in place, window stats of ports ``op`` does not have and user metrics past
-    the bounds; returns what was removed ("" = nothing)."""
-    inputs, outputs = op.port_names
-    for window in report.window_stats:  # the usual report is looked at once, and kept
-        for port in window.input_ports:
-            if port.id not in inputs:
-                return _filter(report, inputs, outputs)
-        for port in window.output_ports:
-            if port.id not in outputs:
-                return _filter(report, inputs, outputs)
-        metrics = window.metrics
-        if metrics and (len(metrics) > MAX_METRICS
-                        or any(len(name) > MAX_METRIC_NAME_CHARS for name in metrics)):
-            return _filter(report, inputs, outputs)
-    return ""
+def read_windows(report: umbilical_pb2.OperatorHeartbeat,
+                 ports: tuple[frozenset[str], frozenset[str]]
+                 ) -> tuple[list[ReportedWindow], str]:
+    """``report``'s windows, without ports other than the operator's (input and output
+    names, ``PTOperator.port_names``) and user metrics past the bounds; and what was left
+    out ("" = nothing).
 
-
-def _filter(report: umbilical_pb2.OperatorHeartbeat, inputs: frozenset[str],
-            outputs: frozenset[str]) -> str:
-    ports_left_out: dict[str, None] = {}
+    Plain loops, tuples built in C: this runs for every operator of every heartbeat.
+    """
+    declared_inputs, declared_outputs = ports
+    windows: list[ReportedWindow] = []
+    unknown: list[str] = []
     too_long = extra = 0
     for window in report.window_stats:
-        for ports, declared, kind in ((window.input_ports, inputs, "input"),
-                                      (window.output_ports, outputs, "output")):
-            unknown = [i for i, port in enumerate(ports) if port.id not in declared]
-            ports_left_out.update((f"{kind} {ports[i].id[:40]!r}", None) for i in unknown)
-            for index in reversed(unknown):
-                del ports[index]
-        metrics = window.metrics
-        if metrics and (len(metrics) > MAX_METRICS
-                        or any(len(name) > MAX_METRIC_NAME_CHARS for name in metrics)):
-            names = list(metrics)
-            long_names = [n for n in names if len(n) > MAX_METRIC_NAME_CHARS]
-            past = [n for n in names if len(n) <= MAX_METRIC_NAME_CHARS][MAX_METRICS:]
-            for name in long_names + past:
-                del window.metrics[name]
-            too_long, extra = max(too_long, len(long_names)), max(extra, len(past))
+        inputs: list[PortFigures] = []
+        for port in window.input_ports:
+            if port.id in declared_inputs:
+                inputs.append((port.id, port.tuple_count, port.buffer_server_bytes,
+                               port.end_window_timestamp, port.queue_size))
+            else:
+                unknown.append(f"input {port.id[:40]!r}")
+        outputs: list[PortFigures] = []
+        for port in window.output_ports:
+            if port.id in declared_outputs:
+                outputs.append((port.id, port.tuple_count, port.buffer_server_bytes,
+                                port.end_window_timestamp, port.queue_size))
+            else:
+                unknown.append(f"output {port.id[:40]!r}")
+        metrics: dict[str, float] | None = None
+        if window.metrics:
+            metrics = dict(window.metrics)
+            if len(metrics) > MAX_METRICS or any(len(name) > MAX_METRIC_NAME_CHARS
+                                                 for name in metrics):
+                metrics, long_names, past = _bounded(metrics)
+                too_long, extra = max(too_long, long_names), max(extra, past)
+        checkpoint = None
+        if window.HasField("checkpoint"):
+            figures = window.checkpoint_stats
+            checkpoint = _new_checkpoint((window.checkpoint.window_id,
+                                          figures.checkpoint_time_ms,
+                                          figures.checkpoint_start_time,
+                                          figures.checkpoint_bytes))
+        windows.append(_new_window((window.window_id, inputs, outputs, window.cpu_time_used_ns,
+                                    window.watermark_ms, metrics, checkpoint)))
+    if not (unknown or too_long or extra):
+        return windows, ""
+    return windows, _left_out(list(dict.fromkeys(unknown)), extra, too_long)
+
+
+# NamedTuple's own constructor is a Python function; these build the same tuples in C
+_new_window = functools.partial(tuple.__new__, ReportedWindow)
+_new_checkpoint = functools.partial(tuple.__new__, ReportedCheckpoint)
+
+
+def _bounded(metrics: dict[str, float]) -> tuple[dict[str, float] | None, int, int]:
+    """The first ``MAX_METRICS`` metrics with a name of at most ``MAX_METRIC_NAME_CHARS``;
+    how many names were too long, and how many were past the first ``MAX_METRICS``."""
+    short = [name for name in metrics if len(name) <= MAX_METRIC_NAME_CHARS]
+    kept = {name: metrics[name] for name in short[:MAX_METRICS]}
+    return kept or None, len(metrics) - len(short), max(0, len(short) - MAX_METRICS)
+
+
+def _left_out(ports: list[str], extra: int, too_long: int) -> str:
     parts = []
-    if ports_left_out:
-        named = list(ports_left_out)
-        parts.append(f"{len(named)} port(s) it does not have ({', '.join(named[:3])}"
-                     f"{', ...' if len(named) > 3 else ''})")
+    if ports:
+        parts.append(f"{len(ports)} port(s) it does not have ({', '.join(ports[:3])}"
+                     f"{', ...' if len(ports) > 3 else ''})")
     if extra:
         parts.append(f"{extra} metric(s) past the first {MAX_METRICS}")
     if too_long:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from master.report_filter import ReportedWindow
 from operators.watermarks import END_OF_TIME, NO_WATERMARK
 from proto import umbilical_pb2
 
@@ -157,53 +158,46 @@ class OperatorStatsTracker:
         state.setdefault("watermark_ms", NO_WATERMARK)  # a journal from before watermarks
         self.__dict__.update(state)
 
-    def record(self, heartbeat: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> int:
-        """Adds the heartbeat's window stats; returns how many windows were new.
-
-        Runs for every operator of every heartbeat, under the master's lock: one walk over
-        the message, each field read once (a protobuf field read costs what a call does).
-        """
+    def record(self, windows: Sequence[ReportedWindow], now_ms: int) -> int:
+        """Adds a report's windows (``report_filter.read_windows``); returns how many were
+        new."""
         self.last_heartbeat_ms = now_ms
         added = 0
-        for window in heartbeat.window_stats:
+        for window in windows:
             window_id = window.window_id
             if window_id > self.last_window_id:
                 self.last_window_id = window_id
                 self.window_moved_ms = now_ms
             if window_id > self.current_window_id:
-                self._record_window(window, window_id)
+                self._record_window(window)
                 added += 1
         return added
 
-    def _record_window(self, window: umbilical_pb2.OperatorStats, window_id: int) -> None:
+    def _record_window(self, window: ReportedWindow) -> None:
+        # Runs for every window of every operator in every heartbeat: kept lean.
         ports = self.ports
         processed = emitted = end_ms = 0
-        for port in window.input_ports:
-            name, count, end = port.id, port.tuple_count, port.end_window_timestamp
+        for name, count, sent, end, queue in window.inputs:
             totals = ports.get(("input", name)) or self._port("input", name)
-            totals.record(count, port.buffer_server_bytes, end, port.queue_size)
+            totals.record(count, sent, end, queue)
             processed += count
             if end > end_ms:
                 end_ms = end
-        for port in window.output_ports:
-            name, count, end = port.id, port.tuple_count, port.end_window_timestamp
+        for name, count, sent, end, queue in window.outputs:
             totals = ports.get(("output", name)) or self._port("output", name)
-            totals.record(count, port.buffer_server_bytes, end, port.queue_size)
+            totals.record(count, sent, end, queue)
             emitted += count
             if end > end_ms:
                 end_ms = end
         self.total_tuples_processed += processed
         self.total_tuples_emitted += emitted
-        self.current_window_id = window_id
+        self.current_window_id = window.window_id
         self.watermark_ms = window.watermark_ms
         self.windows_processed += 1
-        metrics = window.metrics
-        if metrics:
-            self.metrics = metrics = dict(metrics)
-        else:
-            metrics = None
-        self.window_ring.append((window_id, processed, emitted, end_ms,
-                                 window.cpu_time_used_ns, metrics))
+        if window.metrics:
+            self.metrics = window.metrics
+        self.window_ring.append((window.window_id, processed, emitted, end_ms,
+                                 window.cpu_time_ns, window.metrics))
 
     @property
     def recent(self) -> list[WindowRecord]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from master.report_filter import ReportedWindow, read_windows
 from operators import Dag, InputOperator, InputPort, Operator, OutputPort
 from operators.watermarks import NO_WATERMARK
 from proto import plan_pb2, umbilical_pb2
@@ -104,6 +105,13 @@ def window(window_id: int, tuples_in: int = 0, tuples_out: int = 0, end_ms: int 
         stats.output_ports.add(id=out_port, tuple_count=tuples_out, end_window_timestamp=end_ms,
                                buffer_server_bytes=tuples_out * 8)
     return stats
+
+
+def reported(report: umbilical_pb2.OperatorHeartbeat) -> list[ReportedWindow]:
+    """``report``'s windows as the master reads them for an operator with ports "input"
+    and "output" (what ``window`` reports)."""
+    windows, _ = read_windows(report, (frozenset({"input"}), frozenset({"output"})))
+    return windows
 
 
 def operator_report(node_id: int, state: int = umbilical_pb2.OPERATOR_STATE_ACTIVE,

@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from master.stats import RECENT_WINDOWS, ContainerStatsTracker, OperatorStatsTracker, latency_ms
-from tests.master.fakes import container_heartbeat, operator_report, window
+from tests.master.fakes import container_heartbeat, operator_report, reported, window
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -17,7 +17,7 @@ T = 1_700_000_000_000
 def test_totals_ports_and_ring():
     tracker = OperatorStatsTracker()
     windows = [window(i, tuples_in=2, tuples_out=1, end_ms=T + 100 * i) for i in range(150)]
-    assert tracker.record(operator_report(1, windows=windows), now_ms=T + 20_000) == 150
+    assert tracker.record(reported(operator_report(1, windows=windows)), now_ms=T + 20_000) == 150
     assert tracker.total_tuples_processed == 300 and tracker.total_tuples_emitted == 150
     assert tracker.windows_processed == 150 and tracker.current_window_id == 149
     assert len(tracker.recent) == RECENT_WINDOWS and tracker.recent[0].window_id == 50
@@ -35,7 +35,7 @@ def test_the_window_history_is_left_out_of_the_garbage_collectors_walks():
     the collector walks, each full collection would pause every heartbeat."""
     tracker = OperatorStatsTracker()
     windows = [window(i, tuples_in=2, tuples_out=1, end_ms=T + 100 * i) for i in range(20)]
-    tracker.record(operator_report(1, windows=windows), now_ms=T + 2_000)
+    tracker.record(reported(operator_report(1, windows=windows)), now_ms=T + 2_000)
     gc.collect()
     assert not any(gc.is_tracked(record) for record in tracker.window_ring)
     assert not any(gc.is_tracked(point) for port in tracker.ports.values()
@@ -44,16 +44,16 @@ def test_the_window_history_is_left_out_of_the_garbage_collectors_walks():
 
 def test_rates_need_two_windows():
     tracker = OperatorStatsTracker()
-    tracker.record(operator_report(1, windows=[window(1, 5, 5, T, 10**9)]), T)
+    tracker.record(reported(operator_report(1, windows=[window(1, 5, 5, T, 10**9)])), T)
     assert tracker.tuples_processed_per_second == 0.0 and tracker.cpu_percent == 0.0
 
 
 def test_latency_is_end_window_here_minus_upstream():
     source, sink = OperatorStatsTracker(), OperatorStatsTracker()
-    source.record(operator_report(1, windows=[
-        window(i, end_ms=T + 500 * i, in_port=None) for i in range(4)]), T)
-    sink.record(operator_report(2, windows=[
-        window(i, end_ms=T + 500 * i + 20 + 10 * i, out_port=None) for i in range(3)]), T)
+    source.record(reported(operator_report(1, windows=[
+        window(i, end_ms=T + 500 * i, in_port=None) for i in range(4)])), T)
+    sink.record(reported(operator_report(2, windows=[
+        window(i, end_ms=T + 500 * i + 20 + 10 * i, out_port=None) for i in range(3)])), T)
     assert latency_ms(sink, [source]) == 30.0  # (20 + 30 + 40) / 3
     assert latency_ms(source, []) == 0.0
 

@@ -6,7 +6,7 @@ import pytest
 
 from master import views
 from master.stats import OperatorStatsTracker
-from tests.master.fakes import operator_report, window
+from tests.master.fakes import operator_report, reported, window
 from tests.master.monitoring import WINDOWS, monitored_core
 
 pytestmark = pytest.mark.timeout(30)
@@ -60,8 +60,8 @@ def test_moving_average_follows_the_interval():
     tracker = OperatorStatsTracker()
     # 10 tuples per 100 ms window for 20 windows, then 40 per window for 5 windows
     counts = [10] * 20 + [40] * 5
-    tracker.record(operator_report(1, windows=[
-        window(i, tuples_in=n, end_ms=1000 + 100 * i) for i, n in enumerate(counts)]), 0)
+    tracker.record(reported(operator_report(1, windows=[
+        window(i, tuples_in=n, end_ms=1000 + 100 * i) for i, n in enumerate(counts)])), 0)
     assert round(tracker.rates(500)[0]) == 400
     assert round(tracker.rates(None)[0]) == round(sum(counts[1:]) / 2.4)
 

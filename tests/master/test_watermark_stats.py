@@ -22,6 +22,7 @@ from tests.master.fakes import (
     container_heartbeat,
     operator_report,
     partitioned_dag,
+    reported,
     window,
 )
 from tests.master.test_metrics import samples, value
@@ -35,12 +36,12 @@ WINDOWS = 4
 def test_the_tracker_keeps_the_newest_window_watermark_not_a_replayed_one():
     tracker = OperatorStatsTracker()
     assert tracker.watermark_ms == NO_WATERMARK
-    tracker.record(operator_report(1, windows=[window(1, watermark=T - 5_000),
-                                                window(2, watermark=T - 3_000)]), T)
+    tracker.record(reported(operator_report(1, windows=[window(1, watermark=T - 5_000),
+                                                window(2, watermark=T - 3_000)])), T)
     assert tracker.watermark_ms == T - 3_000
-    tracker.record(operator_report(1, windows=[window(2, watermark=T - 9_000)]), T)
+    tracker.record(reported(operator_report(1, windows=[window(2, watermark=T - 9_000)])), T)
     assert tracker.watermark_ms == T - 3_000, "a window reported twice counts once"
-    tracker.record(operator_report(1, windows=[window(3, watermark=END_OF_TIME)]), T)
+    tracker.record(reported(operator_report(1, windows=[window(3, watermark=END_OF_TIME)])), T)
     assert tracker.watermark_ms == END_OF_TIME
 
 
