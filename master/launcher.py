@@ -63,6 +63,11 @@ class Launcher(abc.ABC):
     credential_env: Mapping[str, str] = {}
     """What a container needs in its environment to call the master (its secret, TLS)."""
 
+    on_exit: Callable[[str], None] | None = None
+    """Told the container's id, from a launcher thread, as soon as a container it started
+    has ended (``exit_code`` then gives its code), so that the master recovers it at once
+    instead of at its next liveness pass; None: nobody listens, the passes find it."""
+
     def set_credentials(self, env: Mapping[str, str]) -> None:
         """Called by the master before any launch: hand ``env`` to every container."""
         self.credential_env = dict(env)
@@ -87,6 +92,18 @@ class Launcher(abc.ABC):
         """Takes charge of a container an earlier master process launched (after a restart);
         a launcher that cannot reach it leaves it to the heartbeat timeout."""
         return None
+
+    def _exited(self, container_id: str) -> None:
+        """Tells ``on_exit`` that the container ended; a listener that raises is logged, it
+        must not end the thread that watches (the liveness passes still find the exit)."""
+        listener = self.on_exit
+        if listener is None:
+            return
+        try:
+            listener(container_id)
+        except Exception:  # noqa: BLE001 - a listener's bug must not stop the watch
+            _LOGGER.exception("container=%s: telling the master of its exit failed",
+                              container_id)
 
 
 LauncherFactory = Callable[[str], Launcher]
@@ -168,6 +185,10 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
+_CAN_WATCH = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
+"""Whether a thread can wait for a child's exit without reaping it (not on Windows)."""
+
+
 class LocalProcessLauncher(Launcher):
     """Runs each container as ``python -m container --master ADDR --id ID`` on this machine.
 
@@ -221,6 +242,22 @@ class LocalProcessLauncher(Launcher):
             self._children[container_id] = _Child(popen, log_file)
         _LOGGER.info("container=%s launched: pid %d%s", container_id, popen.pid,
                      f", log {self.log_dir / (container_id + '.log')}" if self.log_dir else "")
+        if _CAN_WATCH:
+            threading.Thread(target=self._watch, args=(container_id, popen.pid),
+                             name=f"weir-watch-{container_id}", daemon=True).start()
+
+    def _watch(self, container_id: str, pid: int) -> None:
+        """Waits for the container process to end and tells ``on_exit`` at once.
+
+        ``WNOWAIT`` leaves the process a zombie for ``Popen`` to reap (``exit_code``), so
+        its exit code and pid stay Popen's; the master's liveness pass, which used to find
+        the exit only at its next poll (up to its period later, 200 ms), runs now.
+        """
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass  # already reaped (a poll or a kill got there first): it ended all the same
+        self._exited(container_id)
 
     def adopt(self, container_id: str, pid: int, host: str) -> None:
         """Watches (and may later kill) a running container an earlier master launched, if
@@ -331,6 +368,7 @@ class RecordingLauncher(Launcher):
     def set_exit_code(self, container_id: str, code: int) -> None:
         with self._lock:
             self._exit_codes[container_id] = code
+        self._exited(container_id)
 
     def exit_code(self, container_id: str) -> int | None:
         with self._lock:
@@ -374,6 +412,7 @@ class ThreadLauncher(Launcher):
                 _LOGGER.exception("container=%s thread crashed", container_id)
             with self._lock:
                 self._exit_codes[container_id] = code
+            self._exited(container_id)
 
         thread = threading.Thread(target=run, name=f"weir-{container_id}", daemon=True)
         with self._lock:

@@ -1,0 +1,101 @@
+"""Launchers tell the master the moment a container process ends (``Launcher.on_exit``).
+
+The master's liveness pass used to find a SIGKILLed container only when it next polled
+the launcher's exit codes; with the exit told at once, recovery starts at once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sys
+import threading
+
+import pytest
+
+from master.launcher import LocalProcessLauncher, RecordingLauncher, ThreadLauncher
+from tests.master.test_launcher import FAKE_CONTAINER, _grandchild
+
+pytestmark = pytest.mark.timeout(60)
+
+_HANG_GUARD_S = 20.0
+"""Only against a hang: the exit is told when it happens, nothing here waits for a poll."""
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    made = LocalProcessLauncher("127.0.0.1:1234", log_dir=tmp_path / "logs",
+                                command=[sys.executable, "-c", FAKE_CONTAINER])
+    yield made
+    made.stop_all(grace_s=1.0)
+
+
+def _listen(launcher) -> queue.Queue[str]:
+    told: queue.Queue[str] = queue.Queue()
+    launcher.on_exit = told.put
+    return told
+
+
+def test_a_sigkilled_container_is_told_without_anyone_polling_its_exit_code(launcher):
+    told = _listen(launcher)
+    launcher.launch("c0")
+    _grandchild(launcher, "c0")  # it runs
+    assert told.empty()
+    os.kill(launcher.pid("c0"), signal.SIGKILL)  # as the recovery bench does
+    assert told.get(timeout=_HANG_GUARD_S) == "c0"
+    assert launcher.exit_code("c0") == -signal.SIGKILL  # Popen still reaps it, code intact
+
+
+def test_a_container_that_exits_on_its_own_is_told_once_with_its_code(tmp_path):
+    launcher = LocalProcessLauncher("127.0.0.1:1234", log_dir=tmp_path / "logs",
+                                    command=[sys.executable, "-c", FAKE_CONTAINER],
+                                    env={"FAKE_MODE": "exit3"})
+    told = _listen(launcher)
+    try:
+        launcher.launch("c0")
+        assert told.get(timeout=_HANG_GUARD_S) == "c0"
+        assert launcher.exit_code("c0") == 3
+        launcher.stop_all(grace_s=1.0)
+        assert told.empty()
+    finally:
+        launcher.stop_all(grace_s=1.0)
+
+
+def test_a_failing_listener_does_not_stop_the_launcher(launcher):
+    calls: list[str] = []
+    done = threading.Event()
+
+    def listener(container_id: str) -> None:
+        calls.append(container_id)
+        done.set()
+        raise RuntimeError("a listener's bug")
+
+    launcher.on_exit = listener
+    launcher.launch("c0")
+    _grandchild(launcher, "c0")
+    launcher.kill("c0")
+    assert done.wait(_HANG_GUARD_S) and calls == ["c0"]
+    assert launcher.exit_code("c0") == -signal.SIGKILL
+
+
+def test_no_listener_is_fine(launcher):
+    launcher.launch("c0")
+    _grandchild(launcher, "c0")
+    launcher.kill("c0")
+    assert launcher.exit_code("c0") == -signal.SIGKILL
+
+
+def test_the_thread_and_recording_launchers_tell_exits_too():
+    def container(address: str, cid: str, stop: threading.Event) -> int:
+        return 7
+
+    threads = ThreadLauncher("127.0.0.1:9", container)
+    told = _listen(threads)
+    threads.launch("t0")
+    assert told.get(timeout=_HANG_GUARD_S) == "t0" and threads.exit_code("t0") == 7
+
+    recording = RecordingLauncher()
+    told = _listen(recording)
+    recording.set_exit_code("r0", -signal.SIGKILL)
+    assert told.get_nowait() == "r0"
