@@ -100,9 +100,15 @@ def summarize_recovery(runs: list[dict[str, Any]]) -> dict[str, Any]:
     median = _median(seconds)
     median_run = min((r for r in runs if "seconds_until_windows_move_again" in r),
                      key=lambda r: abs(float(r["seconds_until_windows_move_again"]) - median))
-    return {**median_run, "repeats": len(runs), "seconds_until_windows_move_again": median,
-            "spread": {"seconds_until_windows_move_again": [min(seconds), max(seconds)]},
-            "runs": runs}
+    spread = {"seconds_until_windows_move_again": [min(seconds), max(seconds)]}
+    row = {**median_run, "repeats": len(runs), "seconds_until_windows_move_again": median,
+           "spread": spread, "runs": runs}
+    seen = [float(r["seconds_until_the_master_saw_it"]) for r in runs
+            if isinstance(r.get("seconds_until_the_master_saw_it"), int | float)]
+    if seen:  # the same moment as the master heard of it, a heartbeat later
+        row["seconds_until_the_master_saw_it"] = _median(seen)
+        spread["seconds_until_the_master_saw_it"] = [min(seen), max(seen)]
+    return row
 
 
 def _repeated(jobs: list[tuple[str, Any]], repeat: int) -> list[dict[str, Any]]:
@@ -449,10 +455,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         r = report[key]
         low, high = r.get("spread", {}).get("seconds_until_windows_move_again", ["?", "?"])
+        seen_low, seen_high = r.get("spread", {}).get("seconds_until_the_master_saw_it",
+                                                      ["?", "?"])
         print(f"recovery {label} ({r.get('repeats', 1)} runs, median): {r.get('killed', '?')} "
               f"killed, its operators moved to {r.get('moved_to', '?')}; windows moving again "
               f"after {r.get('seconds_until_windows_move_again', '?')} s (min-max "
-              f"{low}-{high} s), "
+              f"{low}-{high} s; the master saw it after "
+              f"{r.get('seconds_until_the_master_saw_it', '?')} s, {seen_low}-{seen_high} s), "
               f"{r.get('windows_replayed', '?')} windows replayed, final state "
               f"{r.get('final_state', '?')}, every event counted at least once: "
               f"{r.get('every_event_counted_at_least_once', '?')}")

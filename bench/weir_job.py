@@ -16,7 +16,9 @@ import logging
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -34,7 +36,7 @@ from master.server import MasterServer
 from operators import Dag
 from operators.library import EventGenerator, FileSink, ParquetSource, WindowedCount
 
-__all__ = ["build_dag", "build_scaling_dag", "recovery", "run", "startup"]
+__all__ = ["build_dag", "build_scaling_dag", "recovery", "run", "startup", "window_moved_ms"]
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_S = 0.5
@@ -287,14 +289,34 @@ def startup(timeout_s: float = 180.0) -> dict[str, float]:
         server.stop()
 
 
+def window_moved_ms(recent_windows: Iterable[Any], after_window: int) -> int | None:
+    """When the operator ended its first window after ``after_window``: that window's
+    END_WINDOW time as its container stamped it (epoch ms), or None if none is known.
+
+    >>> from types import SimpleNamespace as W
+    >>> window_moved_ms([W(window_id=7, end_window_ms=70), W(window_id=9, end_window_ms=95),
+    ...                  W(window_id=8, end_window_ms=90)], 7)
+    90
+    >>> window_moved_ms([W(window_id=7, end_window_ms=70)], 7) is None
+    True
+    """
+    later = [w for w in recent_windows if w.window_id > after_window and w.end_window_ms > 0]
+    return min(later, key=lambda w: w.window_id).end_window_ms if later else None
+
+
 def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[str, object]:
     """Kills the Spark container mid-run: seconds until windows move again, windows replayed.
 
     The job runs paced (``spec.rate_per_second``) with checkpoints every 10 windows; once
     a window is committed (and, with ``spares`` (SPARE_CONTAINERS), a spare is ready:
     its Spark warm), the aggregation's container gets SIGKILL. "Moving again" is the
-    sink's window passing the last one it had before the kill; the replayed windows are
-    those between the aggregation's recovery checkpoint and its window at the kill.
+    sink's window passing the last one it had before the kill, timed by that window's
+    END_WINDOW as the sink's container stamped it (``window_moved_ms``; same host, same
+    clock): when the master hears of it depends on when the container next heartbeats
+    (every 500 ms here) and on this loop's polling, which are no part of the recovery;
+    that later moment is reported too (``seconds_until_the_master_saw_it``). The
+    replayed windows are those between the aggregation's recovery checkpoint and its
+    window at the kill.
     """
     import os
     import signal
@@ -325,7 +347,10 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
             if time.monotonic() > deadline:
                 return {"error": "windows did not move again after the kill"}
             time.sleep(0.05)
-        moving_s = time.monotonic() - killed_at
+        seen_s = time.monotonic() - killed_at
+        moved_ms = window_moved_ms(core.operator_info(app_id, "sink").recent_windows,
+                                   sink_before)
+        moving_s = (moved_ms - killed_at_ms) / 1000 if moved_ms is not None else seen_s
         after = core.operator_info(app_id, "aggregate")
         moved_to = next(c for c in core.list_containers(app_id) if c.id == after.container_id)
         how = "a spare" if 0 < moved_to.started_ms < killed_at_ms else "a new container"
@@ -338,6 +363,7 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
             "spares": spares,
             "moved_to": f"{moved_to.id} ({how})",
             "seconds_until_windows_move_again": round(moving_s, 2),
+            "seconds_until_the_master_saw_it": round(seen_s, 2),
             "windows_replayed": max(0, window_counter(agg.current_window_id)
                                     - window_counter(after.recovery_window_id)),
             "final_state": info.state,
