@@ -289,6 +289,7 @@ def validate_descriptor(dag: plan_pb2.DagDescriptor) -> None:
                 raise DagError(f"input port {op.name}.{port.name} is not connected; connect a "
                                "stream to it or declare it InputPort(optional=True)")
     _check_dead_letters_go_somewhere(dag)
+    _check_source_only_attributes(dag, operators)
     topological_order(dag)
 
 
@@ -322,6 +323,42 @@ def _check_port_schemas(dag: plan_pb2.DagDescriptor) -> None:
                 raise DagError(f"port {op.name}.{port.name} declares a schema that is not an "
                                f"Arrow schema ({type(exc).__name__}: {str(exc)[:200]}); "
                                "declare it as a pyarrow.Schema") from None
+
+
+SOURCE_ONLY_ATTRIBUTES = ("EVENT_TIME_COLUMN", "WATERMARK_DELAY_MILLIS", "IDLE_TIMEOUT_MILLIS")
+"""Attributes that only a source (an ``InputOperator``) reads: event time is assigned where
+rows enter the DAG, and every other operator follows the watermarks that come with them."""
+
+
+def _check_source_only_attributes(dag: plan_pb2.DagDescriptor,
+                                  operators: dict[str, plan_pb2.OperatorDescriptor]) -> None:
+    """Refuses a source-only attribute set on an operator that is not a source: accepted,
+    it would do nothing (event-time windows downstream would wait for a watermark that
+    never comes, and fire only when the stream ends)."""
+    upstream: dict[str, list[str]] = {}
+    for stream in dag.streams:
+        for sink in stream.sinks:
+            upstream.setdefault(sink.operator, []).append(stream.source_operator)
+    for op in dag.operators:
+        named = [name for name in SOURCE_ONLY_ATTRIBUTES if op.attributes.get(name)]
+        if not named or op.kind == plan_pb2.OPERATOR_KIND_INPUT:
+            continue
+        sources, seen, todo = [], set(), list(upstream.get(op.name, []))
+        while todo:
+            name = todo.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            if operators[name].kind == plan_pb2.OPERATOR_KIND_INPUT:
+                sources.append(name)
+            todo += upstream.get(name, [])
+        where = (f"set it on the source{'s' if len(sources) > 1 else ''} upstream "
+                 f"({', '.join(repr(s) for s in sorted(sources))})" if sources
+                 else "set it on the source its rows come from")
+        raise DagError(f"operator {op.name!r} sets {', '.join(named)}, which only a source "
+                       f"(an InputOperator) reads; on {op.name!r} it would do nothing: "
+                       f"event time is assigned where rows enter the DAG, so {where}, and "
+                       f"{op.name!r} follows the watermarks that come with its input")
 
 
 def _check_dead_letters_go_somewhere(dag: plan_pb2.DagDescriptor) -> None:

@@ -256,6 +256,11 @@ def test_errors_are_status_codes_with_one_line(server, client, umbilical):
         stub.SubmitApplication(client_pb2.SubmitApplicationRequest(dag=dag), timeout=5)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "input port relay1.input is not connected" in caught.value.details()
+    dag = chain_descriptor(3)
+    dag.operators[1].attributes["EVENT_TIME_COLUMN"] = "ts"  # relay1: not a source
+    with pytest.raises(WeirClientError, match="operator 'relay1' sets EVENT_TIME_COLUMN, which "
+                                              "only a source"):
+        client.submit(dag)
     with pytest.raises(WeirClientError, match="unknown attribute 'BOGUS'") as caught_client:
         client.submit(chain_descriptor(3), {"BOGUS": "1"})
     assert caught_client.value.code == grpc.StatusCode.INVALID_ARGUMENT

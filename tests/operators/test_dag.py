@@ -152,3 +152,30 @@ def test_the_descriptor_says_which_operators_use_spark():
     dag.add_stream("s3", merged.output, plain.input)
     uses = {op.name: op.uses_spark for op in dag.to_descriptor().operators}
     assert uses == {"src": False, "sql": True, "merged": True, "plain": False}
+
+
+@pytest.mark.parametrize("attribute, value", [("EVENT_TIME_COLUMN", "ts"),
+                                              ("WATERMARK_DELAY_MILLIS", 2_000),
+                                              ("IDLE_TIMEOUT_MILLIS", 5_000)])
+def test_source_only_attributes_on_an_operator_that_is_no_source_are_refused(attribute, value):
+    """Accepted, EVENT_TIME_COLUMN on a non-source did nothing: event-time windows below
+    it waited for a watermark that never came (issue 33)."""
+    dag = Dag("event-time")
+    src = dag.add_operator("src", Source())
+    a = dag.add_operator("a", Pass())
+    b = dag.add_operator("b", Pass(), **{attribute: value})
+    dag.add_stream("s1", src.output, a.input)
+    dag.add_stream("s2", a.output, b.input)
+    with pytest.raises(DagError, match=rf"operator 'b' sets {attribute}, which only a source "
+                                       r"\(an InputOperator\) reads; .* set it on the source "
+                                       r"upstream \('src'\)"):
+        dag.validate()
+
+
+def test_source_only_attributes_on_a_source_are_accepted():
+    dag = Dag("event-time")
+    src = dag.add_operator("src", Source(), EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=500,
+                           IDLE_TIMEOUT_MILLIS=1_000)
+    a = dag.add_operator("a", Pass())
+    dag.add_stream("s1", src.output, a.input)
+    dag.validate()
