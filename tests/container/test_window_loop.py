@@ -138,12 +138,32 @@ def test_an_operator_that_skipped_to_its_inputs_end_ends_there_too():
 
 def test_application_window_spans_streaming_windows_and_flushes_at_end():
     op = SumPerAppWindow()
-    runner, out = run(op, {"a": stream({1: [[1]], 2: [[2]], 3: [[4]]})}, app_windows=2)
+    runner, out = run(op, {"a": stream({2: [[1]], 3: [[2]], 4: [[4]]})}, app_windows=2)
     assert runner.state is RunnerState.SHUTDOWN, runner.error
-    assert op.began == [1, 3]
+    assert op.began == [2, 4]
     # sums land in the last streaming window of each application window; the partial
-    # application window (window 3) is flushed in one extra window at END_STREAM.
-    assert out.windows() == [(1, []), (2, [3]), (3, []), (4, [4])]
+    # application window (window 4) is flushed in one extra window at END_STREAM.
+    assert out.windows() == [(2, []), (3, [3]), (4, []), (5, [4])]
+
+
+def test_application_windows_end_where_the_window_counter_does_whatever_the_first():
+    """A fresh operator whose first window is 3 (of 2-window application windows) ends
+    its first application window with window 3: application windows, and so checkpoints,
+    fall on the same windows for every operator, whatever window each started at."""
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({3: [[1]], 4: [[2]], 5: [[4]]})}, app_windows=2)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert op.began == [3, 4]
+    assert out.windows() == [(3, [1]), (4, []), (5, [6])]
+
+
+def test_a_restored_operator_keeps_the_phase_of_its_checkpoint():
+    op = SumPerAppWindow()
+    runner, out = run(op, {"a": stream({5: [[1]], 6: [[2]], 7: [[4]]})}, app_windows=2,
+                      resume_window=4)
+    assert runner.state is RunnerState.SHUTDOWN, runner.error
+    assert op.began == [5, 7]
+    assert out.windows() == [(5, []), (6, [3]), (7, []), (8, [4])]
 
 
 def test_window_stats_count_rows_per_port():

@@ -92,13 +92,13 @@ def test_the_watermark_never_goes_backwards():
 
 
 def test_an_ended_port_holds_nothing_back_and_the_end_is_end_of_time():
-    """Port a ends after window 2 at 100; from then on b alone decides; the flush window
+    """Port a ends after window 3 at 100; from then on b alone decides; the flush window
     after both ended (an application window left open) says END_OF_TIME."""
-    runner, out = run(SumPerAppWindow(), {"a": marked({1: 100, 2: 100}),
-                                          "b": marked({1: 300, 2: 400, 3: 500})},
+    runner, out = run(SumPerAppWindow(), {"a": marked({2: 100, 3: 100}),
+                                          "b": marked({2: 300, 3: 400, 4: 500})},
                       app_windows=2)
     assert runner.state is RunnerState.SHUTDOWN, runner.error
-    assert watermarks(out) == {1: 100, 2: 100, 3: 500, 4: END_OF_TIME}
+    assert watermarks(out) == {2: 100, 3: 100, 4: 500, 5: END_OF_TIME}
 
 
 def test_windows_the_loop_makes_up_carry_the_last_known_input_watermarks():
