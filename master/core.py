@@ -97,6 +97,9 @@ class MasterCore:
         self._listeners = StatsListeners()
         self._next_app_number = 1
         self._stop = threading.Event()
+        # a container process ended: the loop's liveness pass runs at once, not at its tick
+        self._wake = threading.Event()
+        launcher.on_exit = lambda _container_id: self._wake.set()
         self._loop: threading.Thread | None = None
         self.dashboard_url = ""  # the master's web dashboard (no secret), shown by `weir apps`
         self.on_halt: Callable[[str], None] | None = None  # told once, from a handler thread
@@ -539,6 +542,7 @@ class MasterCore:
     def _halting(self, reason: str) -> None:
         """The journal failed: nothing more is decided here, and the server stops."""
         self._stop.set()
+        self._wake.set()
         if self.on_halt is not None:
             self.on_halt(reason)
 
@@ -594,12 +598,17 @@ class MasterCore:
     def stop(self) -> None:
         """Stops the master loop thread (containers are the server's to stop)."""
         self._stop.set()
+        self._wake.set()
         if self._loop is not None:
             self._loop.join(timeout=5.0)
             self._loop = None
 
     def _run_loop(self) -> None:
-        while not self._stop.wait(self.loop_interval_s):
+        while True:
+            self._wake.wait(self.loop_interval_s)  # a tick, or a container process ended
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.check_liveness()
                 self.consult_listeners()

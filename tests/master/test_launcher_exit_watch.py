@@ -11,6 +11,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -99,3 +100,35 @@ def test_the_thread_and_recording_launchers_tell_exits_too():
     told = _listen(recording)
     recording.set_exit_code("r0", -signal.SIGKILL)
     assert told.get_nowait() == "r0"
+
+
+def test_the_master_recovers_a_container_the_moment_its_process_ends():
+    """The master's loop wakes on the exit: with its tick an hour away, the container is
+    still given up on (KILLED) and replaced at once."""
+    from master.core import MasterCore
+    from master.physical_plan import ContainerState
+    from tests.master.fakes import chain_descriptor, container_heartbeat
+
+    launcher = RecordingLauncher("127.0.0.1:1")
+    core = MasterCore(launcher, loop_interval_s=3_600.0)
+    core.start()
+    try:
+        app_id = core.submit(chain_descriptor(3, CONTAINERS=2), {})
+        app = core.application(app_id)
+        with core.lock:
+            ids = sorted(app.plan.containers)
+        for index, cid in enumerate(ids):
+            core.heartbeat(container_heartbeat(cid, port=7000 + index))
+        launcher.set_exit_code(ids[0], -signal.SIGKILL)
+        deadline = time.monotonic() + _HANG_GUARD_S
+        while time.monotonic() < deadline:
+            with core.lock:
+                if app.plan.containers[ids[0]].state == ContainerState.KILLED:
+                    break
+            time.sleep(0.01)
+        with core.lock:
+            assert app.plan.containers[ids[0]].state == ContainerState.KILLED
+            assert "exited with code -9" in app.plan.containers[ids[0]].diagnostics
+            assert len(app.plan.containers) == 3  # its replacement
+    finally:
+        core.stop()
