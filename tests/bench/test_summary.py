@@ -56,7 +56,7 @@ def test_a_failed_or_wrong_row_is_reported_and_makes_make_bench_fail(monkeypatch
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
     skip = [f"--skip={row}" for row in ("event-time", "running-count", "weir-kafka",
                                          "bytewax", "scaling", "startup", "master-restart",
-                                         "control-plane", "latency")]
+                                         "control-plane", "latency", "nexmark")]
     status = bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
     out = capsys.readouterr().out
     assert status == 1
