@@ -50,8 +50,7 @@ class WindowRecord(NamedTuple):
     metrics: dict[str, float] | None = None  # user metrics at the window's end, if any
 
 
-# the ring's fields: WindowRecord's, then the ports' figures (report_filter.PortFigures)
-_ID, _PROCESSED, _EMITTED, _END, _CPU, _METRICS, _INPUTS, _OUTPUTS = range(8)
+_ID, _PROCESSED, _EMITTED, _END, _CPU = range(5)  # WindowRecord's fields in the ring
 
 
 def _within(points: Sequence[tuple[int, ...]], interval_ms: int | None
@@ -84,19 +83,41 @@ def _rate_per_second(points: Sequence[tuple[int, ...]], interval_ms: int | None 
 
 @dataclasses.dataclass
 class PortTotals:
-    """Totals of one port over the application's life (its recent pace is read from the
-    operator's window ring: ``OperatorStatsTracker.port_rates``)."""
+    """Totals of one port over the application's life, and its recent pace."""
 
     name: str
     type: str  # "input" or "output"
     total_tuples: int = 0
     buffer_server_bytes: int = 0
     queue_size: int = 0
+    #: per recent window: (END_WINDOW ms, tuples, buffer-server bytes); one small tuple
+    #: a window, as the master keeps one ring per port of every operator
+    recent: collections.deque[tuple[int, int, int]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=RECENT_WINDOWS))
+
+    def __getstate__(self) -> dict[str, object]:
+        """Without the recent-window ring (see ``OperatorStatsTracker.__getstate__``)."""
+        return {**self.__dict__, "recent": collections.deque(maxlen=RECENT_WINDOWS)}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         state.pop("recent_bytes", None)  # a journal written before the rings were merged
-        state.pop("recent", None)  # a journal written when each port kept a ring
         self.__dict__.update(state)
+
+    def record(self, count: int, sent_bytes: int, end_ms: int, queue_size: int) -> None:
+        """Adds one window's figures (``OperatorStatsTracker.record`` reads them)."""
+        self.total_tuples += count
+        self.buffer_server_bytes += sent_bytes
+        self.queue_size = queue_size
+        self.recent.append((end_ms, count, sent_bytes))
+
+    @property
+    def tuples_per_second(self) -> float:
+        return _rate_per_second(self.recent)
+
+    def rates(self, interval_ms: int | None = None) -> tuple[float, float]:
+        """(tuples/s, buffer-server bytes/s) over the last ``interval_ms``."""
+        return (_rate_per_second(self.recent, interval_ms, column=1),
+                _rate_per_second(self.recent, interval_ms, column=2))
 
 
 class OperatorStatsTracker:
@@ -156,20 +177,15 @@ class OperatorStatsTracker:
         # Runs for every window of every operator in every heartbeat: kept lean.
         ports = self.ports
         processed = emitted = end_ms = 0
-        inputs, outputs = tuple(window.inputs), tuple(window.outputs)
-        for name, count, sent, end, queue in inputs:
+        for name, count, sent, end, queue in window.inputs:
             totals = ports.get(("input", name)) or self._port("input", name)
-            totals.total_tuples += count
-            totals.buffer_server_bytes += sent
-            totals.queue_size = queue
+            totals.record(count, sent, end, queue)
             processed += count
             if end > end_ms:
                 end_ms = end
-        for name, count, sent, end, queue in outputs:
+        for name, count, sent, end, queue in window.outputs:
             totals = ports.get(("output", name)) or self._port("output", name)
-            totals.total_tuples += count
-            totals.buffer_server_bytes += sent
-            totals.queue_size = queue
+            totals.record(count, sent, end, queue)
             emitted += count
             if end > end_ms:
                 end_ms = end
@@ -181,22 +197,12 @@ class OperatorStatsTracker:
         if window.metrics:
             self.metrics = window.metrics
         self.window_ring.append((window.window_id, processed, emitted, end_ms,
-                                 window.cpu_time_ns, window.metrics, inputs, outputs))
+                                 window.cpu_time_ns, window.metrics))
 
     @property
     def recent(self) -> list[WindowRecord]:
         """The recent windows, oldest first."""
-        return [WindowRecord._make(window[:_INPUTS]) for window in self.window_ring]
-
-    def port_rates(self, kind: str, name: str, interval_ms: int | None = None
-                   ) -> tuple[float, float]:
-        """(tuples/s, buffer-server bytes/s) of one port as moving averages over the last
-        ``interval_ms`` of windows (every recent window if None)."""
-        column = _INPUTS if kind == "input" else _OUTPUTS
-        points = [(end, count, sent)
-                  for window in _last_windows(self.window_ring, interval_ms, opening=True)
-                  for port, count, sent, end, _ in window[column] if port == name]
-        return _rate_per_second(points, None, 1), _rate_per_second(points, None, 2)
+        return [WindowRecord._make(window) for window in self.window_ring]
 
     def _port(self, kind: str, name: str) -> PortTotals:
         totals = self.ports[(kind, name)] = PortTotals(name, kind)
@@ -293,8 +299,7 @@ def latency_ms(tracker: OperatorStatsTracker, upstream: Iterable[OperatorStatsTr
     if not upstream or not tracker.window_ring:
         return 0.0
     gaps = [gap for window in _last_windows(tracker.window_ring, interval_ms)
-            if (gap := window_latency_ms(WindowRecord._make(window[:_INPUTS]), upstream))
-            is not None]
+            if (gap := window_latency_ms(WindowRecord._make(window), upstream)) is not None]
     return sum(gaps) / len(gaps) if gaps else 0.0
 
 

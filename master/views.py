@@ -275,7 +275,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         if port is None:
             info.ports.add(name=name, type=kind)
             continue
-        tuples_per_second, bytes_per_second = tracker.port_rates(kind, name, interval)
+        tuples_per_second, bytes_per_second = port.rates(interval)
         info.ports.add(name=name, type=kind, total_tuples=port.total_tuples,
                        tuples_per_second=tuples_per_second,
                        buffer_server_bytes=port.buffer_server_bytes, queue_size=port.queue_size,
@@ -308,6 +308,5 @@ def application_plan(app: Application, now_ms: int | None = None
             plan.streams.add(name=link.stream_name, source_operator_id=link.source_operator_id,
                              source_port=link.source_port_name, sink_operator_id=op.id,
                              sink_port=link.port_name,
-                             tuples_per_second=tracker.port_rates(
-                                 "input", link.port_name, interval)[0] if port else 0.0)
+                             tuples_per_second=port.rates(interval)[0] if port else 0.0)
     return plan
