@@ -103,13 +103,6 @@ class PortTotals:
         state.pop("recent_bytes", None)  # a journal written before the rings were merged
         self.__dict__.update(state)
 
-    def record(self, count: int, sent_bytes: int, end_ms: int, queue_size: int) -> None:
-        """Adds one window's figures (``OperatorStatsTracker.record`` reads them)."""
-        self.total_tuples += count
-        self.buffer_server_bytes += sent_bytes
-        self.queue_size = queue_size
-        self.recent.append((end_ms, count, sent_bytes))
-
     @property
     def tuples_per_second(self) -> float:
         return _rate_per_second(self.recent)
@@ -177,15 +170,22 @@ class OperatorStatsTracker:
         # Runs for every window of every operator in every heartbeat: kept lean.
         ports = self.ports
         processed = emitted = end_ms = 0
+        # each port's totals and ring, inline: this runs for every port of every window
         for name, count, sent, end, queue in window.inputs:
             totals = ports.get(("input", name)) or self._port("input", name)
-            totals.record(count, sent, end, queue)
+            totals.total_tuples += count
+            totals.buffer_server_bytes += sent
+            totals.queue_size = queue
+            totals.recent.append((end, count, sent))
             processed += count
             if end > end_ms:
                 end_ms = end
         for name, count, sent, end, queue in window.outputs:
             totals = ports.get(("output", name)) or self._port("output", name)
-            totals.record(count, sent, end, queue)
+            totals.total_tuples += count
+            totals.buffer_server_bytes += sent
+            totals.queue_size = queue
+            totals.recent.append((end, count, sent))
             emitted += count
             if end > end_ms:
                 end_ms = end
