@@ -57,8 +57,11 @@ NOTES = (
 
 
 def spec_for(events: int) -> NexmarkSpec:
-    """The spec of a run of ``events``: files of 1/50 of the events, 10k to 100k each."""
-    return NexmarkSpec(events=events, events_per_file=min(100_000, max(10_000, events // 50)))
+    """The spec of a run of ``events``: files of 1/50 of the events (10k to 100k each) and
+    at least 60 s of event time (at most 100k events a second), so that even a small run
+    has windows that Spark's watermark closes (it stops 2 s short of the end)."""
+    return NexmarkSpec(events=events, events_per_file=min(100_000, max(10_000, events // 50)),
+                       events_per_second=max(1, min(100_000, events // 60)))
 
 
 def parse_queries(text: str) -> list[str]:

@@ -123,3 +123,10 @@ def test_flink_gets_a_query_for_each_and_its_csv_output_is_read_back(tmp_path: P
     assert table.num_rows == 1
     assert str(table["price"][0].as_py()) == "908.000"
     assert table["date_time"][0].as_py().microsecond == 5_000
+
+
+def test_every_run_spans_a_minute_of_event_time_so_spark_closes_windows_too():
+    small, large = runner.spec_for(200_000), runner.spec_for(10_000_000)
+    assert small.events / small.events_per_second >= 60
+    assert (small.events_per_file, large.events_per_file) == (10_000, 100_000)
+    assert large.events_per_second == 100_000  # at most: 10 s windows of 1 M events
