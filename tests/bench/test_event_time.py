@@ -152,7 +152,7 @@ def test_make_bench_runs_both_systems_on_one_spec_and_prints_the_section(
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
     skips = [arg for name in ("weir", "weir-paced", "spark-streaming", "weir-kafka", "bytewax",
                               "startup", "recovery", "master-restart", "control-plane",
-                              "scaling", "running-count", "latency")
+                              "scaling", "running-count", "latency", "nexmark")
              for arg in ("--skip", name)]
     assert bench_main.main([*skips, "--repeat", "2", "--event-time-events", "1000",
                             "--event-time-rate", "4000", "--out", str(tmp_path)]) == 0

@@ -89,7 +89,7 @@ def test_a_wrong_or_crashed_peer_fails_make_bench(monkeypatch, tmp_path, capsys)
     skip = [f"--skip={row}" for row in ("weir", "weir-paced", "spark-streaming", "event-time",
                                          "running-count", "bytewax", "scaling", "startup",
                                          "recovery", "master-restart", "control-plane",
-                                         "latency")]
+                                         "latency", "nexmark")]
     status = bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
     out = capsys.readouterr().out
     assert status == 1
@@ -108,6 +108,6 @@ def test_skipping_the_kafka_row_skips_its_peers(monkeypatch, tmp_path) -> None:
     skip = [f"--skip={row}" for row in ("weir", "weir-paced", "spark-streaming", "event-time",
                                          "running-count", "weir-kafka", "scaling", "startup",
                                          "recovery", "master-restart", "control-plane",
-                                         "latency")]
+                                         "latency", "nexmark")]
     bench_main.main(["--repeat", "1", "--out", str(tmp_path), *skip])
     assert calls == ["bytewax"]

@@ -152,7 +152,8 @@ def test_a_wrong_latency_run_is_printed_as_failed_and_fails_make_bench(monkeypat
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
     skip = [f"--skip={row}" for row in (
         "weir", "weir-paced", "spark-streaming", "event-time", "running-count", "weir-kafka",
-        "bytewax", "scaling", "startup", "recovery", "master-restart", "control-plane")]
+        "bytewax", "scaling", "startup", "recovery", "master-restart", "control-plane",
+        "nexmark")]
     status = bench_main.main(["--repeat", "2", "--out", str(tmp_path), *skip])
     out = capsys.readouterr().out
     assert status == 1

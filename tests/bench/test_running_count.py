@@ -12,7 +12,8 @@ from bench.running_count import _window_times, expected_totals, render, write_ke
 
 SKIP_ALL_BUT = [arg for name in ("weir", "weir-paced", "spark-streaming", "weir-kafka",
                                  "bytewax", "event-time", "startup", "recovery",
-                                 "master-restart", "control-plane", "scaling", "latency")
+                                 "master-restart", "control-plane", "scaling", "latency",
+                                 "nexmark")
                 for arg in ("--skip", name)]
 
 

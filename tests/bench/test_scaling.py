@@ -102,7 +102,8 @@ def test_partition_counts_are_parsed_and_checked():
 _ALL_BUT_SCALING = ["--skip", "weir", "--skip", "weir-paced", "--skip", "weir-kafka",
                     "--skip", "bytewax", "--skip", "event-time", "--skip", "running-count",
                     "--skip", "startup", "--skip", "recovery", "--skip", "master-restart",
-                    "--skip", "control-plane", "--skip", "latency", "--repeat", "1"]
+                    "--skip", "control-plane", "--skip", "latency", "--skip", "nexmark",
+                    "--repeat", "1"]
 
 
 @pytest.fixture
