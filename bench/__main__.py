@@ -12,13 +12,14 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import JobSpec, PeakMemory, render_table
+from bench.common import JobSpec, render_table, run_json_subprocess
 from bench.event_time import event_time_jobs, render_event_time
 from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
 from bench.latency import latency_jobs, render_latency
@@ -35,32 +36,7 @@ def _run(system: str, spec: JobSpec, timeout_s: float, *extra: str) -> dict[str,
     print(f"  running {system} ({spec.events:,} events"
           f"{f', {spec.rate_per_second:,.0f}/s' if spec.rate_per_second else ''}) ...",
           file=sys.stderr, flush=True)
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    with PeakMemory(proc.pid) as memory:
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-            return {"system": system, "correct": False,
-                    "detail": f"timed out after {timeout_s:.0f} s", "peak_rss_mb": memory.peak_mb}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(err.strip().splitlines()[-5:])
-        return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
-                "detail": f"exit {proc.returncode}: {tail}"}
-    result = json.loads(lines[-1])
-    result["peak_rss_mb"] = round(memory.peak_mb, 1)
-    result["run_seconds"] = round(time.monotonic() - started, 1)
-    return result
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return run_json_subprocess(system, argv, timeout_s)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -77,10 +53,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     p50 = [float(r.get("latency_p50_ms", 0)) for r in runs]
     p99 = [float(r.get("latency_p99_ms", 0)) for r in runs]
     median_run = min(runs, key=lambda r: abs(float(r.get("events_per_second", 0))
-                                             - _median(eps)))
+                                             - statistics.median(eps)))
     return {**median_run, "system": first["system"], "repeats": len(runs),
-            "events_per_second": _median(eps), "latency_p50_ms": _median(p50),
-            "latency_p99_ms": _median(p99),
+            "events_per_second": statistics.median(eps), "latency_p50_ms": statistics.median(p50),
+            "latency_p99_ms": statistics.median(p99),
             "spread": {"events_per_second": [min(eps), max(eps)],
                        "latency_p99_ms": [min(p99), max(p99)]},
             "peak_rss_mb": max(float(r.get("peak_rss_mb", 0)) for r in runs),
@@ -97,7 +73,7 @@ def summarize_recovery(runs: list[dict[str, Any]]) -> dict[str, Any]:
                if isinstance(r.get("seconds_until_windows_move_again"), int | float)]
     if not seconds:
         return {**runs[0], "repeats": len(runs), "runs": runs}
-    median = _median(seconds)
+    median = statistics.median(seconds)
     median_run = min((r for r in runs if "seconds_until_windows_move_again" in r),
                      key=lambda r: abs(float(r["seconds_until_windows_move_again"]) - median))
     spread = {"seconds_until_windows_move_again": [min(seconds), max(seconds)]}
@@ -106,7 +82,7 @@ def summarize_recovery(runs: list[dict[str, Any]]) -> dict[str, Any]:
     seen = [float(r["seconds_until_the_master_saw_it"]) for r in runs
             if isinstance(r.get("seconds_until_the_master_saw_it"), int | float)]
     if seen:  # the same moment as the master heard of it, a heartbeat later
-        row["seconds_until_the_master_saw_it"] = _median(seen)
+        row["seconds_until_the_master_saw_it"] = statistics.median(seen)
         spread["seconds_until_the_master_saw_it"] = [min(seen), max(seen)]
     return row
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Mapping
@@ -213,3 +216,32 @@ def _cpu_s(proc: psutil.Process) -> float:
     except psutil.Error:
         return 0.0
     return times.user + times.system
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_json_subprocess(system: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+    """Runs one bench runner (``argv``, printing its result as a last JSON line) in a process
+    group of its own, killed after ``timeout_s``: its result with the peak memory of its
+    process tree and its run time, or a failed result saying why (its stderr's tail)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    with PeakMemory(proc.pid) as memory:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return {"system": system, "correct": False,
+                    "detail": f"timed out after {timeout_s:.0f} s", "peak_rss_mb": memory.peak_mb}
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(err.strip().splitlines()[-5:])
+        return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
+                "detail": f"exit {proc.returncode}: {tail}"}
+    result = json.loads(lines[-1])
+    result["peak_rss_mb"] = round(memory.peak_mb, 1)
+    result["run_seconds"] = round(time.monotonic() - started, 1)
+    return result

@@ -7,19 +7,17 @@ min-max, ratios to Spark Structured Streaming and Flink, and the failed runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import PeakMemory, render_table
+from bench.common import render_table, run_json_subprocess
 from bench.nexmark.generator import write_files
 from bench.nexmark.model import QUERIES, NexmarkSpec
 from bench.nexmark.one import SYSTEMS
@@ -86,32 +84,9 @@ def _run_one(system: str, query: str, spec: NexmarkSpec, data: Path, rate: float
             str(files_per_trigger), "--timeout", str(timeout_s)]
     print(f"  nexmark {query} on {system} ({spec.events:,} events) ...", file=sys.stderr,
           flush=True)
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    with PeakMemory(proc.pid) as memory:
-        try:
-            out, err = proc.communicate(timeout=timeout_s + 120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-            return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
-                    "detail": f"timed out after {timeout_s + 120:.0f} s"}
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = " | ".join(err.strip().splitlines()[-5:])
-        return {"system": system, "correct": False, "peak_rss_mb": memory.peak_mb,
-                "detail": f"exit {proc.returncode}: {tail[-1500:]}"}
-    result = json.loads(lines[-1])
-    result.update(system=system, peak_rss_mb=round(memory.peak_mb, 1),
-                  run_seconds=round(time.monotonic() - started, 1))
+    result = run_json_subprocess(system, argv, timeout_s + 120)
+    result["system"] = system
     return result
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,10 +96,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if wrong:
         return {**wrong[0], "repeats": len(runs), "runs": runs}
     eps = [float(r.get("events_per_second", 0)) for r in runs]
-    median_run = min(runs, key=lambda r: abs(float(r["events_per_second"]) - _median(eps)))
-    return {**median_run, "repeats": len(runs), "events_per_second": _median(eps),
-            "latency_p50_ms": _median([float(r.get("latency_p50_ms", 0)) for r in runs]),
-            "latency_p99_ms": _median([float(r.get("latency_p99_ms", 0)) for r in runs]),
+    middle = statistics.median(eps)
+    median_run = min(runs, key=lambda r: abs(float(r["events_per_second"]) - middle))
+    p50 = [float(r.get("latency_p50_ms", 0)) for r in runs]
+    p99 = [float(r.get("latency_p99_ms", 0)) for r in runs]
+    return {**median_run, "repeats": len(runs), "events_per_second": middle,
+            "latency_p50_ms": statistics.median(p50), "latency_p99_ms": statistics.median(p99),
             "spread": {"events_per_second": [min(eps), max(eps)]},
             "peak_rss_mb": max(float(r.get("peak_rss_mb", 0)) for r in runs),
             "runs": [{k: r.get(k) for k in ("events_per_second", "latency_p50_ms",
