@@ -59,4 +59,4 @@ lint: install
 	@$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) proto/*_pb2*.py proto/*_pb2*.pyi
+	rm -rf $(VENV) $(BENCH_VENV) $(FLINK_VENV) proto/*_pb2*.py proto/*_pb2*.pyi
