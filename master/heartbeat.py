@@ -254,8 +254,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             savepoints.record_written(app, op.id, report.savepoint_written)
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
-        windows, removed = (read_windows(report, op.port_names) if report.window_stats
-                            else ([], ""))
+        windows, removed = read_windows(report, op.port_names)
         if removed:
             app.log_limits.log(_LOGGER, logging.WARNING, ("filtered", container.id, op.id),
                                now_ms, "app=%s container=%s operator=%s (%d) reported %s; "

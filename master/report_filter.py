@@ -16,6 +16,7 @@ rest of the report counts.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from proto import umbilical_pb2
@@ -85,20 +86,8 @@ def read_windows(report: umbilical_pb2.OperatorHeartbeat,
     unknown: list[str] = []
     too_long = extra = 0
     for window in report.window_stats:
-        inputs: list[PortFigures] = []
-        for port in window.input_ports:
-            if port.id in declared_inputs:
-                inputs.append((port.id, port.tuple_count, port.buffer_server_bytes,
-                               port.end_window_timestamp, port.queue_size))
-            else:
-                unknown.append(f"input {port.id[:40]!r}")
-        outputs: list[PortFigures] = []
-        for port in window.output_ports:
-            if port.id in declared_outputs:
-                outputs.append((port.id, port.tuple_count, port.buffer_server_bytes,
-                                port.end_window_timestamp, port.queue_size))
-            else:
-                unknown.append(f"output {port.id[:40]!r}")
+        inputs = _read_ports(window.input_ports, declared_inputs, "input", unknown)
+        outputs = _read_ports(window.output_ports, declared_outputs, "output", unknown)
         metrics: dict[str, float] | None = None
         if window.metrics:
             metrics = dict(window.metrics)
@@ -118,6 +107,20 @@ def read_windows(report: umbilical_pb2.OperatorHeartbeat,
     if not (unknown or too_long or extra):
         return windows, ""
     return windows, _left_out(list(dict.fromkeys(unknown)), extra, too_long)
+
+
+def _read_ports(ports: Iterable[umbilical_pb2.PortStats], declared: frozenset[str], kind: str,
+                unknown: list[str]) -> list[PortFigures]:
+    """The figures of the ``declared`` ports among ``ports``; the others named in
+    ``unknown``."""
+    read: list[PortFigures] = []
+    for port in ports:
+        if port.id in declared:
+            read.append((port.id, port.tuple_count, port.buffer_server_bytes,
+                         port.end_window_timestamp, port.queue_size))
+        else:
+            unknown.append(f"{kind} {port.id[:40]!r}")
+    return read
 
 
 # NamedTuple's own constructor is a Python function; these build the same tuples in C

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from master.report_filter import ReportedWindow
+from master.report_filter import PortFigures, ReportedWindow
 from operators.watermarks import END_OF_TIME, NO_WATERMARK
 from proto import umbilical_pb2
 
@@ -168,27 +168,9 @@ class OperatorStatsTracker:
 
     def _record_window(self, window: ReportedWindow) -> None:
         # Runs for every window of every operator in every heartbeat: kept lean.
-        ports = self.ports
-        processed = emitted = end_ms = 0
-        # each port's totals and ring, inline: this runs for every port of every window
-        for name, count, sent, end, queue in window.inputs:
-            totals = ports.get(("input", name)) or self._port("input", name)
-            totals.total_tuples += count
-            totals.buffer_server_bytes += sent
-            totals.queue_size = queue
-            totals.recent.append((end, count, sent))
-            processed += count
-            if end > end_ms:
-                end_ms = end
-        for name, count, sent, end, queue in window.outputs:
-            totals = ports.get(("output", name)) or self._port("output", name)
-            totals.total_tuples += count
-            totals.buffer_server_bytes += sent
-            totals.queue_size = queue
-            totals.recent.append((end, count, sent))
-            emitted += count
-            if end > end_ms:
-                end_ms = end
+        processed, in_end = self._record_ports("input", window.inputs)
+        emitted, out_end = self._record_ports("output", window.outputs)
+        end_ms = max(in_end, out_end)
         self.total_tuples_processed += processed
         self.total_tuples_emitted += emitted
         self.current_window_id = window.window_id
@@ -198,6 +180,22 @@ class OperatorStatsTracker:
             self.metrics = window.metrics
         self.window_ring.append((window.window_id, processed, emitted, end_ms,
                                  window.cpu_time_ns, window.metrics))
+
+    def _record_ports(self, kind: str, figures: Sequence[PortFigures]) -> tuple[int, int]:
+        """Adds one window's figures to each port's totals and ring; returns the tuples
+        and the latest END_WINDOW over them."""
+        ports = self.ports
+        tuples = end_ms = 0
+        for name, count, sent, end, queue in figures:
+            totals = ports.get((kind, name)) or self._port(kind, name)
+            totals.total_tuples += count
+            totals.buffer_server_bytes += sent
+            totals.queue_size = queue
+            totals.recent.append((end, count, sent))
+            tuples += count
+            if end > end_ms:
+                end_ms = end
+        return tuples, end_ms
 
     @property
     def recent(self) -> list[WindowRecord]:
