@@ -33,6 +33,7 @@ from operators.operator import InputOperator, Operator, OperatorContext
 from operators.process_calls import ProcessCalls
 from operators.watermarks import NO_WATERMARK
 from operators.windows import (
+    application_window_position,
     format_window_id,
     make_window_id,
     window_base_seconds,
@@ -45,28 +46,6 @@ __all__ = ["OperatorRunner"]
 _LOGGER = logging.getLogger(__name__)
 _STATS_RING = 1024
 _IDLE_S = 0.002
-
-def _aligned_position(window_id: int, app_window_count: int) -> int:
-    """Where a fresh operator's first window lies in its application window: application
-    windows end where the window counter does, ``(counter + 1) % count == 0``, the same
-    windows for every operator whatever window it started at (its first application
-    window may be shorter).
-
-    Checkpoints are due by window counter (``CHECKPOINT_WINDOW_COUNT``, a multiple of
-    ``APPLICATION_WINDOW_COUNT``) but taken at application windows' ends; counted from
-    an operator's first window instead, an operator that started at an odd counter with
-    2 windows each checkpointed at 10, 20, ... while those around it did at 9, 19, ....
-    Its checkpoint then served recovery only once its downstream checkpointed past it,
-    10 windows later: a lost container replayed up to two checkpoint intervals instead
-    of one (measured: 9 windows instead of 1 in half the recovery bench's runs, 3-4 s
-    instead of 1). A restored operator goes on from its checkpoint, an application
-    window's end, so it keeps the phase it had.
-
-    >>> [_aligned_position(w, 2) for w in (4, 5)], _aligned_position(7, 1)
-    ([0, 1], 0)
-    """
-    return window_counter(window_id) % app_window_count
-
 
 class OperatorRunner(CommitSteps):
     """Runs one deployed operator in its own thread, window by window.
@@ -315,7 +294,8 @@ class OperatorRunner(CommitSteps):
         if self._app_position == 0:
             self.operator.begin_window(window_id)
             if self._windows_done == 0 and self.resume_window < 0:
-                self._app_position = _aligned_position(window_id, self.app_window_count)
+                self._app_position = application_window_position(window_id,
+                                                                 self.app_window_count)
         self._cpu_ns = time.thread_time_ns() - cpu_start
 
     def _end(self, window_id: int, *, last: bool = False) -> None:
