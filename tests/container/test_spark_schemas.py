@@ -11,20 +11,11 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.readwriter import DataFrameReader
 
-from container.spark_bridge import SparkSessionBridge
-
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def bridge():
-    spark = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
-    yield spark
-    spark.stop()
-
-
 def test_a_file_of_known_column_types_is_read_with_the_schema_under_its_own_names(
-        bridge, monkeypatch) -> None:
+        fresh_bridge, monkeypatch) -> None:
     given: list[list[str]] = []
     schema_of = DataFrameReader.schema
 
@@ -39,13 +30,13 @@ def test_a_file_of_known_column_types_is_read_with_the_schema_under_its_own_name
                                "value": pa.array([1, 2], pa.int64())})
     other_types = pa.record_batch({"key": pa.array(["a"]), "value": pa.array([1.5])})
 
-    assert bridge.to_arrow(bridge.to_dataframe([first], first.schema)).num_rows == 3
+    assert fresh_bridge.to_arrow(fresh_bridge.to_dataframe([first], first.schema)).num_rows == 3
     assert given == []  # the first file of these types: inferred
-    df = bridge.to_dataframe([renamed], renamed.schema)
+    df = fresh_bridge.to_dataframe([renamed], renamed.schema)
     assert given == [["key", "value"]]  # the same types under other names: given
     assert df.columns == ["key", "value"]
-    assert bridge.to_arrow(df.groupBy("key").sum("value")).to_pylist() == [
+    assert fresh_bridge.to_arrow(df.groupBy("key").sum("value")).to_pylist() == [
         {"key": 7, "sum(value)": 3}]
-    df = bridge.to_dataframe([other_types], other_types.schema)
+    df = fresh_bridge.to_dataframe([other_types], other_types.schema)
     assert given == [["key", "value"]]  # other types: inferred
-    assert bridge.to_arrow(df).to_pylist() == [{"key": "a", "value": 1.5}]
+    assert fresh_bridge.to_arrow(df).to_pylist() == [{"key": "a", "value": 1.5}]

@@ -10,28 +10,20 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from container.spark_bridge import SparkSessionBridge
 from container.spark_warm_up import run_warm_up_jobs
 from operators.library.transforms import WindowedCount
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def bridge():
-    spark = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
-    yield spark
-    spark.stop()
-
-
 def test_the_warm_up_counts_with_windowed_counts_query_through_a_window_input(
-        bridge, monkeypatch) -> None:
+        fresh_bridge, monkeypatch) -> None:
     handed: list[pa.Schema] = []
     made: list[object] = []
     ran: list[object] = []
     results: list[pa.Table] = []
 
-    window_input = bridge.window_input
+    window_input = fresh_bridge.window_input
 
     def spy_window_input(schema: pa.Schema):
         handed.append(schema)
@@ -44,7 +36,7 @@ def test_the_warm_up_counts_with_windowed_counts_query_through_a_window_input(
         made.append(df)
         return df
 
-    to_arrow = bridge.to_arrow
+    to_arrow = fresh_bridge.to_arrow
 
     def spy_to_arrow(df):
         ran.append(df)
@@ -52,10 +44,10 @@ def test_the_warm_up_counts_with_windowed_counts_query_through_a_window_input(
         results.append(table)
         return table
 
-    monkeypatch.setattr(bridge, "window_input", spy_window_input)
+    monkeypatch.setattr(fresh_bridge, "window_input", spy_window_input)
     monkeypatch.setattr(WindowedCount, "transform", spy_transform)
-    monkeypatch.setattr(bridge, "to_arrow", spy_to_arrow)
-    run_warm_up_jobs(bridge, rows=20_000, max_rounds=1)
+    monkeypatch.setattr(fresh_bridge, "to_arrow", spy_to_arrow)
+    run_warm_up_jobs(fresh_bridge, rows=20_000, max_rounds=1)
 
     # string keys and their int32 codes, each with the int64 value summed
     assert [(s.types[0], s.types[1]) for s in handed] == [(pa.string(), pa.int64()),
