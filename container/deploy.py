@@ -15,7 +15,6 @@ from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.durable_folders import DurableFolders, redeployed
 from container.lease import Lease
-from container.operator_state import OperatorStateError, capture, new_partition, restore
 from container.port_input import PortInput
 from container.savepoint_parts import SavedParts, write_part
 from container.spark_bridge import SparkSessionBridge
@@ -28,6 +27,7 @@ from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
+from runtime.operator_state import OperatorStateError, capture, new_partition, restore
 
 __all__ = ["DeployError", "Deployment"]
 

@@ -13,14 +13,14 @@ import pickle
 import traceback
 from types import FrameType
 
-from container.event_time import EventTimeError
 from container.lease import LeaseRevoked
-from container.operator_state import OperatorStateError
 from container.port_input import InputClosed
 from operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
 from operators.dead_letters import is_record_error as rows_may_be_at_fault
 from operators.library.kafka_records import RecordDecodeError
 from operators.ports import SchemaMismatch
+from runtime.event_time import EventTimeError
+from runtime.operator_state import OperatorStateError
 
 __all__ = ["describe_error", "is_fatal", "is_record_error"]
 

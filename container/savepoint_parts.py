@@ -27,13 +27,12 @@ from collections.abc import Callable
 import pyarrow.fs as pafs
 
 from container.checkpoint_store import CheckpointStore
-from container.operator_state import new_partition, restore
 from operators.durable.private_files import UntrustedPath, check_private_tree, make_private_dir
 from operators.keyed_state import RepartitionError
 from operators.operator import Operator
-from operators.operator_state import OperatorStateError
 from operators.partitioning import PartitionFilter
 from operators.savepoints import ADVICE, Location, SavepointError, location
+from runtime.operator_state import OperatorStateError, new_partition, restore
 
 __all__ = ["SavedParts", "UntrustedSavepoint", "copy_private_tree", "write_part"]
 

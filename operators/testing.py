@@ -1,5 +1,5 @@
 """For tests: a source of given windows, a sink that keeps what it got, and ``run_local``,
-which runs a whole DAG in this process (``operators.local_run``).
+which runs a whole DAG in this process (``runtime.local.run``).
 
 >>> src = ListSource([[{"x": 1}, {"x": 2}], []])
 >>> sink = CollectSink()
@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.local_run import LocalRun, LocalRunError, run_local
 from operators.operator import InputOperator, Operator
 from operators.ports import InputPort, OutputPort
+from runtime.local.run import LocalRun, LocalRunError, run_local
 
 __all__ = ["CollectSink", "ListSource", "LocalRun", "LocalRunError", "run_local"]
 

@@ -74,9 +74,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def local_spark():
-    """The local runner's shared SparkSession (``operators.local_spark``), started and
+    """The local runner's shared SparkSession (``runtime.local.spark``), started and
     warmed up once per test process, as a test suite of an application would."""
-    from operators.local_spark import shared_bridge
+    from runtime.local.spark import shared_bridge
 
     started = time.perf_counter()
     bridge = shared_bridge("local[1]")

@@ -15,13 +15,13 @@ import pytest
 from container.deploy import DeployError, Deployment
 from container.heartbeat_loop import HeartbeatLoop
 from container.operator_errors import describe_error, is_fatal
-from container.operator_state import OperatorStateError
 from container.runner_phase import RunnerState
 from container.stream_messages import Kind
 from operators.operator import Operator
 from operators.ports import InputPort, OutputPort, SchemaMismatch
 from operators.spark import SparkSchemaMismatch
 from proto import plan_pb2, umbilical_pb2
+from runtime.operator_state import OperatorStateError
 from tests.container.test_window_loop import SumPerAppWindow, run, stream
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 
 from container.checkpoint_store import CheckpointStore
-from container.operator_state import OperatorStateError, capture, restore, state_of
 from operators.library import TextFileSource
 from operators.operator import Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
+from runtime.operator_state import OperatorStateError, capture, restore, state_of
 
 
 class Counter(Operator):

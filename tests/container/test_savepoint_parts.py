@@ -13,11 +13,11 @@ import pytest
 from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.deploy import DeployError, Deployment
-from container.operator_state import capture
 from container.savepoint_parts import SavedParts, write_part
 from operators.operator import Operator
 from operators.ports import InputPort
 from proto import plan_pb2
+from runtime.operator_state import capture
 
 WINDOW = (1_700_000_000 << 32) + 40
 

@@ -9,11 +9,11 @@ import pyarrow as pa
 import pytest
 
 from container.deploy import DeployError, Deployment
-from container.operator_state import capture
 from operators.operator import Operator
 from operators.partitioning import PartitionFilter, partition_keys
 from operators.ports import InputPort
 from proto import plan_pb2
+from runtime.operator_state import capture
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,6 @@ import time
 import pyarrow as pa
 import pytest
 
-from container.operator_state import capture, new_partition, restore
 from container.port_input import PortInput
 from container.runner_phase import RunnerState
 from container.stream_messages import Kind, Message
@@ -23,6 +22,7 @@ from operators.watermarks import (
     WATERMARKS_ATTRIBUTE,
     Watermarks,
 )
+from runtime.operator_state import capture, new_partition, restore
 from tests.container.test_window_loop import RecordingPublisher, SteppedClock, SumPerAppWindow
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from operators.durable.private_files import UntrustedPath
-from operators.local_checkpoints import LocalCheckpoints
+from runtime.local.checkpoints import LocalCheckpoints
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from container.operator_state import capture, restore
 from operators.library import ParquetSource
 from operators.metrics import collect_metrics
 from operators.operator import OperatorContext
+from runtime.operator_state import capture, restore
 from tests.operators.test_exactly_once import source_window, started
 from tests.operators.test_library import Emitted, run_source, wid
 

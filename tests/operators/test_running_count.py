@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from container.operator_state import capture, restore
 from operators.library import RunningCount
 from operators.operator import OperatorContext
 from operators.state_store import StoreError, StoreHandle
 from operators.windows import make_window_id
+from runtime.operator_state import capture, restore
 from tests.operators.test_spark import Emitted, NoSpark, run_window
 
 W = [make_window_id(1_700_000_000, i) for i in range(6)]

@@ -1,4 +1,4 @@
-"""A small Spark bridge for the local test runner (``operators.local_run``).
+"""A small Spark bridge for the local test runner (``runtime.local.run``).
 
 It implements ``operators.operator.SparkBridge`` over one local SparkSession, kept for the
 whole interpreter (stopped at exit), so a test file with several local runs pays the JVM

@@ -1,19 +1,25 @@
 """An operator's checkpointable state as bytes, so a restarted operator resumes where it was.
 
-Shared by the container (``container.operator_state``, which adds repartitioning) and the
-local test runner (``operators.local_run``): one rule for what is state.
+One rule for what is state, for both drivers of the window engine (the container and the
+local runner), and the state of a new partition when a repartition splits or merges keys.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import cloudpickle
 
+from operators.keyed_state import RepartitionError
 from operators.operator import RUNTIME_ATTRIBUTES, Operator
+from operators.partitioning import PartitionFilter
+from operators.watermarks import WATERMARKS_ATTRIBUTE
+from runtime.event_time import merged_watermarks
 
-__all__ = ["OperatorStateError", "capture", "restore", "state_of"]
+__all__ = ["OperatorStateError", "capture", "new_partition", "restore", "state_of"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -101,3 +107,31 @@ def restore(operator_or_class: Operator | type[Operator], data: bytes,
     operator.__dict__.update((k, v) for k, v in saved["state"].items() if k not in skip)
     _LOGGER.debug("restored operator %s: %d attributes", label, len(saved["state"]))
     return operator
+
+
+def new_partition(partitions: Sequence[Operator], share: PartitionFilter | None) -> Operator:
+    """The state of a new partition taking ``share`` of the keys, from the old partitions
+    restored at the window it starts from.
+
+    Raises:
+        RepartitionError: there is no old partition, or they are of different classes.
+    """
+    if not partitions:
+        raise RepartitionError("a new partition needs the state of at least one old one")
+    classes = {type(p) for p in partitions}
+    if len(classes) != 1:
+        raise RepartitionError(f"old partitions are of different classes "
+                               f"{sorted(c.__qualname__ for c in classes)}")
+    first = copy.copy(partitions[0])
+    result = first.repartitioned(partitions, share)
+    if not isinstance(result, Operator):
+        raise RepartitionError(f"{type(first).__name__}.repartitioned returned a "
+                               f"{type(result).__name__}, not the operator")
+    # the watermark is not keyed: the new partition takes the lowest of the old ones (its
+    # own object, not the first partition's, which ``copy.copy`` shared)
+    marks = merged_watermarks(partitions)
+    if marks is None:
+        result.__dict__.pop(WATERMARKS_ATTRIBUTE, None)
+    else:
+        result.__dict__[WATERMARKS_ATTRIBUTE] = marks
+    return result

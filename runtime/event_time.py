@@ -1,7 +1,7 @@
 """The runner's half of in-band watermarks (``operators.watermarks``): each operator's
 ``Watermarks`` made or taken over from its checkpoint, and a source's event times read off
 the batches it emits. Used by the container's window loop and by the local test runner
-(``operators.local_run``), so both compute watermarks alike.
+(``runtime.local.run``), so both compute watermarks alike.
 
 The ``Watermarks`` lives on the operator (an instance attribute), so a checkpoint saves it
 and a restored operator goes on from it; only the ports it counts are the runner's to set,

@@ -13,11 +13,12 @@
     [1, 2]
 
 The operators are the DAG's own, serialised and loaded as the master ships them to
-containers, and called exactly as a container calls them (``container.window_loop``): the
-same hook order, window ids (``make_window_id``), application windows, checkpoints at the
-same windows with the same rule for what is state, ``checkpointed`` then ``committed``, the
-final checkpoint and commit before ``teardown``, input batches cast to the declared port
-schema, and watermarks computed by the same code (``operators.event_time``).
+containers, and each runs in the same window engine as in a container
+(``runtime.window_engine``; the container's runner is its other driver): the same hook
+order, window ids, application windows, input alignment, checkpoints at the same windows
+with the same rule for what is state, ``checkpointed`` then ``committed``, the final
+checkpoint and commit before ``teardown``, input batches cast to the declared port schema,
+dead letters, and watermarks. ``tests/drivers.py`` runs the same DAG tests through both.
 
 What differs, and why:
 
@@ -33,8 +34,8 @@ What differs, and why:
 - **One partition.** ``PARTITIONS`` is ignored: each operator runs as one unpartitioned
   instance (the result of a partitioned operator followed by its unifier is the same).
 - **Spark**, when an operator has ``USES_SPARK``, is one local session shared by every run
-  in the process (``operators.local_spark``); a DAG without Spark never imports pyspark.
-- ``ON_ERROR='DEAD_LETTER'`` works as in a container (``operators.process_calls``): the
+  in the process (``runtime.local.spark``); a DAG without Spark never imports pyspark.
+- ``ON_ERROR='DEAD_LETTER'`` works as in a container (``runtime.process_calls``): the
   rows an operator fails on leave on its ``errors`` port.
 - ``CRASH_AT`` is ignored (it would kill the test's process); ``stop_after_window`` is the
   local crash: the run stops after that many windows, without END_STREAM, ``teardown`` or
@@ -53,13 +54,13 @@ import pyarrow as pa
 
 from operators.attributes import ATTRIBUTES, resolve
 from operators.dag import Dag, DagError, topological_order, validate_descriptor
-from operators.local_checkpoints import LocalCheckpoints
-from operators.local_nodes import MAX_EMIT_CALLS, LocalNode, LocalRunError
-from operators.local_spark import shared_bridge
-from operators.operator import InputOperator, Operator, OperatorContext, SparkBridge
-from operators.operator_state import capture, restore
+from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.windows import make_window_id, window_base_seconds, window_counter
 from proto import plan_pb2
+from runtime.local.checkpoints import LocalCheckpoints
+from runtime.local.node import MAX_EMIT_CALLS, LocalNode, LocalRunError
+from runtime.local.spark import shared_bridge
+from runtime.operator_state import capture, restore
 
 __all__ = ["MAX_EMIT_CALLS", "LocalRun", "LocalRunError", "run_local"]
 
@@ -185,11 +186,11 @@ class _LocalRunner:
                   for stream in descriptor.streams for sink in stream.sinks
                   if sink.operator == name]
         outputs = {s.source_port for s in descriptor.streams if s.source_operator == name}
-        return LocalNode(name, operator, context, inputs, outputs)
+        return LocalNode(name, operator, context, inputs, outputs, self.resume)
 
     def run(self, max_windows: int | None, stop_after: int | None) -> LocalRun:
         for node in self.nodes.values():
-            node.call("setup", node.setup)
+            node.call("setup", node.engine.setup)
         base, counter = self._first_window()
         window_ids: list[int] = []
         while not all(node.ended for node in self.nodes.values()):
@@ -207,21 +208,18 @@ class _LocalRunner:
         return LocalRun(self.nodes, window_ids, self.resume, finished=True)
 
     def _first_window(self) -> tuple[int, int]:
-        """Base seconds and counter of the first window: after the checkpoint resumed
-        from, or a source's logged windows to replay, or now."""
-        if self.resume >= 0:
-            return window_base_seconds(self.resume), window_counter(self.resume) + 1
+        """Base seconds and counter of the first window, by the first source's rule
+        (``WindowEngine.first_window``: after the checkpoint resumed from, or the windows
+        it logged to replay, or now)."""
         for node in self.nodes.values():
-            if isinstance(node.operator, InputOperator):
-                replay = node.call("setup", node.operator.first_window)
-                if replay is not None:
-                    return window_base_seconds(replay), window_counter(replay)
+            if node.engine.is_source:
+                first = node.call("setup", node.engine.first_window, int(time.time()), 0)
+                return window_base_seconds(first), window_counter(first)
         return int(time.time()), 0
 
     def _checkpoint(self, node: LocalNode, window_id: int) -> None:
         self.store.save(node.name, window_id, capture(node.operator, node.name))
-        node.last_checkpoint = window_id
-        node.operator.checkpointed(window_id)
+        node.engine.checkpointed(window_id)
 
     def _commit(self) -> None:
         """The committed window, as the master computes it (operators that ended hold
@@ -238,10 +236,8 @@ class _LocalRunner:
                     node.call("teardown", node.teardown)
             return
         for node in self.nodes.values():
-            if node.torn_down or committed <= node.committed:
-                continue
-            node.committed = committed
-            node.call(committed, node.operator.committed, committed)
+            if not node.torn_down:
+                node.call(committed, node.engine.commit, committed)
         self.store.purge(self.order)
         for node in self.nodes.values():
             if node.ended and not node.torn_down and node.committed >= node.last_window:

@@ -1,4 +1,4 @@
-"""Checkpoint files of the local test runner (``operators.local_run``): one file per
+"""Checkpoint files of the local test runner (``runtime.local.run``): one file per
 operator and window under a folder, so a second run can resume from the first one's.
 
 A run resumes from the newest window at which *every* operator has a checkpoint (the
