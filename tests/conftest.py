@@ -176,3 +176,38 @@ def shared_dir():
     folder.chmod(0o1777)
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """A master with real container processes, shared by the session's ``run_dag`` runs
+    (each application gets containers of its own)."""
+    from tests.drivers import started_cluster
+
+    with started_cluster(tmp_path_factory.mktemp("cluster")) as master:
+        yield master
+
+
+class _Driver:
+    """``run_dag(dag)``: the DAG run to its end by one driver (``tests/drivers.py``)."""
+
+    def __init__(self, driver: str, request, tmp_path) -> None:
+        self.driver = driver
+        self._request = request
+        self._state_dirs = (tmp_path / f"state-{i}" for i in range(1_000))
+
+    def __call__(self, dag):
+        from tests.drivers import run_here, run_in_containers
+
+        if self.driver == "local":
+            return run_here(dag)
+        master = self._request.getfixturevalue("cluster")
+        return run_in_containers(master, dag, next(self._state_dirs))
+
+
+@pytest.fixture(params=["local", "containers"])
+def run_dag(request, tmp_path):
+    """Runs a DAG to its end through each driver of the window engine in turn: the local
+    runner, then a real master and container processes; a difference between the two
+    fails the test."""
+    return _Driver(request.param, request, tmp_path)

@@ -1,0 +1,165 @@
+"""One DAG, both drivers of the window engine: the local runner in this process, or a real
+master with real container processes. Fixture ``run_dag`` (``tests/conftest.py``) runs a
+test once per driver, so a difference between them is a failing test (as bytewax runs its
+tests over ``run_main`` and ``cluster_main``).
+
+Both results are read the same way: each operator as the run left it. The local runner
+hands its instances back; in containers, an operator's last checkpoint is what the run
+left (the stream's end is checkpointed before ``teardown``), loaded from ``STATE_DIR``
+into a copy of the DAG's operator. A ``CollectSink``'s windows are keyed by their window
+counter counted from the run's first window (containers start counting from the
+application's start time, the local runner from 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import cloudpickle
+import pytest
+
+from container.checkpoint_store import CheckpointStore
+from operators import Dag
+from operators.operator import Operator
+from operators.testing import CollectSink, run_local
+from operators.windows import window_counter
+from proto import plan_pb2
+from runtime.operator_state import restore
+
+__all__ = ["DRIVERS", "DagRun", "RunFailed", "started_cluster"]
+
+DRIVERS = ("local", "containers")
+
+# What a test DAG leaves unset, the container driver sets for speed: small windows and
+# heartbeats, one container, Spark small, and a failure that fails the run (the local
+# runner does not retry either).
+_CONTAINER_DEFAULTS = {
+    "STREAMING_WINDOW_SIZE_MILLIS": "100",
+    "HEARTBEAT_INTERVAL_MILLIS": "100",
+    "CONTAINERS": "1",
+    "SPARK_MASTER": "local[1]",
+    "SPARK_SHUFFLE_PARTITIONS": "1",
+    "SPARK_WARMUP_ROWS": "1000",
+    "MAX_RESTARTS": "1",
+    "RESTART_BACKOFF_MILLIS": "0",
+}
+_RUN_TIMEOUT_S = 180
+
+
+class RunFailed(RuntimeError):
+    """The run failed; the message has what the driver said (its error, or the master's
+    diagnostics and the containers' logs)."""
+
+
+class DagRun(Protocol):
+    """What either driver's run left."""
+
+    driver: str
+    first_counter: int  # the window counter of the run's first window
+
+    def operator(self, name: str) -> Operator:
+        """Operator ``name`` as the run left it."""
+
+    def windows(self, sink: str) -> dict[int, list[dict[str, Any]]]:
+        """A ``CollectSink``'s rows per window it began, by window counter counted from
+        the run's first window."""
+
+    def rows(self, sink: str) -> list[dict[str, Any]]:
+        """Every row the ``CollectSink`` got, in window order."""
+
+
+class _Result:
+    """A run's operators by name; the sinks read from them."""
+
+    def __init__(self, driver: str, operators: dict[str, Operator], first_window: int) -> None:
+        self.driver = driver
+        self._operators = operators
+        self.first_counter = window_counter(first_window)
+
+    def operator(self, name: str) -> Operator:
+        return self._operators[name]
+
+    def windows(self, sink: str) -> dict[int, list[dict[str, Any]]]:
+        collect = self._operators[sink]
+        assert isinstance(collect, CollectSink), f"{sink} is not a CollectSink"
+        return {window_counter(w) - self.first_counter: collect.rows(w) for w in collect.windows}
+
+    def rows(self, sink: str) -> list[dict[str, Any]]:
+        return [row for rows in self.windows(sink).values() for row in rows]
+
+
+def run_here(dag: Dag) -> _Result:
+    """The local runner's run of ``dag``."""
+    try:
+        run = run_local(dag)
+    except Exception as exc:  # noqa: BLE001 - either driver's failure is a RunFailed
+        raise RunFailed(str(exc)) from exc
+    names = [op.name for op in dag.to_descriptor().operators]
+    return _Result("local", {name: run.operator(name) for name in names}, run.window_ids[0])
+
+
+def run_in_containers(master: Any, dag: Dag, state_dir: Path) -> _Result:
+    """``dag`` submitted to ``master`` (real container processes), to the end of its
+    stream; each operator loaded from its last checkpoint."""
+    from master.client import WeirClient, WeirClientError
+    from tests.e2e.conftest import container_logs
+
+    descriptor = dag.to_descriptor()
+    _set_defaults(descriptor, state_dir)
+    with WeirClient(master.address) as client:
+        try:
+            app_id = client.submit(descriptor)
+        except WeirClientError as exc:  # refused: a malformed DAG, as the local runner's
+            raise RunFailed(str(exc)) from exc
+        info = client.wait(app_id, _RUN_TIMEOUT_S)
+        if info.state != "FINISHED":
+            raise RunFailed(f"{info.state}: {info.diagnostics}\n{container_logs(master)}")
+        ids = {op.name: op.id for op in client.operators(app_id)}
+    store = CheckpointStore(str(state_dir))
+    operators, first = {}, None
+    for op in descriptor.operators:
+        window = store.latest(ids[op.name])
+        assert window is not None, f"operator {op.name} left no checkpoint"
+        operators[op.name] = restore(cloudpickle.loads(op.payload),
+                                     store.load(ids[op.name], window), op.name)
+        collected = getattr(operators[op.name], "windows", None)
+        if isinstance(operators[op.name], CollectSink) and collected:
+            first = collected[0] if first is None else min(first, collected[0])
+    return _Result("containers", operators, first if first is not None else 0)
+
+
+def _set_defaults(descriptor: plan_pb2.DagDescriptor, state_dir: Path) -> None:
+    for name, value in {**_CONTAINER_DEFAULTS, "STATE_DIR": str(state_dir)}.items():
+        if name not in descriptor.attributes:
+            descriptor.attributes[name] = value
+
+
+@contextlib.contextmanager
+def started_cluster(folder: Path) -> Iterator[Any]:
+    """A master in this process whose containers are tagged local processes (none left
+    after it stopped), for a whole test session."""
+    from master.launcher import LocalProcessLauncher
+    from master.server import MasterServer
+    from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+
+    env, tag = tagged_env()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TAG_ENV, tag)
+        patch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
+        log_dir = folder / "containers"
+        server = MasterServer("127.0.0.1", 0,
+                              lambda address: LocalProcessLauncher(address, log_dir=log_dir),
+                              container_stop_grace_ms=5_000)
+        server.start()
+        server.log_dir = log_dir
+        try:
+            yield server
+        finally:
+            server.stop()
+            for process in tagged_processes(tag):
+                process.send_signal(signal.SIGCONT)
+            poll_for(lambda: not tagged_processes(tag), 20, "every container and JVM to exit")
