@@ -17,7 +17,7 @@ from container.lease import LeaseRevoked
 from container.port_input import InputClosed
 from operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
 from operators.dead_letters import is_record_error as rows_may_be_at_fault
-from operators.library.kafka_records import RecordDecodeError
+from operators.operator import PermanentError
 from operators.ports import SchemaMismatch
 from runtime.event_time import EventTimeError
 from runtime.operator_state import OperatorStateError
@@ -31,7 +31,7 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     pickle.PicklingError, pickle.UnpicklingError,  # the operator cannot be (un)pickled
     OperatorStateError,  # its state cannot be checkpointed
     SchemaMismatch,  # a batch does not fit its port's schema
-    RecordDecodeError,  # a Kafka record that does not decode is read again on replay
+    PermanentError,  # the operator says so (a Kafka record that does not decode, ...)
     EventTimeError,  # a source's EVENT_TIME_COLUMN is not in (or not a time of) its output
     TooManyDeadLetters,  # the replayed batch trips the dead letters' breaker again
 )

@@ -22,7 +22,7 @@ from proto import plan_pb2
 if TYPE_CHECKING:
     from master.savepoints import SavepointProgress
 
-__all__ = ["Application", "ApplicationState", "LauncherAction"]
+__all__ = ["Application", "ApplicationState", "LaunchKind", "LauncherAction"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -55,6 +55,13 @@ _APP_NEXT: dict[ApplicationState, frozenset[ApplicationState]] = {
 }
 
 
+class LaunchKind(enum.StrEnum):
+    """What a ``LauncherAction`` asks of the launcher."""
+
+    KILL = "kill"
+    LAUNCH = "launch"
+
+
 @dataclasses.dataclass(frozen=True)
 class LauncherAction:
     """A container process to kill or launch, decided under the master's lock.
@@ -63,7 +70,7 @@ class LauncherAction:
     releasing its lock (a launcher may block).
     """
 
-    kind: str  # "kill" or "launch"
+    kind: LaunchKind
     container_id: str
 
 
@@ -140,7 +147,7 @@ class Application:
     def take_launcher_actions(self) -> list[LauncherAction]:
         """The queued kills and launches, emptied; kills first."""
         actions, self.launcher_actions = self.launcher_actions, []
-        return sorted(actions, key=lambda a: a.kind != "kill")
+        return sorted(actions, key=lambda a: a.kind != LaunchKind.KILL)
 
     def transition(self, to: ApplicationState, now_ms: int, diagnostics: str = "") -> bool:
         """Moves to ``to``; False if already there; raises InvalidTransition if not allowed."""

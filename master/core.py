@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from master import heartbeat as rules
 from master import liveness, recovery, savepoints, views
-from master.application import Application, ApplicationState, LauncherAction
+from master.application import Application, ApplicationState, LauncherAction, LaunchKind
 from master.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -202,17 +202,17 @@ class MasterCore:
         """The app's queued kills and launches; new containers become known (lock held)."""
         actions = app.take_launcher_actions()
         for action in actions:
-            if action.kind == "launch":
+            if action.kind == LaunchKind.LAUNCH:
                 self._container_apps[action.container_id] = app.id
         return [(app, action) for action in actions]
 
     def _carry_out(self, actions: list[tuple[Application, LauncherAction]]) -> None:
         """Kills, then launches, outside the lock."""
         for _app, action in actions:
-            if action.kind == "kill":
+            if action.kind == LaunchKind.KILL:
                 self.launcher.kill(action.container_id)
         for app, action in actions:
-            if action.kind == "launch":
+            if action.kind == LaunchKind.LAUNCH:
                 self._launch(app, [action.container_id])
 
     def _launch(self, app: Application, container_ids: list[str]) -> None:

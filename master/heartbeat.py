@@ -126,41 +126,71 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         lose_container(app, container, "it asked to be restarted (its buffer server failed)",
                        now_ms)
         return abort_response()
-    response = umbilical_pb2.ContainerHeartbeatResponse()
     held = app.plan.operators_in(container)  # a heartbeat that goes on does not move them
     states_before = [op.state for op in held]
-    reported, failure, checkpointed = _apply_operator_reports(app, container, heartbeat,
-                                                              now_ms, response)
-    if failure is not None and not app.terminal:
-        failed, fatal = failure
+    reports = _apply_operator_reports(app, container, heartbeat, now_ms)
+    if reports.failed is not None and not app.terminal:
+        failed, fatal = reports.failed
         lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
                                        f"{failed.error}", now_ms, blamed=[failed], fatal=fatal)
         return abort_response()
-    _undeployed(app, container, held, reported)
-    states_after = [op.state for op in held]
-    changed = states_after != states_before
-    if changed:  # recovery checkpoints depend on operator states: all are recomputed
+    _undeployed(app, container, held, reports.reported)
+    changed = [op.state for op in held] != states_before
+    _update_checkpoints(app, changed, reports.checkpointed)
+    committed = savepoints.committed_for_containers(app)  # (before a finish ends a savepoint)
+    _update_state(app, changed, now_ms)
+    return _orders(app, container, held, reports, committed, now_ms)
+
+
+@dataclasses.dataclass
+class _Reports:
+    """What a heartbeat's operator reports said: the ids reported, those to undeploy, one
+    FAILED operator with whether its error is fatal, the ids with a new checkpoint."""
+
+    reported: set[int] = dataclasses.field(default_factory=set)
+    undeploy: list[int] = dataclasses.field(default_factory=list)
+    failed: tuple[PTOperator, bool] | None = None
+    checkpointed: set[int] = dataclasses.field(default_factory=set)
+
+
+def _update_checkpoints(app: Application, changed: bool, checkpointed: set[int]) -> None:
+    """Recovery checkpoints after operators moved (all of them when an operator's state
+    changed, else only what new checkpoints move), then the savepoint under way."""
+    if changed:
         update_recovery(app)
-    elif checkpointed:  # only what the new checkpoints move (most heartbeats have none)
+    elif checkpointed:
         update_recovery(app, checkpointed)
     savepoints.advance(app)
-    response.committed_window_id = savepoints.committed_for_containers(app)
+
+
+def _update_state(app: Application, changed: bool, now_ms: int) -> None:
+    """The application's own state: RUNNING once every container is active, FINISHED
+    once every operator ended."""
     if app.state == ApplicationState.ACCEPTED and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
     if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
                                             for op in app.plan.operators.values()):
         app.transition(ApplicationState.FINISHED, now_ms)
         savepoints.finish(app)
+
+
+def _orders(app: Application, container: PTContainer, held: list[PTOperator],
+            reports: _Reports, committed: int,
+            now_ms: int) -> umbilical_pb2.ContainerHeartbeatResponse:
+    """The container's orders: the committed window, undeploys, deploys (once it may),
+    activations, a shutdown and the savepoint to write."""
+    response = umbilical_pb2.ContainerHeartbeatResponse(
+        committed_window_id=committed, undeploy_request=reports.undeploy)
     if app.terminal:
         response.shutdown = umbilical_pb2.SHUTDOWN_TYPE_ABORT
         return response
     pending = [op for op in held
-               if op.state == OperatorState.PENDING_DEPLOY and op.id not in reported]
+               if op.state == OperatorState.PENDING_DEPLOY and op.id not in reports.reported]
     if pending and _may_deploy(app, container) and now_ms >= app.restart_at_ms:
-        for op in pending:
-            response.deploy_request.append(deploy_info(app, op))
-        _LOGGER.debug("app=%s container=%s deploy %s", app.id, cid, [op.name for op in pending])
-    response.has_pending_requests = bool(pending or response.undeploy_request)
+        response.deploy_request.extend(deploy_info(app, op) for op in pending)
+        _LOGGER.debug("app=%s container=%s deploy %s", app.id, container.id,
+                      [op.name for op in pending])
+    response.has_pending_requests = bool(pending or reports.undeploy)
     inputs = [op.id for op in held if op.is_input and op.state == OperatorState.ACTIVE]
     if inputs and _all_ready(app):  # only containers with sources need the app-wide look
         response.activate_request.extend(inputs)
@@ -207,33 +237,27 @@ def _activate(app: Application, container: PTContainer,
 
 
 def _apply_operator_reports(app: Application, container: PTContainer,
-                            heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int,
-                            response: umbilical_pb2.ContainerHeartbeatResponse
-                            ) -> tuple[set[int], tuple[PTOperator, bool] | None, set[int]]:
-    """Moves operators to their reported states.
+                            heartbeat: umbilical_pb2.ContainerHeartbeat,
+                            now_ms: int) -> _Reports:
+    """Moves operators to their reported states; says what the reports asked for.
 
     A report whose window ids cannot be right (``check_window_ids``) adds nothing to the
     operator's statistics and checkpoints; its state still counts.
-
-    Returns:
-        The ids reported, one FAILED operator with whether its error is fatal (or None),
-        and the ids of the operators with a new checkpoint.
     """
-    reported: set[int] = set()
-    failed: tuple[PTOperator, bool] | None = None
-    checkpointed: set[int] = set()
+    out = _Reports()
+    reported, checkpointed = out.reported, out.checkpointed
     for report in heartbeat.stats.operators:
         op = app.plan.operators.get(report.node_id)
         retired = app.plan.retired.get(report.node_id)
         if op is None and retired is not None and retired.container_id == container.id:
             reported.add(retired.id)  # removed by a repartition: it goes, quietly
-            response.undeploy_request.append(retired.id)
+            out.undeploy.append(retired.id)
             continue
         if op is None or op.container_id != container.id:
             app.log_limits.log(_LOGGER, logging.WARNING, ("not planned", container.id), now_ms,
                                "app=%s container=%s reports operator %d that is not planned "
                                "there; undeploying it", app.id, container.id, report.node_id)
-            response.undeploy_request.append(report.node_id)
+            out.undeploy.append(report.node_id)
             continue
         if report.generation and report.generation < op.generation \
                 and op.state != OperatorState.PENDING_UNDEPLOY:
@@ -246,7 +270,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
             continue
         reported.add(op.id)
         if op.state == OperatorState.PENDING_UNDEPLOY:
-            response.undeploy_request.append(op.id)  # its old instance: nothing it says counts
+            out.undeploy.append(op.id)  # its old instance: nothing it says counts
             continue
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
@@ -275,9 +299,9 @@ def _apply_operator_reports(app: Application, container: PTContainer,
                               format_window_id(tracker.current_window_id))
             if record_checkpoints(app, op, windows):
                 checkpointed.add(op.id)
-        if _apply_state(app, container, op, report) and failed is None:
-            failed = (op, report.fatal)
-    return reported, failed, checkpointed
+        if _apply_state(app, container, op, report) and out.failed is None:
+            out.failed = (op, report.fatal)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 
 from master import spares
-from master.application import Application, LauncherAction
+from master.application import Application, LauncherAction, LaunchKind
 from master.checkpoints import CheckpointBook, is_operator_done, update_recovery
 from master.physical_plan import (
     ContainerState,
@@ -216,7 +216,7 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     container.finished_ms = now_ms
     container.diagnostics = cause
     container.buffer_server_host, container.buffer_server_port = "", 0
-    app.launcher_actions.append(LauncherAction("kill", container.id))
+    app.launcher_actions.append(LauncherAction(LaunchKind.KILL, container.id))
     for op in app.plan.retired_in(container):
         op.transition(OperatorState.SHUTDOWN)  # a retired operator gone with its process
     if app.terminal:
@@ -330,7 +330,7 @@ def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTC
         replacement = PTContainer(id=container_id_for(app.id, index), index=index)
         app.plan.containers[replacement.id] = replacement
         app.container_stats[replacement.id] = ContainerStatsTracker()
-        app.launcher_actions.append(LauncherAction("launch", replacement.id))
+        app.launcher_actions.append(LauncherAction(LaunchKind.LAUNCH, replacement.id))
         how = "a new container"
     replacement.replaces = lost.id
     lost.replaced_by = replacement.id

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from master.application import Application, LauncherAction
+from master.application import Application, LauncherAction, LaunchKind
 from master.physical_plan import ContainerState, PhysicalPlan, PTContainer, container_id_for
 from master.stats import ContainerStatsTracker
 from proto import plan_pb2
@@ -102,7 +102,7 @@ def replenish(app: Application) -> list[PTContainer]:
     added = add_spares(app.plan, max(0, wanted(app) - live))
     for spare in added:
         app.container_stats[spare.id] = ContainerStatsTracker()
-        app.launcher_actions.append(LauncherAction("launch", spare.id))
+        app.launcher_actions.append(LauncherAction(LaunchKind.LAUNCH, spare.id))
         _LOGGER.info("app=%s container=%s new spare, to be launched", app.id, spare.id)
     return added
 

@@ -5,7 +5,7 @@
 
 from operators.dag import Dag, DagError
 from operators.metrics import metric
-from operators.operator import InputOperator, Operator, OperatorContext
+from operators.operator import InputOperator, Operator, OperatorContext, PermanentError
 from operators.ports import InputPort, OutputPort
 from operators.windows import NO_WINDOW, format_window_id, make_window_id
 
@@ -18,6 +18,7 @@ __all__ = [
     "Operator",
     "OperatorContext",
     "OutputPort",
+    "PermanentError",
     "format_window_id",
     "make_window_id",
     "metric",

@@ -42,6 +42,12 @@ __all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "Trans
 _LOGGER = logging.getLogger(__name__)
 
 
+class PermanentError(Exception):
+    """An error the same input raises again on every replay (a record that cannot be
+    decoded, a value no code path accepts). Raised from an operator, it fails the
+    application at once: a restart would replay the same windows into the same error."""
+
+
 class SparkBridge(Protocol):
     """What a container offers operators to run window logic in Spark."""
 

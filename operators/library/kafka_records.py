@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.json as pajson
 
 from operators.dead_letters import isolate_failures
+from operators.operator import PermanentError
 
 __all__ = ["VALUE_FORMATS", "RecordDecodeError", "decode_setting_aside", "json_value",
            "record_schema", "records_to_batch"]
@@ -29,8 +30,9 @@ _TIMESTAMP = pa.timestamp("ms", tz="UTC")
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-class RecordDecodeError(ValueError):
-    """A record's value is not what the source's ``value_format`` says it is."""
+class RecordDecodeError(PermanentError, ValueError):
+    """A record's value is not what the source's ``value_format`` says it is (read again
+    on every replay: it fails the application at once)."""
 
 
 def record_schema(value_format: str, value_schema: pa.Schema | None,
