@@ -17,7 +17,6 @@ from container.durable_folders import DurableFolders, redeployed
 from container.lease import Lease
 from container.port_input import PortInput
 from container.savepoint_parts import SavedParts, write_part
-from container.spark_bridge import SparkSessionBridge
 from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES, ProcessingMode
@@ -28,6 +27,7 @@ from operators.partitioning import PartitionFilter
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 from runtime.operator_state import OperatorStateError, capture, new_partition, restore
+from runtime.spark.bridge import SparkSessionBridge
 
 __all__ = ["DeployError", "Deployment"]
 

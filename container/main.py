@@ -29,12 +29,12 @@ from container.buffer_server import BufferServer
 from container.deploy import Deployment
 from container.heartbeat_loop import HeartbeatLoop
 from container.lease import Lease
-from container.spark_bridge import SparkSessionBridge
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.attributes import ATTRIBUTES, resolve
 from operators.durable.private_files import read_private_file
 from proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
+from runtime.spark.bridge import SparkSessionBridge
 
 __all__ = ["main"]
 

@@ -18,6 +18,7 @@ An ``InputOperator`` has no inputs: instead of ``process`` the runtime calls
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -48,13 +49,31 @@ class PermanentError(Exception):
     application at once: a restart would replay the same windows into the same error."""
 
 
+class SparkWindowInput(Protocol):
+    """A window's input to one port, written for Spark as it arrives."""
+
+    num_rows: int
+
+    def append(self, batch: pa.RecordBatch) -> None: ...
+
+    def dataframe(self, session: SparkSession | None = None) -> DataFrame:
+        """The window's rows as a DataFrame (of ``session``, default the bridge's)."""
+        ...
+
+    def discard(self) -> None:
+        """Drops what was written (a window cut short, or handed over already)."""
+        ...
+
+
 class SparkBridge(Protocol):
-    """What a container offers operators to run window logic in Spark."""
+    """What the runtime offers operators to run window logic in Spark (a container and
+    the local runner offer the same one, ``runtime.spark.bridge``)."""
 
     @property
     def session(self) -> SparkSession: ...
 
-    def to_dataframe(self, batches: list[pa.RecordBatch], schema: pa.Schema) -> DataFrame:
+    def to_dataframe(self, batches: list[pa.RecordBatch], schema: pa.Schema,
+                     session: SparkSession | None = None) -> DataFrame:
         """A DataFrame over the batches (the fastest correct path for this Spark)."""
         ...
 
@@ -64,6 +83,14 @@ class SparkBridge(Protocol):
 
     def warm_up(self) -> None:
         """Starts Spark and runs a first tiny job, so no window pays the cold start."""
+        ...
+
+    def window_input(self, schema: pa.Schema) -> SparkWindowInput:
+        """A window's input of ``schema``, written for Spark as its batches arrive."""
+        ...
+
+    def job(self) -> contextlib.AbstractContextManager[None]:
+        """Keeps the files handed to Spark until the block ends (several jobs over them)."""
         ...
 
 

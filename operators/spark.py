@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from operators.dead_letters import dead_letters_of
+from operators.dead_letters import DeadLetters, dead_letters_of
 from operators.metrics import metric
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
@@ -74,6 +74,18 @@ class SparkOperator(Operator):
                                             "_dead_letters", "_window_rows")
     _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
 
+    # what ``setup`` sets, as class defaults: a subclass need not call ``__init__``, and a
+    # restored operator has none of the NON_STATE ones until ``setup``
+    _spark: SparkBridge | None = None
+    _sql_session: SparkSession | None = None
+    _costs: JobCosts | None = None
+    _dead_letters: DeadLetters | None = None
+    _operator_name = ""
+    _window_id = -1
+    _inputs: ClassVar[dict[str, Any]] = {}  # (never written: replaced per instance)
+    _input_schemas: ClassVar[dict[str, pa.Schema]] = {}
+    _window_rows: ClassVar[dict[str, list[pa.RecordBatch]]] = {}
+
     # -- what subclasses implement ---------------------------------------------------
     def transform(
         self, inputs: dict[str, DataFrame], window_id: int
@@ -119,6 +131,8 @@ class SparkOperator(Operator):
         self._operator_name = context.name
         self._spark = context.spark
         self._dead_letters = dead_letters_of(self, context)
+        self._inputs, self._window_rows = {}, {}
+        self._input_schemas = dict(self._input_schemas)  # (state: kept by checkpoints)
         if context.spark is None:
             raise SparkOperatorError(self._no_spark_message())
         context.spark.warm_up()  # the operator reports ready only with Spark warm
@@ -127,39 +141,37 @@ class SparkOperator(Operator):
         self._window_id = window_id
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
-        inputs: dict[str, Any] = self.__dict__.setdefault("_inputs", {})
+        inputs = self._inputs
         window_input = inputs.get(port)
         if window_input is None:
+            spark = self.spark  # (says so if ``setup`` was not called)
             spec = type(self).input_ports().get(port)
             schema = (spec.schema if spec is not None else None) or batch.schema
-            self.__dict__.setdefault("_input_schemas", {})[port] = schema
+            self._input_schemas[port] = schema
             if batch.num_rows == 0:
                 return  # a schema, no rows: nothing to hand to Spark yet
-            make = getattr(self.spark, "window_input", None)
-            window_input = inputs[port] = (make(schema) if make is not None
-                                           else _BufferedInput(self.spark, schema))
+            window_input = inputs[port] = spark.window_input(schema)
         batch = conform(batch, self._input_schemas[port],
                         f"operator {self._name!r}, input port {port!r}")
-        if self.__dict__.get("_dead_letters") is not None:  # kept to isolate bad rows
-            self.__dict__.setdefault("_window_rows", {}).setdefault(port, []).append(batch)
+        if self._dead_letters is not None:  # kept to isolate bad rows
+            self._window_rows.setdefault(port, []).append(batch)
         with self._job_costs().phase("write"):  # while the window's input arrives
             window_input.append(batch)
 
     def end_window(self) -> None:
-        inputs: dict[str, Any] = self.__dict__.get("_inputs") or {}
-        self._inputs = {}
+        inputs, self._inputs = self._inputs, {}
         if not any(window_input.num_rows for window_input in inputs.values()):
             for window_input in inputs.values():
                 window_input.discard()
             return
         spark = self.spark
-        window_id = int(self.__dict__.get("_window_id", -1))
+        window_id = self._window_id
         costs = self._job_costs()
-        rows = self.__dict__.pop("_window_rows", None) or {}
+        rows, self._window_rows = self._window_rows, {}
         try:
             self._run_job(spark, window_id, inputs, costs)
         except Exception as exc:
-            dead = self.__dict__.get("_dead_letters")
+            dead = self._dead_letters
             if dead is None or not is_spark_record_error(exc):
                 raise
 
@@ -172,19 +184,19 @@ class SparkOperator(Operator):
                 window_input.discard()
 
     def _buffered(self, tables: dict[str, pa.Table]) -> dict[str, Any]:
-        """Window inputs over tables (the rows of a retry)."""
+        """Window inputs over tables (the rows of a retry), written as a window's are."""
         inputs: dict[str, Any] = {}
         for port, table in tables.items():
             if table.num_rows:
-                window_input = inputs[port] = _BufferedInput(self.spark, table.schema)
+                window_input = inputs[port] = self.spark.window_input(table.schema)
                 for batch in table.to_batches():
                     window_input.append(batch)
         return inputs
 
     def _run_job(self, spark: SparkBridge, window_id: int, inputs: dict[str, Any],
                  costs: JobCosts, *, emit: bool = True) -> None:
-        schemas: dict[str, pa.Schema] = self.__dict__.setdefault("_input_schemas", {})
-        with job_scope(spark), costs.job():
+        schemas = self._input_schemas
+        with spark.job(), costs.job():
             session = self.dataframe_session()
             frames: dict[str, DataFrame] = {}
             for port, spec in type(self).input_ports().items():
@@ -220,15 +232,14 @@ class SparkOperator(Operator):
 
     def teardown(self) -> None:
         self._sql_session = None
-        for window_input in (self.__dict__.get("_inputs") or {}).values():
+        for window_input in self._inputs.values():
             window_input.discard()  # a window cut short: its file goes
         self._inputs = {}
 
     def _job_costs(self) -> JobCosts:
-        costs = self.__dict__.get("_costs")
-        if costs is None:
-            costs = self._costs = JobCosts()
-        return costs
+        if self._costs is None:
+            self._costs = JobCosts()
+        return self._costs
 
     @metric("spark")
     def spark_costs(self) -> dict[str, float]:
@@ -236,16 +247,15 @@ class SparkOperator(Operator):
         rows handed to Spark, and ms writing the input as it arrived (``write``), handing
         it over at the window's end (``handoff``), in the job (the transform, run by Spark,
         and its results back as Arrow) and emitting them (``collected`` and out)."""
-        costs = self.__dict__.get("_costs")
-        return costs.figures() if costs is not None else {}
+        return self._costs.figures() if self._costs is not None else {}
 
     # -- helpers -----------------------------------------------------------------------
     @property
     def spark(self) -> SparkBridge:
         """The container's Spark bridge (available from ``setup`` on)."""
-        spark = self.__dict__.get("_spark")
+        spark = self._spark
         if spark is None:
-            if "_operator_name" not in self.__dict__:
+            if not self._operator_name:
                 raise SparkOperatorError(
                     f"{type(self).__name__}: setup(context) was not called; subclasses that "
                     "override setup must call super().setup(context)"
@@ -255,7 +265,7 @@ class SparkOperator(Operator):
 
     @property
     def _name(self) -> str:
-        return str(self.__dict__.get("_operator_name") or type(self).__name__)
+        return self._operator_name or type(self).__name__
 
     def _no_spark_message(self) -> str:
         return (
@@ -339,7 +349,7 @@ class SparkSql(SparkOperator):
         return super().output_schema(port)
 
     def dataframe_session(self) -> SparkSession:
-        session = self.__dict__.get("_sql_session")
+        session = self._sql_session
         if session is None:
             session = self._sql_session = self.spark.session.newSession()
         return session
@@ -350,27 +360,6 @@ class SparkSql(SparkOperator):
             df.createOrReplaceTempView(port)
         args = {"window_id": window_id} if ":window_id" in self.query else None
         return session.sql(self.query, args=args)
-
-
-class _BufferedInput:
-    """A window's batches kept for its end: the input of a bridge without
-    ``window_input`` (a test double, say)."""
-
-    def __init__(self, spark: SparkBridge, schema: pa.Schema) -> None:
-        self.spark, self.schema = spark, schema
-        self.batches: list[pa.RecordBatch] = []
-        self.num_rows = 0
-
-    def append(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-        self.num_rows += batch.num_rows
-
-    def dataframe(self, session: SparkSession | None) -> DataFrame:
-        extra = {} if session is None else {"session": session}
-        return self.spark.to_dataframe(self.batches, self.schema, **extra)
-
-    def discard(self) -> None:
-        self.batches = []
 
 
 class JobCosts:
@@ -406,12 +395,6 @@ def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str
     if ports.get(name) is default and len(ports) > 1:
         return {n: p for n, p in ports.items() if n != name}
     return ports
-
-
-def job_scope(spark: SparkBridge) -> contextlib.AbstractContextManager[Any]:
-    """Keeps the files handed to Spark until the block ends (several jobs over them)."""
-    job = getattr(spark, "job", None)
-    return job() if callable(job) else contextlib.nullcontext()
 
 
 def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:

@@ -74,9 +74,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def local_spark():
-    """The local runner's shared SparkSession (``runtime.local.spark``), started and
+    """The local runner's shared Spark bridge (``runtime.spark.shared``), started and
     warmed up once per test process, as a test suite of an application would."""
-    from runtime.local.spark import shared_bridge
+    from runtime.spark.shared import shared_bridge
 
     started = time.perf_counter()
     bridge = shared_bridge("local[1]")
@@ -95,7 +95,7 @@ def state_dir(tmp_path):
 @pytest.fixture(scope="session")
 def bridge():
     """One small Spark session (``local[1]``, one shuffle partition) for all unit tests."""
-    from container.spark_bridge import SparkSessionBridge
+    from runtime.spark.bridge import SparkSessionBridge
 
     bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
     yield bridge

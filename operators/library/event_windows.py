@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from operators.operator import OperatorContext
 from operators.ports import InputPort, OutputPort
-from operators.spark import SparkOperator, SparkSchemaMismatch, job_scope
+from operators.spark import SparkOperator, SparkSchemaMismatch
 from operators.watermarks import (
     END_OF_TIME,
     NO_WATERMARK,
@@ -171,7 +171,7 @@ class EventTimeWindows(SparkOperator):
         batch = pa.record_batch({_TIME: pa.array(ids * 3, pa.int64()),
                                  "k": pa.array(ids % 1_000, pa.int64())})
         for _ in range(rounds):
-            with job_scope(self.spark):
+            with self.spark.job():
                 df = self.spark.to_dataframe([batch], batch.schema)
                 slot = F.window(F.timestamp_millis(F.col(_TIME)),
                                 f"{self.size_ms} milliseconds", f"{self.slide_ms} milliseconds")
@@ -203,7 +203,7 @@ class EventTimeWindows(SparkOperator):
             self.pending = pending
             self.fired_watermark = max(before, now)
             return
-        with job_scope(self.spark), self._job_costs().job():
+        with self.spark.job(), self._job_costs().job():
             self._run(pending, before, now)
         self.fired_watermark = max(before, now)
 

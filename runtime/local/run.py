@@ -33,8 +33,9 @@ What differs, and why:
   windows as ``weir shutdown`` would.
 - **One partition.** ``PARTITIONS`` is ignored: each operator runs as one unpartitioned
   instance (the result of a partitioned operator followed by its unifier is the same).
-- **Spark**, when an operator has ``USES_SPARK``, is one local session shared by every run
-  in the process (``runtime.local.spark``); a DAG without Spark never imports pyspark.
+- **Spark**, when an operator has ``USES_SPARK``, is the container's bridge over one local
+  session shared by every run in the process (``runtime.spark.shared``); a DAG without
+  Spark never imports pyspark.
 - ``ON_ERROR='DEAD_LETTER'`` works as in a container (``runtime.process_calls``): the
   rows an operator fails on leave on its ``errors`` port.
 - ``CRASH_AT`` is ignored (it would kill the test's process); ``stop_after_window`` is the
@@ -59,8 +60,8 @@ from operators.windows import make_window_id, window_base_seconds, window_counte
 from proto import plan_pb2
 from runtime.local.checkpoints import LocalCheckpoints
 from runtime.local.node import MAX_EMIT_CALLS, LocalNode, LocalRunError
-from runtime.local.spark import shared_bridge
 from runtime.operator_state import capture, restore
+from runtime.spark.shared import shared_bridge
 
 __all__ = ["MAX_EMIT_CALLS", "LocalRun", "LocalRunError", "run_local"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from container.spark_warm_up import run_warm_up_jobs
 from operators.library.transforms import WindowedCount
+from runtime.spark.warm_up import run_warm_up_jobs
 
 pytestmark = pytest.mark.timeout(300)
 

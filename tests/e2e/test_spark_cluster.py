@@ -48,7 +48,7 @@ def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, ma
 HANDOFF_SCRIPT = """
 import sys
 import pyarrow as pa
-from container.spark_bridge import SparkSessionBridge
+from runtime.spark.bridge import SparkSessionBridge
 
 bridge = SparkSessionBridge(master=sys.argv[1], shuffle_partitions=1, app_name=sys.argv[3],
                             executor_memory="512m", cores_max=1, handoff_dir=sys.argv[2])

@@ -12,11 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from container.spark_bridge import SparkSessionBridge
 from operators.library.event_windows import EventTimeWindows
 from operators.spark import SparkSchemaMismatch
 from operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
 from operators.windows import make_window_id
+from runtime.spark.bridge import SparkSessionBridge
 from tests.operators.test_spark import Emitted, start
 
 SCHEMA = pa.schema([("ts", pa.timestamp("ms")), ("user", pa.string()), ("amount", pa.int64())])

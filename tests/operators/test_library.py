@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from container.spark_bridge import SparkSessionBridge
 from operators.library import (
     ConsoleSink,
     EventGenerator,
@@ -27,6 +26,7 @@ from operators.library import (
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.testing import CollectSink, ListSource
 from operators.windows import format_window_id, make_window_id
+from runtime.spark.bridge import SparkSessionBridge
 
 BASE = 1_700_000_000
 

@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from container.spark_bridge import SparkSessionBridge
 from operators.operator import Operator, OperatorContext
 from operators.ports import InputPort, OutputPort
 from operators.spark import SparkOperator, SparkOperatorError, SparkSql
 from operators.windows import make_window_id
+from runtime.spark.bridge import SparkSessionBridge
 
 W1 = make_window_id(1_700_000_000, 1)
 

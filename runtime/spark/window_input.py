@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from container.spark_handoff import PARQUET_OPTIONS, arrow_dataframe, to_table
-from container.spark_scratch import ScratchFiles
+from runtime.spark.handoff import PARQUET_OPTIONS, arrow_dataframe, to_table
+from runtime.spark.scratch import ScratchFiles
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["WindowInput"]
 
-_LOGGER = logging.getLogger("container.spark_bridge")
+_LOGGER = logging.getLogger("runtime.spark.bridge")
 
 
 class WindowInput:
@@ -34,7 +34,7 @@ class WindowInput:
     ``createDataFrame`` (the ``arrow`` handoff).
 
     ``dataframe`` ends the input: the file is closed and handed to the calling thread's
-    file tracking (deleted when its job ran, see ``container.spark_bridge``). ``discard``
+    file tracking (deleted when its job ran, see ``runtime.spark.bridge``). ``discard``
     drops an input that is not handed over.
     """
 

@@ -1,6 +1,6 @@
 """The Parquet files handed to Spark: where they live (one scratch folder per bridge,
 ``weir-spark-<pid>-...``; folders of dead processes are swept) and when they go: tracked
-per calling thread, deleted when the job that read them ran (see ``container.spark_bridge``)."""
+per calling thread, deleted when the job that read them ran (see ``runtime.spark.bridge``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from operators.orphans import remove_orphans
 
 __all__ = ["ScratchFiles"]
 
-_LOGGER = logging.getLogger("container.spark_bridge")
+_LOGGER = logging.getLogger("runtime.spark.bridge")
 
 _SCRATCH_PREFIX = "weir-spark-"
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from container.spark_bridge import SparkSessionBridge
+    from runtime.spark.bridge import SparkSessionBridge
 
 __all__ = ["run_warm_up_jobs"]
 

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from container import spark_gateway
-from container.spark_handoff import (
+from runtime.spark import gateway as spark_gateway
+from runtime.spark.handoff import (
     PARQUET_OPTIONS,
     Handoff,
     arrow_dataframe,
@@ -58,9 +58,9 @@ from container.spark_handoff import (
     row_group_rows,
     to_table,
 )
-from container.spark_scratch import ScratchFiles
-from container.spark_warm_up import run_warm_up_jobs
-from container.spark_window_input import WindowInput
+from runtime.spark.scratch import ScratchFiles
+from runtime.spark.warm_up import run_warm_up_jobs
+from runtime.spark.window_input import WindowInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -257,7 +257,7 @@ class SparkSessionBridge:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no host lookup, no warning
         from pyspark.sql import SparkSession
 
-        spark_gateway.install()  # Java started without fork(): see container.spark_gateway
+        spark_gateway.install()  # Java started without fork(): see runtime.spark.gateway
         settings = {
             # Spark's own log lines go through log4j: warnings and errors only, on stderr.
             "spark.driver.extraJavaOptions":
@@ -325,7 +325,7 @@ class SparkSessionBridge:
     # -- Arrow -> Spark --------------------------------------------------------------
     def window_input(self, schema: pa.Schema) -> WindowInput:
         """An input to fill batch by batch as a window's data arrives; its ``dataframe``
-        then costs only the file's close (see ``container.spark_window_input``)."""
+        then costs only the file's close (see ``runtime.spark.window_input``)."""
         files = None if self.handoff == "arrow" else self._files
         return WindowInput(schema, files, lambda: self.session, self.read_parquet)
 
@@ -428,6 +428,10 @@ class SparkSessionBridge:
         self._files.remove()
         if self._log4j_dir is not None:
             shutil.rmtree(self._log4j_dir, ignore_errors=True)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     @property
     def scratch_dir(self) -> Path | None:
