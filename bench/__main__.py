@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import JobSpec, render_table, run_json_subprocess
+from bench.common import JobSpec, render_breakdown, render_table, run_json_subprocess
 from bench.event_time import event_time_jobs, render_event_time
 from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
 from bench.latency import latency_jobs, render_latency
@@ -153,20 +153,6 @@ def render(results: list[dict[str, Any]]) -> str:
         if costs and r.get("correct"):
             lines.append(f"  {r['system']}: {render_breakdown(costs)}")
     return "\n".join(lines)
-
-
-def render_breakdown(costs: dict[str, Any]) -> str:
-    """One line: where a window's time went (per Spark job, means) and CPU per process."""
-    parts = [f"{name} {costs[key]:,.0f} ms" for key, name in (
-        ("write_ms", "input written as it arrived"), ("handoff_ms", "handoff"),
-        ("job_ms", "Spark job + result to Arrow"), ("emit_ms", "emit"),
-        ("sink_write_ms", "sink write"), ("waiting_ms", "waiting (in transit, queued)"))
-        if key in costs]
-    cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in
-                    costs.get("cpu_seconds", {}).items())
-    return (f"per job of {costs.get('rows_per_job', 0):,} rows (p50 latency "
-            f"{costs.get('latency_p50_ms', 0):,.0f} ms): " + "; ".join(parts)
-            + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")
 
 
 SPARK_STREAMING = "spark-structured-streaming"

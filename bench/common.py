@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from operators.library import EventGenerator
 
 __all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile",
+           "render_breakdown",
            "render_table", "write_event_files"]
 
 
@@ -245,3 +246,17 @@ def run_json_subprocess(system: str, argv: list[str], timeout_s: float) -> dict[
     result["peak_rss_mb"] = round(memory.peak_mb, 1)
     result["run_seconds"] = round(time.monotonic() - started, 1)
     return result
+
+
+def render_breakdown(costs: dict[str, Any]) -> str:
+    """One line: where a window's time went (per Spark job, means) and CPU per process."""
+    parts = [f"{name} {costs[key]:,.0f} ms" for key, name in (
+        ("write_ms", "input written as it arrived"), ("handoff_ms", "handoff"),
+        ("job_ms", "Spark job + result to Arrow"), ("emit_ms", "emit"),
+        ("sink_write_ms", "sink write"), ("waiting_ms", "waiting (in transit, queued)"))
+        if key in costs]
+    cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in
+                    costs.get("cpu_seconds", {}).items())
+    return (f"per job of {costs.get('rows_per_job', 0):,} rows (p50 latency "
+            f"{costs.get('latency_p50_ms', 0):,.0f} ms): " + "; ".join(parts)
+            + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +18,15 @@ from container.stream_messages import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, K
 from operators.partitioning import PartitionFilter
 from proto.contract import AUTH_HEADER, BEARER
 
-if TYPE_CHECKING:
-    from container.buffer_server import BufferServer
+__all__ = ["FlightService", "SecretCheck", "Streams", "filtered", "parse_ticket"]
 
-__all__ = ["FlightService", "SecretCheck", "filtered", "parse_ticket"]
+
+class Streams(Protocol):
+    """What the Flight face serves: the buffer server's subscriptions."""
+
+    def serve(self, context: flight.ServerCallContext, stream_id: str,
+              from_window: int, partition: PartitionFilter | None = None, *,
+              latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]: ...
 
 _LOGGER = logging.getLogger("container.buffer_server")
 
@@ -41,9 +47,9 @@ class SecretCheck(flight.ServerMiddlewareFactory):
 
 
 class FlightService(flight.FlightServerBase):
-    """The Flight face of a ``BufferServer``: ``do_get`` only."""
+    """The Flight face of a buffer server (``Streams``): ``do_get`` only."""
 
-    def __init__(self, owner: BufferServer, location: str, secret: str | None,
+    def __init__(self, owner: Streams, location: str, secret: str | None,
                  tls: tuple[bytes, bytes] | None) -> None:
         super().__init__(
             location, middleware={"auth": SecretCheck(secret)} if secret else None,

@@ -4,7 +4,7 @@ local buffer server, waiting for room when the server's budgets are full."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -12,10 +12,16 @@ from container.retained_stream import RetainedStream
 from container.stream_messages import Kind, Message
 from operators.watermarks import NO_WATERMARK
 
-if TYPE_CHECKING:
-    from container.buffer_server import BufferServer
+__all__ = ["Admission", "PublishAborted", "Publisher"]
 
-__all__ = ["PublishAborted", "Publisher"]
+
+class Admission(Protocol):
+    """The buffer server's memory budget, as a publisher sees it."""
+
+    def admit(self, stream: RetainedStream, nbytes: int,
+              stop: threading.Event | None) -> float | None: ...
+
+    def release(self, nbytes: int) -> None: ...
 
 
 class PublishAborted(RuntimeError):
@@ -34,7 +40,7 @@ class Publisher:
     meanwhile. ``wait_s`` and ``waits`` count that blocking.
     """
 
-    def __init__(self, server: BufferServer, stream: RetainedStream,
+    def __init__(self, server: Admission, stream: RetainedStream,
                  stop: threading.Event | None = None, generation: int = 0) -> None:
         self._server = server
         self._stream = stream

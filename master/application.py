@@ -12,7 +12,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any
 
-from master.checkpoints import CheckpointBook
+from master.checkpoint_book import CheckpointBook
 from master.errors import InvalidTransition
 from master.log_limits import LogLimiter
 from master.physical_plan import ContainerState, PhysicalPlan
@@ -20,7 +20,7 @@ from master.stats import ContainerStatsTracker, OperatorStatsTracker
 from proto import plan_pb2
 
 if TYPE_CHECKING:
-    from master.savepoints import SavepointProgress
+    from master.savepoint_progress import SavepointProgress
 
 __all__ = ["Application", "ApplicationState", "LaunchKind", "LauncherAction"]
 

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from master import auth, live_view, tables
 from master.cli_config import load_app_and_overrides
-from master.cli_queries import now_ms, print_json, to_dict
+from master.cli_output import now_ms, print_json, to_dict
 from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory
 from master.server import MasterServer

@@ -4,47 +4,19 @@ controls of applications, containers and operators (tables, or ``--json``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from typing import Any
-
-from google.protobuf import json_format
-from google.protobuf.message import Message
 
 from master import live_view, tables
 from master.cli_config import load_app_and_overrides
-from master.client import WeirClient, parse_address
+from master.cli_output import client_for, now_ms, print_json
+from master.cli_savepoints import say_savepoint_match
+from master.client import parse_address
 from proto import client_pb2
 
 __all__ = [
-    "client_for", "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container",
+    "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container",
     "cmd_operators", "cmd_repartition", "cmd_shutdown", "cmd_stats", "cmd_submit", "cmd_top",
-    "now_ms", "print_json", "to_dict",
 ]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def to_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
-
-
-def print_json(value: Message | dict[str, Any]) -> None:
-    data = to_dict(value) if isinstance(value, Message) else value
-    print(json.dumps(data, indent=2, sort_keys=False))
-
-
-def client_for(args: argparse.Namespace) -> WeirClient:
-    return WeirClient(args.master, timeout_s=args.timeout, secret_file=args.secret_file,
-                      tls_ca=args.tls_ca, on_loading=_say_loading)
-
-
-def _say_loading(message: str) -> None:
-    print(f"weir: {message} (retrying)", file=sys.stderr)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -52,8 +24,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     descriptor, overrides = load_app_and_overrides(args)
     from_savepoint = getattr(args, "from_savepoint", None) or ""
     if from_savepoint:
-        from master.cli_savepoints import say_savepoint_match  # it imports this module
-
         say_savepoint_match(descriptor, from_savepoint, args.allow_dropped)
     with client_for(args) as client:
         app_id = client.submit(descriptor, overrides, from_savepoint=from_savepoint,

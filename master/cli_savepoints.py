@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import grpc
 
-from master.cli_queries import client_for, print_json
+from master.cli_output import client_for, print_json
 from master.client import WeirClient, WeirClientError, default_master
 from operators.durable.locations import redact_location
 from operators.savepoints import SavepointError, match, read_manifest

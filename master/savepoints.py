@@ -22,12 +22,16 @@ stays comparable.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
-from master.checkpoints import CheckpointBook
+from master.checkpoint_book import CheckpointBook
 from master.physical_plan import OperatorState, PhysicalPlan, PTOperator, StateSeed
+from master.savepoint_progress import (  # (journals name it here)
+    COMPLETE,
+    WRITING,
+    SavepointProgress,
+)
 from operators.durable.locations import redact_location
 from operators.savepoints import Manifest, SavedPartition, SavepointError, match
 from operators.windows import format_window_id, window_base_seconds
@@ -42,25 +46,6 @@ __all__ = ["SavepointProgress", "adopt", "advance", "committed_for_containers", 
 
 _LOGGER = logging.getLogger(__name__)
 
-WRITING = "writing"
-COMPLETE = "complete"
-
-
-@dataclasses.dataclass
-class SavepointProgress:
-    """A savepoint an application is taking (or took)."""
-
-    path: str
-    written: set[int] = dataclasses.field(default_factory=set)  # operators that wrote theirs
-    state: str = WRITING  # WRITING, COMPLETE, or why it failed
-    stop: bool = True  # the application finishes with it
-    window: int = -1  # without a stop: the window of the checkpoints it holds, once chosen
-    manifest: Manifest | None = None  # every part is written: this is due, still WRITING
-
-    @property
-    def running(self) -> bool:
-        """A savepoint without a stop, still being written."""
-        return not self.stop and self.state == WRITING
 
 
 def adopt(app: Application, path: str, manifest: Manifest,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import render_table, run_json_subprocess
+from bench.common import render_breakdown, render_table, run_json_subprocess
 from bench.nexmark.generator import write_files
 from bench.nexmark.model import QUERIES, NexmarkSpec
 from bench.nexmark.one import SYSTEMS
@@ -143,7 +143,6 @@ def _ratio(mine: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
 def render_nexmark(section: dict[str, Any]) -> str:
     """The Nexmark table: query x system, events/s (median, min-max), latency, correct,
     and Weir's events/s as ratios to Spark SS's and Flink's; Weir's cost breakdowns."""
-    from bench.__main__ import render_breakdown  # lazily: bench.__main__ imports this
 
     headers = ["query", "system", "runs", "events/s (median)", "min-max", "per core",
                "published Flink per core", "p50 ms", "p99 ms", "peak MB", "correct",

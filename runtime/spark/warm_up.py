@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from runtime.spark.bridge import SparkSessionBridge
+    from operators.operator import SparkBridge
 
 __all__ = ["run_warm_up_jobs"]
 
@@ -26,7 +26,7 @@ _WINDOW_ID = 0
 """The window id the warm-up's counts are stamped with (a literal, as in every window)."""
 
 
-def run_warm_up_jobs(bridge: SparkSessionBridge, rows: int, max_rounds: int) -> None:
+def run_warm_up_jobs(bridge: SparkBridge, rows: int, max_rounds: int) -> None:
     """Counts ``rows`` rows per key with ``WindowedCount``'s query, by 10,000 string keys
     and by their int32 codes (the layout ``WindowedCount`` hands Spark), round after
     round, until a round is no longer more than 20 % faster than the one before, or
@@ -52,7 +52,7 @@ def run_warm_up_jobs(bridge: SparkSessionBridge, rows: int, max_rounds: int) -> 
         previous = took
 
 
-def _count_window(bridge: SparkSessionBridge, batch: pa.RecordBatch) -> None:
+def _count_window(bridge: SparkBridge, batch: pa.RecordBatch) -> None:
     """One window of ``WindowedCount`` over ``batch`` (keyed by its first column, summing
     its second), from the handoff to the Arrow result, as an operator's window runs it."""
     from operators.library.transforms import WindowedCount
