@@ -16,11 +16,11 @@ from types import FrameType
 from container.lease import LeaseRevoked
 from container.port_input import InputClosed
 from operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
-from operators.dead_letters import is_record_error as rows_may_be_at_fault
 from operators.operator import PermanentError
 from operators.ports import SchemaMismatch
 from runtime.event_time import EventTimeError
 from runtime.operator_state import OperatorStateError
+from runtime.process_calls import rows_may_be_at_fault
 
 __all__ = ["describe_error", "is_fatal", "is_record_error"]
 
@@ -60,7 +60,7 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 def is_record_error(exc: BaseException) -> bool:
-    """``operators.dead_letters.is_record_error``, and not the container's own stops (a
+    """``runtime.process_calls.rows_may_be_at_fault``, and not the container's own stops (a
     revoked lease, a closed input): whether the rows ``process`` was given may be at
     fault, so that they are set aside as dead letters."""
     return not isinstance(exc, LeaseRevoked | InputClosed) and rows_may_be_at_fault(exc)

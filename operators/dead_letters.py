@@ -178,15 +178,15 @@ def is_record_error(exc: BaseException) -> bool:
 
     A batch that does not fit its input port is; a lost connection, a full disk, a
     replaced deployment, state that cannot be pickled or a Spark query that cannot be
-    analysed is not: no row would pass, and a retry may (the operator restarts).
+    analysed is not: no row would pass, and a retry may (the operator restarts). The
+    runtime knows more errors of its own (``runtime.process_calls.rows_may_be_at_fault``).
     """
     import pickle
 
     from operators.durable import Fenced
-    from runtime.operator_state import OperatorStateError
 
     not_the_rows = (OSError, MemoryError, Fenced, pickle.PicklingError,
-                    pickle.UnpicklingError, OperatorStateError)
+                    pickle.UnpicklingError)
     return not isinstance(exc, not_the_rows) and not is_spark_analysis_error(exc)
 
 

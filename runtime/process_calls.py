@@ -15,10 +15,18 @@ import pyarrow as pa
 from operators.dead_letters import DeadLetters, is_record_error, isolate_failures
 from operators.operator import Operator
 from operators.ports import conform
+from runtime.operator_state import OperatorStateError
 
-__all__ = ["ProcessCalls"]
+__all__ = ["ProcessCalls", "rows_may_be_at_fault"]
 
 Emit = Callable[[str, pa.RecordBatch], None]
+
+
+def rows_may_be_at_fault(exc: BaseException) -> bool:
+    """``operators.dead_letters.is_record_error``, and not the runtime's own errors
+    (state that cannot be checkpointed or restored): whether the rows ``process`` was
+    given may be at fault, so that they are set aside as dead letters."""
+    return not isinstance(exc, OperatorStateError) and is_record_error(exc)
 
 
 class ProcessCalls:
@@ -30,12 +38,13 @@ class ProcessCalls:
         schemas: input port → declared schema (ports without one are not cast).
         dead_letters: where rows it fails on go; None: an error fails the operator.
         record_error: whether an error may be the rows' fault (the runtime may know more
-            errors of its surroundings than ``operators.dead_letters.is_record_error``).
+            errors of its surroundings than ``rows_may_be_at_fault``).
     """
 
     def __init__(self, operator: Operator, name: str, schemas: Mapping[str, pa.Schema],
                  dead_letters: DeadLetters | None,
-                 record_error: Callable[[BaseException], bool] = is_record_error) -> None:
+                 record_error: Callable[[BaseException], bool] = rows_may_be_at_fault,
+                 ) -> None:
         self.operator = operator
         self.name = name
         self.schemas = dict(schemas)

@@ -32,7 +32,6 @@ from typing import NamedTuple, Protocol
 import pyarrow as pa
 
 from operators.dead_letters import dead_letters_of
-from operators.dead_letters import is_record_error as rows_may_be_at_fault
 from operators.operator import InputOperator, Operator, OperatorContext
 from operators.watermarks import NO_WATERMARK
 from operators.windows import (
@@ -43,7 +42,7 @@ from operators.windows import (
     window_counter,
 )
 from runtime.event_time import SourceEventTimes, operator_watermarks
-from runtime.process_calls import ProcessCalls
+from runtime.process_calls import ProcessCalls, rows_may_be_at_fault
 
 __all__ = ["Output", "WindowEnd", "WindowEngine"]
 
