@@ -15,12 +15,10 @@ batches through a port with a declared schema are cast to it, and one that canno
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import pyarrow as pa
-
-if TYPE_CHECKING:
-    from operators.operator import Operator
 
 __all__ = ["BoundPort", "InputPort", "OutputPort", "PortNotConnected", "SchemaMismatch",
            "conform"]
@@ -106,12 +104,19 @@ class OutputPort(_Port):
     kind = "output"
 
 
+class _Owner(Protocol):
+    """An operator, as its ports see it (``operators.operator.Operator``)."""
+
+    @property
+    def emitter(self) -> Callable[[str, pa.RecordBatch], None] | None: ...
+
+
 class BoundPort:
     """A port of one operator instance; what ``Dag.add_stream`` takes and what emits."""
 
     __slots__ = ("operator", "spec")
 
-    def __init__(self, operator: Operator, spec: _Port) -> None:
+    def __init__(self, operator: _Owner, spec: _Port) -> None:
         self.operator = operator
         self.spec = spec
 
