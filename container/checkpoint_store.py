@@ -17,7 +17,7 @@ A save writes a temporary file (``.<name>.<random>.tmp``) in the same folder, sy
 (local disks: ``fsync`` of the file, then of the folder after the rename) and renames it over
 the final name, so a reader sees either the whole previous state or the whole new one.
 
-The folder also holds the operator's fence (``FENCE``, ``operators.durable.fence``): a save
+The folder also holds the operator's fence (``FENCE``, ``storage.fence``): a save
 given a ``check`` calls it just before the rename, so a deployment that was replaced leaves
 no checkpoint behind (its temporary file is removed).
 """
@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
-from operators.durable.fence import CHECKPOINTS_FOLDER, Fence
+from storage.fence import CHECKPOINTS_FOLDER, Fence
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "VERSION", "CheckpointInfo", "CheckpointStore", "CorruptCheckpoint",

@@ -20,7 +20,6 @@ from container.savepoint_parts import SavedParts, write_part
 from container.stream_messages import Kind, Message
 from container.window_loop import OperatorRunner
 from operators.attributes import ATTRIBUTES, ProcessingMode
-from operators.durable import Fence, Fenced
 from operators.keyed_state import RepartitionError
 from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
@@ -28,6 +27,7 @@ from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
 from runtime.operator_state import OperatorStateError, capture, new_partition, restore
 from runtime.spark.bridge import SparkSessionBridge
+from storage import Fence, Fenced
 
 __all__ = ["DeployError", "Deployment"]
 

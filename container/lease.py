@@ -8,7 +8,7 @@ later). So operators begin windows, checkpoint and commit only within that span,
 margin for clocks that run at slightly different rates. A container frozen past it
 (SIGSTOP, a long GC-like pause, a network cut) finds its lease expired when it wakes: its
 operators wait for the next answer, which is ABORT if it was replaced, and write nothing
-meanwhile. The operators' fences (``operators.durable.fence``) refuse any write that was
+meanwhile. The operators' fences (``storage.fence``) refuse any write that was
 already under way.
 """
 

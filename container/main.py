@@ -32,9 +32,9 @@ from container.lease import Lease
 from container.stats import ProcessStats
 from container.umbilical_client import MasterUnreachable, UmbilicalClient
 from operators.attributes import ATTRIBUTES, resolve
-from operators.durable.private_files import read_private_file
 from proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
 from runtime.spark.bridge import SparkSessionBridge
+from storage.private_files import read_private_file
 
 __all__ = ["main"]
 

@@ -1,4 +1,4 @@
-"""What an operator owes a savepoint (``operators.savepoints``): its part, written in its
+"""What an operator owes a savepoint (``storage.savepoints``): its part, written in its
 own thread, between windows, so nothing of it changes while it is copied.
 
 Two kinds. A savepoint with a stop is written once the stream ended and was committed

@@ -1,4 +1,4 @@
-"""A container's side of savepoints (``operators.savepoints``): each operator writes its
+"""A container's side of savepoints (``storage.savepoints``): each operator writes its
 part when its stream ended for one, and a new run's operators read theirs back.
 
 A part is the operator's last checkpoint, under the savepoint's ``checkpoints/<id>/`` as in
@@ -27,12 +27,12 @@ from collections.abc import Callable
 import pyarrow.fs as pafs
 
 from container.checkpoint_store import CheckpointStore
-from operators.durable.private_files import UntrustedPath, check_private_tree, make_private_dir
 from operators.keyed_state import RepartitionError
 from operators.operator import Operator
 from operators.partitioning import PartitionFilter
-from operators.savepoints import ADVICE, Location, SavepointError, location
 from runtime.operator_state import OperatorStateError, new_partition, restore
+from storage.private_files import UntrustedPath, check_private_tree, make_private_dir
+from storage.savepoints import ADVICE, Location, SavepointError, location
 
 __all__ = ["SavedParts", "UntrustedSavepoint", "copy_private_tree", "write_part"]
 

@@ -32,13 +32,13 @@ from typing import Any
 import grpc
 
 from master.tls import TlsFiles, read_pem
-from operators.durable.private_files import (
+from proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
+from storage.private_files import (
     UntrustedPath,
     make_private_dir,
     read_private_file,
     write_private_file,
 )
-from proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
 
 __all__ = [
     "HOME_ENV",

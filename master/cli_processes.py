@@ -20,9 +20,9 @@ from master.errors import MasterError
 from master.launcher import LocalProcessLauncher, launcher_factory
 from master.server import MasterServer
 from master.tls import TlsFiles
-from operators.durable.locations import redact_location
 from proto import client_pb2
 from proto.contract import SECRET_ENV
+from storage.locations import redact_location
 
 __all__ = ["cmd_container", "cmd_master", "cmd_run"]
 

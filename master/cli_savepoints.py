@@ -11,10 +11,10 @@ import grpc
 
 from master.cli_output import client_for, print_json
 from master.client import WeirClient, WeirClientError, default_master
-from operators.durable.locations import redact_location
-from operators.savepoints import SavepointError, match, read_manifest
 from operators.windows import format_window_id
 from proto import client_pb2, plan_pb2
+from storage.locations import redact_location
+from storage.savepoints import SavepointError, match, read_manifest
 
 __all__ = ["cmd_savepoint", "say_savepoint_match"]
 

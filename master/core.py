@@ -41,12 +41,12 @@ from master.stats_listeners import (
     load_listeners,
 )
 from operators.dag import DagError, validate_descriptor
-from operators.durable.locations import redact_location
-from operators.savepoints import (
+from proto import client_pb2, plan_pb2, umbilical_pb2
+from storage.locations import redact_location
+from storage.savepoints import (
     Manifest,
     SavepointError,
 )
-from proto import client_pb2, plan_pb2, umbilical_pb2
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
 

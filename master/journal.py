@@ -28,7 +28,7 @@ import logging
 import struct
 import time
 
-from operators.durable.records import RecordLog
+from storage.records import RecordLog
 
 __all__ = ["Journal"]
 

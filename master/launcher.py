@@ -31,8 +31,8 @@ from master.container_processes import (
     is_container_process,
 )
 from master.tls import TLS_CERT_ENV, TLS_KEY_ENV
-from operators.durable.private_files import UntrustedPath, make_private_dir
 from proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
+from storage.private_files import UntrustedPath, make_private_dir
 
 __all__ = [
     "CREDENTIAL_ENV",

@@ -25,7 +25,7 @@ from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.rpc import STOPPED_MESSAGE
 from master.state_owner import StateClaim
-from operators.durable.private_files import check_private_tree, make_private_dir
+from storage.private_files import check_private_tree, make_private_dir
 
 __all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
 

@@ -16,7 +16,7 @@ from master.state_owner import (
     is_default_state_dir,
     release_state_dir,
 )
-from operators.durable.locations import redact_location
+from storage.locations import redact_location
 
 __all__ = ["RunFolders"]
 

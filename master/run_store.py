@@ -8,8 +8,8 @@ from master.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from master.run_folders import RunFolders
 from master.state_owner import StateClaim, first_generation
 from master.store_calls import STORE_TIMEOUT_S, call_store
-from operators.durable.locations import redact_location
-from operators.savepoints import (
+from storage.locations import redact_location
+from storage.savepoints import (
     Manifest,
     SavepointError,
     check_unused,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from operators.savepoints import Manifest
+from storage.savepoints import Manifest
 
 __all__ = ["COMPLETE", "WRITING", "SavepointProgress"]
 

@@ -1,4 +1,4 @@
-"""The master's side of savepoints (``operators.savepoints``): taking one with a stop, and
+"""The master's side of savepoints (``storage.savepoints``): taking one with a stop, and
 starting a new run from one.
 
 Taking: the sources end after their current window without END_OF_TIME, every operator
@@ -32,10 +32,10 @@ from master.savepoint_progress import (  # (journals name it here)
     WRITING,
     SavepointProgress,
 )
-from operators.durable.locations import redact_location
-from operators.savepoints import Manifest, SavedPartition, SavepointError, match
 from operators.windows import format_window_id, window_base_seconds
 from proto import plan_pb2
+from storage.locations import redact_location
+from storage.savepoints import Manifest, SavedPartition, SavepointError, match
 
 if TYPE_CHECKING:
     from master.application import Application
@@ -60,7 +60,7 @@ def adopt(app: Application, path: str, manifest: Manifest,
 
 def start(app: Application, path: str, stop: bool) -> None:
     """Starts a savepoint; raises ``SavepointError`` when it cannot be taken. The caller
-    checked the path (``operators.savepoints.check_unused``) without the lock."""
+    checked the path (``storage.savepoints.check_unused``) without the lock."""
     if not path:
         raise SavepointError("name the folder the savepoint goes to (a path or a URI)")
     if app.savepoint is not None and app.savepoint.state == WRITING:

@@ -28,16 +28,16 @@ from master.persistence import ApplicationJournal, JournalError
 from master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, UnavailableInterceptor
 from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
 from master.umbilical_service import UmbilicalService
-from operators.durable import CorruptLog
-from operators.durable.private_files import (
+from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
+from proto.contract import MASTER_FILE_ENV
+from storage import CorruptLog
+from storage.private_files import (
     UntrustedPath,
     check_private_tree,
     make_private_dir,
     read_private_file,
     write_private_file,
 )
-from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
-from proto.contract import MASTER_FILE_ENV
 
 __all__ = ["MasterServer", "MasterStartError"]
 

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from master.errors import InvalidArgument
-from operators.durable.fence import highest_fence
-from operators.durable.locations import redact_location
-from operators.durable.private_files import UntrustedPath, make_private_dir, write_private_file
+from storage.fence import highest_fence
+from storage.locations import redact_location
+from storage.private_files import UntrustedPath, make_private_dir, write_private_file
 
 __all__ = [
     "OWNER_FILE", "StateClaim", "check_private_root", "claim_state_dir", "default_state_dir",

@@ -25,14 +25,14 @@ from typing import Any
 
 import grpc
 
-from operators.durable.private_files import (
+from proto import umbilical_pb2
+from proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
+from storage.orphans import remove_orphans
+from storage.private_files import (
     check_private_file,
     make_private_dir,
     write_private_file,
 )
-from operators.orphans import remove_orphans
-from proto import umbilical_pb2
-from proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
 
 __all__ = ["TemporaryIdentity", "TlsFiles", "identity_for", "make_self_signed",
            "open_channel", "read_pem"]

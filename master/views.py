@@ -18,8 +18,8 @@ from master.physical_plan import ContainerState, OperatorState, PTContainer, PTO
 from master.recovery import max_restarts
 from master.stats import event_time_lag_ms, latency_ms, window_latency_ms
 from operators.attributes import ATTRIBUTES
-from operators.durable.locations import redact_location
 from proto import client_pb2
+from storage.locations import redact_location
 
 __all__ = ["application_info", "application_plan", "container_info", "find_operator",
            "operator_info", "operator_infos"]

@@ -183,7 +183,7 @@ def is_record_error(exc: BaseException) -> bool:
     """
     import pickle
 
-    from operators.durable import Fenced
+    from storage import Fenced
 
     not_the_rows = (OSError, MemoryError, Fenced, pickle.PicklingError,
                     pickle.UnpicklingError)

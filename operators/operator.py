@@ -106,7 +106,7 @@ class OperatorContext:
         spark: the container's Spark bridge, created on first use; None where Spark is off.
         state_dir: this operator's own durable folder (local path, under ``STATE_DIR``),
             the same for every instance of the physical operator: logs and stores that
-            must survive a crash live here (``operators.durable``). Empty in unit tests
+            must survive a crash live here (``storage``). Empty in unit tests
             that give none; ``durable_dir()`` then raises.
         recovered_window: the checkpoint this instance was restored from; -1 = fresh.
         partition_index: which partition of its operator this instance is (from 0).
@@ -114,7 +114,7 @@ class OperatorContext:
         generation: this deployment's number (the run's first, then one more at every
             redeploy; 0 in unit tests).
         redeployed: an earlier deployment of this operator ran in this run (a recovery).
-        fence_check: raises ``operators.durable.Fenced`` once a newer deployment of the
+        fence_check: raises ``storage.Fenced`` once a newer deployment of the
             operator took over; ``check_fence`` calls it (None: never fenced).
     """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, ClassVar
 
-from operators.durable.replayable import ReplayableSource
+from storage.replayable import ReplayableSource
 
 __all__ = ["FileRangeSource"]
 

@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from operators.dead_letters import DeadLetters, dead_letters_of
-from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.kafka_client import (
     client_config,
     kafka,
@@ -30,6 +29,7 @@ from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
 from operators.ports import OutputPort
 from operators.windows import format_window_id
+from storage.replayable import ReplayableSource, take_committed
 
 __all__ = ["KafkaSource"]
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from operators.durable.fence import Fenced
 from operators.library.postgres_sql import (
     identifier,
     mask_dsn,
@@ -37,6 +36,7 @@ from operators.library.postgres_sql import (
 from operators.library.sinks import _WindowBuffer
 from operators.operator import OperatorContext, TransientNonState
 from operators.windows import format_window_id, window_base_seconds
+from storage.fence import Fenced
 
 if TYPE_CHECKING:
     import psycopg

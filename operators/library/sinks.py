@@ -14,8 +14,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.durable import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
-from operators.durable.records import sync_folder
 from operators.operator import Operator, OperatorContext
 from operators.ports import InputPort
 from operators.windows import (
@@ -24,6 +22,8 @@ from operators.windows import (
     window_base_seconds,
     window_counter,
 )
+from storage import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
+from storage.records import sync_folder
 
 __all__ = ["ConsoleSink", "FileSink"]
 

@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.durable.replayable import ReplayableSource
 from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.ports import OutputPort
+from storage.replayable import ReplayableSource
 
 __all__ = ["EVENT_SCHEMA", "LINE_SCHEMA", "EventGenerator", "TextFileSource"]
 

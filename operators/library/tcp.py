@@ -25,8 +25,6 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.durable.records import RecordLog
-from operators.durable.replayable import ReplayableSource, take_committed
 from operators.library.sources import LINE_SCHEMA
 from operators.library.tcp_receiver import (
     Receiver,
@@ -39,6 +37,8 @@ from operators.library.tcp_wal import Wal
 from operators.metrics import metric
 from operators.operator import OperatorContext
 from operators.ports import OutputPort
+from storage.records import RecordLog
+from storage.replayable import ReplayableSource, take_committed
 
 __all__ = ["TcpLineSource"]
 

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from operators.durable.records import RecordLog
+from storage.records import RecordLog
 
 __all__ = ["Wal", "has_line"]
 

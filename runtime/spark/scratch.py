@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from operators.orphans import remove_orphans
+from storage.orphans import remove_orphans
 
 __all__ = ["ScratchFiles"]
 

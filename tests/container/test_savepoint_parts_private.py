@@ -16,8 +16,8 @@ from container.buffer_server import BufferServer
 from container.checkpoint_store import CheckpointStore
 from container.deploy import DeployError, Deployment
 from container.savepoint_parts import SavedParts, write_part
-from operators.savepoints import SavepointError
 from runtime.operator_state import capture
+from storage.savepoints import SavepointError
 from tests.container.test_savepoint_parts import WINDOW, Totals, seeded
 from tests.users import as_other_user, other_user_available
 

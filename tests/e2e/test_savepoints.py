@@ -14,7 +14,7 @@ import pytest
 
 from master.client import WeirClient, WeirClientError
 from operators.app import load_app
-from operators.savepoints import read_manifest
+from storage.savepoints import read_manifest
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.test_recovery import wait_finished

@@ -14,8 +14,8 @@ from master.client import WeirClient, WeirClientError
 from master.launcher import RecordingLauncher
 from master.server import MasterServer
 from operators.app import load_app
-from operators.durable.private_files import make_private_dir, write_private_file
-from operators.savepoints import MANIFEST, Manifest, SavedOperator, SavedPartition
+from storage.private_files import make_private_dir, write_private_file
+from storage.savepoints import MANIFEST, Manifest, SavedOperator, SavedPartition
 from tests.master.test_cli import APP_HEADER, APPS, assert_one_line_error, run
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from master.journal import Journal
-from operators.durable import CorruptLog
+from storage import CorruptLog
 
 
 def segments(folder) -> list[str]:

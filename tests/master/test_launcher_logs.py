@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from master.launcher import LocalProcessLauncher
-from operators.durable.private_files import UntrustedPath
+from storage.private_files import UntrustedPath
 from tests.harness import poll_for
 from tests.users import as_other_user, other_user_available
 

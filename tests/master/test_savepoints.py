@@ -16,7 +16,8 @@ from master.savepoints import (
     record_written,
     start,
 )
-from operators.savepoints import (
+from proto import plan_pb2
+from storage.savepoints import (
     Manifest,
     SavedOperator,
     SavedPartition,
@@ -24,7 +25,6 @@ from operators.savepoints import (
     read_manifest,
     write_manifest,
 )
-from proto import plan_pb2
 from tests.master.test_partitions import plan_of, wordcount
 
 WINDOW = (1_700_000_000 << 32) + 99

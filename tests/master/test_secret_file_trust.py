@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from master import auth
-from operators.durable.private_files import UntrustedPath
+from storage.private_files import UntrustedPath
 from tests.users import as_other_user, other_user_available
 
 ADDRESS = "127.0.0.1:5151"

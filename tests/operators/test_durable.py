@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from operators.durable import (
+from storage import (
     AdvanceWatermark,
     CommitError,
     CommitStepStore,
@@ -144,7 +144,7 @@ def test_commit_publishes_and_advances_the_watermark(tmp_path):
 
 CRASH = """
     import sys
-    from operators.durable import AdvanceWatermark, CommitStepStore, PublishFile
+    from storage import AdvanceWatermark, CommitStepStore, PublishFile
     from operators.faults import CrashPoints
     root, point = sys.argv[1], sys.argv[2]
     crash = CrashPoints({"CRASH_AT": point}, root + "/markers")

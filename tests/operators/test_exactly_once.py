@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.durable import CorruptLog
 from operators.library import DirectorySource, FileSink, TextFileSource
 from operators.operator import Operator, OperatorContext
 from runtime.operator_state import capture, restore
+from storage import CorruptLog
 from tests.operators.test_library import Emitted, run_window, wid
 
 

@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from operators.durable import (
+from operators.library import FileSink
+from operators.operator import OperatorContext
+from storage import (
     FENCE_FILE,
     AdvanceWatermark,
     CommitStepStore,
@@ -19,9 +21,7 @@ from operators.durable import (
     RecordLog,
     WindowLog,
 )
-from operators.durable.fence import CHECKPOINTS_FOLDER, highest_fence
-from operators.library import FileSink
-from operators.operator import OperatorContext
+from storage.fence import CHECKPOINTS_FOLDER, highest_fence
 from tests.operators.test_library import Emitted, wid
 
 

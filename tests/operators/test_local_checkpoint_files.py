@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from operators.durable.private_files import UntrustedPath
 from runtime.local.checkpoints import LocalCheckpoints
+from storage.private_files import UntrustedPath
 
 
 @pytest.fixture

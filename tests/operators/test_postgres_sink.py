@@ -24,12 +24,12 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from operators.durable import Fenced
 from operators.library import PostgresSink
 from operators.library.postgres import mask_dsn, postgres_type
 from operators.operator import OperatorContext
 from operators.windows import make_window_id
 from runtime.operator_state import capture, restore
+from storage import Fenced
 
 BASE = 1_700_000_000
 REPO = Path(__file__).resolve().parents[2]

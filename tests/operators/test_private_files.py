@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from operators.durable.private_files import (
+from storage.private_files import (
     UntrustedPath,
     check_private_dir,
     check_private_file,

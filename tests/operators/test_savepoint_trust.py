@@ -10,8 +10,8 @@ import stat
 
 import pytest
 
-from operators.durable.private_files import make_private_dir, write_private_file
-from operators.savepoints import (
+from storage.private_files import make_private_dir, write_private_file
+from storage.savepoints import (
     MANIFEST,
     Manifest,
     SavedOperator,
@@ -155,7 +155,7 @@ def test_a_manifest_that_is_not_one_is_refused_naming_why(tmp_path, content, fra
 
 
 def test_a_manifest_too_large_is_not_read(tmp_path, monkeypatch):
-    import operators.savepoints as savepoints
+    import storage.savepoints as savepoints
 
     monkeypatch.setattr(savepoints, "MAX_MANIFEST_BYTES", 1000)
     path = manifest_file(tmp_path, raw_manifest(app_name="x" * 2000))

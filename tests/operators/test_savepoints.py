@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from operators import Dag
-from operators.savepoints import (
+from operators.testing import CollectSink, ListSource
+from storage.savepoints import (
     Manifest,
     SavedOperator,
     SavedPartition,
@@ -15,7 +16,6 @@ from operators.savepoints import (
     read_manifest,
     write_manifest,
 )
-from operators.testing import CollectSink, ListSource
 
 SOURCE = "operators.testing.ListSource"
 SINK = "operators.testing.CollectSink"

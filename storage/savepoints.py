@@ -14,7 +14,7 @@ windows follow it), the application it came from and the Weir version.
 
 A savepoint is code: a new run unpickles its parts. So a local one is trusted only if this
 user owns every folder and file in it and nobody else can write them (checked before
-anything is read: ``operators.durable.private_files``), and everything Weir writes into one
+anything is read: ``storage.private_files``), and everything Weir writes into one
 is owner-only (folders 0700, files 0600; the manifest through a random temporary name, so
 a planted link is never written through). A savepoint folder that exists must be this
 user's and not writable by others; a missing one is created 0700. For a URI (S3, GCS,
@@ -51,8 +51,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from operators.durable.locations import redact_location
-from operators.durable.private_files import (
+from proto import plan_pb2
+from storage.locations import redact_location
+from storage.private_files import (
     UntrustedPath,
     check_private_dir,
     check_private_tree,
@@ -60,7 +61,6 @@ from operators.durable.private_files import (
     read_private_file,
     write_private_file,
 )
-from proto import plan_pb2
 
 __all__ = ["MANIFEST", "MAX_MANIFEST_BYTES", "SCHEMES", "Location", "Manifest", "SavedOperator",
            "SavedPartition", "SavepointError", "SavepointMatch", "check_unused", "location",

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from operators.attributes import ProcessingMode
-from operators.durable.window_log import WindowLog
 from operators.operator import InputOperator, OperatorContext, TransientNonState
 from operators.windows import format_window_id
+from storage.window_log import WindowLog
 
 __all__ = ["ReplayableSource", "take_committed"]
 

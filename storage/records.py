@@ -111,7 +111,7 @@ class RecordLog:
         folder: where the segments live (created if missing).
         segment_bytes: a segment is closed and a new one started past this size.
         guard: called before every write (append, sync, roll, delete); raises to refuse
-            it: the operator's fence (``operators.durable.fence``), so a replaced
+            it: the operator's fence (``storage.fence``), so a replaced
             deployment never writes into the log its successor uses.
     """
 

@@ -4,7 +4,7 @@ and the fence that keeps a replaced deployment from writing into them.
 Operators keep these in their durable folder (``OperatorContext.durable_dir``).
 """
 
-from operators.durable.commit_steps import (
+from storage.commit_steps import (
     AdvanceWatermark,
     CommitError,
     CommitStep,
@@ -12,9 +12,9 @@ from operators.durable.commit_steps import (
     PublishFile,
     register_step,
 )
-from operators.durable.fence import FENCE_FILE, Fence, Fenced
-from operators.durable.records import CorruptLog, RecordLog, sync_folder
-from operators.durable.window_log import WindowLog
+from storage.fence import FENCE_FILE, Fence, Fenced
+from storage.records import CorruptLog, RecordLog, sync_folder
+from storage.window_log import WindowLog
 
 __all__ = [
     "AdvanceWatermark",
