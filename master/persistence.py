@@ -25,6 +25,7 @@ from master.journal import Journal
 from master.physical_plan import PTOperator
 from master.rpc import STOPPED_MESSAGE
 from master.state_owner import StateClaim
+from storage import moved
 from storage.private_files import check_private_tree, make_private_dir
 
 __all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
@@ -121,10 +122,10 @@ class ApplicationJournal:
         apps = []
         for key in sorted(k for k in records if "/" not in k):
             try:
-                app, claim = pickle.loads(records[key])
-                dag, payloads, *rest = pickle.loads(records[f"{key}/plan"])
+                app, claim = moved.loads(records[key])
+                dag, payloads, *rest = moved.loads(records[f"{key}/plan"])
                 retired = rest[0] if rest else set()
-                operators = {op_id: pickle.loads(records[f"{key}/op/{op_id}"])
+                operators = {op_id: moved.loads(records[f"{key}/op/{op_id}"])
                              for op_id in payloads}
             except KeyError as exc:
                 raise JournalError(f"journal {self.journal.folder}: application {key} has no "

@@ -18,6 +18,7 @@ from operators.operator import RUNTIME_ATTRIBUTES, Operator
 from operators.partitioning import PartitionFilter
 from operators.watermarks import WATERMARKS_ATTRIBUTE
 from runtime.event_time import merged_watermarks
+from storage import moved
 
 __all__ = ["OperatorStateError", "capture", "new_partition", "restore", "state_of"]
 
@@ -93,7 +94,7 @@ def restore(operator_or_class: Operator | type[Operator], data: bytes,
     cls = type(operator)
     label = name or cls.__name__
     try:
-        saved = cloudpickle.loads(data)
+        saved = moved.loads(data)
     except Exception as exc:  # noqa: BLE001 - unpickling can raise anything
         raise OperatorStateError(f"the checkpoint of operator {label!r} cannot be restored: "
                                  f"{type(exc).__name__}: {exc}") from exc
