@@ -9,7 +9,6 @@ committed window reaches the operator at the next window boundary, in its own th
 
 from __future__ import annotations
 
-import collections
 import logging
 import sys
 import threading
@@ -24,8 +23,7 @@ from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
 from container.runner_phase import RunnerPhase, RunnerState
 from container.runner_savepoints import SavepointDuty
 from container.stream_messages import Kind
-from operators.dead_letters import METRIC
-from operators.metrics import collect_metrics
+from container.window_stats import WindowStats
 from operators.operator import Operator, OperatorContext
 from operators.watermarks import Watermarks
 from operators.windows import (
@@ -40,7 +38,6 @@ from runtime.window_engine import WindowEngine
 __all__ = ["OperatorRunner"]
 
 _LOGGER = logging.getLogger(__name__)
-_STATS_RING = 1024
 _IDLE_S = 0.002
 
 
@@ -107,11 +104,7 @@ class OperatorRunner:
         self.activated = threading.Event()
         if not wait_for_activation:
             self.activated.set()
-        self._stats: collections.deque[umbilical_pb2.OperatorStats] = collections.deque(
-            maxlen=_STATS_RING)
-        self._stats_lock = threading.Lock()
-        self._out_bytes = {p: pub.bytes_published for p, pub in self.publishers.items()}
-        self._cpu_ns = 0
+        self.stats = WindowStats(self.publishers, self.inputs, clock)
         self._thread = threading.Thread(target=self._run, name=f"operator-{context.name}",
                                         daemon=True)
 
@@ -164,10 +157,7 @@ class OperatorRunner:
 
     def drain_stats(self) -> list[umbilical_pb2.OperatorStats]:
         """Window stats completed since the previous call."""
-        with self._stats_lock:
-            stats = list(self._stats)
-            self._stats.clear()
-        return stats
+        return self.stats.drain()
 
     @property
     def state(self) -> RunnerState:
@@ -245,7 +235,7 @@ class OperatorRunner:
         self._hold_lease()
         cpu_start = time.thread_time_ns()
         self.engine.begin(window_id)
-        self._cpu_ns = time.thread_time_ns() - cpu_start
+        self.stats.cpu_ns = time.thread_time_ns() - cpu_start
 
     def _end(self, window_id: int, *, last: bool = False) -> None:
         """Ends a window (the engine's rules), checkpoints when it is due, records the
@@ -253,32 +243,12 @@ class OperatorRunner:
         self._hold_lease()  # the window's results (a sink's writes) come from end_window
         cpu_start = time.thread_time_ns()
         ended = self.engine.end(window_id, last=last)
-        self._cpu_ns += time.thread_time_ns() - cpu_start
+        self.stats.cpu_ns += time.thread_time_ns() - cpu_start
         stats = umbilical_pb2.OperatorStats(window_id=window_id, watermark_ms=ended.watermark)
         if ended.checkpoint:
             self._checkpoint(window_id, stats)
-        self._record_stats(window_id, stats)
+        self.stats.record(self.engine, stats)
         self._deliver_committed()
-
-    def _record_stats(self, window_id: int, stats: umbilical_pb2.OperatorStats) -> None:
-        engine = self.engine
-        now = self.clock.now_ms()
-        stats.cpu_time_used_ns = self._cpu_ns
-        stats.metrics.update(collect_metrics(self.operator))  # user metrics (@metric, METRICS)
-        if engine.dead_letters is not None:
-            stats.metrics[METRIC] = engine.dead_letters.count
-        for port, count in engine.rows_in.items():
-            stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
-                                  queue_size=self.inputs[port].queue_size)
-        for port, count in engine.rows_out.items():
-            published = self.publishers[port].bytes_published
-            stats.output_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
-                                   buffer_server_bytes=published - self._out_bytes[port])
-            self._out_bytes[port] = published
-        engine.rows_in = dict.fromkeys(engine.rows_in, 0)
-        engine.rows_out = dict.fromkeys(engine.rows_out, 0)
-        with self._stats_lock:
-            self._stats.append(stats)
 
     def _run_input(self) -> None:
         """Numbers windows from the wall clock and fills each with ``emit_tuples``."""
@@ -294,7 +264,7 @@ class OperatorRunner:
                 cpu_start = time.thread_time_ns()
                 before = engine.emitted
                 more = engine.emit_tuples()
-                self._cpu_ns += time.thread_time_ns() - cpu_start
+                self.stats.cpu_ns += time.thread_time_ns() - cpu_start
                 if not more:
                     exhausted = True
                     break
@@ -359,7 +329,7 @@ class OperatorRunner:
             if message.kind == Kind.DATA:
                 cpu_start = time.thread_time_ns()
                 self.engine.process(name, message.batch())
-                self._cpu_ns += time.thread_time_ns() - cpu_start
+                self.stats.cpu_ns += time.thread_time_ns() - cpu_start
             elif message.kind == Kind.END_WINDOW:
                 if message.window_id != window_id:
                     raise RuntimeError(
@@ -416,8 +386,7 @@ class OperatorRunner:
             stats = umbilical_pb2.OperatorStats(  # a repeat: the master takes its
                 window_id=engine.window, watermark_ms=engine.marks.current)  # checkpoint only
             self._checkpoint(engine.window, stats)
-            with self._stats_lock:
-                self._stats.append(stats)
+            self.stats.keep(stats)
             self._on_change()
         while not self.stopped.is_set() and engine.committed_window < engine.window:
             self._committed_arrived.wait(0.5)

@@ -58,6 +58,7 @@ from runtime.spark.handoff import (
     row_group_rows,
     to_table,
 )
+from runtime.spark.logs import quiet_query_context_loggers, write_log4j_config
 from runtime.spark.scratch import ScratchFiles
 from runtime.spark.warm_up import run_warm_up_jobs
 from runtime.spark.window_input import WindowInput
@@ -69,19 +70,6 @@ __all__ = ["Handoff", "SparkBridgeStopped", "SparkSessionBridge", "SparkWarmUpEr
 
 _LOGGER = logging.getLogger(__name__)
 
-
-
-_LOG4J_TEMPLATE = """\
-rootLogger.level = {level}
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-"""
 
 
 class SparkBridgeStopped(RuntimeError):
@@ -285,7 +273,7 @@ class SparkSessionBridge:
                 "set SPARK_HANDOFF_DIR to a folder every executor reads", self.master)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel(self.log_level)
-        _quiet_query_context_loggers()
+        quiet_query_context_loggers()
         return session
 
     def _cluster_settings(self, loopback: bool) -> dict[str, str]:
@@ -308,19 +296,12 @@ class SparkSessionBridge:
         return settings
 
     def _log4j_config(self) -> Path:
-        """The log4j2 file of this container's JVM, in a private folder of its own.
-
-        Never a fixed path in the shared temporary folder: a file planted there by another
-        user would configure the JVM (a file appender writes wherever it is told).
-        """
-        level = {"WARN": "warn", "ERROR": "error", "INFO": "info"}.get(self.log_level.upper(),
-                                                                      "warn")
+        """The log4j2 file of this JVM, in a private folder of its own (never a fixed path
+        in the shared temporary folder: a file planted there would configure the JVM)."""
         if self._log4j_dir is None:
             self._log4j_dir = Path(tempfile.mkdtemp(prefix="weir-log4j2-"))  # mode 0700
             atexit.register(shutil.rmtree, self._log4j_dir, True)
-        path = self._log4j_dir / f"log4j2-{level}.properties"
-        path.write_text(_LOG4J_TEMPLATE.format(level=level))
-        return path
+        return write_log4j_config(self._log4j_dir, self.log_level)
 
     # -- Arrow -> Spark --------------------------------------------------------------
     def window_input(self, schema: pa.Schema) -> WindowInput:
@@ -442,20 +423,6 @@ class SparkSessionBridge:
     def _check_running(self) -> None:
         if self._stopped:
             raise SparkBridgeStopped("the Spark bridge was stopped; create a new one")
-
-def _quiet_query_context_loggers() -> None:
-    """PySpark logs every analysis error once more, as JSON with the whole JVM stack trace,
-    on stderr: the operator's error already carries the message (its traceback goes to the
-    container log), so that copy only buries it."""
-    try:
-        from pyspark.logger import PySparkLogger
-    except ImportError:  # PySpark before 4.0 has no such loggers
-        return
-    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
-        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
-
-
-
 
 def _by_position(schema: pa.Schema) -> pa.Schema:
     """``schema``'s column types, the columns named by position (the key of the Spark

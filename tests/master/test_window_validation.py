@@ -10,9 +10,9 @@ import logging
 
 import pytest
 
-from master.heartbeat import MAX_WINDOW_LEAD_MS
 from master.log_limits import LogLimiter
 from master.physical_plan import OperatorState
+from master.window_checks import MAX_WINDOW_LEAD_MS
 from operators.windows import make_window_id
 from tests.master.cluster import C1, C3, RELAY, SINK, SOURCE, chain
 from tests.master.fakes import T0_MS, window
