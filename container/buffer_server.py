@@ -25,7 +25,6 @@ it keeps).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -42,6 +41,7 @@ from container.retained_stream import (
     LATEST_WINDOW,
     MAX_BLOCK_BYTES,
     Block,
+    BufferStats,
     Cursor,
     RetainedStream,
     SpillResult,
@@ -84,29 +84,6 @@ _POLL_S = 0.2
 
 _SHUTDOWN_WAIT_S = 2.0
 """How long ``close()`` waits for gRPC to finish open calls before leaving it to a thread."""
-
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BufferStats:
-    """A buffer server's totals over all streams, its budgets and its publishers' waits.
-
-    Bytes are payload bytes. ``blocks_spilled`` and ``blocks_read`` count since start;
-    ``publisher_wait_s`` is the total time publishers spent blocked for room.
-    """
-
-    streams: int
-    messages: int
-    memory_bytes: int
-    disk_bytes: int
-    memory_budget_bytes: int
-    disk_budget_bytes: int
-    blocks_on_disk: int
-    blocks_spilled: int
-    blocks_read: int
-    publisher_waits: int
-    publisher_wait_s: float
-    publishers_waiting: int
 
 
 class BufferServer:

@@ -37,10 +37,13 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
+from operators.operator import Operator
+from runtime.operator_state import capture
 from storage.fence import CHECKPOINTS_FOLDER, Fence
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "VERSION", "CheckpointInfo", "CheckpointStore", "CorruptCheckpoint",
+    "StoreCheckpointer",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -309,3 +312,24 @@ def _quietly(func: Callable[[str], object], path: str) -> None:
         func(path)
     except Exception:  # noqa: BLE001 - best effort cleanup after a failure
         _LOGGER.debug("could not remove temporary checkpoint file %s", path)
+
+
+class StoreCheckpointer:
+    """One deployment's checkpoints in a ``CheckpointStore``: captured state, saved
+    atomically, and only while ``fence`` says this deployment was not replaced."""
+
+    def __init__(self, store: CheckpointStore, fence: Fence | None = None) -> None:
+        self.store = store
+        self.fence = fence
+
+    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
+        check = self.fence.check if self.fence is not None else None
+        return self.store.save(operator_id, window_id, capture(operator), check).bytes
+
+    def has(self, operator_id: int, window_id: int) -> bool:
+        return window_id in self.store.windows(operator_id)
+
+    def committed(self, operator_id: int, window_id: int) -> None:
+        if self.fence is not None:
+            self.fence.check()
+        self.store.delete_before(operator_id, window_id)

@@ -12,7 +12,7 @@ import cloudpickle
 
 from container.buffer_client import Subscription
 from container.buffer_server import BufferServer
-from container.checkpoint_store import CheckpointStore
+from container.checkpoint_store import CheckpointStore, StoreCheckpointer
 from container.durable_folders import DurableFolders, redeployed
 from container.lease import Lease
 from container.port_input import PortInput
@@ -25,7 +25,7 @@ from operators.operator import Operator, OperatorContext
 from operators.partitioning import PartitionFilter
 from operators.windows import format_window_id
 from proto import plan_pb2, umbilical_pb2
-from runtime.operator_state import OperatorStateError, capture, new_partition, restore
+from runtime.operator_state import OperatorStateError, new_partition, restore
 from runtime.spark.bridge import SparkSessionBridge
 from storage import Fence, Fenced
 
@@ -91,27 +91,6 @@ def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
 def default_state_dir(application_id: str) -> str:
     """Where checkpoints go when STATE_DIR is not set (the master resolves the same)."""
     return os.path.join(tempfile.gettempdir(), "weir-state", application_id)
-
-
-class StoreCheckpointer:
-    """One deployment's checkpoints in a ``CheckpointStore``: captured state, saved
-    atomically, and only while ``fence`` says this deployment was not replaced."""
-
-    def __init__(self, store: CheckpointStore, fence: Fence | None = None) -> None:
-        self.store = store
-        self.fence = fence
-
-    def checkpoint(self, operator_id: int, window_id: int, operator: Operator) -> int:
-        check = self.fence.check if self.fence is not None else None
-        return self.store.save(operator_id, window_id, capture(operator), check).bytes
-
-    def has(self, operator_id: int, window_id: int) -> bool:
-        return window_id in self.store.windows(operator_id)
-
-    def committed(self, operator_id: int, window_id: int) -> None:
-        if self.fence is not None:
-            self.fence.check()
-        self.store.delete_before(operator_id, window_id)
 
 
 class Deployment:

@@ -33,6 +33,7 @@ __all__ = [
     "Cursor",
     "RetainedStream",
     "SpillResult",
+    "BufferStats",
     "StreamStats",
 ]
 
@@ -40,6 +41,28 @@ _LOGGER = logging.getLogger(__name__)
 
 MAX_BLOCK_BYTES = 32 << 20
 """Largest default spill block (the default is an eighth of the memory budget, up to this)."""
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BufferStats:
+    """A buffer server's totals over all streams, its budgets and its publishers' waits.
+
+    Bytes are payload bytes. ``blocks_spilled`` and ``blocks_read`` count since start;
+    ``publisher_wait_s`` is the total time publishers spent blocked for room.
+    """
+
+    streams: int
+    messages: int
+    memory_bytes: int
+    disk_bytes: int
+    memory_budget_bytes: int
+    disk_budget_bytes: int
+    blocks_on_disk: int
+    blocks_spilled: int
+    blocks_read: int
+    publisher_waits: int
+    publisher_wait_s: float
+    publishers_waiting: int
+
 
 class StreamStats(NamedTuple):
     """One stream's retained messages and their payload bytes in memory and on disk."""
