@@ -16,15 +16,16 @@ from collections.abc import Callable, Mapping
 
 from master import heartbeat as rules
 from master import liveness, recovery, savepoints, views
-from master.application import Application, ApplicationState, LauncherAction, LaunchKind
+from master.app_registry import AppRegistry
+from master.application import Application, ApplicationState
 from master.errors import (
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
-    Unavailable,
-    shown,
 )
 from master.launcher import Launcher
+from master.launches import Launches
+from master.manifest_writer import ManifestWriter
+from master.master_loop import MasterLoop
 from master.persistence import ApplicationJournal, HaltingJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer
 from master.planner import build_physical_plan
@@ -44,7 +45,6 @@ from operators.dag import DagError, validate_descriptor
 from proto import client_pb2, plan_pb2, umbilical_pb2
 from storage.locations import redact_location
 from storage.savepoints import (
-    Manifest,
     SavepointError,
 )
 
@@ -85,41 +85,27 @@ class MasterCore:
         self.clock = clock
         self.stop_grace_ms = stop_grace_ms
         self.loop_interval_s = loop_interval_s
-        self.ended_apps_kept = ended_apps_kept
-        self.ended_app_ttl_ms = ended_app_ttl_ms
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self._apps: dict[str, Application] = {}
+        self._apps = AppRegistry(ended_apps_kept, ended_app_ttl_ms)
         self._folders = RunFolders()  # each run's state folder: claimed, then released
-        self._manifests_writing: set[str] = set()  # apps whose savepoint manifest is written
         self.store = RunStore()  # every store call, made without the lock and bounded
-        self._container_apps: dict[str, str] = {}
+        self._manifests = ManifestWriter(self.store, self._lock, self._manifest_written)
         self._listeners = StatsListeners()
-        self._next_app_number = 1
-        self._stop = threading.Event()
+        self._launches = Launches(launcher, self._apps, self._lock, self._changed, clock)
+        self._loop = MasterLoop([self.check_liveness, self.consult_listeners], loop_interval_s)
         # a container process ended: the loop's liveness pass runs at once, not at its tick
-        self._wake = threading.Event()
-        launcher.on_exit = lambda _container_id: self._wake.set()
-        self._loop: threading.Thread | None = None
+        launcher.on_exit = lambda _container_id: self._loop.wake()
         self.dashboard_url = ""  # the master's web dashboard (no secret), shown by `weir apps`
         self.on_halt: Callable[[str], None] | None = None  # told once, from a handler thread
         self._writer = HaltingJournal(journal, self._halting) if journal is not None else None
 
     # -- lookups (call with the lock held) ----------------------------------------------
     def _app(self, app_id: str) -> Application:
-        app = self._apps.get(app_id)
-        if app is None:
-            raise NotFound(f"unknown application {shown(app_id)}; `weir apps` lists the "
-                           "applications")
-        return app
+        return self._apps.get(app_id)
 
     def _container(self, container_id: str) -> tuple[Application, PTContainer]:
-        app_id = self._container_apps.get(container_id)
-        if app_id is None:
-            raise NotFound(f"unknown container {shown(container_id)}; `weir containers` lists the "
-                           "containers")
-        app = self._apps[app_id]
-        return app, app.plan.containers[container_id]
+        return self._apps.container(container_id)
 
     def application(self, app_id: str) -> Application:
         """The live application object; hold ``lock`` while reading it."""
@@ -151,7 +137,7 @@ class MasterCore:
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self._release_ended_runs()  # a run ended a moment ago: its folder is free at once
         with self._lock:
-            app_id = f"app-{self._next_app_number:04d}"
+            app_id = self._apps.next_id()
             run_id = new_run_id()
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
@@ -162,7 +148,6 @@ class MasterCore:
                 raise InvalidArgument(str(exc)) from None
             state_dir = plan.attributes["STATE_DIR"]
             self._folders.reserve(state_dir, app_id)
-            self._next_app_number += 1
         claim = None
         try:
             claim = self.store.claim(state_dir, app_id, run_id)
@@ -178,15 +163,13 @@ class MasterCore:
             app = Application(app_id, dag, plan, self.clock())
             if seeded is not None:
                 savepoints.adopt(app, from_savepoint, *seeded)
-            self._apps[app_id] = app
+            self._apps.add(app)
             self._listeners.add(app_id, listeners)
-            for cid in plan.containers:
-                self._container_apps[cid] = app_id
             self._persist(app)
             _LOGGER.info("app=%s submitted: %r, %d operators in %d containers, state in %s",
                          app_id, app.name, len(plan.operators), len(plan.containers),
                          redact_location(state_dir))
-        self._launch(app, list(plan.containers))
+        self._launches.launch(app, list(plan.containers))
         return app_id
 
     @property
@@ -198,50 +181,11 @@ class MasterCore:
     def store_timeout_s(self, seconds: float) -> None:
         self.store.timeout_s = seconds
 
-    def _take_actions(self, app: Application) -> list[tuple[Application, LauncherAction]]:
-        """The app's queued kills and launches; new containers become known (lock held)."""
-        actions = app.take_launcher_actions()
-        for action in actions:
-            if action.kind == LaunchKind.LAUNCH:
-                self._container_apps[action.container_id] = app.id
-        return [(app, action) for action in actions]
-
-    def _carry_out(self, actions: list[tuple[Application, LauncherAction]]) -> None:
-        """Kills, then launches, outside the lock."""
-        for _app, action in actions:
-            if action.kind == LaunchKind.KILL:
-                self.launcher.kill(action.container_id)
-        for app, action in actions:
-            if action.kind == LaunchKind.LAUNCH:
-                self._launch(app, [action.container_id])
-
-    def _launch(self, app: Application, container_ids: list[str]) -> None:
-        """Launches containers outside the lock (a container may call in at once)."""
-        for cid in container_ids:
-            with self._lock:
-                if app.terminal:
-                    break
-            try:
-                self.launcher.launch(cid)
-            except Exception as exc:  # noqa: BLE001 - any launch failure fails the app
-                with self._lock:
-                    app.fail(f"could not launch container {cid}: {type(exc).__name__}: {exc}",
-                             self.clock())
-                    self._changed.notify_all()
-                break
-            with self._lock:
-                container = app.plan.containers[cid]
-                if container.state == ContainerState.NEW:
-                    container.transition(ContainerState.ALLOCATED)
-                    container.allocated_ms = self.clock()
-                    _LOGGER.info("app=%s container=%s launched", app.id, cid)
-                self._changed.notify_all()
-
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:
             now_ms = self.clock()
             return [views.application_info(app, self.dashboard_url, now_ms)
-                    for app in self._apps.values()]
+                    for app in self._apps.all()]
 
     def application_info(self, app_id: str) -> client_pb2.ApplicationInfo:
         with self._lock:
@@ -255,7 +199,7 @@ class MasterCore:
 
     def list_containers(self, app_id: str = "") -> list[client_pb2.ContainerInfo]:
         with self._lock:
-            apps = [self._app(app_id)] if app_id else list(self._apps.values())
+            apps = [self._app(app_id)] if app_id else self._apps.all()
             return [views.container_info(app, c) for app in apps
                     for c in app.plan.containers.values()]
 
@@ -279,10 +223,10 @@ class MasterCore:
                 raise FailedPrecondition(f"container {container_id} is already KILLED "
                                          f"({container.diagnostics})")
             loss = recovery.lose_container(app, container, "killed by the user", self.clock())
-            actions = self._take_actions(app)
+            actions = self._launches.take(app)
             self._persist(app)
             self._changed.notify_all()
-        self._carry_out(actions)
+        self._launches.carry_out(actions)
         return loss.replacement_id
 
     def repartition(self, app_id: str, operator: str, count: int,
@@ -373,40 +317,23 @@ class MasterCore:
     def heartbeat(self, heartbeat: umbilical_pb2.ContainerHeartbeat
                   ) -> umbilical_pb2.ContainerHeartbeatResponse:
         with self._lock:
-            app_id = self._container_apps.get(heartbeat.container_id)
-            app = self._apps.get(app_id) if app_id else None
+            app = self._apps.of_container(heartbeat.container_id)
             response = rules.process_heartbeat(app, heartbeat, self.clock())
-            actions = self._take_actions(app) if app is not None else []
-            manifest = self._manifest_to_write(app) if app is not None else None
+            actions = self._launches.take(app)
+            manifest = self._manifests.take_due(app) if app is not None else None
             if app is not None:
                 self._persist(app)  # before the container hears of what changed
             self._changed.notify_all()
-        self._carry_out(actions)
+        self._launches.carry_out(actions)
         if manifest is not None:
-            self._write_manifest_later(app, *manifest)  # type: ignore[arg-type]
+            self._manifests.write_later(app, *manifest)  # type: ignore[arg-type]
         return response
 
-    def _manifest_to_write(self, app: Application) -> tuple[str, Manifest] | None:
-        """A savepoint manifest now due and not yet being written (lock held)."""
-        due = savepoints.manifest_due(app)
-        if due is None or app.id in self._manifests_writing:
-            return None
-        self._manifests_writing.add(app.id)
-        return due
-
-    def _write_manifest_later(self, app: Application, path: str, manifest: Manifest) -> None:
-        """Writes a savepoint's manifest in a thread of its own: the store may be slow or
-        never answer, and neither the lock nor the heartbeat that completed it waits."""
-        def write() -> None:
-            error = self.store.write_manifest(path, manifest)
-            with self._lock:
-                self._manifests_writing.discard(app.id)
-                savepoints.manifest_written(app, path, error)
-                if self._apps.get(app.id) is app:
-                    self._persist(app)
-                self._changed.notify_all()
-
-        threading.Thread(target=write, name=f"weir-savepoint-{app.id}", daemon=True).start()
+    def _manifest_written(self, app: Application) -> None:
+        """A savepoint's manifest was written, or failed (lock held)."""
+        if self._apps.is_current(app):
+            self._persist(app)
+        self._changed.notify_all()
 
     def log(self, container_id: str, msg: str) -> None:
         with self._lock:
@@ -424,10 +351,10 @@ class MasterCore:
             _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id,
                             container_id, names, msg)
             recovery.deploy_failed(app, container, operator_ids, msg, self.clock())
-            actions = self._take_actions(app)
+            actions = self._launches.take(app)
             self._persist(app)
             self._changed.notify_all()
-        self._carry_out(actions)
+        self._launches.carry_out(actions)
 
     # -- liveness -------------------------------------------------------------------------
     def check_liveness(self) -> list[str]:
@@ -439,60 +366,44 @@ class MasterCore:
         """
         losses: list[recovery.ContainerLoss] = []
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.values(), all_stopped=False)
-            self._forget_ended(self.clock())
-            apps = list(self._apps.values())
+            ended, discard = self._folders.ended(self._apps.all(), all_stopped=False)
+            self._apps.forget_ended(self.clock(), self._folders.holds, self._forget)
+            apps = self._apps.all()
         for app in apps:
             with self._lock:
                 live = app.plan.live_containers()
-                if not live or self._apps.get(app.id) is not app:
+                if not live or not self._apps.is_current(app):
                     continue
                 exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
                 lost = liveness.check_liveness(app, self.clock(), exit_codes,
                                                self.stop_grace_ms)
-                actions = self._take_actions(app)
+                actions = self._launches.take(app)
                 self._persist(app)
                 if lost:
                     self._changed.notify_all()
             losses += lost
-            self._carry_out(actions)
+            self._launches.carry_out(actions)
         self._folders.release(ended, discard)
         return [loss.container_id for loss in losses]
 
     def _release_ended_runs(self) -> None:
         """Releases the state folders of runs that ended (the loop does it at every tick)."""
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.values(), all_stopped=False)
+            ended, discard = self._folders.ended(self._apps.all(), all_stopped=False)
         self._folders.release(ended, discard)
 
-    def _forget_ended(self, now_ms: int) -> None:
-        """Forgets ended applications past their time or count (lock held)."""
-        ended = sorted((a for a in self._apps.values()
-                        if a.terminal and not self._folders.holds(a.id)
-                        and not a.plan.live_containers()),
-                       key=lambda a: a.finished_ms)
-        surplus = len(ended) - self.ended_apps_kept
-        for index, app in enumerate(ended):
-            if index < surplus or now_ms - app.finished_ms >= self.ended_app_ttl_ms:
-                self._forget(app)
-
     def _forget(self, app: Application) -> None:
-        """Removes an ended application from memory and the journal (lock held)."""
+        """An ended application is forgotten: out of the journal and the listeners."""
         if self._writer is not None:
             self._writer.forget(app)
-        del self._apps[app.id]
         self._listeners.forget(app.id)
-        for container_id in [c for c, a in self._container_apps.items() if a == app.id]:
-            del self._container_apps[container_id]
-        _LOGGER.info("app=%s forgotten (%s %d s ago)", app.id, app.state.value,
-                     (self.clock() - app.finished_ms) // 1000)
 
     def release_ended_runs(self) -> None:
         """Releases the state folders of ended runs and deletes their default ones; for
         a master that stops, once it stopped every container. Without a journal nothing
         can take a run back, so every run has ended then."""
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.values(), all_stopped=True,
+            ended, discard = self._folders.ended(self._apps.all(), all_stopped=True,
                                                  forever=self.journal is None)
         self._folders.release(ended, discard)
 
@@ -501,13 +412,13 @@ class MasterCore:
         """Feeds every stats listener of a healthy application its operator's stats (the
         listeners run outside the lock); returns the repartitions they asked for."""
         with self._lock:
-            asks = self._listeners.asks(self._apps.values(), self.clock())
+            asks = self._listeners.asks(self._apps.all(), self.clock())
         return consult(asks, self._repartition_asked, self._listener_failed)
 
     def _repartition_asked(self, ask: ListenerAsk, wanted: int) -> Repartition | None:
         """A listener's request, unless what it saw is stale by now (then it asks again)."""
         with self._lock:
-            app = self._apps.get(ask.app_id)
+            app = self._apps.find(ask.app_id)
             if app is None or unhealthy(app) is not None or \
                     len(app.plan.instances(ask.operator)) != ask.stats.partition_count:
                 return None
@@ -517,7 +428,7 @@ class MasterCore:
     def _listener_failed(self, ask: ListenerAsk, error: str) -> None:
         """A listener raised, or asked for what cannot be done: recorded, rate-limited."""
         with self._lock:
-            app = self._apps.get(ask.app_id)
+            app = self._apps.find(ask.app_id)
             if app is None:  # forgotten meanwhile
                 return
             message = f"master: the stats listener of {ask.operator!r}: {error}"
@@ -541,8 +452,7 @@ class MasterCore:
 
     def _halting(self, reason: str) -> None:
         """The journal failed: nothing more is decided here, and the server stops."""
-        self._stop.set()
-        self._wake.set()
+        self._loop.halt()
         if self.on_halt is not None:
             self.on_halt(reason)
 
@@ -563,17 +473,12 @@ class MasterCore:
         manifests = []
         with self._lock:
             for app, _ in loaded:
-                self._apps[app.id] = app
-                for cid in app.plan.containers:
-                    self._container_apps[cid] = app.id
-                number = app.id.rsplit("-", 1)[-1]
-                if number.isdecimal():
-                    self._next_app_number = max(self._next_app_number, int(number) + 1)
+                self._apps.add(app)
                 if app.terminal:
                     continue
                 if app.id in claims:
                     self._folders.hold(claims[app.id])
-                manifest = self._manifest_to_write(app)  # due when the last master stopped
+                manifest = self._manifests.take_due(app)  # due when the last master stopped
                 if manifest is not None:
                     manifests.append((app, *manifest))
                 for container_id, pid, host in recovery.resume(app, now_ms):
@@ -583,36 +488,13 @@ class MasterCore:
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()
         for app, path, manifest in manifests:
-            self._write_manifest_later(app, path, manifest)
+            self._manifests.write_later(app, path, manifest)
         return len(loaded)
 
     def start(self) -> None:
-        """Starts the master loop thread."""
-        if self._loop is not None:
-            return
-        self._stop.clear()
-        self._loop = threading.Thread(target=self._run_loop, name="weir-master-loop",
-                                      daemon=True)
+        """Starts the master loop thread (``master.master_loop``)."""
         self._loop.start()
 
     def stop(self) -> None:
         """Stops the master loop thread (containers are the server's to stop)."""
-        self._stop.set()
-        self._wake.set()
-        if self._loop is not None:
-            self._loop.join(timeout=5.0)
-            self._loop = None
-
-    def _run_loop(self) -> None:
-        while True:
-            self._wake.wait(self.loop_interval_s)  # a tick, or a container process ended
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.check_liveness()
-                self.consult_listeners()
-            except Unavailable:
-                return  # halted: nothing more is decided here
-            except Exception:  # noqa: BLE001 - the loop must survive a bug in one pass
-                _LOGGER.exception("master loop pass failed")
+        self._loop.stop()

@@ -1,0 +1,74 @@
+"""What the rules queued for the launcher (``LauncherAction``s), carried out after the
+master released its lock: a launcher may block, and a launched container may call in at
+once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from master.app_registry import AppRegistry
+from master.application import Application, LauncherAction, LaunchKind
+from master.launcher import Launcher
+from master.physical_plan import ContainerState
+
+__all__ = ["Launches"]
+
+_LOGGER = logging.getLogger("master.core")
+
+Actions = list[tuple[Application, LauncherAction]]
+
+
+class Launches:
+    """Takes an application's queued kills and launches (lock held) and carries them out
+    (lock released): kills first; a launch that fails fails the application."""
+
+    def __init__(self, launcher: Launcher, apps: AppRegistry, lock: threading.RLock,
+                 changed: threading.Condition, clock: Callable[[], int]) -> None:
+        self.launcher = launcher
+        self.apps = apps
+        self.lock = lock
+        self.changed = changed
+        self.clock = clock
+
+    def take(self, app: Application | None) -> Actions:
+        """The app's queued kills and launches; new containers become known (lock held)."""
+        if app is None:
+            return []
+        actions = app.take_launcher_actions()
+        for action in actions:
+            if action.kind == LaunchKind.LAUNCH:
+                self.apps.add_container(app, action.container_id)
+        return [(app, action) for action in actions]
+
+    def carry_out(self, actions: Actions) -> None:
+        """Kills, then launches, outside the lock."""
+        for _app, action in actions:
+            if action.kind == LaunchKind.KILL:
+                self.launcher.kill(action.container_id)
+        for app, action in actions:
+            if action.kind == LaunchKind.LAUNCH:
+                self.launch(app, [action.container_id])
+
+    def launch(self, app: Application, container_ids: list[str]) -> None:
+        """Launches containers outside the lock, until the application ended."""
+        for cid in container_ids:
+            with self.lock:
+                if app.terminal:
+                    break
+            try:
+                self.launcher.launch(cid)
+            except Exception as exc:  # noqa: BLE001 - any launch failure fails the app
+                with self.lock:
+                    app.fail(f"could not launch container {cid}: {type(exc).__name__}: {exc}",
+                             self.clock())
+                    self.changed.notify_all()
+                break
+            with self.lock:
+                container = app.plan.containers[cid]
+                if container.state == ContainerState.NEW:
+                    container.transition(ContainerState.ALLOCATED)
+                    container.allocated_ms = self.clock()
+                    _LOGGER.info("app=%s container=%s launched", app.id, cid)
+                self.changed.notify_all()
