@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from master.checkpoint_book import CheckpointBook  # (journals name it here)
 from master.physical_plan import OperatorState, PTOperator, Topology
 from operators.windows import NO_WINDOW, format_window_id
+from runtime.committed import committed_window
+from runtime.committed import is_done as ended_and_checkpointed
 
 if TYPE_CHECKING:
     from master.application import Application
@@ -134,26 +136,9 @@ def _downstream_first(nodes: Mapping[int, RecoveryNode]) -> list[int]:
     return order
 
 
-def committed_window(recovery: Mapping[int, int],
-                     nodes: Mapping[int, RecoveryNode] | None = None) -> int:
-    """The minimum recovery checkpoint over the operators that are not done; -1 before any.
-
-    A done operator (``is_done``; one missing from ``nodes`` is not) is never rerun, so
-    it holds nothing back: the windows
-    after its end can still be committed for the operators downstream of it, which wait
-    for that to deliver ``committed`` before they tear down. Once every operator is
-    done, the newest recovery checkpoint is committed.
-    """
-    live = [w for op_id, w in recovery.items()
-            if nodes is None or op_id not in nodes or not is_done(nodes[op_id], w)]
-    if not live and recovery:
-        return max(recovery.values())
-    return min(live, default=NO_WINDOW)
-
-
 def is_done(node: RecoveryNode, recovery: int) -> bool:
     """An ended operator whose every downstream operator is past its end: never rerun."""
-    return node.ended_window is not None and recovery >= node.ended_window
+    return ended_and_checkpointed(node.ended_window, recovery)
 
 
 # -- an application's books, on every heartbeat ------------------------------------------
@@ -219,7 +204,7 @@ def update_recovery(app: Application, checkpointed: Iterable[int] | None = None)
     if not moved:
         return
     operators = app.plan.operators.values()
-    ended = {op.id: RecoveryNode(ended_window=app.operator_stats[op.id].current_window_id)
+    ended = {op.id: app.operator_stats[op.id].current_window_id
              for op in operators if op.state == OperatorState.SHUTDOWN}
     committed = committed_window({op.id: op.recovery_window_id for op in operators}, ended)
     if committed > app.committed_window_id:

@@ -119,7 +119,7 @@ def run_in_containers(master: Any, dag: Dag, state_dir: Path) -> _Result:
         if info.state != "FINISHED":
             raise RunFailed(f"{info.state}: {info.diagnostics}\n{container_logs(master)}")
         ids = {op.name: op.id for op in client.operators(app_id)}
-    store = CheckpointStore(str(state_dir))
+    store = CheckpointStore(descriptor.attributes["STATE_DIR"])  # (the DAG may name one)
     operators, first = {}, None
     for op in descriptor.operators:
         window = store.latest(ids[op.name])

@@ -58,6 +58,7 @@ from operators.dag import Dag, DagError, topological_order, validate_descriptor
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.windows import make_window_id, window_base_seconds, window_counter
 from proto import plan_pb2
+from runtime.committed import committed_window
 from runtime.local.checkpoints import LocalCheckpoints
 from runtime.local.node import MAX_EMIT_CALLS, LocalNode, LocalRunError
 from runtime.operator_state import capture, restore
@@ -223,23 +224,21 @@ class _LocalRunner:
         node.engine.checkpointed(window_id)
 
     def _commit(self) -> None:
-        """The committed window, as the master computes it (operators that ended hold
-        nothing back), goes to every operator not torn down; an operator that ended
-        tears down once its last window is committed."""
-        live = [n.last_checkpoint for n in self.nodes.values() if not n.ended]
-        if live:
-            committed = min(live)
-        else:
-            committed = max(n.last_window for n in self.nodes.values())
+        """The committed window, by the master's rule (``runtime.committed``: operators
+        that ended are done and hold nothing back), goes to every operator not torn down;
+        an operator that ended tears down once its last window is committed."""
+        nodes = self.nodes.values()
+        committed = committed_window({n.name: n.last_checkpoint for n in nodes},
+                                     {n.name: n.last_window for n in nodes if n.ended})
         if committed < 0:
-            for node in self.nodes.values():
+            for node in nodes:
                 if node.ended and node.last_window < 0 and not node.torn_down:
                     node.call("teardown", node.teardown)
             return
-        for node in self.nodes.values():
+        for node in nodes:
             if not node.torn_down:
                 node.call(committed, node.engine.commit, committed)
         self.store.purge(self.order)
-        for node in self.nodes.values():
+        for node in nodes:
             if node.ended and not node.torn_down and node.committed >= node.last_window:
                 node.call("teardown", node.teardown)

@@ -1,7 +1,8 @@
 """Event-time windows end to end: out-of-order events in Parquet files, a ParquetSource that
 sends watermarks, EventTimeWindows in Spark in another container, exactly-once file sinks
 for the results and for the late rows. The published windows equal a plain-Python
-reference, every row beyond the lateness is on the late port, and the same holds with
+reference, every row beyond the lateness is on the late port (through both drivers of
+the window engine: the local runner and real containers), and the same holds with
 containers SIGKILLed during the run."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from master.client import WeirClient
+from master.server import MasterServer
 from operators.app import load_app
+from operators.metrics import collect_metrics
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly
 from tests.e2e.test_recovery import wait_finished
 
@@ -117,12 +120,13 @@ def published(folder: Path) -> pa.Table:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else pa.table({})
 
 
-def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = "",
+def run(runner, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = "",
         kind: str = "tumbling", files: int = FILES
         ) -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
-    """Runs the application; returns the reference windows and the windows operator's
-    metrics. Without ``sink`` the results go to an exactly-once FileSink and are checked
-    here."""
+    """Runs the application on ``runner`` (a master, for kills, or fixture ``run_dag``:
+    each driver of the window engine in turn); returns the reference windows and the
+    windows operator's metrics. Without ``sink`` the results go to an exactly-once
+    FileSink and are checked here."""
     expected, late = reference(write_inbox(tmp_path / "inbox", files), kind, lateness_ms)
     app = tmp_path / "event_windows_app.py"
     out_sink = sink or (f"FileSink({str(tmp_path / 'out')!r}, format='parquet', "
@@ -132,20 +136,25 @@ def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = ""
         late=str(tmp_path / "late"), delay=DELAY_MS, windows=KINDS[kind],
         lateness=lateness_ms)))
     note, kills = "", []
-    with WeirClient(master.address) as client:
-        app_id = client.submit(load_app(app).to_descriptor())
-        if kill:
-            rng, note = chaos_seed()
-            kills = kill_randomly(master, client, app_id, note, rng)
-        wait_finished(client, master, app_id, timeout_s=300)
-        windows_op = client.operator_stats(app_id, "per-second")
+    if isinstance(runner, MasterServer):
+        with WeirClient(runner.address) as client:
+            app_id = client.submit(load_app(app).to_descriptor())
+            if kill:
+                rng, note = chaos_seed()
+                kills = kill_randomly(runner, client, app_id, note, rng)
+            wait_finished(client, runner, app_id, timeout_s=300)
+            windows_op = client.operator_stats(app_id, "per-second")
+        watermark, metrics = windows_op.watermark_ms, dict(windows_op.metrics)
+    else:
+        windows_operator = runner(load_app(app)).operator("per-second")
+        watermark, metrics = windows_operator.watermark, collect_metrics(windows_operator)
     if kill:
         assert kills, f"no container was killed during the run; {note}"
-    assert windows_op.watermark_ms == 2**63 - 1  # the end of the files closed every window
+    assert watermark == 2**63 - 1  # the end of the files closed every window
     late_rows = published(tmp_path / "late")
     assert sorted(late_rows.column("id").to_pylist() if late_rows.num_rows else []) == late
     if sink:
-        return expected, dict(windows_op.metrics)
+        return expected, metrics
     results = published(tmp_path / "out").to_pylist()
     got = collections.Counter(
         (r["user"], int(r["window_start"].timestamp() * 1000)) for r in results)
@@ -161,29 +170,29 @@ def run(master, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = ""
     said = "its session ended" if kind == "session" else "its windows ended"
     assert all(reason.startswith(f"{said} more than allowed_lateness_ms=0")
                for reason in late_rows.column("late_reason").to_pylist())
-    return expected, dict(windows_op.metrics)
+    return expected, metrics
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_event_time_windows_match_the_reference_and_late_rows_are_kept(master, tmp_path,
+def test_event_time_windows_match_the_reference_and_late_rows_are_kept(run_dag, tmp_path,
                                                                         kind):
-    run(master, tmp_path, kill=False, kind=kind, files=2)  # kills need the longer run
+    run(run_dag, tmp_path, kill=False, kind=kind, files=2)  # kills need the longer run
 
 
 def test_the_same_with_random_container_sigkills(master, tmp_path):
     run(master, tmp_path, kill=True)
 
 
-def test_late_updates_reach_postgres_as_upserts_by_key_and_window(master, tmp_path,
+def test_late_updates_reach_postgres_as_upserts_by_key_and_window(run_dag, tmp_path,
                                                                   postgres_dsn):
     """7 s of allowed lateness: the rows 6 s behind update windows already out; the sink
     keeps one row per (user, window), the last version, equal to the reference."""
     import psycopg
 
-    table = f"per_second_{os.getpid()}"
+    table = f"per_second_{os.getpid()}_{run_dag.driver}"
     sink = (f"PostgresSink({postgres_dsn!r}, {table!r}, "
             "upsert_keys=['user', 'window_start', 'window_end'])")
-    expected, metrics = run(master, tmp_path, kill=False, lateness_ms=7_000, sink=sink,
+    expected, metrics = run(run_dag, tmp_path, kill=False, lateness_ms=7_000, sink=sink,
                             files=2)
     assert metrics["windows_out"] > len(expected), "no window was updated: nothing upserted"
     assert metrics["late_rows"] == 0
