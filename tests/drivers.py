@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import cloudpickle
+import pyarrow as pa
 import pytest
 
 from container.checkpoint_store import CheckpointStore
@@ -71,6 +72,9 @@ class DagRun(Protocol):
     def rows(self, sink: str) -> list[dict[str, Any]]:
         """Every row the ``CollectSink`` got, in window order."""
 
+    def table(self, sink: str) -> pa.Table | None:
+        """Every row the ``CollectSink`` got, as one table (None: nothing)."""
+
 
 class _Result:
     """A run's operators by name; the sinks read from them."""
@@ -90,6 +94,11 @@ class _Result:
 
     def rows(self, sink: str) -> list[dict[str, Any]]:
         return [row for rows in self.windows(sink).values() for row in rows]
+
+    def table(self, sink: str) -> pa.Table | None:
+        collect = self._operators[sink]
+        assert isinstance(collect, CollectSink), f"{sink} is not a CollectSink"
+        return collect.table()
 
 
 def run_here(dag: Dag) -> _Result:

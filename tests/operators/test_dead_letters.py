@@ -12,7 +12,8 @@ from operators.dag import DagError
 from operators.dead_letters import TooManyDeadLetters, error_columns, isolate_failures
 from operators.operator import Operator
 from operators.ports import InputPort, OutputPort
-from operators.testing import CollectSink, ListSource, LocalRunError, run_local
+from operators.testing import CollectSink, ListSource
+from tests.drivers import RunFailed
 
 
 class RowError(ValueError):
@@ -228,24 +229,24 @@ def chain(first: Operator, rows: list[list[dict]], second: Operator | None = Non
     return dag
 
 
-def test_dead_letter_max_rows_takes_effect():
+def test_dead_letter_max_rows_takes_effect(run_dag):
     rows = [[{"x": x} for x in range(10)]]  # 5 odd rows in one batch
-    run = run_local(chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=5))
+    run = run_dag(chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=5))
     assert [r["x"] for r in run.rows("dead")] == [1, 3, 5, 7, 9]
-    with pytest.raises(LocalRunError, match=r"TooManyDeadLetters: more than 4 of a batch's 10 "
-                                            r"rows fail \(DEAD_LETTER_MAX_ROWS=4\), the first "
-                                            "with ValueError: 1 is odd"):
-        run_local(chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=4))
+    with pytest.raises(RunFailed, match=r"TooManyDeadLetters: more than 4 of a batch's 10 "
+                                        r"rows fail \(DEAD_LETTER_MAX_ROWS=4\), the first "
+                                        "with ValueError: 1 is odd"):
+        run_dag(chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=4))
     with pytest.raises(ValueError, match="DEAD_LETTER_MAX_ROWS=0 is invalid: 0 is outside "
                                          "1..1,000,000"):
         chain(Odd(), rows, DEAD_LETTER_MAX_ROWS=0)
 
 
-def test_a_bug_on_every_row_fails_the_operator_instead_of_dead_lettering_the_stream():
-    with pytest.raises(LocalRunError, match=r"TooManyDeadLetters: every row of a batch \(3\) "
-                                            "fails with AttributeError: 'Buggy' object has no "
-                                            "attribute 'cache'"):
-        run_local(chain(Buggy(), [[{"x": 1}, {"x": 2}, {"x": 3}]]))
+def test_a_bug_on_every_row_fails_the_operator_instead_of_dead_lettering_the_stream(run_dag):
+    with pytest.raises(RunFailed, match=r"TooManyDeadLetters: every row of a batch \(3\) "
+                                        "fails with AttributeError: 'Buggy' object has no "
+                                        "attribute 'cache'"):
+        run_dag(chain(Buggy(), [[{"x": 1}, {"x": 2}, {"x": 3}]]))
 
 
 # -- a dead letter failing again (issue 29, item 18) ------------------------------------
@@ -268,8 +269,8 @@ class Retry(Parse):
         self.output.emit(batch)
 
 
-def test_rows_failing_in_a_second_dead_letter_operator_keep_one_set_of_columns():
-    run = run_local(chain(Odd(), [[{"x": x} for x in range(8)]], Retry()))
+def test_rows_failing_in_a_second_dead_letter_operator_keep_one_set_of_columns(run_dag):
+    run = run_dag(chain(Odd(), [[{"x": x} for x in range(8)]], Retry()))
     dead = run.table("dead")
     assert dead.column_names == ["x", "weir_error", "weir_operator", "weir_port",
                                  "weir_window_id"]
