@@ -14,7 +14,6 @@ application's start time, the local runner from 0).
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -150,25 +149,8 @@ def _set_defaults(descriptor: plan_pb2.DagDescriptor, state_dir: Path) -> None:
 @contextlib.contextmanager
 def started_cluster(folder: Path) -> Iterator[Any]:
     """A master in this process whose containers are tagged local processes (none left
-    after it stopped), for a whole test session."""
-    from master.launcher import LocalProcessLauncher
-    from master.server import MasterServer
-    from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+    after it stopped), for a whole test session (``tests.e2e.conftest.started_master``)."""
+    from tests.e2e.conftest import started_master
 
-    env, tag = tagged_env()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(TAG_ENV, tag)
-        patch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
-        log_dir = folder / "containers"
-        server = MasterServer("127.0.0.1", 0,
-                              lambda address: LocalProcessLauncher(address, log_dir=log_dir),
-                              container_stop_grace_ms=5_000)
-        server.start()
-        server.log_dir = log_dir
-        try:
-            yield server
-        finally:
-            server.stop()
-            for process in tagged_processes(tag):
-                process.send_signal(signal.SIGCONT)
-            poll_for(lambda: not tagged_processes(tag), 20, "every container and JVM to exit")
+    with pytest.MonkeyPatch.context() as patch, started_master(folder, patch) as master:
+        yield master
