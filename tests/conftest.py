@@ -178,10 +178,11 @@ def shared_dir():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """A master with real container processes, shared by the session's ``run_dag`` runs
-    (each application gets containers of its own)."""
+    """A master with real container processes, shared by a module's ``run_dag`` runs (each
+    application gets containers of its own); stopped after the module, so that no other
+    test finds a second master of this user."""
     from tests.drivers import started_cluster
 
     with started_cluster(tmp_path_factory.mktemp("cluster")) as master:

@@ -149,7 +149,7 @@ def _set_defaults(descriptor: plan_pb2.DagDescriptor, state_dir: Path) -> None:
 @contextlib.contextmanager
 def started_cluster(folder: Path) -> Iterator[Any]:
     """A master in this process whose containers are tagged local processes (none left
-    after it stopped), for a whole test session (``tests.e2e.conftest.started_master``)."""
+    after it stopped), for a module's tests (``tests.e2e.conftest.started_master``)."""
     from tests.e2e.conftest import started_master
 
     with pytest.MonkeyPatch.context() as patch, started_master(folder, patch) as master:
