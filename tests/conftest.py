@@ -34,6 +34,8 @@ for _name in ("WEIR_SECRET", "WEIR_TLS_CERT", "WEIR_TLS_KEY", "WEIR_TLS_CA"):
 
 _TIMED: dict[str, dict[str, float]] = collections.defaultdict(dict)
 _SPARK_STARTS: list[float] = []  # seconds the local runner's SparkSession took to start
+_SPARK_SEEN: list[float] = []  # those seconds as the timed tests' reports said them
+_STARTED = pytest.StashKey[tuple[float, float]]()
 
 
 def pytest_configure(config):
@@ -44,15 +46,35 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Times tests marked ``timed`` (measured and printed, never asserted), less the
-    once-per-process start of the local runner's SparkSession (printed apart)."""
-    marker = item.get_closest_marker("timed")
-    started, spark_before = time.perf_counter(), sum(_SPARK_STARTS)
+    """Notes when a test marked ``timed`` starts (``pytest_runtest_makereport`` ends it)."""
+    item.stash[_STARTED] = (time.perf_counter(), sum(_SPARK_STARTS))
     yield
-    if marker is not None:
-        group, label = marker.args
-        spark_start = sum(_SPARK_STARTS) - spark_before
-        _TIMED[group][label] = time.perf_counter() - started - spark_start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Times tests marked ``timed`` (measured and printed, never asserted), setup to
+    teardown, less the once-per-process start of the local runner's SparkSession (printed
+    apart). The figure travels in the teardown report, so a run split over worker
+    processes (pytest-xdist) prints it too."""
+    outcome = yield
+    marker = item.get_closest_marker("timed")
+    if marker is None or call.when != "teardown" or _STARTED not in item.stash:
+        return
+    started, spark_before = item.stash[_STARTED]
+    spark_start = sum(_SPARK_STARTS) - spark_before
+    group, label = marker.args
+    outcome.get_result().user_properties.append(
+        ("weir_timed", (group, label, time.perf_counter() - started - spark_start,
+                        sum(_SPARK_STARTS))))
+
+
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == "weir_timed":
+            group, label, seconds, spark_started = value
+            _TIMED[group][label] = seconds
+            _SPARK_SEEN.append(spark_started)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -63,8 +85,8 @@ def pytest_terminal_summary(terminalreporter):
         values = list(seconds.values())
         ratio = f" ({values[0] / values[1]:.2f}x)" if len(values) == 2 and values[1] else ""
         terminalreporter.write_line(f"{group}: {', '.join(parts)}{ratio}")
-    if _TIMED and _SPARK_STARTS:
-        started = sum(_SPARK_STARTS)
+    if _TIMED and _SPARK_SEEN:
+        started = max(_SPARK_SEEN)
         terminalreporter.write_line(
             f"(the local runner's SparkSession started and warmed up once in this process in "
             f"{started:.1f} s, before the tests that use it: not counted above)"
