@@ -20,7 +20,6 @@ from typing import Any, Protocol
 
 import cloudpickle
 import pyarrow as pa
-import pytest
 
 from container.checkpoint_store import CheckpointStore
 from operators import Dag
@@ -152,5 +151,5 @@ def started_cluster(folder: Path) -> Iterator[Any]:
     after it stopped), for a module's tests (``tests.e2e.conftest.started_master``)."""
     from tests.e2e.conftest import started_master
 
-    with pytest.MonkeyPatch.context() as patch, started_master(folder, patch) as master:
+    with started_master(folder) as master:
         yield master

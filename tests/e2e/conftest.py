@@ -15,19 +15,20 @@ from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
 
 
 @contextlib.contextmanager
-def started_master(tmp_path, monkeypatch,
-                   launcher: type[LocalProcessLauncher] = LocalProcessLauncher,
+def started_master(tmp_path, launcher: type[LocalProcessLauncher] = LocalProcessLauncher,
                    stop_grace_ms: int = 5_000, **options: Any) -> Iterator[MasterServer]:
     """A started master whose containers (``launcher``) log to ``tmp_path/containers``.
 
-    Containers carry a tag in their environment; after the master stopped, none of them
-    (nor Spark's JVMs) may be left: one still frozen (SIGSTOP) is woken to exit.
+    Containers carry a tag in their environment (the launcher's, not this process's: a
+    server the test starts meanwhile, PostgreSQL say, must not carry it); after the master
+    stopped, none of them (nor Spark's JVMs) may be left: one still frozen (SIGSTOP) is
+    woken to exit.
     """
     env, tag = tagged_env()
-    monkeypatch.setenv(TAG_ENV, tag)
-    monkeypatch.setenv("PYSPARK_PYTHON", env["PYSPARK_PYTHON"])
+    tagged = {TAG_ENV: tag, "PYSPARK_PYTHON": env["PYSPARK_PYTHON"]}
     log_dir = tmp_path / "containers"
-    server = MasterServer("127.0.0.1", 0, lambda address: launcher(address, log_dir=log_dir),
+    server = MasterServer("127.0.0.1", 0,
+                          lambda address: launcher(address, log_dir=log_dir, env=tagged),
                           container_stop_grace_ms=stop_grace_ms, **options)
     server.start()
     server.log_dir = log_dir
@@ -41,9 +42,9 @@ def started_master(tmp_path, monkeypatch,
 
 
 @pytest.fixture
-def master(tmp_path, monkeypatch):
+def master(tmp_path):
     """A started master running its containers as local processes."""
-    with started_master(tmp_path, monkeypatch) as server:
+    with started_master(tmp_path) as server:
         yield server
 
 

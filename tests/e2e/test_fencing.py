@@ -55,8 +55,8 @@ class RemoteLikeLauncher(LocalProcessLauncher):
 
 
 @pytest.fixture
-def master(tmp_path, monkeypatch):
-    with started_master(tmp_path, monkeypatch, launcher=RemoteLikeLauncher) as server:
+def master(tmp_path):
+    with started_master(tmp_path, launcher=RemoteLikeLauncher) as server:
         yield server
 
 

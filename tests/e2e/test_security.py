@@ -60,9 +60,9 @@ def test_a_payload_runs_only_when_sent_with_the_secret(master, tmp_path):
 
 
 @pytest.fixture
-def tls_master(tmp_path, monkeypatch, tls_files):
+def tls_master(tmp_path, tls_files):
     cert, key = tls_files
-    with started_master(tmp_path, monkeypatch, stop_grace_ms=2_000,
+    with started_master(tmp_path, stop_grace_ms=2_000,
                         tls=TlsFiles(cert, key)) as server:
         yield server
 
