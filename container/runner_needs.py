@@ -6,22 +6,17 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-import pyarrow as pa
-
 from operators.operator import Operator
+from runtime.window_engine import Output
 
 __all__ = ["SYSTEM_CLOCK", "Checkpointer", "Clock", "Publisher", "SystemClock"]
 
 
-class Publisher(Protocol):
-    """The output side of a port: the buffer server's in-process publisher."""
+class Publisher(Output, Protocol):
+    """The output side of a port in a container (the window engine's ``Output``): the
+    buffer server's in-process publisher, which also counts the bytes it published."""
 
     bytes_published: int
-
-    def begin_window(self, window_id: int) -> None: ...
-    def data(self, window_id: int, batch: pa.RecordBatch) -> None: ...
-    def end_window(self, window_id: int, watermark: int = ...) -> None: ...
-    def end_stream(self, watermark: int = ...) -> None: ...
 
 
 class Checkpointer(Protocol):
