@@ -84,16 +84,19 @@ def tagged_env(**extra: str) -> tuple[dict[str, str], str]:
 
 
 def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Live processes started under ``tag`` (by environment), other than this one."""
+    """Live processes started under ``tag`` (by environment), other than this one.
+
+    Each one's ``info`` holds its name, environment and status as read in this one pass:
+    a process may exit between this listing and a later ``name()`` call, which would
+    raise ``NoSuchProcess``; read ``proc.info["name"]`` instead.
+    """
     found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == os.getpid():
+    for proc in psutil.process_iter(["pid", "name", "environ", "status"]):
+        info = proc.info
+        if proc.pid == os.getpid() or not info["environ"]:
             continue
-        try:
-            if proc.environ().get(TAG_ENV) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except psutil.Error:
-            continue
+        if info["environ"].get(TAG_ENV) == tag and info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
     return found
 
 

@@ -7,6 +7,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from master.launcher import LocalProcessLauncher
@@ -37,7 +38,8 @@ def started_master(tmp_path, launcher: type[LocalProcessLauncher] = LocalProcess
     finally:
         server.stop()
         for process in tagged_processes(tag):
-            process.send_signal(signal.SIGCONT)
+            with contextlib.suppress(psutil.Error):  # it may exit between listing and signal
+                process.send_signal(signal.SIGCONT)
         poll_for(lambda: not tagged_processes(tag), 20, "every container and JVM to exit")
 
 

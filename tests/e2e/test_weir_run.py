@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import textwrap
 
+import psutil
 import pytest
 
 from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
@@ -51,7 +53,12 @@ SPARK_FOREVER_APP = """
 
 @pytest.fixture
 def weir(tmp_path):
-    """Starts `weir ARGS` tagged; on teardown kills it and checks nothing it started lives."""
+    """Starts `weir ARGS` tagged; on teardown stops it and what it started.
+
+    A `weir` that exited by itself must have left no process. One the test left running
+    (it failed midway) is killed; its containers would wait out their master-retry window
+    (30 s) before exiting, so they are killed too (the tag proves they are this test's).
+    """
     started: list[WeirProcess] = []
 
     def start(*args: str) -> WeirProcess:
@@ -63,7 +70,12 @@ def weir(tmp_path):
 
     yield start
     for proc in started:
+        exited_by_itself = proc.proc.poll() is not None
         proc.stop()
+        if not exited_by_itself:
+            for leftover in tagged_processes(proc.tag):
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
         poll_for(lambda proc=proc: not tagged_processes(proc.tag), 15,
                  f"every process of that weir run to exit; output:\n{proc.output()}")
 
@@ -105,7 +117,7 @@ def test_ctrl_c_stops_containers_and_spark_jvms(weir, tmp_path):
     proc = weir("run", write(tmp_path, SPARK_FOREVER_APP))
 
     def java_running() -> bool:
-        return any("java" in p.name() for p in tagged_processes(proc.tag))
+        return any("java" in (p.info["name"] or "") for p in tagged_processes(proc.tag))
 
     poll_for(java_running, 120, f"Spark's JVM to start in a container:\n{proc.output()}")
     poll_for(lambda: "-- sink" in proc.output(), 120,
