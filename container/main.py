@@ -13,6 +13,7 @@ buffer server serves the TLS identity the master hands over in the init context.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import json
 import logging
@@ -251,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                          if context.spare else 0,
                          spark_warm=lambda: spark.warm)
     signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    # `kill -USR1 PID` writes every thread's stack to this container's log: how a
+    # stalled container is diagnosed without stopping it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spare_failure: list[str] = []  # why a spare's Spark could not start, if it could not
     if context.warm_spark:  # a spare: Spark is hot by the time it is given operators
         warm_spare = functools.partial(warm_spare_or_stop, spark, loop, spare_failure,

@@ -118,13 +118,19 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     """ACTIVE operators whose window stood still too long while data waits for them.
 
     An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT
-    windows (counted from when its instance became ready, for an input operator from
-    when every operator was ready), and:
+    windows, and:
 
     - a generic operator: some upstream operator is past its window (its input has
-      data);
+      data), and every upstream operator is ready (one still in ``setup``, warming
+      Spark, holds it back);
     - an input operator: it has been activated and the application is not shutting
       down.
+
+    The windows are counted from when the operator's instance became ready and, once
+    every operator is, from when the last one did: no data moves before that (the
+    sources wait for it), so an operator ready early is not blamed for the time a
+    slower one took to warm Spark (three Spark JVMs starting on two cores take longer
+    than 120 windows of 300 ms).
 
     An operator with a downstream operator behind it (or not running) is never blamed:
     it may be held back by that one, which is blamed instead if it is stuck with data.
@@ -144,10 +150,12 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
         tracker = stats[op.id]
         count = timeout_window_count(op)
         since_ms = max(tracker.window_moved_ms, op.ready_ms)
-        if op.is_input:
-            if not all_ready or app.shutdown_requested:
-                continue
+        if all_ready:
             since_ms = max(since_ms, activation_ms)
+        elif op.is_input:
+            continue
+        if op.is_input and app.shutdown_requested:
+            continue
         still_ms = now_ms - since_ms
         if still_ms <= count * window_ms:
             continue
@@ -159,8 +167,11 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
             continue
         waiting = ""
         if not op.is_input:
-            ahead = [plan.operators[u] for u in plan.upstream_ids(op.id)
-                     if stats[u].last_window_id > window]
+            upstream = [plan.operators[u] for u in plan.upstream_ids(op.id)]
+            if any(not u.terminal and (u.state != OperatorState.ACTIVE or not u.ready)
+                   for u in upstream):
+                continue
+            ahead = [u for u in upstream if stats[u.id].last_window_id > window]
             if not ahead:
                 continue
             waiting = (f" while {ahead[0].name!r} upstream is at window "

@@ -72,10 +72,12 @@ class Cluster:
         return response
 
     def report(self, op_id: int, *windows: umbilical_pb2.OperatorStats, state: int = 1,
-               error: str = "", fatal: bool = False) -> umbilical_pb2.ContainerHeartbeatResponse:
+               error: str = "", fatal: bool = False, ready: bool = True
+               ) -> umbilical_pb2.ContainerHeartbeatResponse:
         """One heartbeat of the operator's current container with the operator's report."""
         cid = self.ops[op_id].container_id
-        report = operator_report(op_id, state=state, windows=windows, error=error)
+        report = operator_report(op_id, state=state, windows=windows, error=error,
+                                 ready=ready)
         report.fatal = fatal
         return self.beat(cid, report)
 
@@ -95,13 +97,14 @@ class Cluster:
                 container.transition(ContainerState.ALLOCATED)
                 container.allocated_ms = self.clock()
 
-    def deploy_all(self) -> None:
+    def deploy_all(self, *, in_setup: tuple[int, ...] = ()) -> None:
+        """Deploys every operator; those ``in_setup`` are ACTIVE but not ready yet."""
         for cid in list(self.app.plan.containers):
             self.beat(cid)
         for op in self.ops.values():
             infos = {i.id: i for i in self.beat(op.container_id).deploy_request}
             assert infos[op.id].checkpoint.window_id == -1
-            self.report(op.id)
+            self.report(op.id, ready=op.id not in in_setup)
         assert all(op.state == OperatorState.ACTIVE for op in self.ops.values())
         assert self.app.state == ApplicationState.RUNNING
 

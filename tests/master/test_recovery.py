@@ -225,6 +225,45 @@ def test_a_stuck_input_operator_is_blamed_once_activated():
     assert loss.container_id == C0 and "'source' (1) is blocked" in loss.cause
 
 
+def heartbeats_for(cluster: Cluster, ms: int) -> None:
+    """``ms`` pass with every container beating each second (none is lost meanwhile)."""
+    for _ in range(ms // 1000):
+        cluster.clock.advance(1000)
+        for cid in list(cluster.app.plan.containers):
+            cluster.beat(cid)
+
+
+def test_the_window_clock_starts_when_the_last_operator_is_ready():
+    """No data moves before every operator is ready (the sources wait for it): a relay
+    ready early is not blamed for the 20 s the sink took to warm Spark."""
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.TIMEOUT_WINDOW_COUNT": "10"})
+    cluster.deploy_all(in_setup=(SINK,))  # 10 windows x 500 ms
+    heartbeats_for(cluster, 20_000)
+    cluster.report(SINK)  # ready: the sources are activated now
+    cluster.report(SOURCE, *(window(w) for w in range(1, 11)))
+    heartbeats_for(cluster, 1000)
+    assert cluster.liveness() == []
+    heartbeats_for(cluster, 5000)
+    [loss] = cluster.liveness()
+    assert loss.container_id == C1 and "'relay1' (2) is blocked" in loss.cause
+
+
+def test_an_operator_waiting_for_an_upstream_still_in_setup_is_not_blamed():
+    """A fan-in whose left input runs while its right one warms Spark is held back by
+    the right one, not stuck."""
+    cluster = fan_in(**{"merge.TIMEOUT_WINDOW_COUNT": "10"}, in_setup=(2,))
+    left, right, merge = (cluster.app.plan.operator_by_name(n) for n in ("a", "b", "merge"))
+    assert not right.ready
+    cluster.report(left.id, *(window(w) for w in range(1, 11)))
+    heartbeats_for(cluster, 30_000)
+    assert cluster.liveness() == []
+    cluster.report(right.id)
+    heartbeats_for(cluster, 6000)
+    merge_container = merge.container_id
+    [loss] = cluster.liveness()
+    assert "'merge'" in loss.cause and loss.container_id == merge_container
+
+
 def test_at_most_once_restarts_from_the_newest_checkpoint():
     cluster = chain(PROCESSING_MODE="AT_MOST_ONCE")
     checkpointed(cluster, SOURCE, 20, 40, 60)
@@ -317,8 +356,9 @@ def test_ended_operators_count_as_checkpointed_at_their_last_window():
     assert cluster.app.state == ApplicationState.FINISHED
 
 
-def fan_in() -> Cluster:
-    """a (c0) and b (c1) -> merge (c2) -> sink (c3)."""
+def fan_in(in_setup: tuple[int, ...] = (), **overrides: str) -> Cluster:
+    """a (c0) and b (c1) -> merge (c2) -> sink (c3); ``overrides`` as -D gives them,
+    ``in_setup``: operators not ready yet."""
     dag = Dag("fanin")
     a = dag.add_operator("a", Source(), CONTAINER=0)
     b = dag.add_operator("b", Source(), CONTAINER=1)
@@ -327,8 +367,8 @@ def fan_in() -> Cluster:
     dag.add_stream("left", a.output, merge.left)
     dag.add_stream("right", b.output, merge.right)
     dag.add_stream("out", merge.output, sink.input)
-    cluster = Cluster(dag.to_descriptor(), 4)
-    cluster.deploy_all()
+    cluster = Cluster(dag.to_descriptor(), 4, **overrides)
+    cluster.deploy_all(in_setup=in_setup)
     return cluster
 
 
