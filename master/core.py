@@ -18,35 +18,25 @@ from master import heartbeat as rules
 from master import liveness, recovery, savepoints, views
 from master.app_registry import AppRegistry
 from master.application import Application, ApplicationState
-from master.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-)
+from master.errors import FailedPrecondition, InvalidArgument
 from master.launcher import Launcher
 from master.launches import Launches
+from master.listener_pass import ListenerPass
 from master.manifest_writer import ManifestWriter
 from master.master_loop import MasterLoop
 from master.persistence import ApplicationJournal, HaltingJournal
 from master.physical_plan import ContainerState, PlanError, PTContainer
 from master.planner import build_physical_plan
-from master.repartition import Repartition, repartition, unhealthy
+from master.repartition import Repartition, repartition
 from master.report_filter import bounded_text
 from master.run_folders import RunFolders
 from master.run_store import RunStore
 from master.state_owner import new_run_id
-from master.stats_listeners import (
-    ListenerAsk,
-    StatsListenerError,
-    StatsListeners,
-    consult,
-    load_listeners,
-)
+from master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
 from operators.dag import DagError, validate_descriptor
 from proto import client_pb2, plan_pb2, umbilical_pb2
 from storage.locations import redact_location
-from storage.savepoints import (
-    SavepointError,
-)
+from storage.savepoints import SavepointError
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
 
@@ -93,6 +83,9 @@ class MasterCore:
         self._manifests = ManifestWriter(self.store, self._lock, self._manifest_written)
         self._listeners = StatsListeners()
         self._launches = Launches(launcher, self._apps, self._lock, self._changed, clock)
+        # the loop's second pass: stats listeners, which may ask for a repartition
+        self.consult_listeners = ListenerPass(self._listeners, self._apps, self._lock, clock,
+                                              self.repartition)
         self._loop = MasterLoop([self.check_liveness, self.consult_listeners], loop_interval_s)
         # a container process ended: the loop's liveness pass runs at once, not at its tick
         launcher.on_exit = lambda _container_id: self._loop.wake()
@@ -135,7 +128,7 @@ class MasterCore:
         except (DagError, StatsListenerError) as exc:
             raise InvalidArgument(str(exc)) from None
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
-        self._release_ended_runs()  # a run ended a moment ago: its folder is free at once
+        self.release_ended_runs(all_stopped=False)  # one that ended a moment ago is free now
         with self._lock:
             app_id = self._apps.next_id()
             run_id = new_run_id()
@@ -171,15 +164,6 @@ class MasterCore:
                          redact_location(state_dir))
         self._launches.launch(app, list(plan.containers))
         return app_id
-
-    @property
-    def store_timeout_s(self) -> float:
-        """How long a request waits for a store."""
-        return self.store.timeout_s
-
-    @store_timeout_s.setter
-    def store_timeout_s(self, seconds: float) -> None:
-        self.store.timeout_s = seconds
 
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:
@@ -366,7 +350,6 @@ class MasterCore:
         """
         losses: list[recovery.ContainerLoss] = []
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.all(), all_stopped=False)
             self._apps.forget_ended(self.clock(), self._folders.holds, self._forget)
             apps = self._apps.all()
         for app in apps:
@@ -383,14 +366,9 @@ class MasterCore:
                     self._changed.notify_all()
             losses += lost
             self._launches.carry_out(actions)
-        self._folders.release(ended, discard)
+        self.release_ended_runs(all_stopped=False)
         return [loss.container_id for loss in losses]
 
-    def _release_ended_runs(self) -> None:
-        """Releases the state folders of runs that ended (the loop does it at every tick)."""
-        with self._lock:
-            ended, discard = self._folders.ended(self._apps.all(), all_stopped=False)
-        self._folders.release(ended, discard)
 
     def _forget(self, app: Application) -> None:
         """An ended application is forgotten: out of the journal and the listeners."""
@@ -398,44 +376,16 @@ class MasterCore:
             self._writer.forget(app)
         self._listeners.forget(app.id)
 
-    def release_ended_runs(self) -> None:
-        """Releases the state folders of ended runs and deletes their default ones; for
-        a master that stops, once it stopped every container. Without a journal nothing
-        can take a run back, so every run has ended then."""
+    def release_ended_runs(self, *, all_stopped: bool = True) -> None:
+        """Releases the state folders of ended runs and deletes their default ones (the
+        loop does it at every tick). A master that stops calls it once it stopped every
+        container (``all_stopped``); without a journal nothing can take a run back then,
+        so every run has ended."""
         with self._lock:
-            ended, discard = self._folders.ended(self._apps.all(), all_stopped=True,
-                                                 forever=self.journal is None)
+            ended, discard = self._folders.ended(
+                self._apps.all(), all_stopped=all_stopped,
+                forever=all_stopped and self.journal is None)
         self._folders.release(ended, discard)
-
-    # -- stats listeners ------------------------------------------------------------------
-    def consult_listeners(self) -> list[Repartition]:
-        """Feeds every stats listener of a healthy application its operator's stats (the
-        listeners run outside the lock); returns the repartitions they asked for."""
-        with self._lock:
-            asks = self._listeners.asks(self._apps.all(), self.clock())
-        return consult(asks, self._repartition_asked, self._listener_failed)
-
-    def _repartition_asked(self, ask: ListenerAsk, wanted: int) -> Repartition | None:
-        """A listener's request, unless what it saw is stale by now (then it asks again)."""
-        with self._lock:
-            app = self._apps.find(ask.app_id)
-            if app is None or unhealthy(app) is not None or \
-                    len(app.plan.instances(ask.operator)) != ask.stats.partition_count:
-                return None
-            return self.repartition(ask.app_id, ask.operator, wanted,
-                                    f"asked by its stats listener {type(ask.listener).__name__}")
-
-    def _listener_failed(self, ask: ListenerAsk, error: str) -> None:
-        """A listener raised, or asked for what cannot be done: recorded, rate-limited."""
-        with self._lock:
-            app = self._apps.find(ask.app_id)
-            if app is None:  # forgotten meanwhile
-                return
-            message = f"master: the stats listener of {ask.operator!r}: {error}"
-            if not app.reported_errors or app.reported_errors[-1] != message:
-                app.reported_errors.append(message)
-            app.log_limits.log(_LOGGER, logging.WARNING, ("stats listener", ask.operator),
-                               self.clock(), "app=%s %s", ask.app_id, message)
 
     # -- the journal ----------------------------------------------------------------------
     @property

@@ -67,7 +67,7 @@ def master_with(tmp_path):
     master = MasterServer(launcher_factory=RecordingLauncher, loop_interval_s=0.05,
                           container_stop_grace_ms=300)
     master.start()
-    master.core.store_timeout_s = 1.0
+    master.core.store.timeout_s = 1.0
     try:
         yield master
     finally:
