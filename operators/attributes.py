@@ -169,9 +169,11 @@ _ALL = [
     Attribute("SPARK_SHUFFLE_PARTITIONS", _within(1, 100_000), 2, Scope.DAG,
               "spark.sql.shuffle.partitions: small, for small frequent jobs."),
     Attribute("SPARK_DRIVER_MEMORY", _text, "1g", Scope.DAG, "spark.driver.memory."),
-    Attribute("SPARK_WARMUP_ROWS", _within(1, 100 * _MANY), 200_000, Scope.DAG,
+    Attribute("SPARK_WARMUP_ROWS", _within(0, 100 * _MANY), 200_000, Scope.DAG,
               "Rows of the aggregations a Spark container runs before its sources start, "
-              "until their time settles: the JIT is warm before the first window."),
+              "until their time settles: the JIT is warm before the first window. 0 = "
+              "none: the session only starts (short jobs, tests: the first windows pay "
+              "the cold JIT instead)."),
     Attribute("SPARK_DRIVER_HOST", _text, "", Scope.DAG,
               "spark.driver.host: the address a cluster's executors reach each container's "
               "driver at; empty = 127.0.0.1 for a loopback spark:// master, else Spark's "

@@ -57,3 +57,23 @@ def test_the_warm_up_counts_with_windowed_counts_query_through_a_window_input(
         assert table.num_rows == 10_000 and table.column_names[1:] == ["count", "sum",
                                                                         "window_id"]
         assert set(table.column("count").to_pylist()) == {2}
+
+
+def test_no_warm_up_rows_starts_the_session_and_runs_no_job() -> None:
+    """SPARK_WARMUP_ROWS=0: the session starts (operators are ready once it is up) and no
+    aggregation runs: the first windows pay the cold JIT instead."""
+
+    class Bridge:
+        started = 0
+
+        @property
+        def session(self) -> object:
+            self.started += 1
+            return object()
+
+        def window_input(self, schema: pa.Schema) -> None:
+            raise AssertionError("a warm-up job ran")
+
+    bridge = Bridge()
+    run_warm_up_jobs(bridge, rows=0, max_rounds=6)
+    assert bridge.started == 1

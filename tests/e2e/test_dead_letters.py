@@ -53,7 +53,7 @@ APP = """
     dag = Dag("dead-letters", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
-              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000, MAX_RESTARTS=8)
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
     source = dag.add_operator("source", ListSource(windows), CONTAINER=0)
     validate = dag.add_operator("validate", Validate(), CONTAINER=1, ON_ERROR="DEAD_LETTER")
     double = dag.add_operator("double", SparkSql(

@@ -31,7 +31,7 @@ APP = """
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT={checkpoints}, PROCESSING_MODE={mode!r},
               STATE_DIR={state!r}, SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1,
-              SPARK_WARMUP_ROWS=1000, MAX_RESTARTS=8)
+              SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
     source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
                                                         bytes_per_window=2500), CONTAINER=0)
     tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=1)

@@ -22,7 +22,7 @@ from tests.e2e.conftest import container_logs
 pytestmark = pytest.mark.timeout(240)
 
 ATTRIBUTES = {"STREAMING_WINDOW_SIZE_MILLIS": 200, "HEARTBEAT_INTERVAL_MILLIS": 200,
-              "SPARK_WARMUP_ROWS": 1_000}
+              "SPARK_WARMUP_ROWS": 0}
 
 
 def run_until_ended(master, dag: Dag, timeout_s: float = 150):

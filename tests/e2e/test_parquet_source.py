@@ -29,7 +29,7 @@ APP = """
     dag = Dag("parquet-counts", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
-              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000, MAX_RESTARTS=8)
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
     source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=4000,
                                                       batch_rows=3000), CONTAINER=0)
     count = dag.add_operator("count", WindowedCount(key="key", value="value"), CONTAINER=1,

@@ -21,7 +21,7 @@ def test_three_partitions_of_a_spark_counter_over_three_containers_equal_the_ref
     app, lines = write_wordcount_app(
         tmp_path, "partitioned", LINES,
         'CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300, HEARTBEAT_INTERVAL_MILLIS=200, '
-        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000',
+        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0',
         count='PARTITIONS=3, PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=2',
         lines_per_window=500, pinned=False, source=", PARTITIONS=2",
         tokenize=", PARALLEL_PARTITION=True")

@@ -35,7 +35,7 @@ APP = """
     dag = Dag("modes", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=1, PROCESSING_MODE={mode!r}, STATE_DIR={state!r},
-              SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000,
+              SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0,
               MAX_RESTARTS=8)
     source = dag.add_operator("source", DirectorySource({inbox!r}, move_consumed_to={done!r},
                                                         bytes_per_window=2000), CONTAINER=0)

@@ -47,7 +47,7 @@ def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
         tmp_path, "repartitioned", LINES,
         'CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=300, HEARTBEAT_INTERVAL_MILLIS=200, '
         'CHECKPOINT_WINDOW_COUNT=4, HEARTBEAT_TIMEOUT_MILLIS=5000, '
-        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000',
+        'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0',
         count='PARTITIONS=2, PARTITION_KEY="word", APPLICATION_WINDOW_COUNT=4',
         lines_per_window=50, pinned=False)
     app_text = open(app).read().replace("WindowedCount", "RunningCount")

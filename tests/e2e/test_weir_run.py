@@ -42,7 +42,7 @@ SPARK_FOREVER_APP = """
     from operators.library import EventGenerator, WindowedCount, ConsoleSink
 
     dag = Dag("forever", HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER="local[1]",
-              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000)
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0)
     gen = dag.add_operator("gen", EventGenerator(rate_per_second=2_000, keys=10))
     count = dag.add_operator("count", WindowedCount(key="key", value="value"))
     sink = dag.add_operator("sink", ConsoleSink(limit=1), CONTAINER=1)

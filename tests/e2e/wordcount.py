@@ -12,7 +12,7 @@ from pathlib import Path
 WORDCOUNT_LINES = 3_000
 """Lines of the word-count test (through real processes, and with the local runner)."""
 WORDCOUNT_DAG = ('CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200, '
-                 'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000')
+                 'SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0')
 """Its ``Dag(...)`` keyword arguments."""
 
 
