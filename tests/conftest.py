@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tests.spark_jvm import SparkJvmOptions
+
 # PySpark logs a failed query's context through loggers of its own class that do not
 # propagate; pytest attaches its capture handler to every non-propagating logger, and that
 # class's addHandler swaps the handler's formatter for JSON, so every later test's caplog
@@ -38,10 +40,18 @@ _SPARK_SEEN: list[float] = []  # those seconds as the timed tests' reports said 
 _STARTED = pytest.StashKey[tuple[float, float]]()
 
 
+_SPARK_JVMS = SparkJvmOptions()  # SPARK_SUBMIT_OPTS for the session (tests/spark_jvm.py)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "timed(group, label): print the test's duration "
                             "(setup, call and teardown) beside the others of its group at the "
                             "end of the run")
+    _SPARK_JVMS.start()
+
+
+def pytest_unconfigure(config):
+    _SPARK_JVMS.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -78,7 +88,10 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line per group: each test's seconds (by label), and the first over the second."""
+    """One line per group: each test's seconds (by label), and the first over the second;
+    then how Spark's JVMs were started."""
+    if _SPARK_JVMS.note:
+        terminalreporter.write_line(_SPARK_JVMS.note)
     for group, by_label in _TIMED.items():
         seconds = dict(sorted(by_label.items()))
         parts = [f"{label} {s:.1f} s" for label, s in seconds.items()]

@@ -51,7 +51,13 @@ _RUN_TIMEOUT_S = 180
 
 class RunFailed(RuntimeError):
     """The run failed; the message has what the driver said (its error, or the master's
-    diagnostics and the containers' logs)."""
+    diagnostics and the containers' logs). In containers, ``master`` and ``app_id`` say
+    where to ask for more (what only a master knows: attempts, replacements)."""
+
+    def __init__(self, message: str, master: Any = None, app_id: str = "") -> None:
+        super().__init__(message)
+        self.master = master
+        self.app_id = app_id
 
 
 class DagRun(Protocol):
@@ -124,7 +130,8 @@ def run_in_containers(master: Any, dag: Dag, state_dir: Path) -> _Result:
             raise RunFailed(str(exc)) from exc
         info = client.wait(app_id, _RUN_TIMEOUT_S)
         if info.state != "FINISHED":
-            raise RunFailed(f"{info.state}: {info.diagnostics}\n{container_logs(master)}")
+            raise RunFailed(f"{info.state}: {info.diagnostics}\n{container_logs(master)}",
+                            master, app_id)
         ids = {op.name: op.id for op in client.operators(app_id)}
     store = CheckpointStore(descriptor.attributes["STATE_DIR"])  # (the DAG may name one)
     operators, first = {}, None

@@ -1,8 +1,9 @@
 """Errors that cannot succeed on retry fail the application in one attempt, with the message.
 
-Real master, real containers: bad SQL in a SparkSql operator (Spark's analysis error), and
-an operator whose class the containers cannot import (a deploy error). Neither gets a
-replacement container: the failure count is 1 and no container replaces another.
+Bad SQL in a SparkSql operator (Spark's analysis error) fails the run through both drivers
+with Spark's message; in real containers, as an operator whose class the containers
+cannot import (a deploy error), it gets no replacement container: the failure count is 1
+and no container replaces another.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from operators import Dag
 from operators.library import EventGenerator
 from operators.spark import SparkSql
 from operators.testing import CollectSink
+from tests.drivers import RunFailed
 from tests.e2e.conftest import container_logs
 
 pytestmark = pytest.mark.timeout(240)
@@ -46,20 +48,27 @@ def assert_failed_in_one_attempt(client: WeirClient, app_id: str, info, operator
     assert "\n" not in info.diagnostics
 
 
-def test_bad_sql_fails_the_application_in_one_attempt_with_sparks_message(master):
-    dag = Dag("bad-sql", CONTAINERS=1, **ATTRIBUTES)  # MAX_RESTARTS stays 5
+def test_bad_sql_fails_the_run_in_one_attempt_with_sparks_message(run_dag):
+    dag = Dag("bad-sql", CONTAINERS=1, MAX_RESTARTS=5, **ATTRIBUTES)
     source = dag.add_operator("source", EventGenerator(rate_per_second=5_000, keys=10))
     sql = dag.add_operator("sql", SparkSql("SELECT no_such_column, count(*) AS n FROM input "
                                            "GROUP BY no_such_column"))
     sink = dag.add_operator("sink", CollectSink())
     dag.add_stream("events", source.output, sql.input)
     dag.add_stream("counts", sql.output, sink.input)
-    client, app_id, info = run_until_ended(master, dag)
-    with client:
+    with pytest.raises(RunFailed) as failed:
+        run_dag(dag)
+    # Spark's own message, through either driver
+    assert "AnalysisException: [UNRESOLVED_COLUMN" in str(failed.value), failed.value
+    assert "`no_such_column` cannot be resolved" in str(failed.value)
+    master, app_id = failed.value.master, failed.value.app_id
+    if master is None:  # the local runner: the error is raised where the run was called
+        return
+    with WeirClient(master.address) as client:  # MAX_RESTARTS is 5, yet no retry
+        info = client.application(app_id)
         assert_failed_in_one_attempt(client, app_id, info, "sql", master)
-        # Spark's own message, one line, with where the operator called it
+        # one line, with where the operator called it
         assert "AnalysisException: [UNRESOLVED_COLUMN" in info.diagnostics, info.diagnostics
-        assert "`no_such_column` cannot be resolved" in info.diagnostics
         assert "(at spark.py:" in info.diagnostics and "in transform)" in info.diagnostics
         # the container log has the whole Python traceback, the plan included
         logs = container_logs(master)

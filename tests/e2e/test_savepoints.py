@@ -39,7 +39,7 @@ HEAD = """
 
     dag = Dag("counts", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r},
-              SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0)
+              SPARK_MASTER="local[1]", SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=1000)
     source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
                                                         bytes_per_window=1500), CONTAINER=0)
     tokenize = dag.add_operator("tokenize", Tokenize(), CONTAINER=0)

@@ -26,7 +26,7 @@ APP = COUNT_WORDS + """
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=4000,
               CHECKPOINT_WINDOW_COUNT=2, STATE_DIR={state!r}, MAX_RESTARTS={restarts})
     source = dag.add_operator("source", DirectorySource({inbox!r}, delete_consumed=True,
-                                                        bytes_per_window=1500), CONTAINER=0)
+                                                        bytes_per_window=4000), CONTAINER=0)
     count = dag.add_operator("count", CountWords(), CONTAINER=1)
     sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=1)
     dag.add_stream("lines", source.output, count.input)
@@ -63,6 +63,8 @@ def _kill_sink_container(client: WeirClient, app_id: str) -> None:
 
 
 def test_a_second_run_on_a_killed_runs_state_dir_deploys_without_a_refusal(master, tmp_path):
+    # ~390 kB at 4,000 bytes a window: ~20 s of input, through which two kills land (each
+    # waits for its replacement to commit: a few seconds, no Spark)
     first_expected = write_input(tmp_path / "first-inbox", files=30)
     second_expected = write_input(tmp_path / "second-inbox", files=10)
     client = WeirClient(master.address)
