@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from master.application import Application, ApplicationState
 from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
 from master.recovery import ContainerLoss, lose_container
+from operators.watermarks import END_OF_TIME
 from operators.windows import format_window_id
 
 __all__ = [
@@ -134,6 +135,8 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
 
     An operator with a downstream operator behind it (or not running) is never blamed:
     it may be held back by that one, which is blamed instead if it is stuck with data.
+    Nor is one whose stream ended (its watermark is END_OF_TIME): its window moves no
+    more, it waits for its last window's commit, which may take a recovery downstream.
     """
     if app.state != ApplicationState.RUNNING:
         return []
@@ -148,6 +151,8 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
         if op.state != OperatorState.ACTIVE or not op.ready:
             continue
         tracker = stats[op.id]
+        if tracker.watermark_ms == END_OF_TIME:
+            continue
         count = timeout_window_count(op)
         since_ms = max(tracker.window_moved_ms, op.ready_ms)
         if all_ready:

@@ -14,6 +14,7 @@ from master.physical_plan import ContainerState, OperatorState
 from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
 from master.views import application_info, operator_info
 from operators import Dag
+from operators.watermarks import END_OF_TIME
 from proto import umbilical_pb2
 from tests.master.cluster import (
     ABORT,
@@ -262,6 +263,17 @@ def test_an_operator_waiting_for_an_upstream_still_in_setup_is_not_blamed():
     merge_container = merge.container_id
     [loss] = cluster.liveness()
     assert "'merge'" in loss.cause and loss.container_id == merge_container
+
+
+def test_a_source_whose_stream_ended_waits_for_its_commit_unblamed():
+    """A source at the end of its input reports END_OF_TIME and moves no more: it waits
+    for the commit of its last window, which a recovery downstream may hold up."""
+    cluster = chain(source__TIMEOUT_WINDOW_COUNT="10")
+    cluster.report(SOURCE, window(4), window(5, watermark=END_OF_TIME))
+    cluster.report(RELAY, window(5))
+    cluster.report(SINK, window(5))
+    heartbeats_for(cluster, 8000)
+    assert cluster.liveness() == []
 
 
 def test_at_most_once_restarts_from_the_newest_checkpoint():
