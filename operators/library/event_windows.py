@@ -303,36 +303,53 @@ class EventTimeWindows(SparkOperator):
         return pending.filter(needed)
 
     def _run(self, pending: pa.Table, before: int, now: int) -> None:
+        rows = self._job_rows(pending, before, now)
+        df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
+        if self.kind != "session":
+            self._fire(df, before, now)
+            self.pending = self._kept(pending, now)
+            return
+        # two jobs read the sessions: one brings every open row back with its session's
+        # end (the late rows and the rows kept are filtered from it here), one aggregates;
+        # the window functions run once, the second job reads the cache
+        df = self._live_sessions(df, before).cache()
+        try:
+            sessions = self.spark.to_arrow(df.select(*pending.schema.names, _SESSION_END))
+            self._send_late_sessions(sessions, pending.schema, before)
+            self._fire(df, before, now)
+        finally:
+            df.unpersist()
+        self.pending = self._kept_sessions(sessions, pending.schema, now)
+
+    def _send_late_sessions(self, sessions: pa.Table, schema: pa.Schema, before: int) -> None:
+        """The new rows whose session, merged, had closed for good by ``before``."""
+        if before == NO_WATERMARK:
+            return
+        ends = pc.add(sessions.column(_SESSION_END), self.allowed_lateness_ms)
+        late = sessions.filter(pc.less_equal(ends, before))
+        if late.num_rows:
+            self._send_late(late.select(schema.names).cast(schema).drop_columns([_NEW]),
+                            f"its session ended more than allowed_lateness_ms="
+                            f"{self.allowed_lateness_ms} before the watermark "
+                            f"{format_watermark(before)}")
+
+    def _fire(self, df: DataFrame, before: int, now: int) -> None:
+        """Emits the windows that go out now: a window goes out when the watermark passes
+        its end, and again when a new row reaches it within its lateness (a sliding
+        window's row may also fall in windows already closed for good: those stay as
+        they went out)."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        spark = self.spark
-        rows = self._job_rows(pending, before, now)
-        df = spark.to_dataframe(rows.to_batches(), rows.schema)
-        if self.kind == "session":
-            df = self._live_sessions(df, before)
-            if before != NO_WATERMARK:  # a new row whose session, merged, closed for good
-                late = df.where(F.col(_SESSION_END) + F.lit(self.allowed_lateness_ms)
-                                <= F.lit(before)).select(*pending.schema.names)
-                rows = spark.to_arrow(late)
-                if rows.num_rows:
-                    self._send_late(rows.cast(pending.schema).drop_columns([_NEW]),
-                                    f"its session ended more than allowed_lateness_ms="
-                                    f"{self.allowed_lateness_ms} before the watermark "
-                                    f"{format_watermark(before)}")
-        # a window goes out when the watermark passes its end, and again when a new row
-        # reaches it within its lateness (a sliding window's row may also fall in
-        # windows already closed for good: those stay as they went out)
         window = self._windows(df)
         end = F.col("window_end_ms")
         ended = end <= F.lit(now)
         fire = ended & ((end > F.lit(before)) | (
             F.col("touched") & (end + F.lit(self.allowed_lateness_ms) > F.lit(before))))
         results = window.where(fire).drop("window_end_ms", "touched")
-        table = _as_utc_ms(spark.to_arrow(results), ("window_start", "window_end"))
+        table = _as_utc_ms(self.spark.to_arrow(results), ("window_start", "window_end"))
         if table.num_rows:
             self.windows_out += table.num_rows
             self.output.emit(table)
-        self.pending = self._kept(df, pending, now)
 
     def _windows(self, df: DataFrame) -> DataFrame:
         """Every window of the open rows with its aggregates, its end in ms and whether a
@@ -393,20 +410,24 @@ class EventTimeWindows(SparkOperator):
                          > F.lit(before)).select(*columns)
         return self._sessions(live.unionByName(df.where(F.col(_NEW))))
 
-    def _kept(self, df: DataFrame, pending: pa.Table, now: int) -> pa.Table | None:
+    def _kept(self, pending: pa.Table, now: int) -> pa.Table | None:
         """The open rows still needed: those in a window that may go out or be updated
         (its end plus the allowed lateness is after ``now``)."""
         if now == END_OF_TIME:
             return None
         horizon = now - self.allowed_lateness_ms
-        if self.kind != "session":
-            kept = pending.filter(pc.greater(self._last_end(pending.column(_TIME)), horizon))
-            return kept if kept.num_rows else None
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+        kept = pending.filter(pc.greater(self._last_end(pending.column(_TIME)), horizon))
+        return kept if kept.num_rows else None
 
-        kept = self.spark.to_arrow(df.where(F.col(_SESSION_END) > F.lit(horizon))
-                                   .select(*pending.schema.names))
-        return kept.cast(pending.schema) if kept.num_rows else None
+    def _kept_sessions(self, sessions: pa.Table, schema: pa.Schema, now: int
+                       ) -> pa.Table | None:
+        """The open rows of sessions that may still go out or be updated (their end plus
+        the allowed lateness is after ``now``)."""
+        if now == END_OF_TIME:
+            return None
+        horizon = now - self.allowed_lateness_ms
+        kept = sessions.filter(pc.greater(sessions.column(_SESSION_END), horizon))
+        return kept.select(schema.names).cast(schema) if kept.num_rows else None
 
 
 def _as_utc_ms(table: pa.Table, columns: Sequence[str]) -> pa.Table:
