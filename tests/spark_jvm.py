@@ -87,7 +87,8 @@ class SparkJvmOptions:
         os.environ["SPARK_SUBMIT_OPTS"] = _QUICK
         try:
             archive = _cache_folder() / _archive_name()
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as exc:
+            # no home folder, no java, no pyspark: the JVMs start without the archive
             self.note = f"no class-data archive for Spark's JVMs: {exc}"
             return
         if archive.is_file():
