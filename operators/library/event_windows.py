@@ -307,7 +307,7 @@ class EventTimeWindows(SparkOperator):
         df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
         if self.kind != "session":
             self._fire(df, before, now)
-            self.pending = self._kept(pending, now)
+            self.pending = self._kept(pending, self._last_end(pending.column(_TIME)), now)
             return
         # two jobs read the sessions: one brings every open row back with its session's
         # end (the late rows and the rows kept are filtered from it here), one aggregates;
@@ -315,20 +315,22 @@ class EventTimeWindows(SparkOperator):
         df = self._live_sessions(df, before).cache()
         try:
             sessions = self.spark.to_arrow(df.select(*pending.schema.names, _SESSION_END))
-            self._send_late_sessions(sessions, pending.schema, before)
+            ends = sessions.column(_SESSION_END)
+            rows = sessions.select(pending.schema.names).cast(pending.schema)
+            self._send_late_sessions(rows, ends, before)
             self._fire(df, before, now)
         finally:
             df.unpersist()
-        self.pending = self._kept_sessions(sessions, pending.schema, now)
+        self.pending = self._kept(rows, ends, now)
 
-    def _send_late_sessions(self, sessions: pa.Table, schema: pa.Schema, before: int) -> None:
-        """The new rows whose session, merged, had closed for good by ``before``."""
+    def _send_late_sessions(self, rows: pa.Table, ends: pa.ChunkedArray, before: int) -> None:
+        """The new rows whose session (ending at ``ends``), merged, had closed for good by
+        ``before``."""
         if before == NO_WATERMARK:
             return
-        ends = pc.add(sessions.column(_SESSION_END), self.allowed_lateness_ms)
-        late = sessions.filter(pc.less_equal(ends, before))
+        late = rows.filter(pc.less_equal(pc.add(ends, self.allowed_lateness_ms), before))
         if late.num_rows:
-            self._send_late(late.select(schema.names).cast(schema).drop_columns([_NEW]),
+            self._send_late(late.drop_columns([_NEW]),
                             f"its session ended more than allowed_lateness_ms="
                             f"{self.allowed_lateness_ms} before the watermark "
                             f"{format_watermark(before)}")
@@ -410,24 +412,14 @@ class EventTimeWindows(SparkOperator):
                          > F.lit(before)).select(*columns)
         return self._sessions(live.unionByName(df.where(F.col(_NEW))))
 
-    def _kept(self, pending: pa.Table, now: int) -> pa.Table | None:
-        """The open rows still needed: those in a window that may go out or be updated
-        (its end plus the allowed lateness is after ``now``)."""
+    def _kept(self, rows: pa.Table, ends: pa.Array | pa.ChunkedArray, now: int
+              ) -> pa.Table | None:
+        """The open rows still needed: those in a window (or session) that may go out or
+        be updated, its end (``ends``, per row) plus the allowed lateness after ``now``."""
         if now == END_OF_TIME:
             return None
-        horizon = now - self.allowed_lateness_ms
-        kept = pending.filter(pc.greater(self._last_end(pending.column(_TIME)), horizon))
+        kept = rows.filter(pc.greater(ends, now - self.allowed_lateness_ms))
         return kept if kept.num_rows else None
-
-    def _kept_sessions(self, sessions: pa.Table, schema: pa.Schema, now: int
-                       ) -> pa.Table | None:
-        """The open rows of sessions that may still go out or be updated (their end plus
-        the allowed lateness is after ``now``)."""
-        if now == END_OF_TIME:
-            return None
-        horizon = now - self.allowed_lateness_ms
-        kept = sessions.filter(pc.greater(sessions.column(_SESSION_END), horizon))
-        return kept.select(schema.names).cast(schema) if kept.num_rows else None
 
 
 def _as_utc_ms(table: pa.Table, columns: Sequence[str]) -> pa.Table:

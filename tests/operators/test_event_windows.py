@@ -282,23 +282,44 @@ def test_a_bad_input_names_the_operator_and_the_fix(schema: pa.Schema, says: str
     assert "'per-minute'" in str(raised.value) and says in str(raised.value)
 
 
+class Counting:
+    """A bridge, counting the jobs it runs (each brings a result back to Arrow)."""
+
+    def __init__(self, bridge: SparkSessionBridge) -> None:
+        self.bridge = bridge
+        self.jobs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bridge, name)
+
+    def to_arrow(self, df: Any) -> pa.Table:
+        self.jobs += 1
+        return self.bridge.to_arrow(df)
+
+
+def test_a_firing_session_window_runs_two_jobs(bridge: SparkSessionBridge) -> None:
+    """One job brings the open rows back with their session's end (late rows and the rows
+    kept are filtered from it), one aggregates: not a third for the late rows."""
+    t0 = 1_700_000_000_000
+    op = EventTimeWindows.session("ts", gap_ms=1_000, keys="user", aggregations=AGGREGATIONS)
+    counting = Counting(bridge)
+    emitted = start(op, counting)
+    jobs = []
+    for index, (rows, watermark) in enumerate([([(t0, "a", 1), (t0 + 200, "b", 4)], t0 - 500),
+                                               ([(t0 + 3_000, "b", 16)], t0 + 2_000),
+                                               ([(t0 + 100, "b", 128)], t0 + 5_000)]):
+        before = counting.jobs
+        drive(op, emitted, [rows], [watermark], first=index)
+        jobs.append(counting.jobs - before)
+    assert jobs == [0, 2, 2]  # nothing can go out before t0 + 1_200
+    assert late_rows(emitted) == [(t0 + 100, "b", 128)]
+    assert op.open_rows == 0  # every session closed by t0 + 5_000
+
+
 def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBridge) -> None:
     from operators.operator import OperatorContext
 
-    class Counting:
-        """The bridge, counting the jobs it runs."""
-
-        def __init__(self) -> None:
-            self.jobs = 0
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(bridge, name)
-
-        def to_arrow(self, df: Any) -> pa.Table:
-            self.jobs += 1
-            return bridge.to_arrow(df)
-
-    counting = Counting()
+    counting = Counting(bridge)
     op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
     op.connect_outputs(Emitted())
     op.setup(OperatorContext(name="op", operator_id=1, container_id="c0",
