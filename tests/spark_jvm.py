@@ -124,6 +124,8 @@ class SparkJvmOptions:
             self._maker.kill()
             self._maker.wait(10)
             self.note = f"the class-data archive was not made in {_MAKE_TIMEOUT_S} s"
+        except OSError as exc:  # no python to start, no room for the file: said, not lost
+            self.note = f"the class-data archive was not made: {exc}"
         finally:
             Path(partial).unlink(missing_ok=True)
 

@@ -77,3 +77,17 @@ def test_no_warm_up_rows_starts_the_session_and_runs_no_job() -> None:
     bridge = Bridge()
     run_warm_up_jobs(bridge, rows=0, max_rounds=6)
     assert bridge.started == 1
+
+
+def test_spark_warmup_rows_0_reaches_the_bridge_and_a_negative_count_is_refused() -> None:
+    from operators.attributes import resolve
+    from runtime.spark.bridge import SparkSessionBridge
+
+    rows = resolve("SPARK_WARMUP_ROWS", {"SPARK_WARMUP_ROWS": "0"})
+    bridge = SparkSessionBridge.from_attributes({"SPARK_WARMUP_ROWS": rows})  # no JVM yet
+    try:
+        assert bridge.warmup_rows == 0
+    finally:
+        bridge.stop()
+    with pytest.raises(ValueError, match="-1 is outside 0"):
+        resolve("SPARK_WARMUP_ROWS", {"SPARK_WARMUP_ROWS": "-1"})
