@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
+
+from storage.private_files import check_private_file, make_private_dir
 
 __all__ = ["SparkJvmOptions"]
 
@@ -49,14 +50,11 @@ raise SystemExit(jvm.wait(180))
 
 
 def _cache_folder() -> Path:
-    """``~/.cache/weir-tests`` (or XDG's), made 0700; refused if another user owns it or
-    others may write it."""
+    """``~/.cache/weir-tests`` (or XDG's), owner-only (``storage.private_files``: refused
+    if another user made it or others may write in it)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     folder = base / "weir-tests"
-    folder.mkdir(parents=True, mode=0o700, exist_ok=True)
-    info = folder.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise PermissionError(f"{folder} is not a private folder of this user")
+    make_private_dir(str(folder), "the tests' cache folder")
     return folder
 
 
@@ -92,6 +90,11 @@ class SparkJvmOptions:
             self.note = f"no class-data archive for Spark's JVMs: {exc}"
             return
         if archive.is_file():
+            try:
+                check_private_file(str(archive), "the class-data archive")
+            except OSError as exc:
+                self.note = f"no class-data archive for Spark's JVMs: {exc}"
+                return
             self._use(archive)
             return
         self._thread = threading.Thread(target=self._make, args=(archive,),
