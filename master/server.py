@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -42,6 +43,9 @@ from storage.private_files import (
 __all__ = ["MasterServer", "MasterStartError"]
 
 _LOGGER = logging.getLogger(__name__)
+
+HALT_NOTICE_S = 2.0
+"""How long a halted master answers every call with why, before it stops listening."""
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
@@ -280,8 +284,13 @@ class MasterServer:
 
     def _halt(self, reason: str) -> None:
         """Stops serving, as a crash would, but cleanly: containers are left running for
-        the next master to take back (``halted`` tells ``weir master`` to exit)."""
+        the next master to take back (``halted`` tells ``weir master`` to exit).
+
+        For ``HALT_NOTICE_S`` first, every call is answered UNAVAILABLE with the reason
+        (the interceptor reads it): a client whose call follows the failed write, whoever
+        made that write, learns why rather than finding nobody there."""
         def halt() -> None:
+            time.sleep(HALT_NOTICE_S)
             with self._lock:
                 server, self._stopped = self._server, True
             if server is not None:

@@ -171,6 +171,10 @@ def test_a_journal_that_cannot_be_written_stops_the_master_not_its_containers(tm
         assert caught.value.code().name == "UNAVAILABLE"
         assert "cannot write its journal" in caught.value.details()
         assert "No space left on device" in caught.value.details()
+        with WeirClient(server.address, secret=server.secret, tls_ca=cert, timeout_s=5,
+                        loading_wait_s=0) as client, pytest.raises(WeirClientError) as why:
+            client.applications()  # a call after the failed write learns why
+        assert "cannot write its journal" in str(why.value)
         assert server.halted.wait(10)
         assert server.core.halted and not server.launcher.stopped  # containers keep running
         with WeirClient(server.address, secret=server.secret, tls_ca=cert, timeout_s=2,
