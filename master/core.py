@@ -308,6 +308,8 @@ class MasterCore:
             if app is not None:
                 self._persist(app)  # before the container hears of what changed
             self._changed.notify_all()
+        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT and app is not None:
+            self._loop.wake()  # a loss it asked for is carried out by the loop, now
         self._launches.carry_out(actions)
         if manifest is not None:
             self._manifests.write_later(app, *manifest)  # type: ignore[arg-type]

@@ -17,12 +17,12 @@ from master.checkpoints import is_operator_done, record_checkpoints, update_reco
 from master.log_limits import LogLimiter
 from master.physical_plan import (
     ContainerState,
+    LossRequest,
     OperatorState,
     PTContainer,
     PTOperator,
     StateSeed,
 )
-from master.recovery import lose_container
 from master.report_filter import bounded_text, read_windows
 from master.window_checks import check_window_ids
 from operators.windows import format_window_id
@@ -69,9 +69,10 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
     reported operator states and checkpoints move the plan's operators, their recovery
     checkpoints and the committed window (in every answer), unless a report's window ids
     cannot be right (``check_window_ids``: then its windows and checkpoints are ignored,
-    with a rate-limited warning); an operator reported FAILED costs its container (ABORT;
-    recovery takes over, or the application fails at once if the error is fatal, i.e.
-    cannot succeed on retry); operators pending undeploy are undeployed until no longer
+    with a rate-limited warning); an operator reported FAILED, or a container asking to be
+    restarted, costs the container: ABORT, and a ``LossRequest`` the master loop carries
+    out (recovery, or the application fails at once if the error is fatal, i.e. cannot
+    succeed on retry); operators pending undeploy are undeployed until no longer
     reported; deploy requests go out only when every live container is ACTIVE and no
     operator waits for its undeploy, and are repeated until the operator is reported; a
     terminal application answers ABORT.
@@ -100,17 +101,19 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         _activate(app, container, heartbeat, now_ms)
     if heartbeat.spark_warm != container.spark_warm:
         spares.record_warmth(app, container, heartbeat.spark_warm)
+    if container.loss_request is not None:
+        return abort_response()  # the master loop gives it up on its next pass
     if heartbeat.restart_requested and not app.terminal:
-        lose_container(app, container, "it asked to be restarted (its buffer server failed)",
-                       now_ms)
+        container.loss_request = LossRequest(
+            "it asked to be restarted (its buffer server failed)")
         return abort_response()
     held = app.plan.operators_in(container)  # a heartbeat that goes on does not move them
     states_before = [op.state for op in held]
     reports = _apply_operator_reports(app, container, heartbeat, now_ms)
     if reports.failed is not None and not app.terminal:
         failed, fatal = reports.failed
-        lose_container(app, container, f"operator {failed.name!r} ({failed.id}) failed: "
-                                       f"{failed.error}", now_ms, blamed=[failed], fatal=fatal)
+        container.loss_request = LossRequest(
+            f"operator {failed.name!r} ({failed.id}) failed: {failed.error}", failed.id, fatal)
         return abort_response()
     _undeployed(app, container, held, reports.reported)
     changed = [op.state for op in held] != states_before

@@ -1,7 +1,9 @@
 """Liveness: when the master gives up on a container, and why (Apex's master-loop checks).
 
-A container is lost when its process exits, when it sends no heartbeat for
-HEARTBEAT_TIMEOUT_MILLIS, or when it never sends one within twice that after its launch.
+A container is lost when its own heartbeat asked for it (an operator FAILED there, or
+its buffer server failed: a ``LossRequest`` the heartbeat recorded), when its process
+exits, when it sends no heartbeat for HEARTBEAT_TIMEOUT_MILLIS, or when it never sends
+one within twice that after its launch.
 An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT windows
 while its input has data; its container is then lost too, the operator blamed.
 
@@ -65,6 +67,13 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
     losses: list[ContainerLoss] = []
     for container in list(app.plan.containers.values()):  # recovery adds containers
         if container.state == ContainerState.KILLED:
+            continue
+        request = container.loss_request
+        if request is not None:  # its own heartbeat asked (before its process exits)
+            blamed = app.plan.operators.get(request.blamed_id)  # type: ignore[arg-type]
+            losses.append(lose_container(app, container, request.cause, now_ms,
+                                         blamed=None if blamed is None else [blamed],
+                                         fatal=request.fatal))
             continue
         cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
                        stop_grace_ms)

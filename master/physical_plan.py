@@ -209,6 +209,21 @@ class PTOperator:
         return {name: str(value) for name, value in self.attributes.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class LossRequest:
+    """A container's own heartbeat asked to be given up on: an operator FAILED there
+    (``blamed_id``, and whether its error is ``fatal``), or its buffer server failed.
+
+    The heartbeat only answers ABORT and records this; the master loop carries it out
+    (``liveness.check_liveness``), as Apex's heartbeat queues a failure for its event loop:
+    a heartbeat's rules never run a recovery.
+    """
+
+    cause: str
+    blamed_id: int | None = None
+    fatal: bool = False
+
+
 @dataclasses.dataclass(eq=False)
 class PTContainer:
     """The master's view of one container process and the operators placed in it.
@@ -236,6 +251,7 @@ class PTContainer:
     ended_with_app: bool = False  # stopped because its application ended: not a failure
     spare: bool = False  # a warm standby without operators (until it replaces a lost one)
     spark_warm: bool = False  # its heartbeats say its SparkSession is started and warm
+    loss_request: LossRequest | None = None  # its heartbeat asked to be given up on
 
     @property
     def buffer_server_address(self) -> str:

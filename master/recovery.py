@@ -213,6 +213,7 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     fails at once with the error.
     """
     container.transition(ContainerState.KILLED)
+    container.loss_request = None
     container.finished_ms = now_ms
     container.diagnostics = cause
     container.buffer_server_host, container.buffer_server_port = "", 0

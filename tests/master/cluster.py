@@ -68,6 +68,8 @@ class Cluster:
         """One heartbeat of ``cid``; ``fields`` set more of it (``spark_warm=True``)."""
         response = process_heartbeat(self.app, container_heartbeat(
             cid, port=self.port(cid), operators=reports, **fields), self.clock())
+        if self.app.plan.containers[cid].loss_request is not None:
+            self.liveness()  # as the master loop, woken by the ABORT, does at once
         self._launcher()
         return response
 

@@ -147,6 +147,16 @@ def test_operator_failure_restarts_its_container():
         clock())
     assert response.shutdown == ABORT
     op = app.plan.operators[2]
+    lost = app.plan.containers["app-0001-c1"]
+    # the heartbeat only records what it asked for; the master loop's pass recovers
+    assert (op.state, op.failure_count, lost.state) == (OperatorState.FAILED, 0,
+                                                        ContainerState.ACTIVE)
+    assert lost.loss_request.blamed_id == 2 and not app.launcher_actions
+    again = process_heartbeat(app, container_heartbeat("app-0001-c1"), clock())
+    assert again.shutdown == ABORT  # until its process is gone
+    assert [loss.container_id for loss in check_liveness(app, clock(), {}, 5000)] == [
+        "app-0001-c1"]
+    assert lost.loss_request is None
     assert (op.state, op.failure_count, op.error) == (OperatorState.PENDING_DEPLOY, 1,
                                                       "ZeroDivisionError: boom")
     assert (op.container_id, app.plan.containers["app-0001-c1"].state) == (

@@ -10,6 +10,7 @@ import pytest
 
 from master import recovery
 from master.application import ApplicationState
+from master.heartbeat import process_heartbeat
 from master.physical_plan import ContainerState, OperatorState
 from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
 from master.views import application_info, operator_info
@@ -36,6 +37,7 @@ from tests.master.fakes import (
     Sink,
     Source,
     chain_descriptor,
+    container_heartbeat,
     operator_report,
     window,
 )
@@ -185,6 +187,21 @@ def test_a_lost_container_counts_a_failure_for_each_of_its_operators():
         assert (op.failure_count, op.state, op.container_id) == (
             1, OperatorState.PENDING_DEPLOY, "app-0001-c1")
         assert op.error == "container app-0001-c0 lost: its process exited with code 137"
+
+
+def test_a_container_that_asks_to_be_restarted_is_replaced_by_the_loop_not_its_heartbeat():
+    cluster = chain()
+    cluster.clock.advance(100)
+    response = process_heartbeat(cluster.app, container_heartbeat(
+        C1, port=cluster.port(C1), restart_requested=True), cluster.clock())
+    assert response.shutdown == ABORT
+    lost = cluster.app.plan.containers[C1]
+    assert lost.state == ContainerState.ACTIVE and not cluster.app.launcher_actions
+    # its process exits before the loop's pass: the cause stays the one it asked for
+    [loss] = cluster.liveness({C1: 0})
+    assert (loss.container_id, loss.replacement_id) == (C1, "app-0001-c3")
+    assert lost.diagnostics == "it asked to be restarted (its buffer server failed)"
+    assert cluster.ops[RELAY].failure_count == 1
 
 
 def test_liveness_by_window_timeout_blames_the_stuck_operator():
