@@ -117,42 +117,38 @@ def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.Containe
         return abort_response()
     _undeployed(app, container, held, reports.reported)
     changed = [op.state for op in held] != states_before
-    _update_checkpoints(app, changed, reports.checkpointed)
-    committed = savepoints.committed_for_containers(app)  # (before a finish ends a savepoint)
-    _update_state(app, changed, now_ms)
+    if changed:  # recovery checkpoints: all of them, else only what new checkpoints move
+        update_recovery(app)
+    elif reports.checkpointed:
+        update_recovery(app, reports.checkpointed)
+    finished = _update_state(app, changed, now_ms)
+    committed = savepoints.on_heartbeat(app, reports.savepoint_parts, finished)
     return _orders(app, container, held, reports, committed, now_ms)
 
 
 @dataclasses.dataclass
 class _Reports:
     """What a heartbeat's operator reports said: the ids reported, those to undeploy, one
-    FAILED operator with whether its error is fatal, the ids with a new checkpoint."""
+    FAILED operator with whether its error is fatal, the ids with a new checkpoint, and
+    the savepoint parts written (operator id -> savepoint path)."""
 
     reported: set[int] = dataclasses.field(default_factory=set)
     undeploy: list[int] = dataclasses.field(default_factory=list)
     failed: tuple[PTOperator, bool] | None = None
     checkpointed: set[int] = dataclasses.field(default_factory=set)
+    savepoint_parts: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
-def _update_checkpoints(app: Application, changed: bool, checkpointed: set[int]) -> None:
-    """Recovery checkpoints after operators moved (all of them when an operator's state
-    changed, else only what new checkpoints move), then the savepoint under way."""
-    if changed:
-        update_recovery(app)
-    elif checkpointed:
-        update_recovery(app, checkpointed)
-    savepoints.advance(app)
-
-
-def _update_state(app: Application, changed: bool, now_ms: int) -> None:
+def _update_state(app: Application, changed: bool, now_ms: int) -> bool:
     """The application's own state: RUNNING once every container is active, FINISHED
-    once every operator ended."""
+    once every operator ended; True if it finished now."""
     if app.state == ApplicationState.ACCEPTED and app.all_containers_active():
         app.transition(ApplicationState.RUNNING, now_ms)
     if changed and not app.terminal and all(op.state == OperatorState.SHUTDOWN
                                             for op in app.plan.operators.values()):
         app.transition(ApplicationState.FINISHED, now_ms)
-        savepoints.finish(app)
+        return True
+    return False
 
 
 def _orders(app: Application, container: PTContainer, held: list[PTOperator],
@@ -256,7 +252,7 @@ def _apply_operator_reports(app: Application, container: PTContainer,
         if report.ready and not op.ready:
             op.ready, op.ready_ms = True, now_ms
         if report.savepoint_written:
-            savepoints.record_written(app, op.id, report.savepoint_written)
+            out.savepoint_parts[op.id] = report.savepoint_written
         op.recovering = report.recovering
         tracker = app.operator_stats[op.id]
         windows, removed = read_windows(report, op.port_names)

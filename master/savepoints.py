@@ -23,6 +23,7 @@ stays comparable.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from master.checkpoint_book import CheckpointBook
@@ -40,9 +41,8 @@ from storage.savepoints import Manifest, SavedPartition, SavepointError, match
 if TYPE_CHECKING:
     from master.application import Application
 
-__all__ = ["SavepointProgress", "adopt", "advance", "committed_for_containers", "finish",
-           "manifest_due", "manifest_written", "plan_from_savepoint", "record_written",
-           "start"]
+__all__ = ["SavepointProgress", "adopt", "manifest_due", "manifest_written", "on_heartbeat",
+           "plan_from_savepoint", "start"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -81,15 +81,27 @@ def start(app: Application, path: str, stop: bool) -> None:
     else:
         _LOGGER.info("app=%s savepoint requested at %s, the application runs on", app.id,
                      redact_location(path))
-        advance(app)
+        _advance(app)
 
 
-def record_written(app: Application, operator_id: int, path: str) -> None:
-    if app.savepoint is not None and path == app.savepoint.path:
-        app.savepoint.written.add(operator_id)
+def on_heartbeat(app: Application, parts: Mapping[int, str], finished: bool) -> int:
+    """A heartbeat's share of the savepoint under way: the ``parts`` its operators wrote
+    (operator id -> savepoint path) are recorded and the savepoint moves on; if the
+    application ``finished`` with it, the savepoint ends. Returns the committed window
+    the container hears (held while the savepoint copies it; read before an end lets it go).
+    """
+    progress = app.savepoint
+    if progress is None:
+        return app.committed_window_id
+    progress.written.update(op_id for op_id, path in parts.items() if path == progress.path)
+    _advance(app)
+    committed = _committed_for_containers(app)
+    if finished:
+        _finish(app)
+    return committed
 
 
-def advance(app: Application) -> None:
+def _advance(app: Application) -> None:
     """A savepoint without a stop moves on: it takes the newest window every operator of
     the DAG checkpointed (not before the committed window: those are being deleted), and
     is complete once each wrote its part."""
@@ -118,7 +130,7 @@ def advance(app: Application) -> None:
         _complete(app, progress, {op.id: progress.window for op in _instances(app)})
 
 
-def committed_for_containers(app: Application) -> int:
+def _committed_for_containers(app: Application) -> int:
     """The committed window containers hear: held at the window of a savepoint being
     written, so that nobody deletes the checkpoints it copies."""
     progress = app.savepoint
@@ -131,7 +143,7 @@ def _instances(app: Application) -> list[PTOperator]:
     return [instance for op in app.dag.operators for instance in app.plan.instances(op.name)]
 
 
-def finish(app: Application) -> None:
+def _finish(app: Application) -> None:
     """The application finished: a savepoint with a stop gets its manifest if every
     operator wrote its part, else says which did not (no manifest: incomplete)."""
     progress = app.savepoint

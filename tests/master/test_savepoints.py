@@ -8,12 +8,10 @@ import pytest
 
 from master.planner import build_physical_plan
 from master.savepoints import (
-    advance,
-    committed_for_containers,
     manifest_due,
     manifest_written,
+    on_heartbeat,
     plan_from_savepoint,
-    record_written,
     start,
 )
 from proto import plan_pb2
@@ -104,21 +102,19 @@ def test_a_savepoint_while_running_takes_the_newest_window_every_operator_checkp
     start(app, path, stop=False)
     assert app.savepoint.window == 20 and not app.shutdown_requested
     app.committed_window_id = 30
-    assert committed_for_containers(app) == 20  # nobody deletes what it copies meanwhile
-
-    for op_id in ids[:-1]:
-        record_written(app, op_id, path)
-    record_written(app, ids[-1], str(tmp_path / "another"))  # not this savepoint's part
-    advance(app)
-    assert app.savepoint.state == "writing"
-    record_written(app, ids[-1], path)
-    advance(app)
-    # every part is written: the manifest is due, written by the core outside its lock
+    # nobody deletes what it copies meanwhile
+    assert on_heartbeat(app, {}, finished=False) == 20
+    parts = {op_id: path for op_id in ids[:-1]}
+    parts[ids[-1]] = str(tmp_path / "another")  # not this savepoint's part
+    assert on_heartbeat(app, parts, finished=False) == 20
+    assert app.savepoint.state == "writing" and manifest_due(app) is None
+    # every part is written: the manifest is due, written by the core outside its lock;
+    # the window stays held until it is
+    assert on_heartbeat(app, {ids[-1]: path}, finished=False) == 20
     due_path, manifest = manifest_due(app)
     assert due_path == path and app.savepoint.state == "writing"
-    assert committed_for_containers(app) == 20  # still held until the manifest is written
     manifest_written(app, path, "")
-    assert app.savepoint.state == "complete" and committed_for_containers(app) == 30
+    assert app.savepoint.state == "complete" and on_heartbeat(app, {}, finished=False) == 30
     assert manifest_due(app) is None
     assert manifest.window == 20
     assert {p.window for op in manifest.operators for p in op.partitions} == {20}
@@ -129,10 +125,10 @@ def test_a_savepoint_waits_for_a_window_every_operator_checkpointed(tmp_path):
     ids = list(app.plan.operators)
     app.checkpoints[ids[0]].add(10)
     start(app, path, stop=False)
-    assert app.savepoint.window == -1 and committed_for_containers(app) == -1
+    assert app.savepoint.window == -1 and on_heartbeat(app, {}, finished=False) == -1
     for op_id in ids:
         app.checkpoints[op_id].add(14)
-    advance(app)
+    on_heartbeat(app, {}, finished=False)
     assert app.savepoint.window == 14
 
 
@@ -151,9 +147,8 @@ def test_a_savepoint_is_refused_once_an_operator_ended_and_given_up_if_one_ends_
         app.checkpoints[op.id].add(8)
     start(app, path, stop=False)
     ops[0].state = OperatorState.SHUTDOWN  # it ended before it wrote its part
-    advance(app)
+    assert on_heartbeat(app, {}, finished=False) == app.committed_window_id  # nothing held
     assert app.savepoint.state.startswith("incomplete: operators source (1) ended")
-    assert committed_for_containers(app) == app.committed_window_id  # nothing held
 
 
 def test_savepoint_stop_waits_for_the_manifest_written_after_the_application_ended():
