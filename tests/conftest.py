@@ -44,9 +44,9 @@ _SPARK_JVMS = SparkJvmOptions()  # SPARK_SUBMIT_OPTS for the session (tests/spar
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "timed(group, label): print the test's duration "
+    config.addinivalue_line("markers", "timed(group[, label]): print the test's duration "
                             "(setup, call and teardown) beside the others of its group at the "
-                            "end of the run")
+                            "end of the run; without a label, a run_dag test's driver names it")
     _SPARK_JVMS.start()
 
 
@@ -73,10 +73,16 @@ def pytest_runtest_makereport(item, call):
         return
     started, spark_before = item.stash[_STARTED]
     spark_start = sum(_SPARK_STARTS) - spark_before
-    group, label = marker.args
+    group, *named = marker.args  # without a label: the driver of a ``run_dag`` test
+    label = named[0] if named else _driver_label(item)
     outcome.get_result().user_properties.append(
         ("weir_timed", (group, label, time.perf_counter() - started - spark_start,
                         sum(_SPARK_STARTS))))
+
+
+def _driver_label(item) -> str:
+    driver = getattr(item, "callspec", None) and item.callspec.params.get("run_dag")
+    return {"local": "local runner", "containers": "real processes"}.get(driver, item.name)
 
 
 def pytest_runtest_logreport(report):
@@ -232,13 +238,15 @@ class _Driver:
         self._request = request
         self._state_dirs = (tmp_path / f"state-{i}" for i in range(1_000))
 
-    def __call__(self, dag):
+    def __call__(self, dag, *, during=None):
+        """``during(client, app_id)``: what the test samples from the master while the
+        application runs (containers only: the local runner has no master)."""
         from tests.drivers import run_here, run_in_containers
 
         if self.driver == "local":
             return run_here(dag)
         master = self._request.getfixturevalue("cluster")
-        return run_in_containers(master, dag, next(self._state_dirs))
+        return run_in_containers(master, dag, next(self._state_dirs), during)
 
 
 @pytest.fixture(params=["local", "containers"])

@@ -14,7 +14,8 @@ application's start time, the local runner from 0).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,6 +66,8 @@ class DagRun(Protocol):
 
     driver: str
     first_counter: int  # the window counter of the run's first window
+    master: Any  # the master that ran it (containers), else None
+    app_id: str  # its application there (containers), else ""
 
     def operator(self, name: str) -> Operator:
         """Operator ``name`` as the run left it."""
@@ -81,12 +84,16 @@ class DagRun(Protocol):
 
 
 class _Result:
-    """A run's operators by name; the sinks read from them."""
+    """A run's operators by name; the sinks read from them. In containers, ``master`` and
+    ``app_id`` say where to ask what only a master knows (its figures, its API)."""
 
-    def __init__(self, driver: str, operators: dict[str, Operator], first_window: int) -> None:
+    def __init__(self, driver: str, operators: dict[str, Operator], first_window: int,
+                 master: Any = None, app_id: str = "") -> None:
         self.driver = driver
         self._operators = operators
         self.first_counter = window_counter(first_window)
+        self.master = master
+        self.app_id = app_id
 
     def operator(self, name: str) -> Operator:
         return self._operators[name]
@@ -115,9 +122,11 @@ def run_here(dag: Dag) -> _Result:
     return _Result("local", {name: run.operator(name) for name in names}, run.window_ids[0])
 
 
-def run_in_containers(master: Any, dag: Dag, state_dir: Path) -> _Result:
+def run_in_containers(master: Any, dag: Dag, state_dir: Path,
+                      during: Callable[[Any, str], None] | None = None) -> _Result:
     """``dag`` submitted to ``master`` (real container processes), to the end of its
-    stream; each operator loaded from its last checkpoint."""
+    stream; each operator loaded from its last checkpoint. ``during(client, app_id)`` is
+    called every 50 ms while the application runs (what a test samples from the master)."""
     from master.client import WeirClient, WeirClientError
     from tests.e2e.conftest import container_logs
 
@@ -128,22 +137,31 @@ def run_in_containers(master: Any, dag: Dag, state_dir: Path) -> _Result:
             app_id = client.submit(descriptor)
         except WeirClientError as exc:  # refused: a malformed DAG, as the local runner's
             raise RunFailed(str(exc)) from exc
-        info = client.wait(app_id, _RUN_TIMEOUT_S)
+        if during is None:
+            info = client.wait(app_id, _RUN_TIMEOUT_S)
+        else:
+            deadline = time.monotonic() + _RUN_TIMEOUT_S
+            while (info := client.application(app_id)).state in ("ACCEPTED", "RUNNING") \
+                    and time.monotonic() < deadline:
+                during(client, app_id)
+                time.sleep(0.05)
         if info.state != "FINISHED":
             raise RunFailed(f"{info.state}: {info.diagnostics}\n{container_logs(master)}",
                             master, app_id)
-        ids = {op.name: op.id for op in client.operators(app_id)}
+        physical = [(op.name, op.logical_name or op.name, op.id)
+                    for op in client.operators(app_id) if "#unifier" not in op.name]
     store = CheckpointStore(descriptor.attributes["STATE_DIR"])  # (the DAG may name one)
+    payloads = {op.name: op.payload for op in descriptor.operators}
     operators, first = {}, None
-    for op in descriptor.operators:
-        window = store.latest(ids[op.name])
-        assert window is not None, f"operator {op.name} left no checkpoint"
-        operators[op.name] = restore(cloudpickle.loads(op.payload),
-                                     store.load(ids[op.name], window), op.name)
-        collected = getattr(operators[op.name], "windows", None)
-        if isinstance(operators[op.name], CollectSink) and collected:
+    for name, logical, op_id in physical:  # a partitioned operator's by ``name#i``
+        window = store.latest(op_id)
+        assert window is not None, f"operator {name} left no checkpoint"
+        operators[name] = restore(cloudpickle.loads(payloads[logical]),
+                                  store.load(op_id, window), name)
+        collected = getattr(operators[name], "windows", None)
+        if isinstance(operators[name], CollectSink) and collected:
             first = collected[0] if first is None else min(first, collected[0])
-    return _Result("containers", operators, first if first is not None else 0)
+    return _Result("containers", operators, first if first is not None else 0, master, app_id)
 
 
 def _set_defaults(descriptor: plan_pb2.DagDescriptor, state_dir: Path) -> None:

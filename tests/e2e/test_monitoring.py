@@ -1,5 +1,6 @@
-"""Monitoring end to end: the master's figures for a run with known input, over the JSON API
-and Prometheus' /metrics, while it runs and after it ended. No Spark: pure-Python operators.
+"""Monitoring end to end: the figures of a run with known input, the operators' own through
+both drivers, and the master's over the JSON API and Prometheus' /metrics while it runs
+and after it ended. No Spark: pure-Python operators.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 import textwrap
 import urllib.request
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,8 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from master.auth import http_token
 from master.client import WeirClient
 from operators.app import load_app
-from tests.e2e.conftest import container_logs
-from tests.harness import poll_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,39 +90,48 @@ def sample(families: dict, family: str, **labels: str) -> float:
     return found[0]
 
 
-def test_figures_of_a_run_with_known_input(master, tmp_path):
+def test_figures_of_a_run_with_known_input(run_dag, request, tmp_path):
+    """Through both drivers: the operators' own figures (a user metric) and the output; in
+    containers, the master's figures over its API and /metrics, while it runs and after."""
     app_file = tmp_path / "monitored_app.py"
     app_file.write_text(textwrap.dedent(APP.format(
         window=WINDOW_MS, heartbeat=HEARTBEAT_MS, rate=RATE, events=EVENTS,
         state=str(tmp_path / "state"), out=str(tmp_path / "out"))))
-    with WeirClient(master.address) as client:
-        app_id = client.submit(load_app(app_file).to_descriptor())
+    running: dict[str, Any] = {}
 
-    def running_with_throughput() -> dict | None:
+    def while_running(client: WeirClient, app_id: str) -> None:
+        if running:
+            return
+        master = request.getfixturevalue("cluster")  # the one run_dag submits to
         info = api(master, f"api/apps/{app_id}")
-        assert info["state"] in ("ACCEPTED", "RUNNING"), (info, container_logs(master))
-        return info if info["state"] == "RUNNING" and info["tuples_processed_per_second"] > 0 \
-            else None
+        if info["state"] == "RUNNING" and info["tuples_processed_per_second"] > 0:
+            running.update(info=info, families=scrape(master))
 
-    running = poll_for(running_with_throughput, 120, "throughput while the app runs",
-                       interval_s=0.2)
-    assert int(running["total_tuples_processed"]) < 2 * EVENTS
+    run = run_dag(load_app(app_file), during=while_running)
+    evens = run.operator("evens")
+    kept = sum(len(file.read_text().splitlines()) for file in (tmp_path / "out").glob("*"))
+    assert 0 < kept < EVENTS
+    assert (evens.rows_seen, evens.rows_dropped()) == (EVENTS, EVENTS - kept)
+    if run.driver == "containers":
+        assert running, "the master never showed the application running with throughput"
+        _the_master_figures(run.master, run.app_id, running, kept)
 
-    families = scrape(master)  # while it runs
+
+def _the_master_figures(master: Any, app_id: str, running: dict[str, Any], kept: int) -> None:
+    assert int(running["info"]["total_tuples_processed"]) < 2 * EVENTS
+    families = running["families"]  # while it ran
     assert sample(families, "weir_application_state", app=app_id, state="RUNNING") == 1
     assert sample(families, "weir_operator_tuples_emitted", app=app_id, operator="source") > 0
     assert sample(families, "weir_application_tuples_processed_per_second", app=app_id) > 0
     assert sample(families, "weir_container_memory_rss_bytes", app=app_id,
                   container=f"{app_id}-c0") > 0
 
-    final = master.wait_for_application(app_id, 180)
-    assert final.state == "FINISHED", container_logs(master)
     operators = {op["name"]: op for op in api(master, f"api/apps/{app_id}/operators")["operators"]}
     source, evens, sink = operators["source"], operators["evens"], operators["sink"]
     assert int(source["total_tuples_emitted"]) == EVENTS
     assert int(evens["total_tuples_processed"]) == EVENTS
-    kept = int(evens["total_tuples_emitted"])
-    assert 0 < kept < EVENTS and int(sink["total_tuples_processed"]) == kept
+    assert int(evens["total_tuples_emitted"]) == kept
+    assert int(sink["total_tuples_processed"]) == kept
     assert evens["metrics"] == {"rows_seen": EVENTS, "rows_dropped": EVENTS - kept}
 
     app = api(master, f"api/apps/{app_id}")

@@ -1,14 +1,14 @@
 """Watermarks end to end: a ParquetSource with EVENT_TIME_COLUMN in one container, a
-pass-through and a sink in another; the master's figures say, window after window, the
-highest event time the source had emitted minus the delay, never less than before, and
-END_OF_TIME once the files are read. No Spark: pure-Python operators."""
+pass-through and a sink in another; the pass-through's watermark (through both drivers)
+and the master's figures (in containers) say, window after window, the highest event time
+the source had emitted minus the delay, never less than before, and END_OF_TIME once the
+files are read. No Spark: pure-Python operators."""
 
 from __future__ import annotations
 
 import itertools
 import os
 import textwrap
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,8 +18,6 @@ import pytest
 from master.client import WeirClient
 from operators.app import load_app
 from operators.watermarks import END_OF_TIME, NO_WATERMARK
-from tests.e2e.conftest import container_logs
-from tests.e2e.test_recovery import where_it_stands
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -31,12 +29,20 @@ APP = """
     from operators.library import FileSink, ParquetSource
 
     class Pass(Operator):
-        '''Passes every batch on as it is.'''
+        '''Passes every batch on as it is; keeps (rows so far, watermark) per window.'''
         input = InputPort()
         output = OutputPort()
 
+        def __init__(self):
+            self.rows = 0
+            self.seen = []
+
         def process(self, port, batch):
+            self.rows += batch.num_rows
             self.output.emit(batch)
+
+        def end_window(self):
+            self.seen.append((self.rows, self.watermark))
 
     dag = Dag("watermarks", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, CHECKPOINT_WINDOW_COUNT=5, STATE_DIR={state!r})
@@ -67,7 +73,9 @@ def write_inbox(inbox: Path) -> list[int]:
     return times
 
 
-def test_the_watermark_follows_the_event_times_the_source_emitted(master, tmp_path):
+def test_the_watermark_follows_the_event_times_the_source_emitted(run_dag, tmp_path):
+    """Through both drivers: the watermark the relay saw at each window's end; in
+    containers, the master's figures too, sampled while it runs."""
     times = write_inbox(tmp_path / "inbox")
     highest = list(itertools.accumulate(times, max))  # after n rows: highest[n - 1]
 
@@ -82,30 +90,41 @@ def test_the_watermark_follows_the_event_times_the_source_emitted(master, tmp_pa
         state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"),
         out=str(tmp_path / "out"), per_window=ROWS_PER_WINDOW, delay=DELAY_MS)))
     seen: dict[str, list[tuple[int, int]]] = {"relay": [], "sink": []}  # (rows, watermark)
-    with WeirClient(master.address) as client:
-        app_id = client.submit(load_app(app).to_descriptor())
-        deadline = time.monotonic() + 180
-        while client.application(app_id).state not in ("FINISHED", "FAILED", "KILLED"):
-            assert time.monotonic() < deadline, (
-                f"not finished after 180 s\n{where_it_stands(client, app_id)}\n"
-                f"{container_logs(master)}")
-            for op in client.operators(app_id):
-                if op.name in seen and op.current_window_id >= 0:
-                    seen[op.name].append((op.total_tuples_processed, op.watermark_ms))
-            time.sleep(0.05)
-        info = client.application(app_id)
-        assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
-        final = {op.name: op for op in client.operators(app_id)}
-        relay = client.operator_stats(app_id, "relay")
+
+    def sample(client: WeirClient, app_id: str) -> None:
+        for op in client.operators(app_id):
+            if op.name in seen and op.current_window_id >= 0:
+                seen[op.name].append((op.total_tuples_processed, op.watermark_ms))
+
+    run = run_dag(load_app(app), during=sample)
+    relay = run.operator("relay")
+    assert relay.rows == len(times)
+    _follows(relay.seen, expected, "the relay's own windows")
+    between = {mark for rows, mark in relay.seen if 0 < rows < len(times)
+               and mark not in (NO_WATERMARK, END_OF_TIME)}
+    assert between, f"no watermark seen while the files were read: {relay.seen}"
+    if run.driver == "containers":
+        _the_master_figures_follow(run, seen, expected, len(times))
+
+
+def _follows(marks_by_rows: list[tuple[int, int]], expected, name: str) -> None:
+    wrong = [(rows, mark) for rows, mark in marks_by_rows if not expected(rows, mark)]
+    assert not wrong, f"{name}: (rows, watermark) other than the source's: {wrong[:5]}"
+    marks = [mark for _, mark in marks_by_rows]
+    assert marks == sorted(marks), f"{name}: the watermark went backwards: {marks}"
+
+
+def _the_master_figures_follow(run, seen: dict[str, list[tuple[int, int]]], expected,
+                               events: int) -> None:
+    with WeirClient(run.master.address) as client:
+        final = {op.name: op for op in client.operators(run.app_id)}
+        relay = client.operator_stats(run.app_id, "relay")
     for name in seen:
         seen[name].append((final[name].total_tuples_processed, final[name].watermark_ms))
-        wrong = [(rows, mark) for rows, mark in seen[name] if not expected(rows, mark)]
-        assert not wrong, f"{name}: (rows, watermark) other than the source's: {wrong[:5]}"
-        marks = [mark for _, mark in seen[name]]
-        assert marks == sorted(marks), f"{name}: the watermark went backwards: {marks}"
-        assert marks[-1] == END_OF_TIME, f"{name} ended at {marks[-1]}, not END_OF_TIME"
-        assert final[name].total_tuples_processed == len(times)
-    between = {mark for rows, mark in seen["relay"] if 0 < rows < len(times)
+        _follows(seen[name], expected, f"the master's figures of {name}")
+        assert seen[name][-1][1] == END_OF_TIME, f"{name} ended at {seen[name][-1]}"
+        assert final[name].total_tuples_processed == events
+    between = {mark for rows, mark in seen["relay"] if 0 < rows < events
                and mark not in (NO_WATERMARK, END_OF_TIME)}
     assert between, f"no watermark seen while the files were read: {seen['relay']}"
     assert final["source"].watermark_ms == END_OF_TIME
