@@ -22,7 +22,7 @@ from proto import plan_pb2
 if TYPE_CHECKING:
     from master.savepoint_progress import SavepointProgress
 
-__all__ = ["Application", "ApplicationState", "LaunchKind", "LauncherAction"]
+__all__ = ["Application", "ApplicationState", "LaunchKind", "LauncherAction", "ReportedError"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -74,6 +74,16 @@ class LauncherAction:
     container_id: str
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportedError:
+    """An error reported on the application: by a container (``source`` is its id) or by
+    the master itself (``source`` is ``master``), shown among its recent failures."""
+
+    time_ms: int
+    source: str
+    message: str
+
+
 class Application:
     """An application's plan, state and statistics.
 
@@ -113,7 +123,7 @@ class Application:
         self.operator_stats = {op_id: OperatorStatsTracker() for op_id in plan.operators}
         self.container_stats = {cid: ContainerStatsTracker() for cid in plan.containers}
         self.checkpoints = {op_id: CheckpointBook() for op_id in plan.operators}
-        self.reported_errors: collections.deque[str] = collections.deque(
+        self.reported_errors: collections.deque[ReportedError] = collections.deque(
             maxlen=_REPORTED_ERRORS_KEPT)
         self.recoveries = 0  # containers replaced
         self.last_recovery = ""
@@ -166,6 +176,26 @@ class Application:
         _LOGGER.log(level, "app=%s %s%s", self.id, to.value,
                     f": {diagnostics}" if diagnostics else "")
         return True
+
+    def report_error(self, source: str, message: str, now_ms: int) -> bool:
+        """Keeps an error among the last ``_REPORTED_ERRORS_KEPT``, unless it repeats the
+        last one from the same source; True if kept."""
+        last = self.reported_errors[-1] if self.reported_errors else None
+        if last is not None and (last.source, last.message) == (source, message):
+            return False
+        self.reported_errors.append(ReportedError(now_ms, source, message))
+        return True
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A journal written before errors had a time and source kept them as text
+        (``<source> <message>``)."""
+        errors = state.get("reported_errors")
+        if errors and isinstance(errors[0], str):
+            parts = [(text.split(" ", 1) + [""])[:2] for text in errors]
+            state["reported_errors"] = collections.deque(
+                (ReportedError(0, source.rstrip(":"), message) for source, message in parts),
+                maxlen=_REPORTED_ERRORS_KEPT)
+        self.__dict__.update(state)
 
     def fail(self, diagnostics: str, now_ms: int) -> bool:
         """FAILED with ``diagnostics`` unless already terminal; True if it changed."""

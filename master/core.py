@@ -333,7 +333,8 @@ class MasterCore:
             names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
                      for i in operator_ids]
             msg = bounded_text(msg)  # kept, journaled and logged: a container sets its size
-            app.reported_errors.append(f"{container_id} {names}: {msg}")
+            app.report_error(container_id, f"operators {names}: {msg}" if names else msg,
+                             self.clock())
             _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id,
                             container_id, names, msg)
             recovery.deploy_failed(app, container, operator_ids, msg, self.clock())
@@ -435,7 +436,7 @@ class MasterCore:
                     manifests.append((app, *manifest))
                 for container_id, pid, host in recovery.resume(app, now_ms):
                     self.launcher.adopt(container_id, pid, host)
-                self._listeners.restore(app)
+                self._listeners.restore(app, self.clock())
                 _LOGGER.info("app=%s restored from the journal: %s, committed window %s",
                              app.id, app.state.value, app.committed_window_id)
             self._changed.notify_all()

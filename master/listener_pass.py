@@ -57,8 +57,7 @@ class ListenerPass:
             app = self._apps.find(ask.app_id)
             if app is None:  # forgotten meanwhile
                 return
-            message = f"master: the stats listener of {ask.operator!r}: {error}"
-            if not app.reported_errors or app.reported_errors[-1] != message:
-                app.reported_errors.append(message)
+            message = f"the stats listener of {ask.operator!r}: {error}"
+            app.report_error("master", message, self._clock())
             app.log_limits.log(_LOGGER, logging.WARNING, ("stats listener", ask.operator),
                                self._clock(), "app=%s %s", ask.app_id, message)

@@ -117,11 +117,11 @@ def spare_lost(app: Application, container: PTContainer) -> None:
     if not was_ready:
         app.spare_losses_in_a_row += 1
         if app.spare_losses_in_a_row == SPARE_LOSSES_IN_A_ROW:
-            message = (f"master: {SPARE_LOSSES_IN_A_ROW} spare containers in a row were lost "
+            message = (f"{SPARE_LOSSES_IN_A_ROW} spare containers in a row were lost "
                        f"before they were ready (last: {container.id}, "
                        f"{container.diagnostics}); no more spares are launched, lost "
                        "containers are replaced by new ones")
-            app.reported_errors.append(message)
+            app.report_error("master", message, container.finished_ms)
             _LOGGER.warning("app=%s %s", app.id, message)
     for new in replenish(app)[:1]:
         container.replaced_by, new.replaces = new.id, container.id

@@ -91,13 +91,13 @@ class StatsListeners:
         if listeners:
             self._by_app[app_id] = listeners
 
-    def restore(self, app: Application) -> None:
+    def restore(self, app: Application, now_ms: int) -> None:
         """Loads a restored application's listeners from its DAG; one that cannot be
         loaded here is reported on the application, which runs on without them."""
         try:
             self.add(app.id, load_listeners(app.dag))
         except StatsListenerError as exc:
-            app.reported_errors.append(f"master: {exc}")
+            app.report_error("master", str(exc), now_ms)
             _LOGGER.warning("app=%s restored without its stats listeners: %s", app.id, exc)
 
     def forget(self, app_id: str) -> None:

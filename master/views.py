@@ -175,10 +175,9 @@ def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
         time_ms=app.operator_stats[op.id].last_heartbeat_ms, kind="operator", subject=op.name,
         message=f"{op.error} (failures: {op.failure_count})") for op in app.plan.operators.values()
         if op.error]
-    failures.sort(key=lambda f: -f.time_ms)
-    failures += [client_pb2.FailureInfo(kind="error", subject=text.split(" ", 1)[0],
-                                        message=text)
-                 for text in reversed(app.reported_errors)]
+    failures += [client_pb2.FailureInfo(time_ms=e.time_ms, kind="error", subject=e.source,
+                                        message=e.message) for e in reversed(app.reported_errors)]
+    failures.sort(key=lambda f: -f.time_ms)  # (stable: of equal times, the newest report first)
     return failures[:_FAILURES_SHOWN]
 
 

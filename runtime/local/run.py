@@ -34,8 +34,10 @@ What differs, and why:
 - **One partition.** ``PARTITIONS`` is ignored: each operator runs as one unpartitioned
   instance (the result of a partitioned operator followed by its unifier is the same).
 - **Spark**, when an operator has ``USES_SPARK``, is the container's bridge over one local
-  session shared by every run in the process (``runtime.spark.shared``); a DAG without
-  Spark never imports pyspark.
+  session shared by every run in the process (``runtime.spark.shared``: ``local[1]``, one
+  shuffle partition, warmed up once); the DAG's ``SPARK_MASTER``,
+  ``SPARK_SHUFFLE_PARTITIONS`` and ``SPARK_WARMUP_ROWS`` set a container's session, not
+  this one. A DAG without Spark never imports pyspark.
 - ``ON_ERROR='DEAD_LETTER'`` works as in a container (``runtime.process_calls``): the
   rows an operator fails on leave on its ``errors`` port.
 - ``CRASH_AT`` is ignored (it would kill the test's process); ``stop_after_window`` is the

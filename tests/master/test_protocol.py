@@ -153,7 +153,8 @@ def test_operator_failure_restarts_its_container(server, client, umbilical):
     app_id = deploy_all(client, umbilical)
     response = beat(umbilical, C2, 7002, operator_report(3, FAILED, error="KeyError: 'word'"))
     assert response.shutdown == ABORT
-    assert server.launcher.killed == [C2]
+    # the master loop, woken by the ABORT, gives the container up (not the heartbeat)
+    poll_for(lambda: server.launcher.killed == [C2], 5, "the master loop to give up on c2")
     assert server.launcher.launched == [C0, C1, C2, "app-0001-c3"]
     ops = {op.name: op for op in client.operators(app_id)}
     assert (ops["sink"].state, ops["sink"].container_id) == ("PENDING_DEPLOY", "app-0001-c3")
@@ -351,7 +352,10 @@ def test_restart_limit_fails_the_application_visibly(server, client, umbilical):
         response = beat(umbilical, cid, 7001,
                         operator_report(2, FAILED, error=f"ValueError: bad row {attempt}"))
         assert response.shutdown == ABORT
-        cid = next(op.container_id for op in client.operators(app_id) if op.name == "sink")
+        cid = poll_for(lambda lost=cid: next(  # the master loop gives it up, woken
+            (op.container_id for op in client.operators(app_id)
+             if op.name == "sink" and op.container_id != lost), None)
+            or client.application(app_id).state == "FAILED", 5, "the sink's replacement")
     info = client.application(app_id)
     assert info.state == "FAILED" and info.recoveries == 2 and info.operators_failed == 1
     assert info.diagnostics == ("operator 'sink' (2) failed 3 times in a row without a new "

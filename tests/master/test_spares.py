@@ -165,7 +165,8 @@ def test_spares_that_keep_failing_before_they_are_ready_are_given_up():
     last = f"app-0001-c{3 + spares.SPARE_LOSSES_IN_A_ROW - 1}"
     assert cluster.launched[-1] == last  # no spare launched after the last loss
     assert not [c for c in cluster.app.plan.live_containers() if c.spare]
-    assert "no more spares are launched" in cluster.app.reported_errors[-1]
+    error = cluster.app.reported_errors[-1]
+    assert error.source == "master" and "no more spares are launched" in error.message
     [loss] = cluster.liveness({C1: -9})  # recovery goes on as without spares
     assert loss.replacement_id == cluster.launched[-1]
 

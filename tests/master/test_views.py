@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from master import views
@@ -71,6 +73,33 @@ def test_failures_list_newest_first():
     core.kill_container(f"{app_id}-c0")
     failures = core.application_info(app_id).recent_failures
     assert failures[0].kind == "container" and "killed by the user" in failures[0].message
+
+
+def test_reported_errors_are_shown_with_their_time_and_source_among_the_failures():
+    core, app_id = monitored_core()
+    cid = f"{app_id}-c0"
+    core.report_error(cid, [], "its disk is full: ENOSPC")
+    reported_ms = core.clock()
+    core.clock.advance(5_000)
+    core.kill_container(f"{app_id}-c0")
+    failures = core.application_info(app_id).recent_failures
+    kinds = [f.kind for f in failures]
+    assert kinds[0] == "container" and kinds[-1] == "error"  # newest first
+    error = failures[-1]
+    assert (error.time_ms, error.subject) == (reported_ms, cid)
+    assert error.message == "its disk is full: ENOSPC"
+
+
+def test_a_journal_of_errors_kept_as_text_loads_them_with_their_source():
+    core, app_id = monitored_core()
+    with core.lock:
+        app = core.application(app_id)
+        state = dict(app.__dict__, reported_errors=collections.deque(
+            [f"{app_id}-c1 ['relay1']: boom", "master: a listener failed"]))
+        old = object.__new__(type(app))
+        old.__setstate__(state)
+        assert [(e.source, e.message) for e in old.reported_errors] == [
+            (f"{app_id}-c1", "['relay1']: boom"), ("master", "a listener failed")]
 
 
 def test_critical_path_of_an_empty_plan_is_zero():
