@@ -37,7 +37,7 @@ APP = """
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
               SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
-    source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=200),
+    source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=400),
                               CONTAINER=0, EVENT_TIME_COLUMN="ts",
                               WATERMARK_DELAY_MILLIS={delay})
     windows = dag.add_operator("per-second", {windows}, keys="user",
