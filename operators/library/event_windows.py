@@ -9,11 +9,16 @@ passes the window's end. A row arriving after its window went out but within
 the same key and bounds (``PostgresSink`` upserts it by them). A row later than that goes
 to the ``late`` port with the reason, and is counted; none is dropped.
 
-The state is the rows of windows that may still go out or be updated (an Arrow table,
-checkpointed, keyed by ``keys`` for repartitioning), so a window's cost follows the open
-windows, not the stream's history. Spark does the window logic: each application window
-in which the watermark closes a window, or a late row updates one, runs one job over the
-open rows.
+Tumbling and sliding windows whose aggregations are all ``count``, ``sum``, ``min``,
+``max`` or ``avg`` of a row expression keep partial aggregates per key and pane
+(``window_panes``): the new rows (only the columns the aggregations read) wait in the
+state until a window they are in may go out, then one Spark job aggregates them per key
+and pane, Arrow merges those partials into the state's, and each window's result is the
+merge of its panes'. Other windows (sessions, ``count(DISTINCT ...)``, ...) keep the rows
+of windows that may still go out or be updated, and each application window in which the
+watermark closes a window, or a late row updates one, runs one job over them. Either
+state (Arrow tables, checkpointed, keyed by ``keys`` for repartitioning) follows the open
+windows, not the stream's history.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ from typing import TYPE_CHECKING, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from operators.library.window_frames import NEW as _NEW
+from operators.library.window_frames import SESSION_END as _SESSION_END
+from operators.library.window_frames import TIME as _TIME
+from operators.library.window_frames import (
+    as_utc_ms,
+    live_sessions_frame,
+    windows_frame,
+)
+from operators.library.window_panes import Panes, decompose, referenced_columns
 from operators.operator import OperatorContext
 from operators.ports import InputPort, OutputPort
 from operators.spark import SparkOperator, SparkSchemaMismatch
@@ -40,10 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EventTimeWindows"]
 
-_TIME = "__weir_event_ms"  # the event time as epoch ms, kept beside the rows in the state
-_NEW = "__weir_new"  # the row arrived in this window (its window may need to go out again)
-_SESSION, _SESSION_END = "__weir_session", "__weir_session_end"  # a row's session, its end
 _KINDS = ("tumbling", "sliding", "session")
+_FOLD_ROWS = 1_000_000  # new rows waiting for their windows: aggregated into panes at this
 
 
 class EventTimeWindows(SparkOperator):
@@ -78,7 +90,7 @@ class EventTimeWindows(SparkOperator):
     output = OutputPort()
     late = OutputPort()
 
-    KEYED_STATE: ClassVar[tuple[str, ...]] = ("pending",)
+    KEYED_STATE: ClassVar[tuple[str, ...]] = ("pending", "panes")
     METRICS: ClassVar[tuple[str, ...]] = ("late_rows", "open_rows", "windows_out")
 
     def __init__(self, kind: str, event_time: str, *, keys: str | Sequence[str] = (),
@@ -94,6 +106,7 @@ class EventTimeWindows(SparkOperator):
         self.allowed_lateness_ms = int(allowed_lateness_ms)
         self._check()
         self.pending: pa.Table | None = None  # the rows of windows that may still go out
+        self.panes: pa.Table | None = None  # their partial aggregates per key and pane
         self.fired_watermark = NO_WATERMARK  # the watermark the last results went out at
         self.late_rows = 0
         self.windows_out = 0
@@ -143,8 +156,16 @@ class EventTimeWindows(SparkOperator):
 
     @property
     def open_rows(self) -> int:
-        """Rows held for windows that may still go out (the state's size)."""
-        return 0 if self.pending is None else self.pending.num_rows
+        """Rows held for windows that may still go out: rows, and partials per key and
+        pane (the state's size)."""
+        return sum(t.num_rows for t in (self.pending, self.panes) if t is not None)
+
+    def _pane_rules(self) -> Panes | None:
+        """How these windows keep partials per pane; None: they keep their rows."""
+        partials = decompose(self.aggregations) if self.kind != "session" else None
+        if partials is None:
+            return None
+        return Panes(self.keys, partials, self.size_ms, self.slide_ms)
 
     # -- hooks -------------------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -170,11 +191,16 @@ class EventTimeWindows(SparkOperator):
         ids = np.arange(rows)
         batch = pa.record_batch({_TIME: pa.array(ids * 3, pa.int64()),
                                  "k": pa.array(ids % 1_000, pa.int64())})
+        panes = self._pane_rules()
         for _ in range(rounds):
             with self.spark.job():
                 df = self.spark.to_dataframe([batch], batch.schema)
-                slot = F.window(F.timestamp_millis(F.col(_TIME)),
-                                f"{self.size_ms} milliseconds", f"{self.slide_ms} milliseconds")
+                if panes is not None:  # the shape of the pane job
+                    slot = F.col(_TIME) - F.pmod(F.col(_TIME), F.lit(panes.pane_ms))
+                else:
+                    slot = F.window(F.timestamp_millis(F.col(_TIME)),
+                                    f"{self.size_ms} milliseconds",
+                                    f"{self.slide_ms} milliseconds")
                 self.spark.to_arrow(df.groupBy(slot, "k").agg(F.count(F.lit(1)), F.sum(_TIME)))
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
@@ -198,6 +224,11 @@ class EventTimeWindows(SparkOperator):
         new = self._stamped(arrived)
         if new is not None:
             new = self._without_late(new, before)
+        panes = self._pane_rules()
+        if panes is not None:
+            self._end_window_in_panes(panes, new, before, now)
+            self.fired_watermark = max(before, now)
+            return
         pending = self._merge(new)
         if pending is None or not self._fires(pending, before, now):
             self.pending = pending
@@ -213,6 +244,58 @@ class EventTimeWindows(SparkOperator):
 
     NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_arrived")
     _TRANSIENT: ClassVar[tuple[str, ...]] = (*SparkOperator._TRANSIENT, "_arrived")
+
+    # -- windows of partials per pane -------------------------------------------------
+    def _end_window_in_panes(self, panes: Panes, new: pa.Table | None, before: int,
+                             now: int) -> None:
+        """The new rows wait (the columns the aggregations read); once a window they or
+        the panes are in may go out, one job folds them into the panes, and the windows
+        due go out."""
+        if new is not None and new.num_rows:
+            names = [n for n in new.schema.names if n not in (_TIME, _NEW)]
+            read = referenced_columns(panes.partials, names)
+            new = new.select([*self.keys, *(n for n in read if n not in self.keys), _TIME])
+            self.pending = new if self.pending is None else pa.concat_tables(
+                [self.pending, new], promote_options="permissive")
+        if not self._pane_due(panes, before, now):
+            return
+        costs = self._job_costs()
+        with self.spark.job(), costs.job():
+            if self.pending is not None:
+                rows, self.pending = self.pending, None
+                costs.rows_in += rows.num_rows
+                df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
+                partials = self.spark.to_arrow(panes.spark_partials(df, _TIME))
+                self.panes = panes.merge(self.panes, partials)
+            if self.panes is None:
+                return
+            windows = panes.windows(self.panes)
+            end = panes.window_ends(windows)
+            fire = pc.and_(pc.less_equal(end, now), pc.or_(pc.greater(end, before), pc.and_(
+                windows.column("__weir_touched"),
+                pc.greater(pc.add(end, self.allowed_lateness_ms), before))))
+            results = panes.results(windows.filter(fire))
+            if results.num_rows:
+                self.windows_out += results.num_rows
+                self.output.emit(results)
+            kept = None if now == END_OF_TIME else panes.kept(
+                self.panes, now - self.allowed_lateness_ms)
+            self.panes = kept if kept is not None and kept.num_rows else None
+
+    def _pane_due(self, panes: Panes, before: int, now: int) -> bool:
+        """Whether a window may go out now: the new rows are in one that ended by ``now``
+        (a first result or a late update), or a window of the panes ended in (before,
+        now]; or the new rows are many (folded to bound the state)."""
+        if now == NO_WATERMARK:
+            return self.pending is not None and self.pending.num_rows >= _FOLD_ROWS
+        if self.pending is not None:
+            first_end, _ = self._ends(self.pending.column(_TIME))
+            if self.pending.num_rows >= _FOLD_ROWS or pc.min(first_end).as_py() <= now:
+                return True
+        if self.panes is None:
+            return False
+        end = panes.window_ends(panes.windows(self.panes))
+        return bool(pc.any(pc.and_(pc.greater(end, before), pc.less_equal(end, now))).as_py())
 
     # -- the window logic ----------------------------------------------------------------
     def _stamped(self, arrived: list[pa.RecordBatch]) -> pa.Table | None:
@@ -275,7 +358,10 @@ class EventTimeWindows(SparkOperator):
         last_end = self._last_end(times)
         if self.kind == "session":
             return last_end, last_end
-        return pc.add(pc.subtract(last_end, self.size_ms), self.slide_ms), last_end
+        # the windows start every slide after t - size: (last_end - t - 1) // slide
+        # earlier ones than the last (size/slide - 1 only when the slide divides the size)
+        earlier = pc.divide(pc.subtract(pc.subtract(last_end, times), 1), self.slide_ms)
+        return pc.subtract(last_end, pc.multiply(earlier, self.slide_ms)), last_end
 
     def _fires(self, pending: pa.Table, before: int, now: int) -> bool:
         """Whether a window of ``pending`` may go out now: one ended in (before, now], or
@@ -312,7 +398,7 @@ class EventTimeWindows(SparkOperator):
         # two jobs read the sessions: one brings every open row back with its session's
         # end (the late rows and the rows kept are filtered from it here), one aggregates;
         # the window functions run once, the second job reads the cache
-        df = self._live_sessions(df, before).cache()
+        df = live_sessions_frame(df, self, before).cache()
         try:
             sessions = self.spark.to_arrow(df.select(*pending.schema.names, _SESSION_END))
             ends = sessions.column(_SESSION_END)
@@ -342,75 +428,16 @@ class EventTimeWindows(SparkOperator):
         they went out)."""
         from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
-        window = self._windows(df)
+        window = windows_frame(df, self)
         end = F.col("window_end_ms")
         ended = end <= F.lit(now)
         fire = ended & ((end > F.lit(before)) | (
             F.col("touched") & (end + F.lit(self.allowed_lateness_ms) > F.lit(before))))
         results = window.where(fire).drop("window_end_ms", "touched")
-        table = _as_utc_ms(self.spark.to_arrow(results), ("window_start", "window_end"))
+        table = as_utc_ms(self.spark.to_arrow(results), ("window_start", "window_end"))
         if table.num_rows:
             self.windows_out += table.num_rows
             self.output.emit(table)
-
-    def _windows(self, df: DataFrame) -> DataFrame:
-        """Every window of the open rows with its aggregates, its end in ms and whether a
-        new row is in it."""
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
-        keys = [F.col(k) for k in self.keys]
-        aggregates = [F.expr(expression).alias(name)
-                      for name, expression in self.aggregations.items()]
-        touched = F.max(F.col(_NEW)).alias("touched")
-        if self.kind == "session":
-            grouped = df.groupBy(*keys, _SESSION).agg(
-                F.min(_TIME).alias("__start_ms"), F.max(_SESSION_END).alias("__end_ms"),
-                touched, *aggregates)
-            start, end = F.col("__start_ms"), F.col("__end_ms")
-        else:
-            stamp = F.timestamp_millis(F.col(_TIME))
-            slot = F.window(stamp, f"{self.size_ms} milliseconds",
-                            f"{self.slide_ms} milliseconds")
-            grouped = df.groupBy(*keys, slot.alias("__slot")).agg(touched, *aggregates)
-            start = F.unix_millis(F.col("__slot.start"))
-            end = F.unix_millis(F.col("__slot.end"))
-        return grouped.select(
-            *keys, F.timestamp_millis(start).alias("window_start"),
-            F.timestamp_millis(end).alias("window_end"),
-            *[F.col(name) for name in self.aggregations],
-            end.alias("window_end_ms"), F.col("touched"))
-
-    def _sessions(self, df: DataFrame) -> DataFrame:
-        """The rows with their session (a number per key) and its end: a session starts
-        at a row ``gap_ms`` or more after the one before it, and ends ``gap_ms`` after its
-        last row."""
-        from pyspark.sql import Window
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
-        order = Window.partitionBy(*self.keys).orderBy(_TIME) if self.keys \
-            else Window.orderBy(_TIME)
-        gap = F.col(_TIME) - F.lag(_TIME).over(order)
-        starts = F.when(gap.isNull() | (gap >= F.lit(self.gap_ms)), 1).otherwise(0)
-        numbered = (df.withColumn("__weir_starts", starts)
-                    .withColumn(_SESSION, F.sum("__weir_starts").over(
-                        order.rowsBetween(Window.unboundedPreceding, Window.currentRow))))
-        per_session = Window.partitionBy(*self.keys, _SESSION)
-        return numbered.withColumn(_SESSION_END,
-                                   F.max(_TIME).over(per_session) + F.lit(self.gap_ms))
-
-    def _live_sessions(self, df: DataFrame, before: int) -> DataFrame:
-        """The open rows in sessions, without the rows of sessions that had closed for
-        good by ``before`` (ended, plus the lateness): those went out for the last time
-        and no new row may join them, as in Flink, whose state they would have left."""
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
-        if before == NO_WATERMARK:
-            return self._sessions(df)
-        columns = df.columns
-        old = self._sessions(df.where(~F.col(_NEW)))
-        live = old.where(F.col(_SESSION_END) + F.lit(self.allowed_lateness_ms)
-                         > F.lit(before)).select(*columns)
-        return self._sessions(live.unionByName(df.where(F.col(_NEW))))
 
     def _kept(self, rows: pa.Table, ends: pa.Array | pa.ChunkedArray, now: int
               ) -> pa.Table | None:
@@ -420,14 +447,3 @@ class EventTimeWindows(SparkOperator):
             return None
         kept = rows.filter(pc.greater(ends, now - self.allowed_lateness_ms))
         return kept if kept.num_rows else None
-
-
-def _as_utc_ms(table: pa.Table, columns: Sequence[str]) -> pa.Table:
-    """Spark's timestamps as ms in UTC, whatever its session's time zone (the values are
-    epoch instants either way: only the label changes)."""
-    for name in columns:
-        index = table.schema.get_field_index(name)
-        if index >= 0:
-            column = table.column(index).cast(pa.timestamp("ms", tz="UTC"))
-            table = table.set_column(index, name, column)
-    return table

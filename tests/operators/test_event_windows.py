@@ -21,6 +21,11 @@ from tests.operators.test_spark import Emitted, start
 
 SCHEMA = pa.schema([("ts", pa.timestamp("ms")), ("user", pa.string()), ("amount", pa.int64())])
 AGGREGATIONS = {"n": "count(*)", "total": "sum(amount)"}
+KEPT_ROWS = {"n": "count(*) + 0", "total": "sum(amount) + 0"}
+"""The same values from windows that keep their rows (not aggregates of a row expression
+alone, so not kept as partials per pane)."""
+BOTH_STATES = pytest.mark.parametrize("aggregations", [AGGREGATIONS, KEPT_ROWS],
+                                      ids=["panes", "rows"])
 Row = tuple[int, str, int]  # event ms, user, amount
 
 
@@ -109,11 +114,13 @@ def late_rows(emitted: Emitted) -> list[Row]:
     return [(ms(r["ts"]), r["user"], r["amount"]) for r in emitted.rows("late")]
 
 
+@BOTH_STATES
 def test_tumbling_windows_match_the_reference_and_late_rows_go_to_the_late_port(
-        bridge: SparkSessionBridge) -> None:
+        bridge: SparkSessionBridge,
+        aggregations: dict[str, str]) -> None:
     chunks = out_of_order(seed=1)
     watermarks = source_watermarks(chunks, delay_ms=500)
-    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=AGGREGATIONS)
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=aggregations)
     emitted = start(op, bridge)
     per_window = drive(op, emitted, chunks, watermarks)
 
@@ -131,8 +138,10 @@ def test_tumbling_windows_match_the_reference_and_late_rows_go_to_the_late_port(
     assert op.open_rows == 0  # the end of time closed every window
 
 
-def test_rows_within_the_allowed_lateness_update_the_window(bridge: SparkSessionBridge) -> None:
-    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=AGGREGATIONS,
+@BOTH_STATES
+def test_rows_within_the_allowed_lateness_update_the_window(bridge: SparkSessionBridge,
+        aggregations: dict[str, str]) -> None:
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", aggregations=aggregations,
                                    allowed_lateness_ms=1_000)
     emitted = start(op, bridge)
     t0 = 1_700_000_000_000
@@ -152,23 +161,57 @@ def test_rows_within_the_allowed_lateness_update_the_window(bridge: SparkSession
     assert [(ms(r["window_start"]) - t0, r["total"]) for r in per_window[4]] == [(2_000, 16)]
 
 
-def test_sliding_windows_match_the_reference(bridge: SparkSessionBridge) -> None:
+@BOTH_STATES
+@pytest.mark.parametrize("slide", [250, 300])  # 300: a row is in 3 or 4 windows
+def test_sliding_windows_match_the_reference(bridge: SparkSessionBridge,
+        aggregations: dict[str, str], slide: int) -> None:
     chunks = out_of_order(seed=2, count=1_500)
     watermarks = source_watermarks(chunks, delay_ms=300)
-    op = EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=250, keys="user",
-                                  aggregations=AGGREGATIONS, allowed_lateness_ms=200)
+    op = EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=slide, keys="user",
+                                  aggregations=aggregations, allowed_lateness_ms=200)
     emitted = start(op, bridge)
     drive(op, emitted, chunks, watermarks)
 
     def starts_of(t: int) -> list[tuple[int, int]]:
-        last = t - t % 250
-        return [(s, s + 1_000) for s in range(last - 750, last + 1, 250)]
+        last = t - t % slide
+        return [(s, s + 1_000) for s in range(last, t - 1_000, -slide)]
 
-    expected, late = reference(chunks, watermarks, starts_of, lambda t: t - t % 250 + 1_000,
-                               lateness_ms=200)
+    expected, late = reference(chunks, watermarks, starts_of,
+                               lambda t: t - t % slide + 1_000, lateness_ms=200)
     assert late
     assert final_results(emitted) == expected
     assert sorted(late_rows(emitted)) == sorted(late)
+
+
+def test_partials_per_pane_give_what_the_rows_give(bridge: SparkSessionBridge) -> None:
+    """count, sum, min, max and avg of row expressions, over sliding windows whose slide
+    does not divide their size (panes of gcd(1000, 300) = 100 ms), with late updates:
+    the same rows out as windows that keep their rows; the panes' state holds only the
+    columns the aggregations read."""
+    aggregations = {"n": "count(*)", "lo": "min(amount)", "hi": "MAX(amount)",
+                    "mean": "avg(amount)", "twice": "sum(amount * 2)"}
+    chunks = out_of_order(seed=4, count=1_500)
+    watermarks = source_watermarks(chunks, delay_ms=300)
+    outputs, states = [], []
+    for aggs in (aggregations, {k: f"{v} + 0" for k, v in aggregations.items()}):
+        op = EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=300, keys="user",
+                                      aggregations=aggs, allowed_lateness_ms=400)
+        emitted = start(op, bridge)
+        marks = op.__dict__.setdefault(WATERMARKS_ATTRIBUTE, Watermarks(["input"]))
+        for index, (rows, watermark) in enumerate(zip(chunks, watermarks, strict=True)):
+            op.begin_window(make_window_id(1_700_000_000, index))
+            unread = pa.array([f"https://example.com/{i}" for i in range(len(rows))])
+            op.process("input", pa.RecordBatch.from_arrays(
+                [*batch(rows).columns, unread], names=[*SCHEMA.names, "url"]))
+            marks.saw_input("input", watermark)
+            marks.advance()
+            op.end_window()
+            if index == len(chunks) // 2:
+                states.append(op.pending)
+        outputs.append(sorted(tuple(r.values()) for r in emitted.rows()))
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 100
+    assert states[0] is None or "url" not in states[0].schema.names
+    assert "url" in states[1].schema.names  # the rows kept are whole
 
 
 def test_session_windows_per_key(bridge: SparkSessionBridge) -> None:
@@ -223,8 +266,14 @@ def test_a_restored_operator_gives_the_same_results(bridge: SparkSessionBridge) 
     assert first_out.rows("late") + restored_out.rows("late") == whole_out.rows("late")
 
 
-def test_the_state_holds_only_open_windows(bridge: SparkSessionBridge) -> None:
-    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", allowed_lateness_ms=500)
+@pytest.mark.parametrize(("aggregation", "value", "open_rows"), [
+    ("count(*)", 100, 2),  # decomposable: a partial per key and pane (window)
+    ("count(DISTINCT amount)", 1, 200),  # not: the open windows' rows
+])
+def test_the_state_holds_only_open_windows(bridge: SparkSessionBridge, aggregation: str,
+                                           value: int, open_rows: int) -> None:
+    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user", allowed_lateness_ms=500,
+                                   aggregations={"v": aggregation})
     emitted = start(op, bridge)
     t0 = 1_700_000_000_000
     chunks = [[(t0 + second * 1_000 + i, "a", 1) for i in range(0, 1_000, 10)]
@@ -232,8 +281,8 @@ def test_the_state_holds_only_open_windows(bridge: SparkSessionBridge) -> None:
     drive(op, emitted, chunks, [t0 + second * 1_000 - 1 for second in range(6)])
     # the watermark is 4_999: windows up to [3000, 4000) are past their lateness;
     # [4000, 5000) and [5000, 6000) are open
-    assert op.open_rows == 200
-    assert [r["count"] for r in emitted.rows()] == [100] * 4
+    assert op.open_rows == open_rows
+    assert [r["v"] for r in emitted.rows()] == [value] * 4
 
 
 def test_no_job_runs_while_no_window_can_go_out(bridge: SparkSessionBridge) -> None:
