@@ -264,8 +264,10 @@ class EventTimeWindows(SparkOperator):
             if self.pending is not None:
                 rows, self.pending = self.pending, None
                 costs.rows_in += rows.num_rows
-                df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
-                partials = self.spark.to_arrow(panes.spark_partials(df, _TIME))
+                with costs.phase("handoff"):
+                    df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
+                with costs.phase("job"):
+                    partials = self.spark.to_arrow(panes.spark_partials(df, _TIME))
                 self.panes = panes.merge(self.panes, partials)
             if self.panes is None:
                 return
@@ -277,7 +279,8 @@ class EventTimeWindows(SparkOperator):
             results = panes.results(windows.filter(fire))
             if results.num_rows:
                 self.windows_out += results.num_rows
-                self.output.emit(results)
+                with costs.phase("emit"):
+                    self.output.emit(results)
             kept = None if now == END_OF_TIME else panes.kept(
                 self.panes, now - self.allowed_lateness_ms)
             self.panes = kept if kept is not None and kept.num_rows else None
@@ -390,6 +393,7 @@ class EventTimeWindows(SparkOperator):
 
     def _run(self, pending: pa.Table, before: int, now: int) -> None:
         rows = self._job_rows(pending, before, now)
+        self._job_costs().rows_in += rows.num_rows
         df = self.spark.to_dataframe(rows.to_batches(), rows.schema)
         if self.kind != "session":
             self._fire(df, before, now)

@@ -209,6 +209,11 @@ def test_partials_per_pane_give_what_the_rows_give(bridge: SparkSessionBridge) -
             if index == len(chunks) // 2:
                 states.append(op.pending)
         outputs.append(sorted(tuple(r.values()) for r in emitted.rows()))
+        if len(outputs) == 1:  # the panes': every row not late went to Spark once
+            rows_in = sum(map(len, chunks)) - op.late_rows
+            costs = op.spark_costs()
+            assert costs["rows_in"] == rows_in and 0 < costs["jobs"] <= len(chunks)
+            assert costs["job_ms"] > 0 and costs["handoff_ms"] > 0
     assert outputs[0] == outputs[1] and len(outputs[0]) > 100
     assert states[0] is None or "url" not in states[0].schema.names
     assert "url" in states[1].schema.names  # the rows kept are whole
