@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from operators.library.event_windows import EventTimeWindows
+from operators.partitioning import PartitionFilter
 from operators.spark import SparkSchemaMismatch
 from operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
 from operators.windows import make_window_id
@@ -269,6 +270,40 @@ def test_a_restored_operator_gives_the_same_results(bridge: SparkSessionBridge) 
 
     assert first_out.rows() + restored_out.rows() == whole_out.rows()
     assert first_out.rows("late") + restored_out.rows("late") == whole_out.rows("late")
+
+
+@BOTH_STATES
+def test_a_repartition_moves_the_state_with_its_keys(bridge: SparkSessionBridge,
+                                                     aggregations: dict[str, str]) -> None:
+    """Two partitions (by user) run half the stream, are merged into one (the default
+    ``repartitioned``, as a scale-in does) that runs the rest: what all three emitted is
+    what one operator emits for the whole stream."""
+    chunks = out_of_order(seed=5, count=1_200)
+    watermarks = source_watermarks(chunks, delay_ms=400)
+
+    def fresh() -> EventTimeWindows:
+        return EventTimeWindows.sliding("ts", size_ms=1_000, slide_ms=250, keys="user",
+                                        aggregations=aggregations, allowed_lateness_ms=300)
+
+    whole = fresh()
+    whole_out = start(whole, bridge)
+    drive(whole, whole_out, chunks, watermarks)
+    half = len(chunks) // 2
+    parts, outs = [], []
+    for key in (0, 1):
+        share = PartitionFilter("user", 1, frozenset({key}))
+        op = fresh()
+        outs.append(start(op, bridge))
+        mine = [[row for row, own in zip(rows, share.owns(pa.array([u for _, u, _ in rows])),
+                                         strict=True) if own] for rows in chunks[:half]]
+        drive(op, outs[-1], mine, watermarks[:half])
+        parts.append(pickle.loads(pickle.dumps(op)))
+    merged = pickle.loads(pickle.dumps(parts[0])).repartitioned(parts, None)
+    assert merged.open_rows == sum(p.open_rows for p in parts) > 0
+    outs.append(start(merged, bridge))
+    drive(merged, outs[-1], chunks[half:], watermarks[half:], first=half)
+    assert sorted(tuple(r.values()) for out in outs for r in out.rows()) == \
+        sorted(tuple(r.values()) for r in whole_out.rows())
 
 
 @pytest.mark.parametrize(("aggregation", "value", "open_rows"), [
