@@ -25,7 +25,7 @@ from master.listener_pass import ListenerPass
 from master.manifest_writer import ManifestWriter
 from master.master_loop import MasterLoop
 from master.persistence import ApplicationJournal, HaltingJournal
-from master.physical_plan import ContainerState, PlanError, PTContainer
+from master.physical_plan import ContainerState, PlanError
 from master.planner import build_physical_plan
 from master.repartition import Repartition, repartition
 from master.report_filter import bounded_text
@@ -96,9 +96,6 @@ class MasterCore:
     # -- lookups (call with the lock held) ----------------------------------------------
     def _app(self, app_id: str) -> Application:
         return self._apps.get(app_id)
-
-    def _container(self, container_id: str) -> tuple[Application, PTContainer]:
-        return self._apps.container(container_id)
 
     def application(self, app_id: str) -> Application:
         """The live application object; hold ``lock`` while reading it."""
@@ -202,7 +199,7 @@ class MasterCore:
     def kill_container(self, container_id: str) -> str:
         """Kills the container's process; returns the new container replacing it, if any."""
         with self._lock:
-            app, container = self._container(container_id)
+            app, container = self._apps.container(container_id)
             if container.state == ContainerState.KILLED:
                 raise FailedPrecondition(f"container {container_id} is already KILLED "
                                          f"({container.diagnostics})")
@@ -292,7 +289,7 @@ class MasterCore:
     def init_context(self, container_id: str) -> umbilical_pb2.StreamingContainerContext:
         """The global configuration a container asks for first."""
         with self._lock:
-            app, container = self._container(container_id)
+            app, container = self._apps.container(container_id)
             if container.state == ContainerState.KILLED:
                 raise FailedPrecondition(f"container {container_id} was killed: "
                                          f"{container.diagnostics}")
@@ -305,11 +302,12 @@ class MasterCore:
             response = rules.process_heartbeat(app, heartbeat, self.clock())
             actions = self._launches.take(app)
             manifest = self._manifests.take_due(app) if app is not None else None
+            container = app.plan.container(heartbeat.container_id) if app is not None else None
             if app is not None:
                 self._persist(app)  # before the container hears of what changed
             self._changed.notify_all()
-        if response.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT and app is not None:
-            self._loop.wake()  # a loss it asked for is carried out by the loop, now
+        if container is not None and container.loss_request is not None:
+            self._loop.wake()  # the loss the heartbeat recorded: the loop carries it out now
         self._launches.carry_out(actions)
         if manifest is not None:
             self._manifests.write_later(app, *manifest)  # type: ignore[arg-type]
@@ -323,13 +321,13 @@ class MasterCore:
 
     def log(self, container_id: str, msg: str) -> None:
         with self._lock:
-            app, _ = self._container(container_id)
+            app, _ = self._apps.container(container_id)
         _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, bounded_text(msg))
 
     def report_error(self, container_id: str, operator_ids: list[int], msg: str) -> None:
         """Records an error event; a failed deploy counts as a failure of its operator."""
         with self._lock:
-            app, container = self._container(container_id)
+            app, container = self._apps.container(container_id)
             names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
                      for i in operator_ids]
             msg = bounded_text(msg)  # kept, journaled and logged: a container sets its size
@@ -371,7 +369,6 @@ class MasterCore:
             self._launches.carry_out(actions)
         self.release_ended_runs(all_stopped=False)
         return [loss.container_id for loss in losses]
-
 
     def _forget(self, app: Application) -> None:
         """An ended application is forgotten: out of the journal and the listeners."""

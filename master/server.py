@@ -44,8 +44,7 @@ __all__ = ["MasterServer", "MasterStartError"]
 
 _LOGGER = logging.getLogger(__name__)
 
-HALT_NOTICE_S = 2.0
-"""How long a halted master answers every call with why, before it stops listening."""
+HALT_NOTICE_S = 2.0  # a halted master answers every call with why this long, then stops
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 
@@ -286,9 +285,8 @@ class MasterServer:
         """Stops serving, as a crash would, but cleanly: containers are left running for
         the next master to take back (``halted`` tells ``weir master`` to exit).
 
-        For ``HALT_NOTICE_S`` first, every call is answered UNAVAILABLE with the reason
-        (the interceptor reads it): a client whose call follows the failed write, whoever
-        made that write, learns why rather than finding nobody there."""
+        For ``HALT_NOTICE_S`` first, every call is answered UNAVAILABLE with the reason:
+        a call that follows the failed write, whoever made it, learns why."""
         def halt() -> None:
             time.sleep(HALT_NOTICE_S)
             with self._lock:

@@ -32,11 +32,7 @@ import pyarrow.compute as pc
 from operators.library.window_frames import NEW as _NEW
 from operators.library.window_frames import SESSION_END as _SESSION_END
 from operators.library.window_frames import TIME as _TIME
-from operators.library.window_frames import (
-    as_utc_ms,
-    live_sessions_frame,
-    windows_frame,
-)
+from operators.library.window_frames import as_utc_ms, live_sessions_frame, windows_frame
 from operators.library.window_panes import Panes, decompose, referenced_columns
 from operators.operator import OperatorContext
 from operators.ports import InputPort, OutputPort
@@ -289,16 +285,14 @@ class EventTimeWindows(SparkOperator):
         """Whether a window may go out now: the new rows are in one that ended by ``now``
         (a first result or a late update), or a window of the panes ended in (before,
         now]; or the new rows are many (folded to bound the state)."""
+        pending = self.pending
+        if pending is not None and pending.num_rows >= _FOLD_ROWS:
+            return True
         if now == NO_WATERMARK:
-            return self.pending is not None and self.pending.num_rows >= _FOLD_ROWS
-        if self.pending is not None:
-            first_end, _ = self._ends(self.pending.column(_TIME))
-            if self.pending.num_rows >= _FOLD_ROWS or pc.min(first_end).as_py() <= now:
-                return True
-        if self.panes is None:
             return False
-        end = panes.window_ends(panes.windows(self.panes))
-        return bool(pc.any(pc.and_(pc.greater(end, before), pc.less_equal(end, now))).as_py())
+        if pending is not None and pc.min(self._ends(pending.column(_TIME))[0]).as_py() <= now:
+            return True
+        return self.panes is not None and panes.a_window_ended(self.panes, before, now)
 
     # -- the window logic ----------------------------------------------------------------
     def _stamped(self, arrived: list[pa.RecordBatch]) -> pa.Table | None:

@@ -156,6 +156,16 @@ class Panes:
             _START, pa.array(starts[inside]))
         return self._grouped(expanded.drop_columns([PANE]), [*self.keys, _START], _START)
 
+    def a_window_ended(self, state: pa.Table, before: int, now: int) -> bool:
+        """Whether a window of ``state``'s panes ends in (before, now], from the panes
+        alone: a pane's windows end every slide from its first window's end to its last's."""
+        panes = state.column(PANE).to_numpy()
+        last_end = panes - np.mod(panes, self.slide_ms) + self.size_ms
+        first_end = last_end - (last_end - panes - 1) // self.slide_ms * self.slide_ms
+        lowest = np.maximum(first_end, before + 1)  # (before may be NO_WATERMARK)
+        after = first_end + -(-(lowest - first_end) // self.slide_ms) * self.slide_ms
+        return bool(np.any(after <= np.minimum(now, last_end)))
+
     def window_ends(self, windows: pa.Table) -> pa.Array:
         return pc.add(windows.column(_START), self.size_ms)
 

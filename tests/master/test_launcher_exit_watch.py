@@ -132,3 +132,37 @@ def test_the_master_recovers_a_container_the_moment_its_process_ends():
             assert len(app.plan.containers) == 3  # its replacement
     finally:
         core.stop()
+
+
+def test_the_master_gives_up_a_container_whose_heartbeat_reports_a_failed_operator_at_once():
+    """The heartbeat only records the loss (and answers ABORT); the loop it wakes, with
+    its tick an hour away, gives the container up and replaces it."""
+    from master.core import MasterCore
+    from master.physical_plan import ContainerState
+    from proto import umbilical_pb2
+    from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report
+
+    launcher = RecordingLauncher("127.0.0.1:1")
+    core = MasterCore(launcher, loop_interval_s=3_600.0)
+    core.start()
+    try:
+        app_id = core.submit(chain_descriptor(3, CONTAINERS=1), {})
+        app = core.application(app_id)
+        with core.lock:
+            [cid] = app.plan.containers
+        core.heartbeat(container_heartbeat(cid, port=7000))
+        failed = operator_report(2, umbilical_pb2.OPERATOR_STATE_FAILED, error="ValueError: x")
+        answer = core.heartbeat(container_heartbeat(cid, port=7000, operators=[failed]))
+        assert answer.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT
+        deadline = time.monotonic() + _HANG_GUARD_S
+        while time.monotonic() < deadline:
+            with core.lock:
+                if app.plan.containers[cid].state == ContainerState.KILLED:
+                    break
+            time.sleep(0.01)
+        with core.lock:
+            assert app.plan.containers[cid].state == ContainerState.KILLED
+            assert "ValueError: x" in app.plan.containers[cid].diagnostics
+            assert len(app.plan.containers) == 2  # its replacement
+    finally:
+        core.stop()

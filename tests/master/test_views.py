@@ -79,12 +79,14 @@ def test_reported_errors_are_shown_with_their_time_and_source_among_the_failures
     core, app_id = monitored_core()
     cid = f"{app_id}-c0"
     core.report_error(cid, [], "its disk is full: ENOSPC")
+    core.report_error(cid, [], "its disk is full: ENOSPC")  # said again: kept once
     reported_ms = core.clock()
     core.clock.advance(5_000)
     core.kill_container(f"{app_id}-c0")
     failures = core.application_info(app_id).recent_failures
     kinds = [f.kind for f in failures]
     assert kinds[0] == "container" and kinds[-1] == "error"  # newest first
+    assert kinds.count("error") == 1
     error = failures[-1]
     assert (error.time_ms, error.subject) == (reported_ms, cid)
     assert error.message == "its disk is full: ENOSPC"

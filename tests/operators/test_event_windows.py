@@ -415,3 +415,22 @@ def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBr
                              attributes={"SPARK_WARMUP_ROWS": 5_000}, spark=counting))
     assert counting.jobs == 3
     assert op.pending is None and op.windows_out == 0  # nothing of it stays
+
+
+@pytest.mark.parametrize(("size", "slide"), [(1_000, 1_000), (1_000, 250), (1_000, 300)])
+def test_whether_a_panes_window_ended_matches_its_windows(size: int, slide: int) -> None:
+    """The cheap check (from the panes alone) against the windows the panes are in."""
+    from operators.library.window_panes import PANE, TOUCHED, Panes, decompose
+
+    panes = Panes(["k"], decompose({"n": "count(*)"}), size, slide)
+    rng = random.Random(size + slide)
+    starts = sorted({rng.randrange(0, 20_000) // panes.pane_ms * panes.pane_ms
+                     for _ in range(5)})
+    state = pa.table({"k": ["a"] * len(starts), PANE: pa.array(starts, pa.int64()),
+                      "__weir_n": pa.array([1] * len(starts), pa.int64()),
+                      TOUCHED: [True] * len(starts)})
+    ends = panes.window_ends(panes.windows(state)).to_pylist()
+    for before in [NO_WATERMARK, *range(-1_000, 22_000, 97)]:
+        now = before + rng.choice([1, 50, 300, 2_000])
+        assert panes.a_window_ended(state, before, now) == any(
+            before < end <= now for end in ends), (before, now, ends)
