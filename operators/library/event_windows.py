@@ -9,16 +9,16 @@ passes the window's end. A row arriving after its window went out but within
 the same key and bounds (``PostgresSink`` upserts it by them). A row later than that goes
 to the ``late`` port with the reason, and is counted; none is dropped.
 
-Tumbling and sliding windows whose aggregations are all ``count``, ``sum``, ``min``,
-``max`` or ``avg`` of a row expression keep partial aggregates per key and pane
-(``window_panes``): the new rows (only the columns the aggregations read) wait in the
-state until a window they are in may go out, then one Spark job aggregates them per key
-and pane, Arrow merges those partials into the state's, and each window's result is the
-merge of its panes'. Other windows (sessions, ``count(DISTINCT ...)``, ...) keep the rows
-of windows that may still go out or be updated, and each application window in which the
-watermark closes a window, or a late row updates one, runs one job over them. Either
-state (Arrow tables, checkpointed, keyed by ``keys`` for repartitioning) follows the open
-windows, not the stream's history.
+Windows whose aggregations are all ``count``, ``sum``, ``min``, ``max`` or ``avg`` of a row
+expression keep partial aggregates per key and pane (tumbling, sliding: ``window_panes``)
+or session (``window_sessions``): the new rows (only the columns the aggregations read)
+wait in the state until a window they are in may go out, then one Spark job aggregates
+them per key and pane (or stretch of the gap), Arrow merges those partials into the
+state's, and each window's result is the merge of its partials. Other windows
+(``count(DISTINCT ...)``, ...) keep the rows of windows that may still go out or be
+updated, and each application window in which the watermark closes a window, or a late
+row updates one, runs one job over them. Either state (Arrow tables, checkpointed, keyed
+by ``keys`` for repartitioning) follows the open windows, not the stream's history.
 """
 
 from __future__ import annotations
@@ -32,8 +32,14 @@ import pyarrow.compute as pc
 from operators.library.window_frames import NEW as _NEW
 from operators.library.window_frames import SESSION_END as _SESSION_END
 from operators.library.window_frames import TIME as _TIME
-from operators.library.window_frames import as_utc_ms, live_sessions_frame, windows_frame
+from operators.library.window_frames import (
+    as_utc_ms,
+    live_sessions_frame,
+    warm_window_jobs,
+    windows_frame,
+)
 from operators.library.window_panes import Panes, decompose, referenced_columns
+from operators.library.window_sessions import Sessions
 from operators.operator import OperatorContext
 from operators.ports import InputPort, OutputPort
 from operators.spark import SparkOperator, SparkSchemaMismatch
@@ -102,7 +108,7 @@ class EventTimeWindows(SparkOperator):
         self.allowed_lateness_ms = int(allowed_lateness_ms)
         self._check()
         self.pending: pa.Table | None = None  # the rows of windows that may still go out
-        self.panes: pa.Table | None = None  # their partial aggregates per key and pane
+        self.panes: pa.Table | None = None  # partial aggregates per key and pane/session
         self.fired_watermark = NO_WATERMARK  # the watermark the last results went out at
         self.late_rows = 0
         self.windows_out = 0
@@ -153,14 +159,16 @@ class EventTimeWindows(SparkOperator):
     @property
     def open_rows(self) -> int:
         """Rows held for windows that may still go out: rows, and partials per key and
-        pane (the state's size)."""
+        pane or session (the state's size)."""
         return sum(t.num_rows for t in (self.pending, self.panes) if t is not None)
 
-    def _pane_rules(self) -> Panes | None:
-        """How these windows keep partials per pane; None: they keep their rows."""
-        partials = decompose(self.aggregations) if self.kind != "session" else None
+    def _pane_rules(self) -> Panes | Sessions | None:
+        """How these windows keep partials per pane or session; None: they keep rows."""
+        partials = decompose(self.aggregations)
         if partials is None:
             return None
+        if self.kind == "session":
+            return Sessions(self.keys, partials, self.gap_ms)
         return Panes(self.keys, partials, self.size_ms, self.slide_ms)
 
     # -- hooks -------------------------------------------------------------------------
@@ -172,32 +180,8 @@ class EventTimeWindows(SparkOperator):
                 f"{self.keys or 'no key'} but PARTITION_KEY is {partition_key!r}; partition "
                 f"it by one of its keys, or not at all")
         super().setup(context)
-        self._warm_windows(int(context.attributes.get("SPARK_WARMUP_ROWS") or 0))
-
-    def _warm_windows(self, rows: int, rounds: int = 3) -> None:
-        """Runs jobs of this operator's shape (event time into windows, grouped with a
-        key) over made-up rows before the sources start: the container's warm-up covers
-        plain groupings only, and the bench measured a cold first ``window()`` job at
-        2.4 s against about 1 s warm."""
-        if rows <= 0 or self.kind == "session":  # sessions: window functions, warmed less
-            return
-        import numpy as np
-        from pyspark.sql import functions as F  # noqa: N812 - the usual name
-
-        ids = np.arange(rows)
-        batch = pa.record_batch({_TIME: pa.array(ids * 3, pa.int64()),
-                                 "k": pa.array(ids % 1_000, pa.int64())})
-        panes = self._pane_rules()
-        for _ in range(rounds):
-            with self.spark.job():
-                df = self.spark.to_dataframe([batch], batch.schema)
-                if panes is not None:  # the shape of the pane job
-                    slot = F.col(_TIME) - F.pmod(F.col(_TIME), F.lit(panes.pane_ms))
-                else:
-                    slot = F.window(F.timestamp_millis(F.col(_TIME)),
-                                    f"{self.size_ms} milliseconds",
-                                    f"{self.slide_ms} milliseconds")
-                self.spark.to_arrow(df.groupBy(slot, "k").agg(F.count(F.lit(1)), F.sum(_TIME)))
+        warm_window_jobs(self, self._pane_rules(),
+                         int(context.attributes.get("SPARK_WARMUP_ROWS") or 0))
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
@@ -223,15 +207,11 @@ class EventTimeWindows(SparkOperator):
         panes = self._pane_rules()
         if panes is not None:
             self._end_window_in_panes(panes, new, before, now)
-            self.fired_watermark = max(before, now)
-            return
-        pending = self._merge(new)
-        if pending is None or not self._fires(pending, before, now):
+        elif (pending := self._merge(new)) is None or not self._fires(pending, before, now):
             self.pending = pending
-            self.fired_watermark = max(before, now)
-            return
-        with self.spark.job(), self._job_costs().job():
-            self._run(pending, before, now)
+        else:
+            with self.spark.job(), self._job_costs().job():
+                self._run(pending, before, now)
         self.fired_watermark = max(before, now)
 
     def teardown(self) -> None:
@@ -242,18 +222,23 @@ class EventTimeWindows(SparkOperator):
     _TRANSIENT: ClassVar[tuple[str, ...]] = (*SparkOperator._TRANSIENT, "_arrived")
 
     # -- windows of partials per pane -------------------------------------------------
-    def _end_window_in_panes(self, panes: Panes, new: pa.Table | None, before: int,
-                             now: int) -> None:
+    def _end_window_in_panes(self, panes: Panes | Sessions, new: pa.Table | None,
+                             before: int, now: int) -> None:
         """The new rows wait (the columns the aggregations read); once a window they or
-        the panes are in may go out, one job folds them into the panes, and the windows
-        due go out."""
+        the panes (sessions) are in may go out, one job folds them into the panes, and
+        the windows due go out."""
+        maybe_late = None
         if new is not None and new.num_rows:
+            if isinstance(panes, Sessions) and before != NO_WATERMARK:
+                closed = pc.less_equal(pc.add(new.column(_TIME), self.gap_ms
+                                              + self.allowed_lateness_ms), before)
+                maybe_late = new.filter(closed) if pc.any(closed).as_py() else None
             names = [n for n in new.schema.names if n not in (_TIME, _NEW)]
             read = referenced_columns(panes.partials, names)
             new = new.select([*self.keys, *(n for n in read if n not in self.keys), _TIME])
             self.pending = new if self.pending is None else pa.concat_tables(
                 [self.pending, new], promote_options="permissive")
-        if not self._pane_due(panes, before, now):
+        if maybe_late is None and not self._pane_due(panes, before, now):
             return
         costs = self._job_costs()
         with self.spark.job(), costs.job():
@@ -265,6 +250,8 @@ class EventTimeWindows(SparkOperator):
                 with costs.phase("job"):
                     partials = self.spark.to_arrow(panes.spark_partials(df, _TIME))
                 self.panes = panes.merge(self.panes, partials)
+            if maybe_late is not None:
+                self._send_late_from_sessions(panes, maybe_late, before)
             if self.panes is None:
                 return
             windows = panes.windows(self.panes)
@@ -280,6 +267,20 @@ class EventTimeWindows(SparkOperator):
             kept = None if now == END_OF_TIME else panes.kept(
                 self.panes, now - self.allowed_lateness_ms)
             self.panes = kept if kept is not None and kept.num_rows else None
+
+    def _send_late_from_sessions(self, sessions: Sessions, maybe_late: pa.Table,
+                                 before: int) -> None:
+        """The sessions that, merged, had closed for good by ``before`` hold only new
+        rows (``maybe_late`` holds them all): those rows go to the late port, the
+        sessions leave the state."""
+        ends = sessions.window_ends(self.panes)
+        closed = pc.less_equal(pc.add(ends, self.allowed_lateness_ms), before)
+        if not pc.any(closed).as_py():
+            return
+        late = maybe_late.filter(sessions.rows_in(self.panes.filter(closed), maybe_late,
+                                                  _TIME))
+        self.panes = self.panes.filter(pc.invert(closed))
+        self._send_late(late.drop_columns([_NEW]), self._session_late_reason(before))
 
     def _pane_due(self, panes: Panes, before: int, now: int) -> bool:
         """Whether a window may go out now: the new rows are in one that ended by ``now``
@@ -414,10 +415,11 @@ class EventTimeWindows(SparkOperator):
             return
         late = rows.filter(pc.less_equal(pc.add(ends, self.allowed_lateness_ms), before))
         if late.num_rows:
-            self._send_late(late.drop_columns([_NEW]),
-                            f"its session ended more than allowed_lateness_ms="
-                            f"{self.allowed_lateness_ms} before the watermark "
-                            f"{format_watermark(before)}")
+            self._send_late(late.drop_columns([_NEW]), self._session_late_reason(before))
+
+    def _session_late_reason(self, before: int) -> str:
+        return (f"its session ended more than allowed_lateness_ms="
+                f"{self.allowed_lateness_ms} before the watermark {format_watermark(before)}")
 
     def _fire(self, df: DataFrame, before: int, now: int) -> None:
         """Emits the windows that go out now: a window goes out when the watermark passes

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Panes", "Partial", "decompose", "referenced_columns"]
+__all__ = ["Panes", "Partial", "decompose", "partial_values", "referenced_columns"]
 
 PANE = "__weir_pane"  # a pane's start (epoch ms)
 TOUCHED = "__weir_touched"  # the pane took rows since its windows last went out
@@ -120,6 +120,7 @@ class Panes:
         self.partials = tuple(partials)
         self.size_ms, self.slide_ms = size_ms, slide_ms
         self.pane_ms = math.gcd(size_ms, slide_ms)
+        self.slot_ms = self.pane_ms  # the stretch whose rows Spark aggregates together
         self.columns = [column for p in self.partials for column in p.columns()]
 
     def spark_partials(self, df: DataFrame, time_column: str) -> DataFrame:
@@ -177,16 +178,7 @@ class Panes:
         columns = {k: windows.column(k) for k in self.keys}
         columns["window_start"] = start.cast(ts)
         columns["window_end"] = pc.add(start, self.size_ms).cast(ts)
-        for partial in self.partials:
-            column = f"__weir_{partial.name}"
-            if partial.function != "avg":
-                columns[partial.name] = windows.column(column)
-                continue
-            total = pc.cast(windows.column(f"{column}_sum"), pa.float64())
-            count = windows.column(f"{column}_n")
-            columns[partial.name] = pc.if_else(
-                pc.equal(count, 0), pa.scalar(None, pa.float64()),
-                pc.divide(total, pc.cast(count, pa.float64())))
+        columns.update(partial_values(self.partials, windows))
         return pa.table(columns)
 
     def kept(self, state: pa.Table, after_ms: int) -> pa.Table:
@@ -204,3 +196,20 @@ class Panes:
         arrow_names = {f"{name}_{merge}": name for name, merge in merges}  # Arrow's names
         grouped = grouped.rename_columns([arrow_names.get(n, n) for n in grouped.column_names])
         return grouped.select([*self.keys, dropped, *(name for name, _ in merges)])
+
+
+def partial_values(partials: Sequence[Partial], merged: pa.Table) -> dict[str, pa.Array]:
+    """Each aggregation's value from its merged partials in ``merged`` (an average: the
+    sum over the count, null for no rows)."""
+    values = {}
+    for partial in partials:
+        column = f"__weir_{partial.name}"
+        if partial.function != "avg":
+            values[partial.name] = merged.column(column)
+            continue
+        total = pc.cast(merged.column(f"{column}_sum"), pa.float64())
+        count = merged.column(f"{column}_n")
+        values[partial.name] = pc.if_else(
+            pc.equal(count, 0), pa.scalar(None, pa.float64()),
+            pc.divide(total, pc.cast(count, pa.float64())))
+    return values

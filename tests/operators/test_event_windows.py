@@ -386,11 +386,18 @@ class Counting:
         return self.bridge.to_arrow(df)
 
 
-def test_a_firing_session_window_runs_two_jobs(bridge: SparkSessionBridge) -> None:
-    """One job brings the open rows back with their session's end (late rows and the rows
-    kept are filtered from it), one aggregates: not a third for the late rows."""
+@pytest.mark.parametrize(("aggregations", "jobs_per_firing"), [(AGGREGATIONS, 1),
+                                                                (KEPT_ROWS, 2)],
+                         ids=["partials", "rows"])
+def test_a_firing_session_window_runs_its_jobs(bridge: SparkSessionBridge,
+                                               aggregations: dict[str, str],
+                                               jobs_per_firing: int) -> None:
+    """Partials per session: one job folds the new rows into fragments (a late row's
+    session is known from them). Rows: one job brings the open rows back with their
+    session's end (late rows and the rows kept are filtered from it), one aggregates;
+    not a third for the late rows."""
     t0 = 1_700_000_000_000
-    op = EventTimeWindows.session("ts", gap_ms=1_000, keys="user", aggregations=AGGREGATIONS)
+    op = EventTimeWindows.session("ts", gap_ms=1_000, keys="user", aggregations=aggregations)
     counting = Counting(bridge)
     emitted = start(op, counting)
     jobs = []
@@ -400,9 +407,54 @@ def test_a_firing_session_window_runs_two_jobs(bridge: SparkSessionBridge) -> No
         before = counting.jobs
         drive(op, emitted, [rows], [watermark], first=index)
         jobs.append(counting.jobs - before)
-    assert jobs == [0, 2, 2]  # nothing can go out before t0 + 1_200
+    assert jobs == [0, jobs_per_firing, jobs_per_firing]  # nothing out before t0 + 1_200
     assert late_rows(emitted) == [(t0 + 100, "b", 128)]
     assert op.open_rows == 0  # every session closed by t0 + 5_000
+
+
+def test_partials_per_session_give_what_the_rows_give(bridge: SparkSessionBridge) -> None:
+    """Sessions of out-of-order rows with late updates and late rows, as partials per
+    session and as kept rows: the same windows out, the same late rows."""
+    aggregations = {"n": "count(*)", "lo": "min(amount)", "hi": "max(amount)",
+                    "mean": "avg(amount)", "total": "sum(amount)"}
+    base = 1_700_000_000_000
+    chunks = [[(t + (t - base) // 250 * 300, user, amount) for t, user, amount in rows]
+              for rows in out_of_order(seed=6, count=1_500)]  # a 300 ms gap every 250
+    watermarks = source_watermarks(chunks, delay_ms=150)
+    outputs, late, states = [], [], []
+    for aggs in (aggregations, {k: f"{v} + 0" for k, v in aggregations.items()}):
+        op = EventTimeWindows.session("ts", gap_ms=200, keys="user", aggregations=aggs,
+                                      allowed_lateness_ms=300)
+        emitted = start(op, bridge)
+        drive(op, emitted, chunks, watermarks)
+        outputs.append(sorted(tuple(r.values()) for r in emitted.rows()))
+        late.append(sorted(late_rows(emitted)))
+        states.append(op)
+    assert outputs[0] == outputs[1] and len(outputs[0]) > 50
+    assert late[0] == late[1] and late[0]
+    # every row went to Spark once (a late one too: its session is known once merged)
+    assert states[0].spark_costs()["rows_in"] == sum(map(len, chunks))
+
+
+def test_sessions_merge_fragments_per_key_by_the_gap() -> None:
+    """Fragments and sessions of a key join when one starts less than the gap after the
+    latest end before it; null keys group together; keys far apart in time (too far to
+    lift into one running maximum) still merge per key."""
+    from operators.library.window_panes import decompose
+    from operators.library.window_sessions import FIRST, LAST, Sessions
+
+    sessions = Sessions(["k"], decompose({"n": "count(*)"}), gap_ms=10)
+    far = 2**61
+    fragments = pa.table({
+        "k": ["a", "a", "a", None, None, "b", "b", "c"],
+        FIRST: [0, 5, 40, 0, 9, far, far + 20, -far],
+        LAST: [30, 8, 45, 0, 9, far + 14, far + 30, -far],
+        "__weir_n": [3, 1, 2, 1, 1, 2, 2, 1]})
+    merged = sessions.merge(None, fragments)
+    assert sorted((tuple(row.values()) for row in merged.select(
+        ["k", FIRST, LAST, "__weir_n"]).to_pylist()), key=str) == sorted([
+        ("a", 0, 30, 4), ("a", 40, 45, 2), (None, 0, 9, 2), ("b", far, far + 30, 4),
+        ("c", -far, -far, 1)], key=str)
 
 
 def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBridge) -> None:
