@@ -6,9 +6,7 @@ neither Java nor a SparkSession.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
@@ -17,7 +15,9 @@ from operators.dead_letters import DeadLetters, dead_letters_of
 from operators.metrics import metric
 from operators.operator import Operator, OperatorContext, SparkBridge
 from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
+from operators.spark_costs import JobCosts
 from operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
+from operators.spark_passthrough import PassThrough, plan_pass_through
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -354,40 +354,56 @@ class SparkSql(SparkOperator):
             session = self._sql_session = self.spark.session.newSession()
         return session
 
+    # a projection or filter: the columns it copies bypass Spark (``spark_passthrough``)
+    _pass_through: PassThrough | None = None
+    _planned = False
+    _through_rows: ClassVar[list[pa.RecordBatch]] = []  # (replaced per window)
+    NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_pass_through",
+                                            "_planned", "_through_rows")
+    _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
+
+    def begin_window(self, window_id: int) -> None:
+        super().begin_window(window_id)
+        self._through_rows = []
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        through = self._pass_through
+        if through is None or batch.num_rows == 0:
+            super().process(port, batch)
+            return
+        batch = conform(batch, through.schema, f"operator {self._name!r}, input port {port!r}")
+        narrow = through.narrow(batch, sum(b.num_rows for b in self._through_rows))
+        self._through_rows.append(batch)
+        window_input = self._inputs.get(port)
+        if window_input is None:
+            window_input = self._inputs[port] = self.spark.window_input(narrow.schema)
+        with self._job_costs().phase("write"):
+            window_input.append(narrow)
+
     def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
         session = self.dataframe_session()
+        through = self._pass_through
         for port, df in inputs.items():
-            df.createOrReplaceTempView(port)
+            (df if through is None else through.view(df)).createOrReplaceTempView(port)
         args = {"window_id": window_id} if ":window_id" in self.query else None
-        return session.sql(self.query, args=args)
+        result = session.sql(self.query, args=args)
+        if not self._planned:  # once per deployment, from the first window's plan
+            self._planned = True
+            schema = self._input_schemas.get(next(iter(inputs), ""))
+            if len(inputs) == 1 and schema is not None and self._dead_letters is None:
+                self._pass_through = plan_pass_through(result, next(iter(inputs.values())),
+                                                       schema)
+        return result
 
+    def collected(self, port: str, table: pa.Table) -> pa.Table:
+        rows, self._through_rows = self._through_rows, []
+        if self._pass_through is None or not rows:
+            return table
+        return self._pass_through.restore(table, pa.Table.from_batches(rows))
 
-class JobCosts:
-    """Running totals of a Spark operator's window jobs, by phase (see ``spark_costs``)."""
-
-    PHASES = ("write", "handoff", "job", "emit")
-
-    def __init__(self) -> None:
-        self.jobs = 0
-        self.rows_in = 0
-        self.seconds = dict.fromkeys(self.PHASES, 0.0)
-
-    @contextlib.contextmanager
-    def job(self) -> Any:
-        yield
-        self.jobs += 1
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Any:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] += time.perf_counter() - started
-
-    def figures(self) -> dict[str, float]:
-        return {"jobs": self.jobs, "rows_in": self.rows_in,
-                **{f"{name}_ms": round(s * 1000, 3) for name, s in self.seconds.items()}}
+    def teardown(self) -> None:
+        self._through_rows = []
+        super().teardown()
 
 
 def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str, Any]:
