@@ -69,6 +69,9 @@ class PassThrough:
         arrival order), cast to the types Spark gave them."""
         if self.carrier is not None:
             index: Any = result.column(self._carrier_output()).combine_chunks()
+            if len(index) == rows.num_rows and index.null_count == 0 and np.array_equal(
+                    index.to_numpy(), np.arange(rows.num_rows)):
+                index = None  # every row, in order: the columns as they are, no copy
         elif result.num_rows == rows.num_rows:
             index = None
         else:

@@ -104,3 +104,21 @@ def test_what_is_not_a_projection_or_filter_runs_whole_in_spark(
     assert recording.handed == [SCHEMA.names, SCHEMA.names]
     _, plain = run(bridge, query, windows=2, plan=False)
     assert [t.to_pylist() for t in out] == [t.to_pylist() for t in plain]
+
+
+def test_every_row_in_order_is_put_back_without_a_copy() -> None:
+    """A map's result carries the rows' numbers 0..n-1: the copied columns go out as the
+    input's own buffers; a filter's are taken by the numbers."""
+    from operators.spark_passthrough import PassThrough
+
+    rows = pa.Table.from_batches([bids(0)])
+    through = PassThrough(SCHEMA, {}, {"auction": "auction", "extra": "extra"}, "auction",
+                          ("price",))
+    spark_result = pa.table({"auction": pa.array(range(rows.num_rows), pa.int64()),
+                             "extra": pa.nulls(rows.num_rows, pa.string())})
+    restored = through.restore(spark_result, rows)
+    assert restored.column("extra").chunk(0).buffers()[2].address == \
+        rows.column("extra").chunk(0).buffers()[2].address
+    assert restored.column("auction").to_pylist() == rows.column("auction").to_pylist()
+    some = through.restore(spark_result.slice(3, 4), rows)
+    assert some.column("extra").to_pylist() == rows.column("extra").to_pylist()[3:7]
