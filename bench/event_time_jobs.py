@@ -186,7 +186,7 @@ def run_spark(spec: EventTimeSpec, work: Path, shuffle_partitions: int = 2) -> J
     """
     events_dir, checkpoint_dir = work / "events", work / "checkpoint"
     write_event_time_files(spec, events_dir)
-    spark = _session(work, shuffle_partitions)
+    spark = _session(work, shuffle_partitions, driver_memory="2g")  # as Weir's Spark
     try:
         _warm_up(spark, spec, events_dir, work / "warm")
         outputs: list[pa.Table] = []

@@ -148,7 +148,8 @@ def run_to_end(writer: Any) -> Any:
     return query
 
 
-def _session(work_dir: Path, shuffle_partitions: int) -> SparkSession:
+def _session(work_dir: Path, shuffle_partitions: int, driver_memory: str = "1g"
+             ) -> SparkSession:
     """A classic ``local[2]`` session set up for small frequent jobs, logging warnings only."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -164,7 +165,7 @@ def _session(work_dir: Path, shuffle_partitions: int) -> SparkSession:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
-        "spark.driver.memory": "1g",
+        "spark.driver.memory": driver_memory,
         "spark.sql.streaming.numRecentProgressUpdates": "10000",
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
     }
