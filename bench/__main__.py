@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nexmark-events", type=int, default=2_000_000,
                         help="nexmark row: events generated once (persons, auctions, bids), "
                              "read by Weir, Spark SS and Flink")
+    parser.add_argument("--nexmark-rate", type=float, default=4_000_000,
+                        help="nexmark row: events/s offered to Weir's sources (Spark SS's "
+                             "maxFilesPerTrigger is sized to the same events per 500 ms)")
     parser.add_argument("--nexmark-queries", default="q0,q1,q2,q5,q7,q8,q11",
                         help="nexmark row: the queries, comma-separated")
     parser.add_argument("--latency-seconds", type=float, default=30.0,
@@ -351,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     if "nexmark" not in args.skip:
         report["nexmark"] = run_nexmark(args.nexmark_events,
                                         parse_queries(args.nexmark_queries), args.repeat,
-                                        rate=args.event_time_rate, timeout_s=args.timeout)
+                                        rate=args.nexmark_rate, timeout_s=args.timeout)
     if "running-count" not in args.skip:
         report["running_count"] = _run("running-count", spec, args.timeout)
     if "weir-kafka" not in args.skip:

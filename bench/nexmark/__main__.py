@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs per system")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, of {','.join(SYSTEMS)}")
-    parser.add_argument("--rate", type=float, default=2_000_000,
+    parser.add_argument("--rate", type=float, default=4_000_000,
                         help="events/s offered to Weir's sources (its ceiling when above "
                              "what it sustains)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")

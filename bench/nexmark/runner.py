@@ -109,7 +109,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_nexmark(events: int, queries: Sequence[str], repeat: int = 3,
-                systems: Sequence[str] = SYSTEMS, rate: float = 2_000_000,
+                systems: Sequence[str] = SYSTEMS, rate: float = 4_000_000,
                 timeout_s: float = 600.0) -> dict[str, Any]:
     """The section: per query, one summary per system (``summarize``), in ``systems``'
     order. The events are written once, on tmpfs, and removed at the end."""
