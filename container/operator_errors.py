@@ -71,14 +71,16 @@ def describe_error(exc: BaseException) -> str:
 
     One line, so that ``weir apps`` and ``weir operators`` stay tables: Spark's messages
     carry the query plan on the following lines (the container log has them in full).
-    The place is the innermost frame outside pyspark and py4j: the operator's own call.
+    The place is the innermost frame outside pyspark and py4j, and not one that hides
+    itself (``__tracebackhide__``, as pytest reads it): the operator's own call.
     """
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = lines[0] if lines else ""
     if len(message) > _ERROR_CHARS:
         message = message[:_ERROR_CHARS - 3] + "..."
     frames = [(_source_file(frame), lineno, frame.f_code.co_name)
-              for frame, lineno in traceback.walk_tb(exc.__traceback__)]
+              for frame, lineno in traceback.walk_tb(exc.__traceback__)
+              if not frame.f_locals.get("__tracebackhide__")]  # the SDK's own raise
     own = [f for f in frames if not _LIBRARY_DIRS.intersection(f[0].split(os.sep))]
     place = (own or frames)[-1] if frames else None
     where = f" (at {os.path.basename(place[0])}:{place[1]} in {place[2]})" \

@@ -251,8 +251,12 @@ ATTRIBUTES: dict[str, Attribute] = {a.name: a for a in _ALL}
 def _lookup(name: str, scope: Scope) -> Attribute:
     attribute = ATTRIBUTES.get(name)
     if attribute is None:
+        import difflib
+
+        near = difflib.get_close_matches(str(name).upper(), ATTRIBUTES, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
         known = ", ".join(sorted(ATTRIBUTES))
-        raise InvalidAttribute(f"unknown attribute {name!r}; known attributes: {known}")
+        raise InvalidAttribute(f"unknown attribute {name!r}; {hint}known attributes: {known}")
     if not attribute.scope & scope:
         where = "a DAG" if scope == Scope.DAG else "an operator"
         raise InvalidAttribute(f"attribute {name} cannot be set on {where}")

@@ -284,6 +284,17 @@ class Operator:
         """
         return None
 
+    def __getattr__(self, name: str) -> Any:
+        """Reached only for a name nothing defines: a mistyped port (``op.outptu``) or
+        attribute gets an error listing the ports and the nearest name."""
+        __tracebackhide__ = True  # errors point at the caller's line
+        if any(name in vars(c) for c in type(self).__mro__):  # a property that failed:
+            return object.__getattribute__(self, name)  # its own error, not this one
+        if name.startswith("_"):  # private and special names: probed often, no help needed
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}",
+                                 name=name, obj=self)
+        raise AttributeError(_no_such_port_or_attribute(type(self), name), name=name, obj=self)
+
     @classmethod
     def input_ports(cls) -> dict[str, InputPort]:
         return {n: p for n, p in _class_ports(cls).items() if isinstance(p, InputPort)}
@@ -359,6 +370,21 @@ class TransientNonState:
 
     def reset_non_state(self) -> None:
         """Sets the ``NON_STATE`` attributes to their values before ``setup``."""
+
+
+def _no_such_port_or_attribute(cls: type, name: str) -> str:
+    """What an operator without port or attribute ``name`` says: its ports and the
+    nearest name."""
+    import difflib
+
+    ports = _class_ports(cls)
+    inputs = [n for n, p in ports.items() if isinstance(p, InputPort)]
+    outputs = [n for n, p in ports.items() if isinstance(p, OutputPort)]
+    public = [n for n in dir(cls) if not n.startswith("_")]
+    near = difflib.get_close_matches(name, [*ports, *public], n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    return (f"{cls.__name__} has no port or attribute {name!r}: its input ports are "
+            f"{inputs or 'none'}, its output ports {outputs or 'none'}{hint}")
 
 
 def _class_ports(cls: type) -> dict[str, InputPort | OutputPort]:

@@ -108,6 +108,6 @@ def test_a_bug_on_every_row_fails_the_operator_at_once_instead_of_dead_lettering
     runner, out, errors = run(Buggy(), stream({1: [[1, 2, 3, 4]]}))
     assert runner.state is RunnerState.FAILED and runner.fatal  # a replay fails alike
     assert runner.error.startswith("TooManyDeadLetters: every row of a batch (4) fails with "
-                                   "AttributeError: 'Buggy' object has no attribute 'lookup'")
+                                   "AttributeError: Buggy has no port or attribute 'lookup'")
     assert "test_dead_letters.py" in runner.error  # the place is the operator's line
     assert dead_rows(errors) == []

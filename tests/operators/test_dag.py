@@ -88,6 +88,41 @@ def test_stream_from_an_input_port_is_rejected():
         dag.add_stream("wrong", a.input, b.input)
 
 
+def test_a_mistyped_attribute_names_the_nearest_one():
+    with pytest.raises(InvalidAttribute,
+                       match="did you mean 'STREAMING_WINDOW_SIZE_MILLIS'"):
+        Dag("x", STREAMING_WINDOW_SIZE_MILIS=500)
+    dag, *_ = linear()
+    with pytest.raises(InvalidAttribute, match="did you mean 'QUEUE_CAPACITY'"):
+        dag.set_operator_attributes("a", QUEUE_CAPACTY=4)
+
+
+def test_a_mistyped_port_lists_the_ports_and_the_nearest_name():
+    import pickle
+
+    dag, src, a, b = linear()
+    with pytest.raises(AttributeError) as raised:
+        dag.add_stream("typo", a.outptu, b.input)
+    message = str(raised.value)
+    assert type(a).__name__ in message and "'outptu'" in message
+    assert "input ports are ['input']" in message and "output ports ['output']" in message
+    assert "did you mean 'output'?" in message
+    assert not hasattr(a, "nothing_like_it")  # probes still see a plain AttributeError
+    assert type(pickle.loads(pickle.dumps(a))) is type(a)
+
+
+def test_a_property_that_fails_keeps_its_own_error():
+    from operators import Operator
+
+    class Broken(Operator):
+        @property
+        def ready(self) -> bool:
+            raise AttributeError("the property's own reason")
+
+    with pytest.raises(AttributeError, match="the property's own reason"):
+        _ = Broken().ready
+
+
 def test_unknown_attribute_is_an_error():
     with pytest.raises(InvalidAttribute, match="unknown attribute 'WINDOW_SIZE'"):
         Dag("x", WINDOW_SIZE=5)
