@@ -66,8 +66,9 @@ def _common() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     common.add_argument("--master", default=argparse.SUPPRESS, metavar="HOST:PORT",
                         help="the master to talk to (default: $WEIR_MASTER, else "
-                             f"{DEFAULT_MASTER} if it answers, else the newest master of "
-                             "this machine and user that does, e.g. a `weir run`)")
+                             f"{DEFAULT_MASTER} if it answers, else the one master of this "
+                             "machine and user that does, e.g. a `weir run`; several: an "
+                             "error)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="machine-readable output (the API's messages as JSON)")
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
@@ -300,8 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.forward = unknown
     # found, not given: a command that waits finds the master again if it restarts
     args.master_found = not getattr(args, "master", None) and not os.environ.get("WEIR_MASTER")
-    args.master = getattr(args, "master", None) or (
-        "" if args.command in ("master", "run") else default_master())  # they start one
+    try:
+        args.master = getattr(args, "master", None) or (
+            "" if args.command in ("master", "run") else default_master())  # they start one
+    except WeirClientError as exc:
+        return _fail(str(exc), 2)
     args.json = getattr(args, "json", False)
     args.verbose = getattr(args, "verbose", 0)
     args.timeout = getattr(args, "timeout", 10.0)

@@ -45,17 +45,27 @@ class WeirClientError(Exception):
 
 
 def default_master() -> str:
-    """``$WEIR_MASTER``; else ``DEFAULT_MASTER`` if a master answers there; else the newest
+    """``$WEIR_MASTER``; else ``DEFAULT_MASTER`` if a master answers there; else the one
     master of this machine and user that answers on its port (a ``weir run`` in another
-    terminal: its embedded master takes any free port); else ``DEFAULT_MASTER``."""
+    terminal: its embedded master takes any free port); else ``DEFAULT_MASTER``.
+
+    Raises:
+        WeirClientError: several of this user's masters answer: which one is meant (a
+            submit must not deploy on a benchmark's master) is the user's to say.
+    """
     configured = os.environ.get("WEIR_MASTER")
     if configured:
         return configured
-    local = auth.local_master_addresses()
-    for address in sorted(local, key=lambda a: a != DEFAULT_MASTER):  # the default first
-        if _answers(address):
-            return address
-    return DEFAULT_MASTER
+    if _answers(DEFAULT_MASTER):
+        return DEFAULT_MASTER
+    answering = [a for a in auth.local_master_addresses() if a != DEFAULT_MASTER
+                 and _answers(a)]
+    if len(answering) > 1:
+        raise WeirClientError(
+            f"{len(answering)} masters of yours answer on this machine "
+            f"({', '.join(answering)}, newest first) and none on {DEFAULT_MASTER}: say which "
+            "one with --master HOST:PORT or $WEIR_MASTER")
+    return answering[0] if answering else DEFAULT_MASTER
 
 
 def _answers(address: str, timeout_s: float = 0.3) -> bool:

@@ -1,5 +1,6 @@
 """Which master `weir` talks to without --master: $WEIR_MASTER, the default port if it
-answers, else the newest master of this machine and user that answers (a `weir run`)."""
+answers, else the one master of this machine and user that answers (a `weir run`); when
+several answer, an error asks which."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import socket
 import pytest
 
 from master import auth
-from master.client import DEFAULT_MASTER, default_master
+from master.client import DEFAULT_MASTER, WeirClientError, default_master
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,12 +51,26 @@ def dead_address() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def test_the_newest_local_master_that_answers(home, listening):
+def test_the_one_local_master_that_answers(home, listening):
+    answering = listening()
+    published(answering, 1_000)
+    published(dead_address(), 3_000)  # SIGKILLed: its file stayed, its port is closed
+    assert default_master() == answering
+
+
+def test_several_local_masters_answering_is_an_error_naming_them(home, listening, capsys):
+    """A submit must not deploy on whichever master started last (a benchmark's)."""
+    from master.cli import main
+
     older, newer = listening(), listening()
     published(older, 1_000)
     published(newer, 2_000)
-    published(dead_address(), 3_000)  # SIGKILLed: its file stayed, its port is closed
-    assert default_master() == newer
+    with pytest.raises(WeirClientError) as raised:
+        default_master()
+    assert f"({newer}, {older}, newest first)" in str(raised.value)
+    assert "--master HOST:PORT or $WEIR_MASTER" in str(raised.value)
+    assert main(["apps"]) == 2
+    assert "2 masters of yours answer on this machine" in capsys.readouterr().err
 
 
 def test_weir_master_setting_wins_and_nothing_found_is_the_default(home, listening,
