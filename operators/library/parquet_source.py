@@ -1,5 +1,6 @@
-"""A replayable source over Parquet or Arrow IPC files, in a folder or any ``pyarrow.fs``
-filesystem: columnar input that reaches the DAG as the record batches it is stored in."""
+"""A replayable source over Parquet, Arrow IPC, JSON-lines or CSV files, in a folder or any
+``pyarrow.fs`` filesystem: columnar input reaches the DAG as the record batches it is
+stored in; text files are parsed by Arrow's readers, a file at a time."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
+import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from operators.library.file_ranges import FileRangeSource
@@ -22,7 +25,8 @@ from operators.ports import OutputPort
 __all__ = ["ParquetSource"]
 
 _SCAN_S = 0.1  # a watched folder found empty is listed again after this long at most
-_FORMATS = ("parquet", "arrow")
+_FORMATS = ("parquet", "arrow", "jsonl", "csv")
+_TEXT_CHUNK_ROWS = 65_536  # a parsed text file's rows per chunk (its replay unit)
 
 
 class _FileChunks:
@@ -31,12 +35,18 @@ class _FileChunks:
     top. The newest chunk is cached, so reading a chunk in several slices reads it once."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, fmt: str,
-                 columns: list[str] | None) -> None:
+                 columns: list[str] | None, schema: pa.Schema | None = None) -> None:
         self.path = path
         self._handle = fs.open_input_file(path)
         self._columns = columns
+        self._text: pa.Table | None = None  # a parsed JSON-lines or CSV file
         try:
-            if fmt == "parquet":
+            if fmt in ("jsonl", "csv"):
+                self._parquet, self._ipc = None, None
+                self._text = _parse_text(self._handle, fmt, schema)
+                schema = self._text.schema
+                self.count = -(-self._text.num_rows // _TEXT_CHUNK_ROWS)
+            elif fmt == "parquet":
                 self._parquet: pq.ParquetFile | None = pq.ParquetFile(self._handle)
                 self._ipc: ipc.RecordBatchFileReader | None = None
                 schema = self._parquet.schema_arrow
@@ -45,7 +55,7 @@ class _FileChunks:
                 self._parquet, self._ipc = None, ipc.open_file(self._handle)
                 schema = self._ipc.schema
                 self.count = self._ipc.num_record_batches
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             self._handle.close()
             raise ValueError(f"ParquetSource: {path} is not a readable {fmt} file ({exc}); "
                              f"check format= or remove the file") from exc
@@ -60,6 +70,9 @@ class _FileChunks:
 
     def chunk(self, index: int) -> pa.Table:
         """Chunk ``index``'s rows (the selected columns)."""
+        if self._text is not None:
+            table = self._text.slice(index * _TEXT_CHUNK_ROWS, _TEXT_CHUNK_ROWS)
+            return table.select(self._columns) if self._columns else table
         if self._cached is None or self._cached[0] != index:
             if self._parquet is not None:
                 table = self._parquet.read_row_group(index, columns=self._columns)
@@ -72,6 +85,8 @@ class _FileChunks:
         return self._cached[1]
 
     def rows(self, index: int) -> int:
+        if self._text is not None:
+            return min(_TEXT_CHUNK_ROWS, self._text.num_rows - index * _TEXT_CHUNK_ROWS)
         if self._parquet is not None:
             return self._parquet.metadata.row_group(index).num_rows
         return self.chunk(index).num_rows  # IPC: the footer has no row counts
@@ -111,7 +126,13 @@ class ParquetSource(FileRangeSource):
     Args:
         path: a folder, a single file, or a ``pyarrow.fs`` URI of either (local paths are
             made absolute when the operator is built).
-        format: ``"parquet"``, or ``"arrow"`` for the Arrow IPC file format (Feather v2).
+        format: ``"parquet"``, ``"arrow"`` (the Arrow IPC file format, Feather v2),
+            ``"jsonl"`` (one JSON object per line) or ``"csv"`` (a header line, then rows).
+        file_schema: a text file's columns and types (JSON-lines, CSV): they are
+            inferred from each file otherwise, so a column that is all null in one file,
+            or all integers in one and decimals in the next, would differ between files.
+            Timestamps parse from ISO-8601 text; JSON fields not in it are not read. Not
+            for Parquet or Arrow files.
         pattern: a glob on file names in the folder, e.g. ``"*.parquet"``.
         columns: the columns to read (None = all), in this order.
         rows_per_window: emit at most about this many rows per streaming window (None =
@@ -134,12 +155,15 @@ class ParquetSource(FileRangeSource):
                                             "_single", "_file", "_pending")
 
     def __init__(self, path: str | os.PathLike[str],
-                 format: Literal["parquet", "arrow"] = "parquet",
+                 format: Literal["parquet", "arrow", "jsonl", "csv"] = "parquet",
                  pattern: str = "*", columns: Sequence[str] | None = None,
                  rows_per_window: int | None = None, batch_rows: int = 65_536,
-                 watch: bool = False) -> None:
+                 watch: bool = False, file_schema: pa.Schema | None = None) -> None:
         if format not in _FORMATS:
             raise ValueError(f"format must be one of {_FORMATS}, not {format!r}")
+        if file_schema is not None and format not in ("jsonl", "csv"):
+            raise ValueError(f"file_schema= is for JSON-lines and CSV files; {format} files "
+                             "carry their own schema (use columns= to pick columns)")
         if rows_per_window is not None and rows_per_window <= 0:
             raise ValueError(f"rows_per_window must be positive or None, not {rows_per_window}")
         if batch_rows <= 0:
@@ -150,6 +174,7 @@ class ParquetSource(FileRangeSource):
         path = os.fspath(path)
         self.path = path if "://" in path else os.path.abspath(path)
         self.format = format
+        self.file_schema = file_schema
         self.pattern = pattern
         self.columns = list(columns) if columns is not None else None
         self.rows_per_window = rows_per_window
@@ -250,11 +275,13 @@ class ParquetSource(FileRangeSource):
         assert self._fs is not None
         path = self._file_path(name)
         try:
-            chunks = _FileChunks(self._fs, path, self.format, self.columns)
+            chunks = _FileChunks(self._fs, path, self.format, self.columns, self.file_schema)
         except FileNotFoundError:
             raise FileNotFoundError(f"ParquetSource: {path} disappeared; input files must "
                                     "stay in place until the application is done") from None
-        if self.schema is None:
+        if chunks.count == 0 and self.format in ("jsonl", "csv"):
+            pass  # a text file without rows has no types to hold the others to
+        elif self.schema is None:
             self.schema = chunks.schema
         elif not chunks.schema.equals(self.schema):
             chunks.close()
@@ -296,6 +323,24 @@ class ParquetSource(FileRangeSource):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _parse_text(handle: pa.NativeFile, fmt: str, schema: pa.Schema | None) -> pa.Table:
+    """A JSON-lines or CSV file as a table, with ``schema``'s types where given."""
+    if handle.size() == 0:  # Arrow's readers refuse an empty file: no rows, no columns
+        return schema.empty_table() if schema is not None else pa.table({})
+    if fmt == "jsonl":
+        options = pajson.ParseOptions(explicit_schema=schema,
+                                      unexpected_field_behavior="ignore" if schema else "infer")
+        return pajson.read_json(handle, parse_options=options)
+    convert = pacsv.ConvertOptions(column_types=schema) if schema is not None else None
+    table = pacsv.read_csv(handle, convert_options=convert)
+    if schema is None:
+        return table
+    missing = [name for name in schema.names if name not in table.column_names]
+    if missing:
+        raise pa.ArrowInvalid(f"no column(s) {missing} in its header {table.column_names}")
+    return table.select(schema.names).cast(schema)
 
 
 def _difference(expected: pa.Schema, found: pa.Schema) -> str:

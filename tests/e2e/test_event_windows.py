@@ -8,6 +8,7 @@ containers SIGKILLed during the run."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import textwrap
 from pathlib import Path
@@ -30,6 +31,7 @@ BASE_MS = 1_600_000_000_000
 WINDOW_MS, DELAY_MS = 1_000, 500
 
 APP = """
+    import pyarrow as pa
     from operators import Dag
     from operators.library import EventTimeWindows, FileSink, ParquetSource, PostgresSink
 
@@ -37,7 +39,7 @@ APP = """
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
               SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
-    source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=400),
+    source = dag.add_operator("source", ParquetSource({inbox!r}, rows_per_window=400{text}),
                               CONTAINER=0, EVENT_TIME_COLUMN="ts",
                               WATERMARK_DELAY_MILLIS={delay})
     windows = dag.add_operator("per-second", {windows}, keys="user",
@@ -58,6 +60,21 @@ KINDS = {
     "sliding": f"EventTimeWindows.sliding('ts', size_ms={WINDOW_MS}, slide_ms=500",
     "session": "EventTimeWindows.session('ts', gap_ms=2",
 }
+
+
+JSON_SCHEMA = "pa.schema([('ts', pa.timestamp('ms')), ('user', pa.string()), " \
+    "('amount', pa.int64()), ('id', pa.int64())])"
+
+
+def as_json_lines(inbox: Path) -> None:
+    """The inbox's Parquet files as JSON-lines files (ISO-8601 times), renamed into place."""
+    for path in sorted(inbox.glob("part-*.parquet")):
+        lines = [json.dumps({**row, "ts": row["ts"].isoformat(timespec="milliseconds")})
+                 for row in pq.read_table(path).to_pylist()]
+        temp = inbox / f".{path.stem}.tmp"
+        temp.write_text("\n".join(lines) + "\n")
+        os.replace(temp, inbox / f"{path.stem}.jsonl")
+        path.unlink()
 
 
 def write_inbox(inbox: Path, files: int = FILES) -> list[Row]:
@@ -121,20 +138,23 @@ def published(folder: Path) -> pa.Table:
 
 
 def run(runner, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = "",
-        kind: str = "tumbling", files: int = FILES
+        kind: str = "tumbling", files: int = FILES, json_lines: bool = False
         ) -> tuple[dict[Window, tuple[int, int]], dict[str, float]]:
     """Runs the application on ``runner`` (a master, for kills, or fixture ``run_dag``:
     each driver of the window engine in turn); returns the reference windows and the
     windows operator's metrics. Without ``sink`` the results go to an exactly-once
     FileSink and are checked here."""
     expected, late = reference(write_inbox(tmp_path / "inbox", files), kind, lateness_ms)
+    if json_lines:
+        as_json_lines(tmp_path / "inbox")
     app = tmp_path / "event_windows_app.py"
     out_sink = sink or (f"FileSink({str(tmp_path / 'out')!r}, format='parquet', "
                         "exactly_once=True)")
     app.write_text(textwrap.dedent(APP.format(
         state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"), sink=out_sink,
         late=str(tmp_path / "late"), delay=DELAY_MS, windows=KINDS[kind],
-        lateness=lateness_ms)))
+        lateness=lateness_ms,
+        text=f", format='jsonl', file_schema={JSON_SCHEMA}" if json_lines else "")))
     note, kills = "", []
     if isinstance(runner, MasterServer):
         with WeirClient(runner.address) as client:
@@ -177,6 +197,12 @@ def run(runner, tmp_path: Path, kill: bool, lateness_ms: int = 0, sink: str = ""
 def test_event_time_windows_match_the_reference_and_late_rows_are_kept(run_dag, tmp_path,
                                                                         kind):
     run(run_dag, tmp_path, kill=False, kind=kind, files=2)  # kills need the longer run
+
+
+def test_a_folder_of_json_lines_events_gives_the_same_windows(run_dag, tmp_path):
+    """The first pipeline most users write: JSON events in a folder, event time off a
+    source column parsed from ISO-8601 text."""
+    run(run_dag, tmp_path, kill=False, files=2, json_lines=True)
 
 
 def test_the_same_with_random_container_sigkills(master, tmp_path):

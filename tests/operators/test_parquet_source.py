@@ -3,10 +3,12 @@ order, bounded windows, identical windows after a restore, partitions, and its e
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
@@ -17,7 +19,7 @@ from runtime.operator_state import capture, restore
 from tests.operators.test_exactly_once import source_window, started
 from tests.operators.test_library import Emitted, run_source, wid
 
-FORMATS = ["parquet", "arrow"]
+FORMATS = ["parquet", "arrow", "jsonl", "csv"]
 
 
 def table(first: int, rows: int, value_type: pa.DataType | None = None) -> pa.Table:
@@ -31,7 +33,11 @@ def write(path: Path, data: pa.Table, fmt: str, chunk_rows: int = 300) -> None:
     """Writes ``data`` in chunks (row groups, record batches) of ``chunk_rows``, under a
     temporary name renamed into place, as a producer must."""
     tmp = path.with_name(path.name + ".tmp")
-    if fmt == "parquet":
+    if fmt == "jsonl":
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in data.to_pylist()))
+    elif fmt == "csv":
+        pacsv.write_csv(data, tmp)
+    elif fmt == "parquet":
         pq.write_table(data, tmp, row_group_size=chunk_rows)
     else:
         with pa.ipc.new_file(tmp, data.schema) as writer:
@@ -167,7 +173,9 @@ def test_a_missing_path_is_an_error_at_setup_naming_operator_and_path(tmp_path):
         start(ParquetSource(missing))
 
 
-@pytest.mark.parametrize("kwargs, name", [({"format": "csv"}, "format"),
+@pytest.mark.parametrize("kwargs, name", [({"format": "xml"}, "format"),
+                                          ({"file_schema": pa.schema([("a", pa.int64())])},
+                                           "file_schema"),
                                           ({"rows_per_window": 0}, "rows_per_window"),
                                           ({"batch_rows": -1}, "batch_rows"),
                                           ({"columns": "id"}, "columns")])
@@ -210,3 +218,35 @@ def start(src: ParquetSource, partition: tuple[int, int] = (0, 1)) -> Emitted:
                               attributes={}, partition_index=partition[0],
                               partition_count=partition[1]))
     return emitted
+
+
+def test_text_files_keep_one_schema_when_it_is_given(tmp_path):
+    """JSON-lines types are inferred per file: a column of integers in one file and all
+    null in the next differ, and the second file is refused naming the column; with
+    ``file_schema`` both read, ISO-8601 times parsed, fields outside it not read."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.jsonl").write_text('{"ts": "2026-11-26T10:00:00.250", "n": 1, "x": "a"}\n')
+    (inbox / "b.jsonl").write_text('{"ts": "2026-11-26T10:00:01.500", "n": null, "x": "b"}\n')
+    (inbox / "c.jsonl").write_text("")  # an empty file: no rows, no schema to compare
+    inferred = ParquetSource(str(inbox), format="jsonl")
+    with pytest.raises(ValueError, match="n: int64 there, null here"):
+        run_source(inferred, start(inferred))
+    schema = pa.schema([("ts", pa.timestamp("ms")), ("n", pa.int64())])
+    given = ParquetSource(str(inbox), format="jsonl", file_schema=schema)
+    emitted = start(given)
+    run_source(given, emitted)
+    rows = emitted.rows()
+    assert [(r["ts"].isoformat(), r["n"]) for r in rows] == [
+        ("2026-11-26T10:00:00.250000", 1), ("2026-11-26T10:00:01.500000", None)]
+    assert all(set(r) == {"ts", "n"} for r in rows)
+
+
+def test_a_csv_file_without_a_schema_column_is_refused_naming_it(tmp_path):
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.csv").write_text("ts,user\n2026-11-26T10:00:00,u1\n")
+    schema = pa.schema([("ts", pa.timestamp("ms")), ("amount", pa.int64())])
+    src = ParquetSource(str(inbox), format="csv", file_schema=schema)
+    with pytest.raises(ValueError, match=r"no column\(s\) \['amount'\] in its header"):
+        run_source(src, start(src))
