@@ -105,8 +105,8 @@ class _FileChunks:
 
 
 class ParquetSource(FileRangeSource):
-    """Emits the rows of the Parquet (or Arrow IPC) files in a folder, file by file in
-    name order, as record batches with the files' schema.
+    """Emits the rows of the Parquet (or Arrow IPC, JSON-lines, CSV) files in a folder,
+    file by file in name order, as record batches with the files' schema.
 
     Use it for input that is already columnar: a folder filled by another job, a data
     lake prefix (any ``pyarrow.fs`` URI: ``file://``, ``s3://``, ``hdfs://``, ``gs://``).
