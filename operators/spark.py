@@ -141,22 +141,27 @@ class SparkOperator(Operator):
         self._window_id = window_id
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
-        inputs = self._inputs
-        window_input = inputs.get(port)
+        window_input = self._inputs.get(port)
         if window_input is None:
-            spark = self.spark  # (says so if ``setup`` was not called)
+            self.spark  # noqa: B018 - says so if ``setup`` was not called
             spec = type(self).input_ports().get(port)
             schema = (spec.schema if spec is not None else None) or batch.schema
             self._input_schemas[port] = schema
             if batch.num_rows == 0:
                 return  # a schema, no rows: nothing to hand to Spark yet
-            window_input = inputs[port] = spark.window_input(schema)
         batch = conform(batch, self._input_schemas[port],
                         f"operator {self._name!r}, input port {port!r}")
         if self._dead_letters is not None:  # kept to isolate bad rows
             self._window_rows.setdefault(port, []).append(batch)
+        rows = self._spark_rows(port, batch)
+        if window_input is None:
+            window_input = self._inputs[port] = self.spark.window_input(rows.schema)
         with self._job_costs().phase("write"):  # while the window's input arrives
-            window_input.append(batch)
+            window_input.append(rows)
+
+    def _spark_rows(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """What of an arriving batch is handed to Spark (all of it, here)."""
+        return batch
 
     def end_window(self) -> None:
         inputs, self._inputs = self._inputs, {}
@@ -358,27 +363,25 @@ class SparkSql(SparkOperator):
     _pass_through: PassThrough | None = None
     _planned = False
     _through_rows: ClassVar[list[pa.RecordBatch]] = []  # (replaced per window)
+    _through_count = 0  # their rows
     NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_pass_through",
-                                            "_planned", "_through_rows")
+                                            "_planned", "_through_rows", "_through_count")
     _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
 
     def begin_window(self, window_id: int) -> None:
         super().begin_window(window_id)
-        self._through_rows = []
+        self._through_rows, self._through_count = [], 0
 
-    def process(self, port: str, batch: pa.RecordBatch) -> None:
+    def _spark_rows(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """With a pass-through, the needed columns and the rows' numbers; the batch is
+        kept whole for ``collected``."""
         through = self._pass_through
-        if through is None or batch.num_rows == 0:
-            super().process(port, batch)
-            return
-        batch = conform(batch, through.schema, f"operator {self._name!r}, input port {port!r}")
-        narrow = through.narrow(batch, sum(b.num_rows for b in self._through_rows))
+        if through is None:
+            return batch
+        narrow = through.narrow(batch, self._through_count)
         self._through_rows.append(batch)
-        window_input = self._inputs.get(port)
-        if window_input is None:
-            window_input = self._inputs[port] = self.spark.window_input(narrow.schema)
-        with self._job_costs().phase("write"):
-            window_input.append(narrow)
+        self._through_count += batch.num_rows
+        return narrow
 
     def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
         session = self.dataframe_session()

@@ -3,13 +3,13 @@
 A map or a filter (``SELECT a, b, 0.9 * price AS price FROM input WHERE ...``) computes
 with few of its input's columns and copies the others. Handing those others to Spark
 and back moves every byte of them twice through the JVM for nothing: measured on
-Nexmark's q1 (767 k bids, 86 MB, most of it a string column), the job took 596 ms with
-every column and 268 ms with only the computed one. So once Spark's optimised plan shows
-the query is a projection and/or a filter over its one input (no aggregation, join,
-window, sort or limit), Spark gets only the columns the query computes with; each
-column passed through reaches Spark as nulls, except one integer column that carries the
-rows' numbers, and Arrow puts the real values back in the result by those numbers. Spark
-still evaluates every expression and condition of the query.
+Nexmark's q1 (767 k bids, 86 MB, most of it a string column; two warm runs each), the job
+took 596 and 855 ms with every column, 268 and 371 ms with only the computed one. So
+once Spark's optimised plan shows the query is a projection and/or a filter over its one
+input (no aggregation, join, window, sort or limit), Spark gets only the columns the
+query computes with; each column passed through reaches Spark as nulls, except one
+integer column that carries the rows' numbers, and Arrow puts the real values back in
+the result by those numbers. Spark still evaluates every expression and condition.
 """
 
 from __future__ import annotations

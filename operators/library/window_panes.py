@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["Panes", "Partial", "decompose", "partial_values", "referenced_columns"]
+__all__ = ["Panes", "Partial", "decompose", "partial_merges", "partial_values",
+           "referenced_columns"]
 
 PANE = "__weir_pane"  # a pane's start (epoch ms)
 TOUCHED = "__weir_touched"  # the pane took rows since its windows last went out
@@ -191,11 +192,16 @@ class Panes:
 
     def _grouped(self, table: pa.Table, by: list[str], dropped: str) -> pa.Table:
         """``table``'s partials merged per ``by``; the columns in the state's order."""
-        merges = [(name, merge) for name, _, merge in self.columns] + [(TOUCHED, "any")]
+        merges = partial_merges(self.columns)
         grouped = table.group_by(by, use_threads=False).aggregate(merges)
         arrow_names = {f"{name}_{merge}": name for name, merge in merges}  # Arrow's names
         grouped = grouped.rename_columns([arrow_names.get(n, n) for n in grouped.column_names])
         return grouped.select([*self.keys, dropped, *(name for name, _ in merges)])
+
+
+def partial_merges(columns: Sequence[tuple[str, str, str]]) -> list[tuple[str, str]]:
+    """The Arrow aggregations that merge partials (``Partial.columns``) and their marks."""
+    return [(name, merge) for name, _, merge in columns] + [(TOUCHED, "any")]
 
 
 def partial_values(partials: Sequence[Partial], merged: pa.Table) -> dict[str, pa.Array]:

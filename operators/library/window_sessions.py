@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.library.window_panes import TOUCHED, Partial, partial_values
+from operators.library.window_panes import TOUCHED, Partial, partial_merges, partial_values
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -121,7 +121,7 @@ class Sessions:
         starts[1:] |= first[1:] >= latest[:-1] + self.gap_ms
         index = np.cumsum(starts) - 1
         heads = np.flatnonzero(starts)
-        merges = [(name, merge) for name, _, merge in self.columns] + [(TOUCHED, "any")]
+        merges = partial_merges(self.columns)
         grouped = table.select([name for name, _ in merges]).append_column(
             _SESSION, pa.array(index)).group_by(_SESSION, use_threads=False).aggregate(merges)
         grouped = grouped.take(pc.sort_indices(grouped, [(_SESSION, "ascending")]))

@@ -130,3 +130,34 @@ def test_every_run_spans_a_minute_of_event_time_so_spark_closes_windows_too():
     assert small.events / small.events_per_second >= 60
     assert (small.events_per_file, large.events_per_file) == (10_000, 100_000)
     assert large.events_per_second == 100_000  # at most: 10 s windows of 1 M events
+
+
+def test_make_bench_offers_weir_the_nexmark_rate_not_another_rows(fake_runs, monkeypatch,
+                                                                    tmp_path):
+    rates = []
+    counted = runner._run_one
+
+    def recording(system, query, spec, data, rate, timeout_s):
+        rates.append(rate)
+        return counted(system, query, spec, data, rate, timeout_s)
+
+    monkeypatch.setattr(runner, "_run_one", recording)
+    monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
+    bench_main.main([*_ALL_BUT_NEXMARK, "--nexmark-events", "1000", "--nexmark-queries", "q1",
+                     "--nexmark-rate", "1234567", "--event-time-rate", "7",
+                     "--out", str(tmp_path)])
+    assert rates and set(rates) == {1_234_567.0}
+
+
+def test_spark_ss_results_are_read_back_from_the_files_its_batches_wrote(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bench.nexmark.spark_queries import _written
+
+    assert _written(tmp_path) is None  # no batch wrote a row
+    pq.write_table(pa.table({"a": [1, 2]}), tmp_path / "part-00000-x.snappy.parquet")
+    pq.write_table(pa.table({"a": pa.array([], pa.int64())}), tmp_path / "part-00001-y.parquet")
+    pq.write_table(pa.table({"a": [3]}), tmp_path / "part-00002-z.parquet")
+    (tmp_path / "_SUCCESS").write_text("")
+    assert _written(tmp_path).column("a").to_pylist() == [1, 2, 3]

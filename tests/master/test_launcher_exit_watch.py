@@ -6,6 +6,7 @@ the launcher's exit codes; with the exit told at once, recovery starts at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -102,67 +103,67 @@ def test_the_thread_and_recording_launchers_tell_exits_too():
     assert told.get_nowait() == "r0"
 
 
-def test_the_master_recovers_a_container_the_moment_its_process_ends():
-    """The master's loop wakes on the exit: with its tick an hour away, the container is
-    still given up on (KILLED) and replaced at once."""
+@contextlib.contextmanager
+def _core_with_an_hour_tick(containers: int):
+    """A master core whose loop ticks once an hour (only a wake-up runs it), an
+    application of three operators on ``containers`` containers, their first heartbeats
+    given: yields (launcher, core, app, container ids)."""
     from master.core import MasterCore
-    from master.physical_plan import ContainerState
     from tests.master.fakes import chain_descriptor, container_heartbeat
 
     launcher = RecordingLauncher("127.0.0.1:1")
     core = MasterCore(launcher, loop_interval_s=3_600.0)
     core.start()
     try:
-        app_id = core.submit(chain_descriptor(3, CONTAINERS=2), {})
-        app = core.application(app_id)
+        app = core.application(core.submit(chain_descriptor(3, CONTAINERS=containers), {}))
         with core.lock:
             ids = sorted(app.plan.containers)
         for index, cid in enumerate(ids):
             core.heartbeat(container_heartbeat(cid, port=7000 + index))
+        yield launcher, core, app, ids
+    finally:
+        core.stop()
+
+
+def _wait_killed(core, app, cid: str) -> None:
+    """Until the loop gave container ``cid`` up (bounded by the hang guard)."""
+    from master.physical_plan import ContainerState
+
+    deadline = time.monotonic() + _HANG_GUARD_S
+    while time.monotonic() < deadline:
+        with core.lock:
+            if app.plan.containers[cid].state == ContainerState.KILLED:
+                return
+        time.sleep(0.01)
+
+
+def test_the_master_recovers_a_container_the_moment_its_process_ends():
+    """The master's loop wakes on the exit: with its tick an hour away, the container is
+    still given up on (KILLED) and replaced at once."""
+    from master.physical_plan import ContainerState
+
+    with _core_with_an_hour_tick(containers=2) as (launcher, core, app, ids):
         launcher.set_exit_code(ids[0], -signal.SIGKILL)
-        deadline = time.monotonic() + _HANG_GUARD_S
-        while time.monotonic() < deadline:
-            with core.lock:
-                if app.plan.containers[ids[0]].state == ContainerState.KILLED:
-                    break
-            time.sleep(0.01)
+        _wait_killed(core, app, ids[0])
         with core.lock:
             assert app.plan.containers[ids[0]].state == ContainerState.KILLED
             assert "exited with code -9" in app.plan.containers[ids[0]].diagnostics
             assert len(app.plan.containers) == 3  # its replacement
-    finally:
-        core.stop()
 
 
 def test_the_master_gives_up_a_container_whose_heartbeat_reports_a_failed_operator_at_once():
     """The heartbeat only records the loss (and answers ABORT); the loop it wakes, with
     its tick an hour away, gives the container up and replaces it."""
-    from master.core import MasterCore
     from master.physical_plan import ContainerState
     from proto import umbilical_pb2
-    from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report
+    from tests.master.fakes import container_heartbeat, operator_report
 
-    launcher = RecordingLauncher("127.0.0.1:1")
-    core = MasterCore(launcher, loop_interval_s=3_600.0)
-    core.start()
-    try:
-        app_id = core.submit(chain_descriptor(3, CONTAINERS=1), {})
-        app = core.application(app_id)
-        with core.lock:
-            [cid] = app.plan.containers
-        core.heartbeat(container_heartbeat(cid, port=7000))
+    with _core_with_an_hour_tick(containers=1) as (_, core, app, [cid]):
         failed = operator_report(2, umbilical_pb2.OPERATOR_STATE_FAILED, error="ValueError: x")
         answer = core.heartbeat(container_heartbeat(cid, port=7000, operators=[failed]))
         assert answer.shutdown == umbilical_pb2.SHUTDOWN_TYPE_ABORT
-        deadline = time.monotonic() + _HANG_GUARD_S
-        while time.monotonic() < deadline:
-            with core.lock:
-                if app.plan.containers[cid].state == ContainerState.KILLED:
-                    break
-            time.sleep(0.01)
+        _wait_killed(core, app, cid)
         with core.lock:
             assert app.plan.containers[cid].state == ContainerState.KILLED
             assert "ValueError: x" in app.plan.containers[cid].diagnostics
             assert len(app.plan.containers) == 2  # its replacement
-    finally:
-        core.stop()
