@@ -76,8 +76,13 @@ def recovery_checkpoints(nodes: Mapping[int, RecoveryNode],
     """Every operator's recovery checkpoint.
 
     recovery(op) = the newest checkpoint of op not after min(recovery(d)) over its
-    downstream operators d; a leaf gets its newest checkpoint. Never older than
-    ``previous``; exactly ``previous`` while ``frozen``.
+    downstream operators d that are not done (``is_done``: never rerun, they need nothing
+    of it again); a leaf, or an operator feeding only done ones, gets its newest
+    checkpoint. Never older than ``previous``; exactly ``previous`` while ``frozen``.
+
+    An operator restarted after its readers ended (lost between the commit of its last
+    window and its own teardown) runs on to its end again: no done reader may hold its
+    new windows back from being committed.
 
     ``downstream_first``, if known, lists the ids each after all its downstream ones.
 
@@ -88,13 +93,14 @@ def recovery_checkpoints(nodes: Mapping[int, RecoveryNode],
     order = _downstream_first(nodes) if downstream_first is None else downstream_first
     for op_id in order:
         node = nodes[op_id]
-        result[op_id] = recovery_of(node, [result[d] for d in node.downstream])
+        result[op_id] = recovery_of(node, [result[d] for d in node.downstream
+                                           if not is_done(nodes[d], result[d])])
     return result
 
 
 def recovery_of(node: RecoveryNode, downstream: Sequence[int]) -> int:
-    """One operator's recovery checkpoint, given its downstream operators' (the rule of
-    ``recovery_checkpoints``)."""
+    """One operator's recovery checkpoint, given those of its downstream operators that
+    are not done (the rule of ``recovery_checkpoints``)."""
     if node.frozen:
         return node.previous
     bound = min(downstream) if downstream else None
@@ -235,7 +241,8 @@ def _update_from(app: Application, topology: Topology, checkpointed: Iterable[in
         op = operators[op_id]
         downstream = topology.downstream[op_id]
         window_id = recovery_of(_recovery_node(app, op, downstream),
-                                [operators[d].recovery_window_id for d in downstream])
+                                [operators[d].recovery_window_id for d in downstream
+                                 if not is_operator_done(app, operators[d])])
         if not _set_recovery(app, op, window_id):
             continue
         moved = True

@@ -159,6 +159,48 @@ def test_an_ended_operator_counts_as_checkpointed_at_its_last_window():
     assert not is_done(nodes[1], recovery[1])
 
 
+def test_a_done_reader_holds_back_no_window_of_an_operator_restarted_after_its_end():
+    # the sink ended at 825 and is done; source and relay, lost before their own teardown,
+    # restarted from 825 and run on to their end at 830: their windows get committed
+    nodes = {1: node(2, cps=(825, 830), ended=830), 2: node(3, cps=(825, 830), ended=830),
+             3: node(cps=(825,), ended=825)}
+    recovery = recovery_checkpoints(nodes)
+    assert recovery == {1: 830, 2: 830, 3: 825}
+    assert committed_window(recovery, {1: 830, 2: 830, 3: 825}) == 830
+    # a reader that ended but is not done (its recovery checkpoint short of its end) may
+    # rerun, so it still bounds what feeds it
+    nodes = {1: node(2, cps=(815, 825, 830)), 2: node(3, cps=(815, 825, 830)),
+             3: node(cps=(820,), ended=825, previous=820, frozen=True)}
+    assert recovery_checkpoints(nodes) == {1: 815, 2: 815, 3: 820}
+
+
+def test_the_heartbeat_path_lets_a_done_reader_go_too():
+    """``update_recovery`` on an application, from a state change and from new checkpoints
+    alone: a SHUTDOWN sink checkpointed at its end bounds nothing upstream."""
+    from master.application import Application
+    from master.checkpoints import update_recovery
+    from master.physical_plan import OperatorState
+    from master.planner import build_physical_plan
+    from tests.master.fakes import chain_descriptor
+
+    dag = chain_descriptor(3)
+    app = Application("app-0001", dag, build_physical_plan(dag, {}, "app-0001"), 0)
+    source, relay, sink = (app.plan.operators[i] for i in sorted(app.plan.operators))
+    for op in (source, relay, sink):
+        op.state = OperatorState.ACTIVE
+        app.checkpoints[op.id].add(825)
+    update_recovery(app)
+    assert app.committed_window_id == 825
+    sink.state = OperatorState.SHUTDOWN
+    app.operator_stats[sink.id].current_window_id = 825
+    update_recovery(app)
+    for op in (source, relay):  # restarted after the commit of 825, they checkpoint on
+        app.checkpoints[op.id].add(830)
+        update_recovery(app, [op.id])
+    assert (source.recovery_window_id, relay.recovery_window_id) == (830, 830)
+    assert app.committed_window_id == 830
+
+
 def test_cycles_and_unknown_operators_are_errors():
     with pytest.raises(ValueError, match="cycle"):
         recovery_checkpoints({1: node(2), 2: node(1)})
