@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 proto: $(GENERATED)
 
 $(GENERATED): $(PROTOS) $(STAMP)
-	@$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	@$(PY) setup.py generate_protos
 
 run: install
 	@rm -rf out/wordcount

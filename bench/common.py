@@ -17,7 +17,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from operators.library import EventGenerator
+from weir.operators.library import EventGenerator
 
 __all__ = ["CpuMeter", "JobResult", "JobSpec", "PeakMemory", "check_totals", "percentile",
            "render_breakdown",

@@ -27,13 +27,13 @@ import grpc
 import psutil
 
 from bench.common import PeakMemory, percentile
-from master import auth
-from master.client import WeirClient
-from master.rpc import GRPC_OPTIONS
-from operators import Dag, InputOperator, InputPort, Operator, OutputPort
-from operators.windows import make_window_id
-from proto import plan_pb2, umbilical_pb2, umbilical_pb2_grpc
-from proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
+from weir.master import auth
+from weir.master.client import WeirClient
+from weir.master.rpc import GRPC_OPTIONS
+from weir.operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from weir.operators.windows import make_window_id
+from weir.proto import plan_pb2, umbilical_pb2, umbilical_pb2_grpc
+from weir.proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
 
 __all__ = ["BenchRelay", "BenchSource", "main", "run"]
 
@@ -69,7 +69,7 @@ if profile_path:
     threading.setprofile(_start)
 if gc_path:
     gc.callbacks.append(_collected)
-from master.cli import main
+from weir.master.cli import main
 try:
     code = main(sys.argv[3:])
 finally:
@@ -146,10 +146,10 @@ def _master(profile_path: str | None, gc_path: str | None,
             start_timeout_s: float = 30.0) -> Iterator[_Master]:
     """A `weir master --launcher recording` subprocess on 127.0.0.1; always stopped after.
 
-    Plain ``python -m master`` unless asked to profile it or to log its collections.
+    Plain ``python -m weir`` unless asked to profile it or to log its collections.
     """
     args = ["master", "--host", _HOST, "--port", "0", "--launcher", "recording"]
-    argv = [sys.executable, "-m", "master", *args]
+    argv = [sys.executable, "-m", "weir", *args]
     if profile_path or gc_path:
         argv = [sys.executable, "-c", _INSTRUMENTED_MASTER, profile_path or "", gc_path or "",
                 *args]

@@ -33,9 +33,9 @@ from bench.event_time import (
 )
 from bench.spark_streaming import _session, run_to_end
 from bench.weir_job import _run_app, job_figures
-from operators import Dag
-from operators.library import EventTimeWindows, FileSink, ParquetSource
-from operators.windows import make_window_id
+from weir.operators import Dag
+from weir.operators.library import EventTimeWindows, FileSink, ParquetSource
+from weir.operators.windows import make_window_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

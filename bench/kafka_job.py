@@ -17,8 +17,8 @@ import pyarrow as pa
 from bench.common import JobResult, JobSpec, check_totals
 from bench.kafka_topics import BOOTSTRAP_VARIABLE, NoBroker, bench_broker, prepare, read_totals
 from bench.weir_job import _run_app, job_figures
-from operators import Dag
-from operators.library import KafkaSink, KafkaSource, WindowedCount
+from weir.operators import Dag
+from weir.operators.library import KafkaSink, KafkaSource, WindowedCount
 
 __all__ = ["BOOTSTRAP_VARIABLE", "build_dag", "run"]
 

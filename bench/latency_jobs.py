@@ -22,9 +22,9 @@ from bench.latency import (
     key_names,
     map_batch,
 )
-from operators import Dag, InputOperator, InputPort, Operator, OutputPort
-from operators.library import WindowedCount
-from operators.operator import TransientNonState
+from weir.operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from weir.operators.library import WindowedCount
+from weir.operators.operator import TransientNonState
 
 if TYPE_CHECKING:
     pass

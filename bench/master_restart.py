@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.control_plane import _Container, _dag
-from master.client import WeirClient
-from master.core import MasterCore
-from master.launcher import RecordingLauncher
-from master.persistence import ApplicationJournal
+from weir.master.client import WeirClient
+from weir.master.core import MasterCore
+from weir.master.launcher import RecordingLauncher
+from weir.master.persistence import ApplicationJournal
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,8 +70,8 @@ def journal_cost(containers: int = 100, operators_per_container: int = 10,
 
 _APP = """
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import EventGenerator
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import EventGenerator
 
     class Totals(Operator):
         input = InputPort()
@@ -97,7 +97,7 @@ def _start_master(work: Path) -> tuple[subprocess.Popen[bytes], str, float]:
     """``weir master --state-dir``; returns it, its address and the seconds it took."""
     started = time.monotonic()
     popen = subprocess.Popen(
-        [sys.executable, "-m", "master", "master", "--port", "0", "--json", "--state-dir",
+        [sys.executable, "-m", "weir", "master", "--port", "0", "--json", "--state-dir",
          str(work / "master-state"), "--http-port", "0", "--log-dir", str(work / "logs")],
         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         env={**os.environ, "WEIR_HOME": str(work / "home")})
@@ -113,7 +113,7 @@ def _start_master(work: Path) -> tuple[subprocess.Popen[bytes], str, float]:
 
 def restart() -> dict[str, Any]:
     """SIGKILLs a master in the middle of an application; measures its way back."""
-    from operators.app import load_app
+    from weir.operators.app import load_app
 
     with tempfile.TemporaryDirectory(prefix="weir-restart-bench-") as folder:
         work = Path(folder)

@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.weir_job import _master
-from operators import Dag
-from operators.library import FileSink, ParquetSource, RunningCount
+from weir.operators import Dag
+from weir.operators.library import FileSink, ParquetSource, RunningCount
 
 __all__ = ["build_dag", "run", "write_keys"]
 

@@ -31,10 +31,10 @@ from bench.common import (
     percentile,
     write_event_files,
 )
-from master.launcher import LocalProcessLauncher
-from master.server import MasterServer
-from operators import Dag
-from operators.library import EventGenerator, FileSink, ParquetSource, WindowedCount
+from weir.master.launcher import LocalProcessLauncher
+from weir.master.server import MasterServer
+from weir.operators import Dag
+from weir.operators.library import EventGenerator, FileSink, ParquetSource, WindowedCount
 
 __all__ = ["build_dag", "build_scaling_dag", "recovery", "run", "startup", "window_moved_ms"]
 
@@ -321,7 +321,7 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
     import os
     import signal
 
-    from operators.windows import window_counter
+    from weir.operators.windows import window_counter
 
     work = Path(tempfile.mkdtemp(prefix="weir-recovery-"))
     dag = build_dag(spec, work / "out", app_window_count=2)

@@ -1,7 +1,7 @@
-"""``python -m container``: the container process."""
+"""``python -m weir.container``: the container process."""
 
 import sys
 
-from container.main import main
+from weir.container.main import main
 
 sys.exit(main())

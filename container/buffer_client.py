@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pyarrow.flight as flight
 
-from container.stream_messages import (
+from weir.container.stream_messages import (
     PARTITION_FILTER_ERROR,
     WINDOW_GAP_ERROR,
     Kind,
@@ -24,9 +24,9 @@ from container.stream_messages import (
     WindowGap,
     from_envelope,
 )
-from operators.partitioning import PartitionFilter
-from operators.ports import SchemaMismatch
-from proto.contract import AUTH_HEADER, BEARER, pinned_server_name
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.ports import SchemaMismatch
+from weir.proto.contract import AUTH_HEADER, BEARER, pinned_server_name
 
 __all__ = ["BufferServerUnavailable", "PartitionKeyMissing", "Subscription", "subscribe"]
 

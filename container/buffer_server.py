@@ -35,9 +35,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from container.flight_service import FlightService, filtered
-from container.publisher import PublishAborted, Publisher
-from container.retained_stream import (
+from weir.container.flight_service import FlightService, filtered
+from weir.container.publisher import PublishAborted, Publisher
+from weir.container.retained_stream import (
     LATEST_WINDOW,
     MAX_BLOCK_BYTES,
     Block,
@@ -47,15 +47,15 @@ from container.retained_stream import (
     SpillResult,
     StreamStats,
 )
-from container.spill import Budget, SpillStore, read_block
-from container.stream_messages import (
+from weir.container.spill import Budget, SpillStore, read_block
+from weir.container.stream_messages import (
     WINDOW_GAP_ERROR,
     Kind,
     Message,
     WindowGap,
     to_envelope,
 )
-from operators.partitioning import PartitionFilter
+from weir.operators.partitioning import PartitionFilter
 
 __all__ = [
     "LATEST_WINDOW",

@@ -37,9 +37,9 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
-from operators.operator import Operator
-from runtime.operator_state import capture
-from storage.fence import CHECKPOINTS_FOLDER, Fence
+from weir.operators.operator import Operator
+from weir.runtime.operator_state import capture
+from weir.storage.fence import CHECKPOINTS_FOLDER, Fence
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "VERSION", "CheckpointInfo", "CheckpointStore", "CorruptCheckpoint",

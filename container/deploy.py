@@ -10,24 +10,24 @@ from collections.abc import Callable, Iterable
 
 import cloudpickle
 
-from container.buffer_client import Subscription
-from container.buffer_server import BufferServer
-from container.checkpoint_store import CheckpointStore, StoreCheckpointer
-from container.durable_folders import DurableFolders, redeployed
-from container.lease import Lease
-from container.port_input import PortInput
-from container.savepoint_parts import SavedParts, write_part
-from container.stream_messages import Kind, Message
-from container.window_loop import OperatorRunner
-from operators.attributes import ATTRIBUTES, ProcessingMode
-from operators.keyed_state import RepartitionError
-from operators.operator import Operator, OperatorContext
-from operators.partitioning import PartitionFilter
-from operators.windows import format_window_id
-from proto import plan_pb2, umbilical_pb2
-from runtime.operator_state import OperatorStateError, new_partition, restore
-from runtime.spark.bridge import SparkSessionBridge
-from storage import Fence, Fenced
+from weir.container.buffer_client import Subscription
+from weir.container.buffer_server import BufferServer
+from weir.container.checkpoint_store import CheckpointStore, StoreCheckpointer
+from weir.container.durable_folders import DurableFolders, redeployed
+from weir.container.lease import Lease
+from weir.container.port_input import PortInput
+from weir.container.savepoint_parts import SavedParts, write_part
+from weir.container.stream_messages import Kind, Message
+from weir.container.window_loop import OperatorRunner
+from weir.operators.attributes import ATTRIBUTES, ProcessingMode
+from weir.operators.keyed_state import RepartitionError
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.windows import format_window_id
+from weir.proto import plan_pb2, umbilical_pb2
+from weir.runtime.operator_state import OperatorStateError, new_partition, restore
+from weir.runtime.spark.bridge import SparkSessionBridge
+from weir.storage import Fence, Fenced
 
 __all__ = ["DeployError", "Deployment"]
 

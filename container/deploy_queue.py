@@ -15,9 +15,9 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from container.deploy import DeployError, Deployment
-from container.durable_folders import redeployed
-from proto import plan_pb2, umbilical_pb2
+from weir.container.deploy import DeployError, Deployment
+from weir.container.durable_folders import redeployed
+from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = ["DeployQueue"]
 

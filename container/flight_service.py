@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from container.stream_messages import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, Kind, Message
-from operators.partitioning import PartitionFilter
-from proto.contract import AUTH_HEADER, BEARER
+from weir.container.stream_messages import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, Kind, Message
+from weir.operators.partitioning import PartitionFilter
+from weir.proto.contract import AUTH_HEADER, BEARER
 
 __all__ = ["FlightService", "SecretCheck", "Streams", "filtered", "parse_ticket"]
 
@@ -28,7 +28,7 @@ class Streams(Protocol):
               from_window: int, partition: PartitionFilter | None = None, *,
               latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]: ...
 
-_LOGGER = logging.getLogger("container.buffer_server")
+_LOGGER = logging.getLogger("weir.container.buffer_server")
 
 
 class SecretCheck(flight.ServerMiddlewareFactory):

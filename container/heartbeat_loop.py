@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import grpc
 
-from container.deploy import DeployError, Deployment
-from container.deploy_queue import DeployQueue
-from container.heartbeat_reply import (
+from weir.container.deploy import DeployError, Deployment
+from weir.container.deploy_queue import DeployQueue
+from weir.container.heartbeat_reply import (
     Abort,
     Activate,
     Commit,
@@ -20,11 +20,11 @@ from container.heartbeat_reply import (
     TakeSavepoint,
     instructions,
 )
-from container.lease import Lease
-from container.stats import ProcessStats
-from container.umbilical_client import MasterUnreachable, UmbilicalClient
-from operators.windows import format_window_id
-from proto import plan_pb2, umbilical_pb2
+from weir.container.lease import Lease
+from weir.container.stats import ProcessStats
+from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
+from weir.operators.windows import format_window_id
+from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = ["HeartbeatLoop"]
 

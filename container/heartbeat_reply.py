@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from proto import plan_pb2, umbilical_pb2
+from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = ["Abort", "Activate", "Commit", "EndInputs", "Instruction", "Redeploy",
            "TakeSavepoint", "instructions"]

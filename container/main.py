@@ -1,6 +1,6 @@
 """The container process: join the master, serve a buffer server, run operators until told to stop.
 
-Started by the master's launcher as ``python -m container --master HOST:PORT --id ID``
+Started by the master's launcher as ``python -m weir.container --master HOST:PORT --id ID``
 (or by hand as ``weir container ...``, possibly on another host: see ``--host`` and
 ``--advertise-host``). The master's secret comes in the environment
 (``WEIR_SECRET``, never on the command line, which ``ps`` shows everyone) or from
@@ -26,16 +26,16 @@ from pathlib import Path
 
 import grpc
 
-from container.buffer_server import BufferServer
-from container.deploy import Deployment
-from container.heartbeat_loop import HeartbeatLoop
-from container.lease import Lease
-from container.stats import ProcessStats
-from container.umbilical_client import MasterUnreachable, UmbilicalClient
-from operators.attributes import ATTRIBUTES, resolve
-from proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
-from runtime.spark.bridge import SparkSessionBridge
-from storage.private_files import read_private_file
+from weir.container.buffer_server import BufferServer
+from weir.container.deploy import Deployment
+from weir.container.heartbeat_loop import HeartbeatLoop
+from weir.container.lease import Lease
+from weir.container.stats import ProcessStats
+from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
+from weir.operators.attributes import ATTRIBUTES, resolve
+from weir.proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
+from weir.runtime.spark.bridge import SparkSessionBridge
+from weir.storage.private_files import read_private_file
 
 __all__ = ["main"]
 

@@ -13,14 +13,14 @@ import pickle
 import traceback
 from types import FrameType
 
-from container.lease import LeaseRevoked
-from container.port_input import InputClosed
-from operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
-from operators.operator import PermanentError
-from operators.ports import SchemaMismatch
-from runtime.event_time import EventTimeError
-from runtime.operator_state import OperatorStateError
-from runtime.process_calls import rows_may_be_at_fault
+from weir.container.lease import LeaseRevoked
+from weir.container.port_input import InputClosed
+from weir.operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
+from weir.operators.operator import PermanentError
+from weir.operators.ports import SchemaMismatch
+from weir.runtime.event_time import EventTimeError
+from weir.runtime.operator_state import OperatorStateError
+from weir.runtime.process_calls import rows_may_be_at_fault
 
 __all__ = ["describe_error", "is_fatal", "is_record_error"]
 

@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from container.stream_messages import Kind, Message, WindowGap
-from operators.ports import SchemaMismatch
-from operators.windows import format_window_id
+from weir.container.stream_messages import Kind, Message, WindowGap
+from weir.operators.ports import SchemaMismatch
+from weir.operators.windows import format_window_id
 
 __all__ = ["InputClosed", "PortInput"]
 

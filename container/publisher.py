@@ -8,9 +8,9 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from container.retained_stream import RetainedStream
-from container.stream_messages import Kind, Message
-from operators.watermarks import NO_WATERMARK
+from weir.container.retained_stream import RetainedStream
+from weir.container.stream_messages import Kind, Message
+from weir.operators.watermarks import NO_WATERMARK
 
 __all__ = ["Admission", "PublishAborted", "Publisher"]
 

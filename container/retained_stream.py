@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from container.spill import Budget, SpillStore
-from container.stream_messages import Kind, Message, WindowGap
-from operators.watermarks import NO_WATERMARK
-from operators.windows import format_window_id
+from weir.container.spill import Budget, SpillStore
+from weir.container.stream_messages import Kind, Message, WindowGap
+from weir.operators.watermarks import NO_WATERMARK
+from weir.operators.windows import format_window_id
 
 __all__ = [
     "LATEST_WINDOW",

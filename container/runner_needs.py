@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from operators.operator import Operator
-from runtime.window_engine import Output
+from weir.operators.operator import Operator
+from weir.runtime.window_engine import Output
 
 __all__ = ["SYSTEM_CLOCK", "Checkpointer", "Clock", "Publisher", "SystemClock"]
 

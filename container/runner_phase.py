@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from proto import umbilical_pb2
+from weir.proto import umbilical_pb2
 
 __all__ = ["RunnerPhase", "RunnerState"]
 

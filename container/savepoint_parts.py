@@ -26,13 +26,13 @@ from collections.abc import Callable
 
 import pyarrow.fs as pafs
 
-from container.checkpoint_store import CheckpointStore
-from operators.keyed_state import RepartitionError
-from operators.operator import Operator
-from operators.partitioning import PartitionFilter
-from runtime.operator_state import OperatorStateError, new_partition, restore
-from storage.private_files import UntrustedPath, check_private_tree, make_private_dir
-from storage.savepoints import ADVICE, Location, SavepointError, location
+from weir.container.checkpoint_store import CheckpointStore
+from weir.operators.keyed_state import RepartitionError
+from weir.operators.operator import Operator
+from weir.operators.partitioning import PartitionFilter
+from weir.runtime.operator_state import OperatorStateError, new_partition, restore
+from weir.storage.private_files import UntrustedPath, check_private_tree, make_private_dir
+from weir.storage.savepoints import ADVICE, Location, SavepointError, location
 
 __all__ = ["SavedParts", "UntrustedSavepoint", "copy_private_tree", "write_part"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from container.stream_messages import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
-from storage.orphans import remove_orphans
+from weir.container.stream_messages import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
+from weir.storage.orphans import remove_orphans
 
 __all__ = ["SPILL_BATCH_BYTES", "Budget", "SpillStore", "read_block", "write_block"]
 

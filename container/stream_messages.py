@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.watermarks import NO_WATERMARK
+from weir.operators.watermarks import NO_WATERMARK
 
 __all__ = [
     "ENVELOPE_SCHEMA",

@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 
-from proto import umbilical_pb2, umbilical_pb2_grpc
-from proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
+from weir.proto import umbilical_pb2, umbilical_pb2_grpc
+from weir.proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
 
 __all__ = ["MasterUnreachable", "UmbilicalClient"]
 

@@ -16,24 +16,24 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 
-from container.lease import Lease, LeaseRevoked
-from container.operator_errors import describe_error, is_fatal, is_record_error
-from container.port_input import InputClosed, PortInput
-from container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
-from container.runner_phase import RunnerPhase, RunnerState
-from container.runner_savepoints import SavepointDuty
-from container.stream_messages import Kind
-from container.window_stats import WindowStats
-from operators.operator import Operator, OperatorContext
-from operators.watermarks import Watermarks
-from operators.windows import (
+from weir.container.lease import Lease, LeaseRevoked
+from weir.container.operator_errors import describe_error, is_fatal, is_record_error
+from weir.container.port_input import InputClosed, PortInput
+from weir.container.runner_needs import SYSTEM_CLOCK, Checkpointer, Clock, Publisher
+from weir.container.runner_phase import RunnerPhase, RunnerState
+from weir.container.runner_savepoints import SavepointDuty
+from weir.container.stream_messages import Kind
+from weir.container.window_stats import WindowStats
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.watermarks import Watermarks
+from weir.operators.windows import (
     format_window_id,
     make_window_id,
     window_base_seconds,
     window_counter,
 )
-from proto import plan_pb2, umbilical_pb2
-from runtime.window_engine import WindowEngine
+from weir.proto import plan_pb2, umbilical_pb2
+from weir.runtime.window_engine import WindowEngine
 
 __all__ = ["OperatorRunner"]
 

@@ -7,12 +7,12 @@ import collections
 import threading
 from collections.abc import Mapping
 
-from container.port_input import PortInput
-from container.runner_needs import Clock, Publisher
-from operators.dead_letters import METRIC
-from operators.metrics import collect_metrics
-from proto import umbilical_pb2
-from runtime.window_engine import WindowEngine
+from weir.container.port_input import PortInput
+from weir.container.runner_needs import Clock, Publisher
+from weir.operators.dead_letters import METRIC
+from weir.operators.metrics import collect_metrics
+from weir.proto import umbilical_pb2
+from weir.runtime.window_engine import WindowEngine
 
 __all__ = ["WindowStats"]
 

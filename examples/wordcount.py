@@ -12,8 +12,8 @@ source (reads the text, 1,000 lines per 500 ms window)
 import pydoc_data.topics
 from pathlib import Path
 
-from operators import Dag
-from operators.library import ConsoleSink, FileSink, TextFileSource, Tokenize, WindowedCount
+from weir.operators import Dag
+from weir.operators.library import ConsoleSink, FileSink, TextFileSource, Tokenize, WindowedCount
 
 # pydoc_data/topics.py holds the help text as Python string literals; write the text
 # itself out, so the words counted are English, not escape sequences.

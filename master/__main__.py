@@ -1,8 +1,8 @@
-"""``python -m master ...`` is the ``weir`` command."""
+"""``python -m weir.master ...`` is the ``weir`` command too (``python -m weir``)."""
 
 import sys
 
-from master.cli import main
+from weir.master.cli import main
 
 __all__: list[str] = []
 

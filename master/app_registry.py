@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from master.application import Application
-from master.errors import NotFound, shown
-from master.physical_plan import PTContainer
+from weir.master.application import Application
+from weir.master.errors import NotFound, shown
+from weir.master.physical_plan import PTContainer
 
 __all__ = ["AppRegistry"]
 
-_LOGGER = logging.getLogger("master.core")
+_LOGGER = logging.getLogger("weir.master.core")
 
 
 class AppRegistry:

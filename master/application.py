@@ -12,15 +12,15 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any
 
-from master.checkpoint_book import CheckpointBook
-from master.errors import InvalidTransition
-from master.log_limits import LogLimiter
-from master.physical_plan import ContainerState, PhysicalPlan
-from master.stats import ContainerStatsTracker, OperatorStatsTracker
-from proto import plan_pb2
+from weir.master.checkpoint_book import CheckpointBook
+from weir.master.errors import InvalidTransition
+from weir.master.log_limits import LogLimiter
+from weir.master.physical_plan import ContainerState, PhysicalPlan
+from weir.master.stats import ContainerStatsTracker, OperatorStatsTracker
+from weir.proto import plan_pb2
 
 if TYPE_CHECKING:
-    from master.savepoint_progress import SavepointProgress
+    from weir.master.savepoint_progress import SavepointProgress
 
 __all__ = ["Application", "ApplicationState", "LaunchKind", "LauncherAction", "ReportedError"]
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import grpc
 
-from master.tls import TlsFiles, read_pem
-from proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
-from storage.private_files import (
+from weir.master.tls import TlsFiles, read_pem
+from weir.proto.contract import AUTH_HEADER, BEARER, SECRET_ENV, TLS_CA_ENV
+from weir.storage.private_files import (
     UntrustedPath,
     make_private_dir,
     read_private_file,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from operators.windows import NO_WINDOW
+from weir.operators.windows import NO_WINDOW
 
 __all__ = ["CheckpointBook"]
 

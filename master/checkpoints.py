@@ -26,15 +26,15 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from master.checkpoint_book import CheckpointBook  # (journals name it here)
-from master.physical_plan import OperatorState, PTOperator, Topology
-from operators.windows import NO_WINDOW, format_window_id
-from runtime.committed import committed_window
-from runtime.committed import is_done as ended_and_checkpointed
+from weir.master.checkpoint_book import CheckpointBook  # (journals name it here)
+from weir.master.physical_plan import OperatorState, PTOperator, Topology
+from weir.operators.windows import NO_WINDOW, format_window_id
+from weir.runtime.committed import committed_window
+from weir.runtime.committed import is_done as ended_and_checkpointed
 
 if TYPE_CHECKING:
-    from master.application import Application
-    from master.report_filter import ReportedWindow
+    from weir.master.application import Application
+    from weir.master.report_filter import ReportedWindow
 
 __all__ = [
     "CheckpointBook",

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from master.cli_config import ConfigError, parse_defines, read_config
-from master.cli_processes import cmd_container, cmd_master, cmd_run
-from master.cli_queries import (
+from weir.master.cli_config import ConfigError, parse_defines, read_config
+from weir.master.cli_processes import cmd_container, cmd_master, cmd_run
+from weir.master.cli_queries import (
     cmd_app,
     cmd_apps,
     cmd_containers,
@@ -30,15 +30,15 @@ from master.cli_queries import (
     cmd_submit,
     cmd_top,
 )
-from master.cli_savepoints import cmd_savepoint
-from master.client import DEFAULT_MASTER, WeirClientError, default_master
-from master.errors import MasterError
-from master.launcher import launcher_names
-from master.physical_plan import PlanError
-from master.server import MasterStartError
-from operators.app import AppLoadError
-from operators.attributes import InvalidAttribute
-from operators.dag import DagError
+from weir.master.cli_savepoints import cmd_savepoint
+from weir.master.client import DEFAULT_MASTER, WeirClientError, default_master
+from weir.master.errors import MasterError
+from weir.master.launcher import launcher_names
+from weir.master.physical_plan import PlanError
+from weir.master.server import MasterStartError
+from weir.operators.app import AppLoadError
+from weir.operators.attributes import InvalidAttribute
+from weir.operators.dag import DagError
 
 __all__ = ["ConfigError", "main", "parse_defines", "read_config"]
 
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tls_options(p)
     _http_arguments(p)
     p = command("container", cmd_container,
-                "run a container here (python -m container; its own options, such as "
+                "run a container here (python -m weir.container; its own options, such as "
                 "--id ID, --host ADDR and --advertise-host ADDR, are passed on)")
     p.set_defaults(forwards=True)
     p = command("submit", cmd_submit, "submit an application to a running master")

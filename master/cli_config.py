@@ -8,9 +8,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from master.planner import build_physical_plan
-from operators.app import load_app
-from proto import plan_pb2
+from weir.master.planner import build_physical_plan
+from weir.operators.app import load_app
+from weir.proto import plan_pb2
 
 __all__ = ["ConfigError", "load_app_and_overrides", "parse_defines", "read_config"]
 

@@ -12,7 +12,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from master.client import WeirClient
+from weir.master.client import WeirClient
 
 __all__ = ["client_for", "now_ms", "print_json", "to_dict"]
 

@@ -13,20 +13,20 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from master import auth, live_view, tables
-from master.cli_config import load_app_and_overrides
-from master.cli_output import now_ms, print_json, to_dict
-from master.errors import MasterError
-from master.launcher import LocalProcessLauncher, launcher_factory
-from master.server import MasterServer
-from master.tls import TlsFiles
-from proto import client_pb2
-from proto.contract import SECRET_ENV
-from storage.locations import redact_location
+from weir.master import auth, live_view, tables
+from weir.master.cli_config import load_app_and_overrides
+from weir.master.cli_output import now_ms, print_json, to_dict
+from weir.master.errors import MasterError
+from weir.master.launcher import LocalProcessLauncher, launcher_factory
+from weir.master.server import MasterServer
+from weir.master.tls import TlsFiles
+from weir.proto import client_pb2
+from weir.proto.contract import SECRET_ENV
+from weir.storage.locations import redact_location
 
 __all__ = ["cmd_container", "cmd_master", "cmd_run"]
 
-_LOGGER = logging.getLogger("master.cli")
+_LOGGER = logging.getLogger("weir.master.cli")
 
 
 def _tls(args: argparse.Namespace) -> TlsFiles | None:
@@ -160,7 +160,7 @@ def _print_run_result(args: argparse.Namespace, info: client_pb2.ApplicationInfo
 
 
 def cmd_container(args: argparse.Namespace) -> int:
-    """``weir container ...`` is ``python -m container ...`` (the master never imports it):
+    """``weir container ...`` is ``python -m weir.container ...`` (the master never imports it):
     ``args.forward`` (what weir does not know: ``--id``, ``--host``, ...) goes on as it is.
 
     The master's secret never goes on the command line: ``--secret-file`` is passed on,
@@ -180,5 +180,5 @@ def cmd_container(args: argparse.Namespace) -> int:
             tail += ["--secret-file", found.source]
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "container", *tail])
+    os.execv(sys.executable, [sys.executable, "-m", "weir.container", *tail])
     return 1  # not reached

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from master import live_view, tables
-from master.cli_config import load_app_and_overrides
-from master.cli_output import client_for, now_ms, print_json
-from master.cli_savepoints import say_savepoint_match
-from master.client import parse_address
-from proto import client_pb2
+from weir.master import live_view, tables
+from weir.master.cli_config import load_app_and_overrides
+from weir.master.cli_output import client_for, now_ms, print_json
+from weir.master.cli_savepoints import say_savepoint_match
+from weir.master.client import parse_address
+from weir.proto import client_pb2
 
 __all__ = [
     "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container",

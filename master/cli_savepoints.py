@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import grpc
 
-from master.cli_output import client_for, print_json
-from master.client import WeirClient, WeirClientError, default_master
-from operators.windows import format_window_id
-from proto import client_pb2, plan_pb2
-from storage.locations import redact_location
-from storage.savepoints import SavepointError, match, read_manifest
+from weir.master.cli_output import client_for, print_json
+from weir.master.client import WeirClient, WeirClientError, default_master
+from weir.operators.windows import format_window_id
+from weir.proto import client_pb2, plan_pb2
+from weir.storage.locations import redact_location
+from weir.storage.savepoints import SavepointError, match, read_manifest
 
 __all__ = ["cmd_savepoint", "say_savepoint_match"]
 

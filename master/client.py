@@ -17,11 +17,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from master import auth
-from master.rpc import GRPC_OPTIONS, LOADING_MESSAGE, STOPPED_MESSAGE
-from master.tls import open_channel
-from proto import client_pb2, client_pb2_grpc, plan_pb2
-from proto.contract import SECRET_ENV, bearer_metadata
+from weir.master import auth
+from weir.master.rpc import GRPC_OPTIONS, LOADING_MESSAGE, STOPPED_MESSAGE
+from weir.master.tls import open_channel
+from weir.proto import client_pb2, client_pb2_grpc, plan_pb2
+from weir.proto.contract import SECRET_ENV, bearer_metadata
 
 __all__ = ["DEFAULT_MASTER", "WeirClient", "WeirClientError", "default_master", "parse_address"]
 

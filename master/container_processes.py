@@ -11,7 +11,7 @@ import subprocess
 
 import psutil
 
-from proto.contract import CONTAINER_ID_ENV
+from weir.proto.contract import CONTAINER_ID_ENV
 
 __all__ = ["CANNOT_INSPECT", "AdoptedProcess", "GoneProcess", "is_container_process"]
 

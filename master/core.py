@@ -14,29 +14,29 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from master import heartbeat as rules
-from master import liveness, recovery, savepoints, views
-from master.app_registry import AppRegistry
-from master.application import Application, ApplicationState
-from master.errors import FailedPrecondition, InvalidArgument
-from master.launcher import Launcher
-from master.launches import Launches
-from master.listener_pass import ListenerPass
-from master.manifest_writer import ManifestWriter
-from master.master_loop import MasterLoop
-from master.persistence import ApplicationJournal, HaltingJournal
-from master.physical_plan import ContainerState, PlanError
-from master.planner import build_physical_plan
-from master.repartition import Repartition, repartition
-from master.report_filter import bounded_text
-from master.run_folders import RunFolders
-from master.run_store import RunStore
-from master.state_owner import new_run_id
-from master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
-from operators.dag import DagError, validate_descriptor
-from proto import client_pb2, plan_pb2, umbilical_pb2
-from storage.locations import redact_location
-from storage.savepoints import SavepointError
+from weir.master import heartbeat as rules
+from weir.master import liveness, recovery, savepoints, views
+from weir.master.app_registry import AppRegistry
+from weir.master.application import Application, ApplicationState
+from weir.master.errors import FailedPrecondition, InvalidArgument
+from weir.master.launcher import Launcher
+from weir.master.launches import Launches
+from weir.master.listener_pass import ListenerPass
+from weir.master.manifest_writer import ManifestWriter
+from weir.master.master_loop import MasterLoop
+from weir.master.persistence import ApplicationJournal, HaltingJournal
+from weir.master.physical_plan import ContainerState, PlanError
+from weir.master.planner import build_physical_plan
+from weir.master.repartition import Repartition, repartition
+from weir.master.report_filter import bounded_text
+from weir.master.run_folders import RunFolders
+from weir.master.run_store import RunStore
+from weir.master.state_owner import new_run_id
+from weir.master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
+from weir.operators.dag import DagError, validate_descriptor
+from weir.proto import client_pb2, plan_pb2, umbilical_pb2
+from weir.storage.locations import redact_location
+from weir.storage.savepoints import SavepointError
 
 __all__ = ["Clock", "MasterCore", "system_clock"]
 

@@ -11,11 +11,11 @@ import dataclasses
 import itertools
 import logging
 
-from master import savepoints, spares
-from master.application import Application, ApplicationState
-from master.checkpoints import is_operator_done, record_checkpoints, update_recovery
-from master.log_limits import LogLimiter
-from master.physical_plan import (
+from weir.master import savepoints, spares
+from weir.master.application import Application, ApplicationState
+from weir.master.checkpoints import is_operator_done, record_checkpoints, update_recovery
+from weir.master.log_limits import LogLimiter
+from weir.master.physical_plan import (
     ContainerState,
     LossRequest,
     OperatorState,
@@ -23,10 +23,10 @@ from master.physical_plan import (
     PTOperator,
     StateSeed,
 )
-from master.report_filter import bounded_text, read_windows
-from master.window_checks import check_window_ids
-from operators.windows import format_window_id
-from proto import plan_pb2, umbilical_pb2
+from weir.master.report_filter import bounded_text, read_windows
+from weir.master.window_checks import check_window_ids
+from weir.operators.windows import format_window_id
+from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = ["abort_response", "container_context", "deploy_info", "process_heartbeat"]
 

@@ -35,12 +35,12 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from master.core import MasterCore
-from master.errors import MasterError, NotFound
-from master.metrics import master_registry
-from master.tls import TlsFiles
-from proto import client_pb2
-from proto.contract import BEARER
+from weir.master.core import MasterCore
+from weir.master.errors import MasterError, NotFound
+from weir.master.metrics import master_registry
+from weir.master.tls import TlsFiles
+from weir.proto import client_pb2
+from weir.proto.contract import BEARER
 
 __all__ = ["HttpApi"]
 
@@ -117,7 +117,7 @@ class HttpApi:
         self.url = ""
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self.page = resources.files("master").joinpath("dashboard.html").read_bytes()
+        self.page = resources.files("weir.master").joinpath("dashboard.html").read_bytes()
         self.routes = [
             _Route(r"/api/apps", lambda: client_pb2.ListApplicationsResponse(
                 applications=core.list_applications()), "api"),

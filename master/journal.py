@@ -28,7 +28,7 @@ import logging
 import struct
 import time
 
-from storage.records import RecordLog
+from weir.storage.records import RecordLog
 
 __all__ = ["Journal"]
 

@@ -2,7 +2,7 @@
 
 A small registry maps names to launcher factories (``local`` processes by default;
 ``recording`` starts nothing, for tests and for containers started by hand). The master
-never imports ``container``: the local launcher runs ``python -m container`` and an
+never imports ``container``: the local launcher runs ``python -m weir.container`` and an
 in-thread launcher takes the container's entry point from its caller.
 """
 
@@ -24,15 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from master.container_processes import (
+from weir.master.container_processes import (
     CANNOT_INSPECT,
     AdoptedProcess,
     GoneProcess,
     is_container_process,
 )
-from master.tls import TLS_CERT_ENV, TLS_KEY_ENV
-from proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
-from storage.private_files import UntrustedPath, make_private_dir
+from weir.master.tls import TLS_CERT_ENV, TLS_KEY_ENV
+from weir.proto.contract import CONTAINER_ID_ENV, SECRET_ENV, TLS_CA_ENV
+from weir.storage.private_files import UntrustedPath, make_private_dir
 
 __all__ = [
     "CREDENTIAL_ENV",
@@ -190,7 +190,7 @@ _CAN_WATCH = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
 
 
 class LocalProcessLauncher(Launcher):
-    """Runs each container as ``python -m container --master ADDR --id ID`` on this machine.
+    """Runs each container as ``python -m weir.container --master ADDR --id ID`` on this machine.
 
     Each container gets its own process group (``start_new_session``), so killing the
     group also kills what it started (Spark's JVM). The working directory and the
@@ -203,7 +203,7 @@ class LocalProcessLauncher(Launcher):
         log_dir: if set, each container's stdout and stderr go to ``<log_dir>/<id>.log``
             (owner-only; the folder is made or checked owner-only at once, see
             ``_open_log``); otherwise they are inherited.
-        command: the program before ``--master``; ``python -m container`` by default.
+        command: the program before ``--master``; ``python -m weir.container`` by default.
         env: extra environment variables for the containers.
     """
 
@@ -214,7 +214,7 @@ class LocalProcessLauncher(Launcher):
         self.log_dir = Path(log_dir) if log_dir else None
         if self.log_dir is not None:  # a folder another user could write is refused now
             make_private_dir(str(self.log_dir), _LOG_FOLDER, advice=_LOG_ADVICE)
-        self.command = list(command) if command else [sys.executable, "-m", "container"]
+        self.command = list(command) if command else [sys.executable, "-m", "weir.container"]
         self.env = dict(env or {})
         self._children: dict[str, _Child] = {}
         self._lock = threading.Lock()

@@ -8,14 +8,14 @@ import logging
 import threading
 from collections.abc import Callable
 
-from master.app_registry import AppRegistry
-from master.application import Application, LauncherAction, LaunchKind
-from master.launcher import Launcher
-from master.physical_plan import ContainerState
+from weir.master.app_registry import AppRegistry
+from weir.master.application import Application, LauncherAction, LaunchKind
+from weir.master.launcher import Launcher
+from weir.master.physical_plan import ContainerState
 
 __all__ = ["Launches"]
 
-_LOGGER = logging.getLogger("master.core")
+_LOGGER = logging.getLogger("weir.master.core")
 
 Actions = list[tuple[Application, LauncherAction]]
 

@@ -12,9 +12,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from master.app_registry import AppRegistry
-from master.repartition import Repartition, unhealthy
-from master.stats_listeners import ListenerAsk, StatsListeners, consult
+from weir.master.app_registry import AppRegistry
+from weir.master.repartition import Repartition, unhealthy
+from weir.master.stats_listeners import ListenerAsk, StatsListeners, consult
 
 __all__ = ["ListenerPass"]
 

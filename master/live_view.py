@@ -15,9 +15,9 @@ from typing import Any, TextIO
 
 from google.protobuf import json_format
 
-from master import tables
-from operators.windows import format_window_id
-from proto import client_pb2
+from weir.master import tables
+from weir.operators.windows import format_window_id
+from weir.proto import client_pb2
 
 __all__ = ["ProgressLine", "Snapshot", "progress_text", "run_top", "top_screen"]
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from master.application import Application, ApplicationState
-from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
-from master.recovery import ContainerLoss, lose_container
-from operators.watermarks import END_OF_TIME
-from operators.windows import format_window_id
+from weir.master.application import Application, ApplicationState
+from weir.master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from weir.master.recovery import ContainerLoss, lose_container
+from weir.operators.watermarks import END_OF_TIME
+from weir.operators.windows import format_window_id
 
 __all__ = [
     "DEFAULT_TIMEOUT_WINDOW_COUNT",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from master import savepoints
-from master.application import Application
-from master.run_store import RunStore
-from storage.savepoints import Manifest
+from weir.master import savepoints
+from weir.master.application import Application
+from weir.master.run_store import RunStore
+from weir.storage.savepoints import Manifest
 
 __all__ = ["ManifestWriter"]
 

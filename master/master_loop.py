@@ -7,11 +7,11 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from master.errors import Unavailable
+from weir.master.errors import Unavailable
 
 __all__ = ["MasterLoop"]
 
-_LOGGER = logging.getLogger("master.core")
+_LOGGER = logging.getLogger("weir.master.core")
 
 
 class MasterLoop:

@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from master.core import MasterCore
-from master.errors import NotFound
-from operators.watermarks import END_OF_TIME, NO_WATERMARK
-from operators.windows import window_counter
-from proto import client_pb2
+from weir.master.core import MasterCore
+from weir.master.errors import NotFound
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK
+from weir.operators.windows import window_counter
+from weir.proto import client_pb2
 
 __all__ = ["WeirCollector", "master_registry"]
 

@@ -18,15 +18,15 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from master.application import Application
-from master.checkpoints import CheckpointBook
-from master.errors import Unavailable
-from master.journal import Journal
-from master.physical_plan import PTOperator
-from master.rpc import STOPPED_MESSAGE
-from master.state_owner import StateClaim
-from storage import moved
-from storage.private_files import check_private_tree, make_private_dir
+from weir.master.application import Application
+from weir.master.checkpoints import CheckpointBook
+from weir.master.errors import Unavailable
+from weir.master.journal import Journal
+from weir.master.physical_plan import PTOperator
+from weir.master.rpc import STOPPED_MESSAGE
+from weir.master.state_owner import StateClaim
+from weir.storage import moved
+from weir.storage.private_files import check_private_tree, make_private_dir
 
 __all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
 

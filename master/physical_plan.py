@@ -14,9 +14,9 @@ import functools
 import logging
 from typing import Any
 
-from master.errors import InvalidTransition, PlanError
-from operators.attributes import ProcessingMode
-from proto import plan_pb2
+from weir.master.errors import InvalidTransition, PlanError
+from weir.operators.attributes import ProcessingMode
+from weir.proto import plan_pb2
 
 __all__ = [
     "ContainerState",

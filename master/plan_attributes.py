@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from master.errors import PlanError
-from operators.attributes import (
+from weir.master.errors import PlanError
+from weir.operators.attributes import (
     ATTRIBUTES,
     InvalidAttribute,
     Scope,
@@ -19,7 +19,7 @@ from operators.attributes import (
     parse_attributes,
     resolve,
 )
-from proto import plan_pb2
+from weir.proto import plan_pb2
 
 __all__ = ["resolve_attributes"]
 

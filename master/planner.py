@@ -10,8 +10,8 @@ from typing import Any
 
 import cloudpickle
 
-from master.errors import PlanError
-from master.physical_plan import (
+from weir.master.errors import PlanError
+from weir.master.physical_plan import (
     InputLink,
     OutputLink,
     PartitionSpec,
@@ -20,14 +20,14 @@ from master.physical_plan import (
     PTOperator,
     container_id_for,
 )
-from master.plan_attributes import resolve_attributes
-from master.processing_modes import check_processing_modes
-from master.spares import add_spares
-from master.state_owner import default_state_dir, new_run_id
-from operators.dag import topological_order
-from operators.partitioning import partition_keys
-from operators.unifiers import ConcatUnifier, unifier_input
-from proto import plan_pb2
+from weir.master.plan_attributes import resolve_attributes
+from weir.master.processing_modes import check_processing_modes
+from weir.master.spares import add_spares
+from weir.master.state_owner import default_state_dir, new_run_id
+from weir.operators.dag import topological_order
+from weir.operators.partitioning import partition_keys
+from weir.operators.unifiers import ConcatUnifier, unifier_input
+from weir.proto import plan_pb2
 
 __all__ = [
     "build_physical_plan",

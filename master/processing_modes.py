@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from master.errors import PlanError
-from operators.attributes import ProcessingMode
-from proto import plan_pb2
+from weir.master.errors import PlanError
+from weir.operators.attributes import ProcessingMode
+from weir.proto import plan_pb2
 
 __all__ = ["check_processing_modes"]
 

@@ -15,19 +15,19 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from master import spares
-from master.application import Application, LauncherAction, LaunchKind
-from master.checkpoints import CheckpointBook, is_operator_done, update_recovery
-from master.physical_plan import (
+from weir.master import spares
+from weir.master.application import Application, LauncherAction, LaunchKind
+from weir.master.checkpoints import CheckpointBook, is_operator_done, update_recovery
+from weir.master.physical_plan import (
     ContainerState,
     OperatorState,
     PTContainer,
     PTOperator,
     container_id_for,
 )
-from master.stats import ContainerStatsTracker
-from operators.attributes import ProcessingMode
-from operators.windows import format_window_id
+from weir.master.stats import ContainerStatsTracker
+from weir.operators.attributes import ProcessingMode
+from weir.operators.windows import format_window_id
 
 __all__ = [
     "DEFAULT_MAX_RESTARTS",

@@ -19,16 +19,22 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 
-from master.application import Application, ApplicationState
-from master.checkpoints import CheckpointBook, update_recovery
-from master.errors import FailedPrecondition, InvalidArgument, NotFound, shown
-from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator, StateSeed
-from master.planner import instance_names, instantiate, spread
-from master.recovery import downstream_closure, redeploy
-from master.stats import OperatorStatsTracker
-from operators.attributes import ProcessingMode
-from operators.windows import format_window_id
-from proto import plan_pb2
+from weir.master.application import Application, ApplicationState
+from weir.master.checkpoints import CheckpointBook, update_recovery
+from weir.master.errors import FailedPrecondition, InvalidArgument, NotFound, shown
+from weir.master.physical_plan import (
+    ContainerState,
+    OperatorState,
+    PTContainer,
+    PTOperator,
+    StateSeed,
+)
+from weir.master.planner import instance_names, instantiate, spread
+from weir.master.recovery import downstream_closure, redeploy
+from weir.master.stats import OperatorStatsTracker
+from weir.operators.attributes import ProcessingMode
+from weir.operators.windows import format_window_id
+from weir.proto import plan_pb2
 
 __all__ = ["MAX_PARTITIONS", "Repartition", "repartition", "unhealthy"]
 

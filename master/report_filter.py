@@ -19,7 +19,7 @@ import functools
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from proto import umbilical_pb2
+from weir.proto import umbilical_pb2
 
 __all__ = ["MAX_ERROR_CHARS", "MAX_METRIC_NAME_CHARS", "MAX_METRICS", "PortFigures",
            "ReportedCheckpoint", "ReportedWindow", "bounded_text", "read_windows"]

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import DecodeError
 
-from master.errors import (
+from weir.master.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,

@@ -7,16 +7,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from master.application import Application, ApplicationState
-from master.errors import InvalidArgument
-from master.state_owner import (
+from weir.master.application import Application, ApplicationState
+from weir.master.errors import InvalidArgument
+from weir.master.state_owner import (
     StateClaim,
     claim_state_dir,
     delete_default_state_dir,
     is_default_state_dir,
     release_state_dir,
 )
-from storage.locations import redact_location
+from weir.storage.locations import redact_location
 
 __all__ = ["RunFolders"]
 

@@ -4,12 +4,12 @@ savepoints (check, read, manifest), each made outside the master's lock and boun
 
 from __future__ import annotations
 
-from master.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from master.run_folders import RunFolders
-from master.state_owner import StateClaim, first_generation
-from master.store_calls import STORE_TIMEOUT_S, call_store
-from storage.locations import redact_location
-from storage.savepoints import (
+from weir.master.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
+from weir.master.run_folders import RunFolders
+from weir.master.state_owner import StateClaim, first_generation
+from weir.master.store_calls import STORE_TIMEOUT_S, call_store
+from weir.storage.locations import redact_location
+from weir.storage.savepoints import (
     Manifest,
     SavepointError,
     check_unused,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from storage.savepoints import Manifest
+from weir.storage.savepoints import Manifest
 
 __all__ = ["COMPLETE", "WRITING", "SavepointProgress"]
 

@@ -26,20 +26,20 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from master.checkpoint_book import CheckpointBook
-from master.physical_plan import OperatorState, PhysicalPlan, PTOperator, StateSeed
-from master.savepoint_progress import (  # (journals name it here)
+from weir.master.checkpoint_book import CheckpointBook
+from weir.master.physical_plan import OperatorState, PhysicalPlan, PTOperator, StateSeed
+from weir.master.savepoint_progress import (  # (journals name it here)
     COMPLETE,
     WRITING,
     SavepointProgress,
 )
-from operators.windows import format_window_id, window_base_seconds
-from proto import plan_pb2
-from storage.locations import redact_location
-from storage.savepoints import Manifest, SavedPartition, SavepointError, match
+from weir.operators.windows import format_window_id, window_base_seconds
+from weir.proto import plan_pb2
+from weir.storage.locations import redact_location
+from weir.storage.savepoints import Manifest, SavedPartition, SavepointError, match
 
 if TYPE_CHECKING:
-    from master.application import Application
+    from weir.master.application import Application
 
 __all__ = ["SavepointProgress", "adopt", "manifest_due", "manifest_written", "on_heartbeat",
            "plan_from_savepoint", "start"]

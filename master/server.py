@@ -19,20 +19,20 @@ from pathlib import Path
 
 import grpc
 
-from master import auth
-from master.client_service import ClientService
-from master.core import Clock, MasterCore, system_clock
-from master.gc_pacing import YoungCollections, tune_gc
-from master.http_api import HttpApi
-from master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
-from master.persistence import ApplicationJournal, JournalError
-from master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, UnavailableInterceptor
-from master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
-from master.umbilical_service import UmbilicalService
-from proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
-from proto.contract import MASTER_FILE_ENV
-from storage import CorruptLog
-from storage.private_files import (
+from weir.master import auth
+from weir.master.client_service import ClientService
+from weir.master.core import Clock, MasterCore, system_clock
+from weir.master.gc_pacing import YoungCollections, tune_gc
+from weir.master.http_api import HttpApi
+from weir.master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
+from weir.master.persistence import ApplicationJournal, JournalError
+from weir.master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, UnavailableInterceptor
+from weir.master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
+from weir.master.umbilical_service import UmbilicalService
+from weir.proto import client_pb2, client_pb2_grpc, umbilical_pb2_grpc
+from weir.proto.contract import MASTER_FILE_ENV
+from weir.storage import CorruptLog
+from weir.storage.private_files import (
     UntrustedPath,
     check_private_tree,
     make_private_dir,

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from master.application import Application, LauncherAction, LaunchKind
-from master.physical_plan import ContainerState, PhysicalPlan, PTContainer, container_id_for
-from master.stats import ContainerStatsTracker
-from proto import plan_pb2
+from weir.master.application import Application, LauncherAction, LaunchKind
+from weir.master.physical_plan import ContainerState, PhysicalPlan, PTContainer, container_id_for
+from weir.master.stats import ContainerStatsTracker
+from weir.proto import plan_pb2
 
 __all__ = [
     "SPARE_HEARTBEAT_INTERVAL_MS",

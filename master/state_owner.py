@@ -23,10 +23,10 @@ import tempfile
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from master.errors import InvalidArgument
-from storage.fence import highest_fence
-from storage.locations import redact_location
-from storage.private_files import UntrustedPath, make_private_dir, write_private_file
+from weir.master.errors import InvalidArgument
+from weir.storage.fence import highest_fence
+from weir.storage.locations import redact_location
+from weir.storage.private_files import UntrustedPath, make_private_dir, write_private_file
 
 __all__ = [
     "OWNER_FILE", "StateClaim", "check_private_root", "claim_state_dir", "default_state_dir",

@@ -13,9 +13,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from master.report_filter import PortFigures, ReportedWindow
-from operators.watermarks import END_OF_TIME, NO_WATERMARK
-from proto import umbilical_pb2
+from weir.master.report_filter import PortFigures, ReportedWindow
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK
+from weir.proto import umbilical_pb2
 
 __all__ = [
     "RECENT_WINDOWS",

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 
 import cloudpickle
 
-from master.application import Application
-from master.repartition import Repartition, unhealthy
-from master.views import operator_info
-from operators.scaling import OperatorStats, PartitionStats, StatsListener
-from proto import plan_pb2
+from weir.master.application import Application
+from weir.master.repartition import Repartition, unhealthy
+from weir.master.views import operator_info
+from weir.operators.scaling import OperatorStats, PartitionStats, StatsListener
+from weir.proto import plan_pb2
 
 __all__ = ["ListenerAsk", "StatsListenerError", "StatsListeners", "consult", "load_listeners",
            "operator_stats"]

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from master.errors import DeadlineExceeded
+from weir.master.errors import DeadlineExceeded
 
 __all__ = ["STORE_TIMEOUT_S", "call_store"]
 

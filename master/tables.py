@@ -14,9 +14,9 @@ import datetime
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from operators.watermarks import END_OF_TIME, NO_WATERMARK, format_watermark
-from operators.windows import format_window_id
-from proto import client_pb2
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK, format_watermark
+from weir.operators.windows import format_window_id
+from weir.proto import client_pb2
 
 __all__ = [
     "application_details",

@@ -25,10 +25,10 @@ from typing import Any
 
 import grpc
 
-from proto import umbilical_pb2
-from proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
-from storage.orphans import remove_orphans
-from storage.private_files import (
+from weir.proto import umbilical_pb2
+from weir.proto.contract import PINNED_SERVER_NAME, TLS_CA_ENV, grpc_tls_options, pinned_server_name
+from weir.storage.orphans import remove_orphans
+from weir.storage.private_files import (
     check_private_file,
     make_private_dir,
     write_private_file,

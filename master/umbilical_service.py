@@ -6,9 +6,9 @@ import logging
 
 import grpc
 
-from master.core import MasterCore
-from master.rpc import rpc_errors
-from proto import umbilical_pb2, umbilical_pb2_grpc
+from weir.master.core import MasterCore
+from weir.master.rpc import rpc_errors
+from weir.proto import umbilical_pb2, umbilical_pb2_grpc
 
 __all__ = ["UmbilicalService"]
 

@@ -11,15 +11,15 @@ import dataclasses
 import logging
 import time
 
-from master import spares
-from master.application import Application
-from master.errors import NotFound, shown
-from master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
-from master.recovery import max_restarts
-from master.stats import event_time_lag_ms, latency_ms, window_latency_ms
-from operators.attributes import ATTRIBUTES
-from proto import client_pb2
-from storage.locations import redact_location
+from weir.master import spares
+from weir.master.application import Application
+from weir.master.errors import NotFound, shown
+from weir.master.physical_plan import ContainerState, OperatorState, PTContainer, PTOperator
+from weir.master.recovery import max_restarts
+from weir.master.stats import event_time_lag_ms, latency_ms, window_latency_ms
+from weir.operators.attributes import ATTRIBUTES
+from weir.proto import client_pb2
+from weir.storage.locations import redact_location
 
 __all__ = ["application_info", "application_plan", "container_info", "find_operator",
            "operator_info", "operator_infos"]

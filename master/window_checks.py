@@ -7,11 +7,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from master.application import Application
-from master.physical_plan import PTOperator
-from master.report_filter import ReportedWindow
-from master.stats import OperatorStatsTracker
-from operators.windows import format_window_id, window_base_seconds, window_counter
+from weir.master.application import Application
+from weir.master.physical_plan import PTOperator
+from weir.master.report_filter import ReportedWindow
+from weir.master.stats import OperatorStatsTracker
+from weir.operators.windows import format_window_id, window_base_seconds, window_counter
 
 __all__ = ["MAX_WINDOW_LEAD_MS", "WindowProblem", "check_window_ids"]
 

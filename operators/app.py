@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import cloudpickle
 
-from operators.dag import Dag, DagError
+from weir.operators.dag import Dag, DagError
 
 __all__ = ["AppLoadError", "load_app"]
 

@@ -11,7 +11,7 @@ import enum
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from operators.faults import parse_crash_points
+from weir.operators.faults import parse_crash_points
 
 __all__ = [
     "ATTRIBUTES",
@@ -282,7 +282,7 @@ def check_together(values: Mapping[str, Any]) -> None:
     >>> check_together({"HEARTBEAT_INTERVAL_MILLIS": 500, "HEARTBEAT_TIMEOUT_MILLIS": 600})
     ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    operators.attributes.InvalidAttribute: HEARTBEAT_TIMEOUT_MILLIS=600 is less than twice ...
+    weir.operators.attributes.InvalidAttribute: HEARTBEAT_TIMEOUT_MILLIS=600 is less than twice ...
     """
     interval = values.get("HEARTBEAT_INTERVAL_MILLIS", ATTRIBUTES[
         "HEARTBEAT_INTERVAL_MILLIS"].default)

@@ -1,6 +1,6 @@
 """The logical plan: operators, streams between their ports, and attributes.
 
->>> from operators.testing import ListSource, CollectSink
+>>> from weir.operators.testing import ListSource, CollectSink
 >>> dag = Dag("example")
 >>> src = dag.add_operator("src", ListSource([[{"x": 1}]]))
 >>> sink = dag.add_operator("sink", CollectSink())
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import pyarrow as pa
 
-from operators.attributes import Scope, parse_attributes
-from operators.dead_letters import DEAD_LETTER, ERRORS_PORT
-from operators.operator import InputOperator, Operator
-from operators.ports import BoundPort
-from proto import plan_pb2
+from weir.operators.attributes import Scope, parse_attributes
+from weir.operators.dead_letters import DEAD_LETTER, ERRORS_PORT
+from weir.operators.operator import InputOperator, Operator
+from weir.operators.ports import BoundPort
+from weir.proto import plan_pb2
 
 if TYPE_CHECKING:
-    from operators.scaling import StatsListener
+    from weir.operators.scaling import StatsListener
 
 __all__ = ["Dag", "DagError", "topological_order", "validate_descriptor"]
 

@@ -183,7 +183,7 @@ def is_record_error(exc: BaseException) -> bool:
     """
     import pickle
 
-    from storage import Fenced
+    from weir.storage import Fenced
 
     not_the_rows = (OSError, MemoryError, Fenced, pickle.PicklingError,
                     pickle.UnpicklingError)
@@ -265,7 +265,7 @@ def dead_letters_of(operator: Any, context: Any) -> DeadLetters | None:
     ``OperatorContext``): None unless its ``ON_ERROR`` is ``DEAD_LETTER``."""
     if context.attributes.get("ON_ERROR") != DEAD_LETTER:
         return None
-    from operators.attributes import resolve
+    from weir.operators.attributes import resolve
 
     return DeadLetters(operator, context.name,
                        resolve("DEAD_LETTER_MAX_ROWS", context.attributes))
@@ -284,7 +284,7 @@ class DeadLetterPort:
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self
-        from operators.ports import BoundPort
+        from weir.operators.ports import BoundPort
 
         return BoundPort(instance, self)  # type: ignore[arg-type]
 

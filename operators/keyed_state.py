@@ -8,7 +8,7 @@ keys the new partition owns (``KEYED_STATE``: mappings by key, or Arrow tables w
 key column). Keys hash exactly as the buffer server splits the stream
 (``operators.partitioning``), so each key's state lands where its rows will arrive.
 
->>> from operators.partitioning import PartitionFilter
+>>> from weir.operators.partitioning import PartitionFilter
 >>> share = PartitionFilter("word", 3, frozenset({0, 1}))
 >>> other = PartitionFilter("word", 3, frozenset({2, 3}))
 >>> old = [{"a": 1, "b": 2}, {"c": 3}]
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from operators.partitioning import PartitionFilter
+from weir.operators.partitioning import PartitionFilter
 
 __all__ = ["RepartitionError", "merge_keyed_state"]
 

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import pyarrow as pa
 
-from operators.dead_letters import DeadLetterPort
-from operators.faults import CrashPoints
-from operators.keyed_state import merge_keyed_state
-from operators.ports import InputPort, OutputPort
-from operators.watermarks import NO_WATERMARK, WATERMARKS_ATTRIBUTE
+from weir.operators.dead_letters import DeadLetterPort
+from weir.operators.faults import CrashPoints
+from weir.operators.keyed_state import merge_keyed_state
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.watermarks import NO_WATERMARK, WATERMARKS_ATTRIBUTE
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from operators.partitioning import PartitionFilter
+    from weir.operators.partitioning import PartitionFilter
 
 __all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState"]
 

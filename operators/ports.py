@@ -5,7 +5,7 @@ batches through a port with a declared schema are cast to it, and one that canno
 (other columns, types that do not cast) raises ``SchemaMismatch``.
 
 >>> import pyarrow as pa
->>> from operators.operator import Operator
+>>> from weir.operators.operator import Operator
 >>> class Upper(Operator):
 ...     input = InputPort(pa.schema([("word", pa.string())]))
 ...     output = OutputPort()
@@ -55,7 +55,7 @@ def conform(data: pa.RecordBatch | pa.Table, schema: pa.Schema,
     >>> conform(pa.record_batch({"m": [1]}), pa.schema([("n", pa.int64())]), "port 'in'")
     Traceback (most recent call last):
     ...
-    operators.ports.SchemaMismatch: port 'in': a batch with columns (m: int64) does not fit \
+    weir.operators.ports.SchemaMismatch: port 'in': a batch with columns (m: int64) does not fit \
 the schema (n: int64): Target schema's field names are not matching the record batch's \
 field names: ['m'], ['n']
     """

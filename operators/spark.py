@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 
-from operators.dead_letters import DeadLetters, dead_letters_of
-from operators.metrics import metric
-from operators.operator import Operator, OperatorContext, SparkBridge
-from operators.ports import InputPort, OutputPort, SchemaMismatch, conform
-from operators.spark_costs import JobCosts
-from operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
-from operators.spark_passthrough import PassThrough, plan_pass_through
+from weir.operators.dead_letters import DeadLetters, dead_letters_of
+from weir.operators.metrics import metric
+from weir.operators.operator import Operator, OperatorContext, SparkBridge
+from weir.operators.ports import InputPort, OutputPort, SchemaMismatch, conform
+from weir.operators.spark_costs import JobCosts
+from weir.operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
+from weir.operators.spark_passthrough import PassThrough, plan_pass_through
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from operators.dead_letters import DeadLetters, isolate_failures
+from weir.operators.dead_letters import DeadLetters, isolate_failures
 
 __all__ = ["is_spark_record_error", "set_aside_bad_rows"]
 

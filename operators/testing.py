@@ -15,9 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.operator import InputOperator, Operator
-from operators.ports import InputPort, OutputPort
-from runtime.local.run import LocalRun, LocalRunError, run_local
+from weir.operators.operator import InputOperator, Operator
+from weir.operators.ports import InputPort, OutputPort
+from weir.runtime.local.run import LocalRun, LocalRunError, run_local
 
 __all__ = ["CollectSink", "ListSource", "LocalRun", "LocalRunError", "run_local"]
 

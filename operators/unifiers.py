@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from operators.operator import Operator
-from operators.ports import OutputPort
+from weir.operators.operator import Operator
+from weir.operators.ports import OutputPort
 
 __all__ = ["ConcatUnifier", "UNIFIER_INPUT_PREFIX", "unifier_input"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from typing import TypeVar
 
-from operators.windows import NO_WINDOW
+from weir.operators.windows import NO_WINDOW
 
 __all__ = ["committed_window", "is_done"]
 

@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.operator import InputOperator, Operator
-from operators.watermarks import (
+from weir.operators.operator import InputOperator, Operator
+from weir.operators.watermarks import (
     NO_WATERMARK,
     WATERMARKS_ATTRIBUTE,
     Watermarks,

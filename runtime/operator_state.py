@@ -13,12 +13,12 @@ from typing import Any
 
 import cloudpickle
 
-from operators.keyed_state import RepartitionError
-from operators.operator import RUNTIME_ATTRIBUTES, Operator
-from operators.partitioning import PartitionFilter
-from operators.watermarks import WATERMARKS_ATTRIBUTE
-from runtime.event_time import merged_watermarks
-from storage import moved
+from weir.operators.keyed_state import RepartitionError
+from weir.operators.operator import RUNTIME_ATTRIBUTES, Operator
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.watermarks import WATERMARKS_ATTRIBUTE
+from weir.runtime.event_time import merged_watermarks
+from weir.storage import moved
 
 __all__ = ["OperatorStateError", "capture", "new_partition", "restore", "state_of"]
 

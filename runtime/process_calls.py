@@ -12,10 +12,10 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
-from operators.dead_letters import DeadLetters, is_record_error, isolate_failures
-from operators.operator import Operator
-from operators.ports import conform
-from runtime.operator_state import OperatorStateError
+from weir.operators.dead_letters import DeadLetters, is_record_error, isolate_failures
+from weir.operators.operator import Operator
+from weir.operators.ports import conform
+from weir.runtime.operator_state import OperatorStateError
 
 __all__ = ["ProcessCalls", "rows_may_be_at_fault"]
 

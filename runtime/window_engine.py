@@ -31,18 +31,18 @@ from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 
-from operators.dead_letters import dead_letters_of
-from operators.operator import InputOperator, Operator, OperatorContext
-from operators.watermarks import NO_WATERMARK
-from operators.windows import (
+from weir.operators.dead_letters import dead_letters_of
+from weir.operators.operator import InputOperator, Operator, OperatorContext
+from weir.operators.watermarks import NO_WATERMARK
+from weir.operators.windows import (
     application_window_position,
     format_window_id,
     make_window_id,
     window_base_seconds,
     window_counter,
 )
-from runtime.event_time import SourceEventTimes, operator_watermarks
-from runtime.process_calls import ProcessCalls, rows_may_be_at_fault
+from weir.runtime.event_time import SourceEventTimes, operator_watermarks
+from weir.runtime.process_calls import ProcessCalls, rows_may_be_at_fault
 
 __all__ = ["Output", "WindowEnd", "WindowEngine"]
 

@@ -4,7 +4,7 @@ and the fence that keeps a replaced deployment from writing into them.
 Operators keep these in their durable folder (``OperatorContext.durable_dir``).
 """
 
-from storage.commit_steps import (
+from weir.storage.commit_steps import (
     AdvanceWatermark,
     CommitError,
     CommitStep,
@@ -12,9 +12,9 @@ from storage.commit_steps import (
     PublishFile,
     register_step,
 )
-from storage.fence import FENCE_FILE, Fence, Fenced
-from storage.records import CorruptLog, RecordLog, sync_folder
-from storage.window_log import WindowLog
+from weir.storage.fence import FENCE_FILE, Fence, Fenced
+from weir.storage.records import CorruptLog, RecordLog, sync_folder
+from weir.storage.window_log import WindowLog
 
 __all__ = [
     "AdvanceWatermark",

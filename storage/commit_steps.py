@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
-from storage.records import RecordLog, sync_folder
+from weir.storage.records import RecordLog, sync_folder
 
 __all__ = [
     "AdvanceWatermark",

@@ -11,18 +11,21 @@ from typing import Any
 __all__ = ["MOVED", "loads"]
 
 MOVED = {
-    "operators.durable": "storage",
-    "operators.orphans": "storage.orphans",
-    "operators.savepoints": "storage.savepoints",
-    "operators.process_calls": "runtime.process_calls",
-    "operators.event_time": "runtime.event_time",
-    "operators.operator_state": "runtime.operator_state",
+    "operators.durable": "weir.storage",
+    "operators.orphans": "weir.storage.orphans",
+    "operators.savepoints": "weir.storage.savepoints",
+    "operators.process_calls": "weir.runtime.process_calls",
+    "operators.event_time": "weir.runtime.event_time",
+    "operators.operator_state": "weir.runtime.operator_state",
+    **{part: f"weir.{part}" for part in ("proto", "operators", "runtime", "storage", "master",
+                                         "container")},  # before the one namespaced package
 }
-"""Old module (or package: its modules move with it) -> where it is now."""
+"""Old module (or package: its modules move with it) -> where it is now; the first that
+matches wins."""
 
 
 def current_module(module: str) -> str:
-    """Where ``module`` is now."""
+    """Where ``module`` is now (a class path too: ``operators.library.X``)."""
     for old, new in MOVED.items():
         if module == old or module.startswith(old + "."):
             return new + module[len(old):]

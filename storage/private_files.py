@@ -29,7 +29,7 @@ import os
 import stat
 import tempfile
 
-from storage.records import sync_folder
+from weir.storage.records import sync_folder
 
 __all__ = ["UntrustedPath", "check_private_dir", "check_private_file", "check_private_tree",
            "make_private_dir", "read_private_file", "write_private_file"]

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from operators.attributes import ProcessingMode
-from operators.operator import InputOperator, OperatorContext, TransientNonState
-from operators.windows import format_window_id
-from storage.window_log import WindowLog
+from weir.operators.attributes import ProcessingMode
+from weir.operators.operator import InputOperator, OperatorContext, TransientNonState
+from weir.operators.windows import format_window_id
+from weir.storage.window_log import WindowLog
 
 __all__ = ["ReplayableSource", "take_committed"]
 

@@ -4,8 +4,8 @@ whole, and how a new run's DAG matches it (``match``). Where a savepoint lives a
 it may be trusted is ``storage.savepoints``.
 
 >>> m = Manifest(window=42, app_name="wc", application_id="app-0001", operators=[
-...     SavedOperator("source", "operators.library.DirectorySource", [SavedPartition(1, 40)]),
-...     SavedOperator("count", "operators.library.RunningCount", [SavedPartition(2, 42)])])
+...     SavedOperator("source", "weir.operators.library.DirectorySource", [SavedPartition(1, 40)]),
+...     SavedOperator("count", "weir.operators.library.RunningCount", [SavedPartition(2, 42)])])
 >>> Manifest.from_json(m.to_json()) == m
 True
 """
@@ -18,7 +18,8 @@ import time
 from importlib import metadata
 from typing import Any
 
-from proto import plan_pb2
+from weir.proto import plan_pb2
+from weir.storage.moved import current_module
 
 __all__ = ["FORMAT", "MAX_MANIFEST_BYTES", "Manifest", "SavedOperator", "SavedPartition",
            "SavepointError", "SavepointMatch", "match", "weir_version"]
@@ -249,7 +250,7 @@ def match(dag: plan_pb2.DagDescriptor, manifest: Manifest,
         old = saved.get(op.name)
         if old is None:
             result.new.append(op.name)
-        elif old.class_name != op.class_name:
+        elif current_module(old.class_name) != current_module(op.class_name):  # moved classes
             result.class_changed.append((op.name, old.class_name, op.class_name))
         else:
             result.kept.append(op.name)

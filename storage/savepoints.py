@@ -44,8 +44,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from storage.locations import redact_location
-from storage.private_files import (
+from weir.storage.locations import redact_location
+from weir.storage.private_files import (
     UntrustedPath,
     check_private_dir,
     check_private_tree,
@@ -53,7 +53,7 @@ from storage.private_files import (
     read_private_file,
     write_private_file,
 )
-from storage.savepoint_manifest import (
+from weir.storage.savepoint_manifest import (
     MAX_MANIFEST_BYTES,
     Manifest,
     SavedOperator,

@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from storage.records import RecordLog
+from weir.storage.records import RecordLog
 
 __all__ = ["WindowLog"]
 

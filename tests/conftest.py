@@ -117,7 +117,7 @@ def pytest_terminal_summary(terminalreporter):
 def local_spark():
     """The local runner's shared Spark bridge (``runtime.spark.shared``), started and
     warmed up once per test process, as a test suite of an application would."""
-    from runtime.spark.shared import shared_bridge
+    from weir.runtime.spark.shared import shared_bridge
 
     started = time.perf_counter()
     bridge = shared_bridge("local[1]")
@@ -136,7 +136,7 @@ def state_dir(tmp_path):
 @pytest.fixture(scope="session")
 def bridge():
     """One small Spark session (``local[1]``, one shuffle partition) for all unit tests."""
-    from runtime.spark.bridge import SparkSessionBridge
+    from weir.runtime.spark.bridge import SparkSessionBridge
 
     bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1)
     yield bridge

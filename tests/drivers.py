@@ -22,13 +22,13 @@ from typing import Any, Protocol
 import cloudpickle
 import pyarrow as pa
 
-from container.checkpoint_store import CheckpointStore
-from operators import Dag
-from operators.operator import Operator
-from operators.testing import CollectSink, run_local
-from operators.windows import window_counter
-from proto import plan_pb2
-from runtime.operator_state import restore
+from weir.container.checkpoint_store import CheckpointStore
+from weir.operators import Dag
+from weir.operators.operator import Operator
+from weir.operators.testing import CollectSink, run_local
+from weir.operators.windows import window_counter
+from weir.proto import plan_pb2
+from weir.runtime.operator_state import restore
 
 __all__ = ["DRIVERS", "DagRun", "RunFailed", "started_cluster"]
 
@@ -127,8 +127,8 @@ def run_in_containers(master: Any, dag: Dag, state_dir: Path,
     """``dag`` submitted to ``master`` (real container processes), to the end of its
     stream; each operator loaded from its last checkpoint. ``during(client, app_id)`` is
     called every 50 ms while the application runs (what a test samples from the master)."""
-    from master.client import WeirClient, WeirClientError
     from tests.e2e.conftest import container_logs
+    from weir.master.client import WeirClient, WeirClientError
 
     descriptor = dag.to_descriptor()
     _set_defaults(descriptor, state_dir)

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, TypeVar
 import grpc
 import psutil
 
-from master.auth import client_credentials
-from master.tls import open_channel
-from proto.contract import bearer_metadata
+from weir.master.auth import client_credentials
+from weir.master.tls import open_channel
+from weir.proto.contract import bearer_metadata
 
 __all__ = ["TAG_ENV", "WeirProcess", "master_channel", "poll_for", "tagged_env",
            "tagged_processes"]
@@ -107,10 +107,11 @@ class WeirProcess:
     is printed when a test fails.
     """
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, log: Path,
+                 python: str = sys.executable) -> None:
         self.log = log
         self._log_file = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "master", *args], env=env,
+        self.proc = subprocess.Popen([python, "-m", "weir", *args], env=env,
                                      cwd=cwd, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from storage.private_files import check_private_file, make_private_dir
+from weir.storage.private_files import check_private_file, make_private_dir
 
 __all__ = ["SparkJvmOptions"]
 
@@ -37,8 +37,8 @@ _MAKE_TIMEOUT_S = 240
 # The JVM writes the archive as it exits, after this process let go of it: wait for that.
 _TRAINING = """
 from pyspark import SparkContext
-from runtime.spark.bridge import SparkSessionBridge
-from runtime.spark.warm_up import run_warm_up_jobs
+from weir.runtime.spark.bridge import SparkSessionBridge
+from weir.runtime.spark.warm_up import run_warm_up_jobs
 bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1, app_name="cds")
 run_warm_up_jobs(bridge, 2_000, 1)
 jvm = SparkContext._gateway.proc

@@ -29,9 +29,9 @@ from bench.nexmark.generator import parquet_dir
 from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec
 from bench.nexmark.reference import answer, read_events
 from bench.weir_job import _run_app, breakdown
-from operators import Dag, InputPort, Operator, OutputPort
-from operators.library import EventTimeWindows, FileSink, ParquetSource
-from operators.spark import SparkSql
+from weir.operators import Dag, InputPort, Operator, OutputPort
+from weir.operators.library import EventTimeWindows, FileSink, ParquetSource
+from weir.operators.spark import SparkSql
 
 __all__ = ["SPARK_SETTINGS", "PersonsAndSellers", "build_dag", "run"]
 

@@ -1,20 +1,20 @@
 """Ready-made operators: sources, Spark window logic and sinks to build DAGs from.
 
->>> from operators.library import TextFileSource, Tokenize, WindowedCount, ConsoleSink
+>>> from weir.operators.library import TextFileSource, Tokenize, WindowedCount, ConsoleSink
 """
 
 import logging
 
-from operators.library.directory import DirectorySource
-from operators.library.event_windows import EventTimeWindows
-from operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
-from operators.library.kafka_source import KafkaSource
-from operators.library.parquet_source import ParquetSource
-from operators.library.postgres import PostgresSink  # psycopg is imported in setup()
-from operators.library.sinks import ConsoleSink, FileSink
-from operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
-from operators.library.tcp import TcpLineSource
-from operators.library.transforms import (
+from weir.operators.library.directory import DirectorySource
+from weir.operators.library.event_windows import EventTimeWindows
+from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
+from weir.operators.library.kafka_source import KafkaSource
+from weir.operators.library.parquet_source import ParquetSource
+from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
+from weir.operators.library.sinks import ConsoleSink, FileSink
+from weir.operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
+from weir.operators.library.tcp import TcpLineSource
+from weir.operators.library.transforms import (
     RunningCount,
     Tokenize,
     WindowedCount,

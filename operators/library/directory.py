@@ -11,10 +11,10 @@ from typing import BinaryIO, ClassVar
 
 import pyarrow as pa
 
-from operators.library.file_ranges import FileRangeSource
-from operators.library.sources import LINE_SCHEMA, _lines
-from operators.operator import OperatorContext
-from operators.ports import OutputPort
+from weir.operators.library.file_ranges import FileRangeSource
+from weir.operators.library.sources import LINE_SCHEMA, _lines
+from weir.operators.operator import OperatorContext
+from weir.operators.ports import OutputPort
 
 __all__ = ["DirectorySource"]
 

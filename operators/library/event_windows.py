@@ -29,21 +29,21 @@ from typing import TYPE_CHECKING, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.library.window_frames import NEW as _NEW
-from operators.library.window_frames import SESSION_END as _SESSION_END
-from operators.library.window_frames import TIME as _TIME
-from operators.library.window_frames import (
+from weir.operators.library.window_frames import NEW as _NEW
+from weir.operators.library.window_frames import SESSION_END as _SESSION_END
+from weir.operators.library.window_frames import TIME as _TIME
+from weir.operators.library.window_frames import (
     as_utc_ms,
     live_sessions_frame,
     warm_window_jobs,
     windows_frame,
 )
-from operators.library.window_panes import Panes, decompose, referenced_columns
-from operators.library.window_sessions import Sessions
-from operators.operator import OperatorContext
-from operators.ports import InputPort, OutputPort
-from operators.spark import SparkOperator, SparkSchemaMismatch
-from operators.watermarks import (
+from weir.operators.library.window_panes import Panes, decompose, referenced_columns
+from weir.operators.library.window_sessions import Sessions
+from weir.operators.operator import OperatorContext
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.spark import SparkOperator, SparkSchemaMismatch
+from weir.operators.watermarks import (
     END_OF_TIME,
     NO_WATERMARK,
     event_time_error,

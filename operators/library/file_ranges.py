@@ -6,7 +6,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, ClassVar
 
-from storage.replayable import ReplayableSource
+from weir.storage.replayable import ReplayableSource
 
 __all__ = ["FileRangeSource"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.json as pajson
 
-from operators.dead_letters import isolate_failures
-from operators.operator import PermanentError
+from weir.operators.dead_letters import isolate_failures
+from weir.operators.operator import PermanentError
 
 __all__ = ["VALUE_FORMATS", "RecordDecodeError", "decode_setting_aside", "json_value",
            "record_schema", "records_to_batch"]

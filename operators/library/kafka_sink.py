@@ -26,11 +26,11 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.library.kafka_client import client_config, kafka, topic_partitions
-from operators.library.kafka_records import json_value
-from operators.library.sinks import _WindowBuffer
-from operators.operator import OperatorContext, TransientNonState
-from operators.windows import format_window_id
+from weir.operators.library.kafka_client import client_config, kafka, topic_partitions
+from weir.operators.library.kafka_records import json_value
+from weir.operators.library.sinks import _WindowBuffer
+from weir.operators.operator import OperatorContext, TransientNonState
+from weir.operators.windows import format_window_id
 
 __all__ = ["KafkaSink"]
 

@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.dead_letters import DeadLetters, dead_letters_of
-from operators.library.kafka_client import (
+from weir.operators.dead_letters import DeadLetters, dead_letters_of
+from weir.operators.library.kafka_client import (
     client_config,
     kafka,
     owns_partition,
@@ -19,17 +19,17 @@ from operators.library.kafka_client import (
     split_key,
     topic_partitions,
 )
-from operators.library.kafka_records import (
+from weir.operators.library.kafka_records import (
     decode_setting_aside,
     record_schema,
     records_to_batch,
 )
-from operators.metrics import metric
-from operators.operator import Operator, OperatorContext
-from operators.partitioning import PartitionFilter
-from operators.ports import OutputPort
-from operators.windows import format_window_id
-from storage.replayable import ReplayableSource, take_committed
+from weir.operators.metrics import metric
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.ports import OutputPort
+from weir.operators.windows import format_window_id
+from weir.storage.replayable import ReplayableSource, take_committed
 
 __all__ = ["KafkaSource"]
 

@@ -18,9 +18,9 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from operators.library.file_ranges import FileRangeSource
-from operators.operator import OperatorContext
-from operators.ports import OutputPort
+from weir.operators.library.file_ranges import FileRangeSource
+from weir.operators.operator import OperatorContext
+from weir.operators.ports import OutputPort
 
 __all__ = ["ParquetSource"]
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from operators.library.postgres_sql import (
+from weir.operators.library.postgres_sql import (
     identifier,
     mask_dsn,
     plain_columns,
@@ -33,10 +33,10 @@ from operators.library.postgres_sql import (
     psycopg_module,
     quoted,
 )
-from operators.library.sinks import _WindowBuffer
-from operators.operator import OperatorContext, TransientNonState
-from operators.windows import format_window_id, window_base_seconds
-from storage.fence import Fenced
+from weir.operators.library.sinks import _WindowBuffer
+from weir.operators.operator import OperatorContext, TransientNonState
+from weir.operators.windows import format_window_id, window_base_seconds
+from weir.storage.fence import Fenced
 
 if TYPE_CHECKING:
     import psycopg

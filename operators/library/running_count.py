@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 
-from operators.operator import Operator, OperatorContext
-from operators.partitioning import PartitionFilter
-from operators.spark import SparkOperator, SparkSchemaMismatch
-from operators.state_store import KeyedStore, StoreError, StoreHandle, StoreSeed
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.spark import SparkOperator, SparkSchemaMismatch
+from weir.operators.state_store import KeyedStore, StoreError, StoreHandle, StoreSeed
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

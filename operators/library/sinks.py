@@ -14,16 +14,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from operators.operator import Operator, OperatorContext
-from operators.ports import InputPort
-from operators.windows import (
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.ports import InputPort
+from weir.operators.windows import (
     format_window_id,
     make_window_id,
     window_base_seconds,
     window_counter,
 )
-from storage import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
-from storage.records import sync_folder
+from weir.storage import AdvanceWatermark, CommitStep, CommitStepStore, PublishFile
+from weir.storage.records import sync_folder
 
 __all__ = ["ConsoleSink", "FileSink"]
 

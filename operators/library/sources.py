@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.operator import InputOperator, OperatorContext, TransientNonState
-from operators.ports import OutputPort
-from storage.replayable import ReplayableSource
+from weir.operators.operator import InputOperator, OperatorContext, TransientNonState
+from weir.operators.ports import OutputPort
+from weir.storage.replayable import ReplayableSource
 
 __all__ = ["EVENT_SCHEMA", "LINE_SCHEMA", "EventGenerator", "TextFileSource"]
 

@@ -25,20 +25,20 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from operators.library.sources import LINE_SCHEMA
-from operators.library.tcp_receiver import (
+from weir.operators.library.sources import LINE_SCHEMA
+from weir.operators.library.tcp_receiver import (
     Receiver,
     encode_end,
     listen,
     register_writer,
     stop_writer_of,
 )
-from operators.library.tcp_wal import Wal
-from operators.metrics import metric
-from operators.operator import OperatorContext
-from operators.ports import OutputPort
-from storage.records import RecordLog
-from storage.replayable import ReplayableSource, take_committed
+from weir.operators.library.tcp_wal import Wal
+from weir.operators.metrics import metric
+from weir.operators.operator import OperatorContext
+from weir.operators.ports import OutputPort
+from weir.storage.records import RecordLog
+from weir.storage.replayable import ReplayableSource, take_committed
 
 __all__ = ["TcpLineSource"]
 

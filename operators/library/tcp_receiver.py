@@ -19,12 +19,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from operators.library.tcp_wal import Wal
+from weir.operators.library.tcp_wal import Wal
 
 __all__ = ["Receiver", "cut_after_end", "encode_end", "listen", "register_writer",
            "stop_writer_of"]
 
-_LOGGER = logging.getLogger("operators.library.tcp")
+_LOGGER = logging.getLogger("weir.operators.library.tcp")
 
 _RECV_BYTES = 256 << 10
 _POLL_S = 0.1  # how often the receiver checks that it should still run

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from storage.records import RecordLog
+from weir.storage.records import RecordLog
 
 __all__ = ["Wal", "has_line"]
 

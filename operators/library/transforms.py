@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 
-from operators.library.key_codes import KeyCodes, encodable
-from operators.library.running_count import RunningCount  # here before it had a file
-from operators.spark import SparkOperator
+from weir.operators.library.key_codes import KeyCodes, encodable
+from weir.operators.library.running_count import RunningCount  # here before it had a file
+from weir.operators.spark import SparkOperator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

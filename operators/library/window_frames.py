@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from operators.watermarks import NO_WATERMARK
+from weir.operators.watermarks import NO_WATERMARK
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from operators.library.event_windows import EventTimeWindows
-    from operators.library.window_panes import Panes
-    from operators.library.window_sessions import Sessions
+    from weir.operators.library.event_windows import EventTimeWindows
+    from weir.operators.library.window_panes import Panes
+    from weir.operators.library.window_sessions import Sessions
 
 __all__ = ["NEW", "SESSION", "SESSION_END", "TIME", "as_utc_ms", "live_sessions_frame",
            "sessions_frame", "warm_window_jobs", "windows_frame"]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from operators.library.window_panes import TOUCHED, Partial, partial_merges, partial_values
+from weir.operators.library.window_panes import TOUCHED, Partial, partial_merges, partial_values
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -18,7 +18,7 @@ import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 
-from storage.private_files import (
+from weir.storage.private_files import (
     check_private_file,
     make_private_dir,
     write_private_file,

@@ -11,14 +11,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from operators.operator import Operator, OperatorContext
-from operators.watermarks import NO_WATERMARK
-from operators.windows import format_window_id
-from runtime.window_engine import WindowEngine
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.watermarks import NO_WATERMARK
+from weir.operators.windows import format_window_id
+from weir.runtime.window_engine import WindowEngine
 
 __all__ = ["MAX_EMIT_CALLS", "LocalNode", "LocalRunError"]
 
-_LOGGER = logging.getLogger("runtime.local.run")
+_LOGGER = logging.getLogger("weir.runtime.local.run")
 
 MAX_EMIT_CALLS = 1_000
 """At most this many ``emit_tuples`` calls per source window under the fast clock."""

@@ -1,7 +1,7 @@
 """Runs a whole DAG in this process, for tests: ``run_local(dag)`` returns what each sink got.
 
-    >>> from operators import Dag
-    >>> from operators.testing import CollectSink, ListSource, run_local
+    >>> from weir.operators import Dag
+    >>> from weir.operators.testing import CollectSink, ListSource, run_local
     >>> dag = Dag("demo")
     >>> src = dag.add_operator("src", ListSource([[{"x": 1}], [{"x": 2}, {"x": 3}]]))
     >>> sink = dag.add_operator("sink", CollectSink())
@@ -55,16 +55,16 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
-from operators.attributes import ATTRIBUTES, resolve
-from operators.dag import Dag, DagError, topological_order, validate_descriptor
-from operators.operator import Operator, OperatorContext, SparkBridge
-from operators.windows import make_window_id, window_base_seconds, window_counter
-from proto import plan_pb2
-from runtime.committed import committed_window
-from runtime.local.checkpoints import LocalCheckpoints
-from runtime.local.node import MAX_EMIT_CALLS, LocalNode, LocalRunError
-from runtime.operator_state import capture, restore
-from runtime.spark.shared import shared_bridge
+from weir.operators.attributes import ATTRIBUTES, resolve
+from weir.operators.dag import Dag, DagError, topological_order, validate_descriptor
+from weir.operators.operator import Operator, OperatorContext, SparkBridge
+from weir.operators.windows import make_window_id, window_base_seconds, window_counter
+from weir.proto import plan_pb2
+from weir.runtime.committed import committed_window
+from weir.runtime.local.checkpoints import LocalCheckpoints
+from weir.runtime.local.node import MAX_EMIT_CALLS, LocalNode, LocalRunError
+from weir.runtime.operator_state import capture, restore
+from weir.runtime.spark.shared import shared_bridge
 
 __all__ = ["MAX_EMIT_CALLS", "LocalRun", "LocalRunError", "run_local"]
 

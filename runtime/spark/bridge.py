@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runtime.spark import gateway as spark_gateway
-from runtime.spark.handoff import (
+from weir.runtime.spark import gateway as spark_gateway
+from weir.runtime.spark.handoff import (
     PARQUET_OPTIONS,
     Handoff,
     arrow_dataframe,
@@ -58,10 +58,10 @@ from runtime.spark.handoff import (
     row_group_rows,
     to_table,
 )
-from runtime.spark.logs import quiet_query_context_loggers, write_log4j_config
-from runtime.spark.scratch import ScratchFiles
-from runtime.spark.warm_up import run_warm_up_jobs
-from runtime.spark.window_input import WindowInput
+from weir.runtime.spark.logs import quiet_query_context_loggers, write_log4j_config
+from weir.runtime.spark.scratch import ScratchFiles
+from weir.runtime.spark.warm_up import run_warm_up_jobs
+from weir.runtime.spark.window_input import WindowInput
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from operators.ports import conform
+from weir.operators.ports import conform
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -15,11 +15,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from storage.orphans import remove_orphans
+from weir.storage.orphans import remove_orphans
 
 __all__ = ["ScratchFiles"]
 
-_LOGGER = logging.getLogger("runtime.spark.bridge")
+_LOGGER = logging.getLogger("weir.runtime.spark.bridge")
 
 _SCRATCH_PREFIX = "weir-spark-"
 

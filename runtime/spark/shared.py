@@ -9,7 +9,7 @@ from __future__ import annotations
 import atexit
 import threading
 
-from runtime.spark.bridge import SparkSessionBridge
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 __all__ = ["shared_bridge"]
 

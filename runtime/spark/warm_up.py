@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from operators.operator import SparkBridge
+    from weir.operators.operator import SparkBridge
 
 __all__ = ["run_warm_up_jobs"]
 
@@ -57,7 +57,7 @@ def run_warm_up_jobs(bridge: SparkBridge, rows: int, max_rounds: int) -> None:
 def _count_window(bridge: SparkBridge, batch: pa.RecordBatch) -> None:
     """One window of ``WindowedCount`` over ``batch`` (keyed by its first column, summing
     its second), from the handoff to the Arrow result, as an operator's window runs it."""
-    from operators.library.transforms import WindowedCount
+    from weir.operators.library.transforms import WindowedCount
 
     key, value = batch.schema.names
     window_input = bridge.window_input(batch.schema)

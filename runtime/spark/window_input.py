@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from runtime.spark.handoff import PARQUET_OPTIONS, arrow_dataframe, to_table
-from runtime.spark.scratch import ScratchFiles
+from weir.runtime.spark.handoff import PARQUET_OPTIONS, arrow_dataframe, to_table
+from weir.runtime.spark.scratch import ScratchFiles
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["WindowInput"]
 
-_LOGGER = logging.getLogger("runtime.spark.bridge")
+_LOGGER = logging.getLogger("weir.runtime.spark.bridge")
 
 
 class WindowInput:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.control_plane import _Container
-from operators.windows import window_counter
-from proto import plan_pb2, umbilical_pb2
+from weir.operators.windows import window_counter
+from weir.proto import plan_pb2, umbilical_pb2
 
 _START_MS = 1_764_140_000_000
 

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
-from container.buffer_server import BufferServer
-from container.stream_messages import Kind
+from weir.container.buffer_client import BufferServerUnavailable, Subscription, subscribe
+from weir.container.buffer_server import BufferServer
+from weir.container.stream_messages import Kind
 
 pytestmark = pytest.mark.timeout(60)
 

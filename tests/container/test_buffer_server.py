@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from container.buffer_client import BufferServerUnavailable, Subscription, subscribe
-from container.buffer_server import LATEST_WINDOW, BufferServer, StreamStats
-from container.publisher import PublishAborted
-from container.retained_stream import Cursor, RetainedStream, SpillResult
-from container.spill import Budget, SpillStore, read_block
-from container.stream_messages import ENVELOPE_SCHEMA, Kind, Message, WindowGap
+from weir.container.buffer_client import BufferServerUnavailable, Subscription, subscribe
+from weir.container.buffer_server import LATEST_WINDOW, BufferServer, StreamStats
+from weir.container.publisher import PublishAborted
+from weir.container.retained_stream import Cursor, RetainedStream, SpillResult
+from weir.container.spill import Budget, SpillStore, read_block
+from weir.container.stream_messages import ENVELOPE_SCHEMA, Kind, Message, WindowGap
 
 pytestmark = pytest.mark.timeout(60)
 

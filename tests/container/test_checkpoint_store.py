@@ -9,7 +9,7 @@ import zlib
 import pyarrow.fs as pafs
 import pytest
 
-from container.checkpoint_store import (
+from weir.container.checkpoint_store import (
     HEADER_SIZE,
     MAGIC,
     CheckpointInfo,
@@ -178,7 +178,7 @@ def test_checksum_covers_the_header():
     crc = zlib.crc32(b"abc", zlib.crc32(header))
     assert len(header) + 4 == HEADER_SIZE
     blob = header + struct.pack("<I", crc) + b"abc"
-    from container.checkpoint_store import _verify
+    from weir.container.checkpoint_store import _verify
     assert _verify("x", blob, W1) == b"abc"
 
 

@@ -8,14 +8,14 @@ import time
 
 import pyarrow as pa
 
-from container.port_input import PortInput
-from container.runner_phase import RunnerState
-from container.stream_messages import Kind, Message
-from container.window_loop import OperatorRunner
-from operators.dead_letters import COUNT_ATTRIBUTE
-from operators.operator import Operator, OperatorContext
-from operators.ports import InputPort, OutputPort
 from tests.container.test_window_loop import RecordingPublisher, stream
+from weir.container.port_input import PortInput
+from weir.container.runner_phase import RunnerState
+from weir.container.stream_messages import Kind, Message
+from weir.container.window_loop import OperatorRunner
+from weir.operators.dead_letters import COUNT_ATTRIBUTE
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.ports import InputPort, OutputPort
 
 
 class Inverse(Operator):

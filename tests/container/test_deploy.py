@@ -6,13 +6,13 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from container.buffer_server import BufferServer
-from container.deploy import DeployError, Deployment, partition_filter, stream_id
-from container.stream_messages import Kind
-from operators.operator import InputOperator
-from operators.partitioning import PartitionFilter
-from proto import plan_pb2
 from tests.harness import poll_for
+from weir.container.buffer_server import BufferServer
+from weir.container.deploy import DeployError, Deployment, partition_filter, stream_id
+from weir.container.stream_messages import Kind
+from weir.operators.operator import InputOperator
+from weir.operators.partitioning import PartitionFilter
+from weir.proto import plan_pb2
 
 
 def test_input_of_an_ended_upstream_just_ends_without_subscribing():

@@ -12,17 +12,17 @@ import cloudpickle
 import pyarrow as pa
 import pytest
 
-from container.deploy import DeployError, Deployment
-from container.heartbeat_loop import HeartbeatLoop
-from container.operator_errors import describe_error, is_fatal
-from container.runner_phase import RunnerState
-from container.stream_messages import Kind
-from operators.operator import Operator
-from operators.ports import InputPort, OutputPort, SchemaMismatch
-from operators.spark import SparkSchemaMismatch
-from proto import plan_pb2, umbilical_pb2
-from runtime.operator_state import OperatorStateError
 from tests.container.test_window_loop import SumPerAppWindow, run, stream
+from weir.container.deploy import DeployError, Deployment
+from weir.container.heartbeat_loop import HeartbeatLoop
+from weir.container.operator_errors import describe_error, is_fatal
+from weir.container.runner_phase import RunnerState
+from weir.container.stream_messages import Kind
+from weir.operators.operator import Operator
+from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
+from weir.operators.spark import SparkSchemaMismatch
+from weir.proto import plan_pb2, umbilical_pb2
+from weir.runtime.operator_state import OperatorStateError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,7 +124,7 @@ class StrictInput(SumPerAppWindow):
 
 
 def test_a_batch_that_does_not_fit_its_port_fails_the_operator_fatally(caplog):
-    caplog.set_level(logging.ERROR, "container.window_loop")
+    caplog.set_level(logging.ERROR, "weir.container.window_loop")
     runner, _ = run(StrictInput(), {"a": stream({1: [[1, 2]]})})
     assert runner.state is RunnerState.FAILED and runner.fatal
     assert runner.error.startswith("SchemaMismatch: operator 'op', input port 'a': a batch with "
@@ -142,7 +142,7 @@ def test_an_ordinary_error_is_logged_with_its_traceback_and_not_fatal(caplog):
         def process(self, port, batch):
             raise ValueError("bad tuple")
 
-    caplog.set_level(logging.ERROR, "container.window_loop")
+    caplog.set_level(logging.ERROR, "weir.container.window_loop")
     runner, _ = run(Broken(), {"a": stream({1: [[1]]})})
     assert runner.state is RunnerState.FAILED and not runner.fatal
     assert not runner.heartbeat(500).fatal

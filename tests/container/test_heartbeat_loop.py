@@ -9,9 +9,9 @@ import types
 import grpc
 import pytest
 
-from container.heartbeat_loop import HeartbeatLoop
-from container.lease import Lease
-from proto import plan_pb2, umbilical_pb2
+from weir.container.heartbeat_loop import HeartbeatLoop
+from weir.container.lease import Lease
+from weir.proto import plan_pb2, umbilical_pb2
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -128,7 +128,7 @@ def test_a_slow_deploy_does_not_hold_heartbeats_back():
 
 
 def test_an_answer_becomes_instructions_in_the_order_they_are_carried_out():
-    from container.heartbeat_reply import Activate, Commit, EndInputs, Redeploy, instructions
+    from weir.container.heartbeat_reply import Activate, Commit, EndInputs, Redeploy, instructions
 
     info = plan_pb2.OperatorDeployInfo(id=4, generation=2)
     reply = umbilical_pb2.ContainerHeartbeatResponse(
@@ -141,7 +141,7 @@ def test_an_answer_becomes_instructions_in_the_order_they_are_carried_out():
 
 
 def test_a_savepoint_is_a_stop_for_it_or_one_taken_while_running():
-    from container.heartbeat_reply import EndInputs, TakeSavepoint, instructions
+    from weir.container.heartbeat_reply import EndInputs, TakeSavepoint, instructions
 
     stop = umbilical_pb2.ContainerHeartbeatResponse(
         shutdown=umbilical_pb2.SHUTDOWN_TYPE_WAIT_TERMINATE, savepoint_path="/sp",

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from container.lease import Lease, LeaseRevoked
+from weir.container.lease import Lease, LeaseRevoked
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from container.main import master_retry_window_s
+from weir.container.main import master_retry_window_s
 
 
 def test_a_container_outlasts_a_slow_master_restart():
@@ -16,7 +16,7 @@ def test_a_container_outlasts_a_slow_master_restart():
 def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
     """Such a spare would otherwise wait as SPARE_STARTING for good: it exits instead and
     the master, seeing the process end, starts another."""
-    from container.main import warm_spare_or_stop
+    from weir.container.main import warm_spare_or_stop
 
     class BrokenSpark:
         def warm_up(self):
@@ -48,8 +48,8 @@ def test_a_secret_file_others_may_read_or_another_user_made_is_refused(tmp_path,
 
     import pytest
 
-    from container.main import _read_secret_file
     from tests.users import as_other_user, other_user_available
+    from weir.container.main import _read_secret_file
 
     mine = tmp_path / "copied.secret"
     mine.write_text(json.dumps({"secret": "s3cr3t", "tls_ca_pem": "PEM"}))

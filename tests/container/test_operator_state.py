@@ -10,11 +10,11 @@ import cloudpickle
 import pyarrow as pa
 import pytest
 
-from container.checkpoint_store import CheckpointStore
-from operators.library import TextFileSource
-from operators.operator import Operator, OperatorContext
-from operators.ports import InputPort, OutputPort
-from runtime.operator_state import OperatorStateError, capture, restore, state_of
+from weir.container.checkpoint_store import CheckpointStore
+from weir.operators.library import TextFileSource
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.ports import InputPort, OutputPort
+from weir.runtime.operator_state import OperatorStateError, capture, restore, state_of
 
 
 class Counter(Operator):

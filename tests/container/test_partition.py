@@ -12,12 +12,12 @@ import threading
 import pyarrow as pa
 import pytest
 
-from container.buffer_client import PartitionKeyMissing, subscribe
-from container.buffer_server import BufferServer
-from container.operator_errors import is_fatal
-from container.port_input import InputClosed, PortInput
-from container.stream_messages import Kind
-from operators.partitioning import PartitionFilter, hash_column, partition_keys
+from weir.container.buffer_client import PartitionKeyMissing, subscribe
+from weir.container.buffer_server import BufferServer
+from weir.container.operator_errors import is_fatal
+from weir.container.port_input import InputClosed, PortInput
+from weir.container.stream_messages import Kind
+from weir.operators.partitioning import PartitionFilter, hash_column, partition_keys
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,7 +81,7 @@ def test_the_hash_is_the_same_in_another_process():
     here = {name: hash_column(values).tolist() for name, values in _COLUMNS.items()}
     script = (
         "import json, sys, pyarrow as pa\n"
-        "from operators.partitioning import hash_column\n"
+        "from weir.operators.partitioning import hash_column\n"
         "sys.path.insert(0, '.')\n"
         "from tests.container.test_partition import _COLUMNS\n"
         "print(json.dumps({n: hash_column(v).tolist() for n, v in _COLUMNS.items()}))\n")

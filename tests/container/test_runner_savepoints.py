@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from container.runner_savepoints import SavepointDuty
+from weir.container.runner_savepoints import SavepointDuty
 
 
 def duty(window: int) -> tuple[SavepointDuty, list[tuple[int, int, str]]]:

@@ -10,14 +10,14 @@ from typing import ClassVar
 import cloudpickle
 import pytest
 
-from container.buffer_server import BufferServer
-from container.checkpoint_store import CheckpointStore
-from container.deploy import DeployError, Deployment
-from container.savepoint_parts import SavedParts, write_part
-from operators.operator import Operator
-from operators.ports import InputPort
-from proto import plan_pb2
-from runtime.operator_state import capture
+from weir.container.buffer_server import BufferServer
+from weir.container.checkpoint_store import CheckpointStore
+from weir.container.deploy import DeployError, Deployment
+from weir.container.savepoint_parts import SavedParts, write_part
+from weir.operators.operator import Operator
+from weir.operators.ports import InputPort
+from weir.proto import plan_pb2
+from weir.runtime.operator_state import capture
 
 WINDOW = (1_700_000_000 << 32) + 40
 

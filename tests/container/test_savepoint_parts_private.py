@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from container import savepoint_parts
-from container.buffer_server import BufferServer
-from container.checkpoint_store import CheckpointStore
-from container.deploy import DeployError, Deployment
-from container.savepoint_parts import SavedParts, write_part
-from runtime.operator_state import capture
-from storage.savepoints import SavepointError
 from tests.container.test_savepoint_parts import WINDOW, Totals, seeded
 from tests.users import as_other_user, other_user_available
+from weir.container import savepoint_parts
+from weir.container.buffer_server import BufferServer
+from weir.container.checkpoint_store import CheckpointStore
+from weir.container.deploy import DeployError, Deployment
+from weir.container.savepoint_parts import SavedParts, write_part
+from weir.runtime.operator_state import capture
+from weir.storage.savepoints import SavepointError
 
 needs_other_user = pytest.mark.skipif(not other_user_available(),
                                       reason="needs root to act as nobody")

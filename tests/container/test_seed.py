@@ -8,12 +8,12 @@ import cloudpickle
 import pyarrow as pa
 import pytest
 
-from container.deploy import DeployError, Deployment
-from operators.operator import Operator
-from operators.partitioning import PartitionFilter, partition_keys
-from operators.ports import InputPort
-from proto import plan_pb2
-from runtime.operator_state import capture
+from weir.container.deploy import DeployError, Deployment
+from weir.operators.operator import Operator
+from weir.operators.partitioning import PartitionFilter, partition_keys
+from weir.operators.ports import InputPort
+from weir.proto import plan_pb2
+from weir.runtime.operator_state import capture
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from runtime.spark.bridge import (
+from weir.runtime.spark.bridge import (
     SparkBridgeStopped,
     SparkSessionBridge,
     _by_position,
@@ -267,8 +267,8 @@ def test_spark_is_given_the_schema_it_inferred_for_a_shape(bridge: SparkSessionB
 def test_a_warm_up_that_fails_is_told_to_every_caller(tmp_path: Path, monkeypatch) -> None:
     """It used to be logged and swallowed: a spare then waited as SPARE_STARTING for good
     and an operator reported ready over a Spark that never started."""
-    import runtime.spark.bridge as spark_bridge
-    from runtime.spark.bridge import SparkWarmUpError
+    import weir.runtime.spark.bridge as spark_bridge
+    from weir.runtime.spark.bridge import SparkWarmUpError
 
     started = threading.Event()
     go_on = threading.Event()

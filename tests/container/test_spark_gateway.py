@@ -12,7 +12,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from runtime.spark.gateway import _spawn, install
+from weir.runtime.spark.gateway import _spawn, install
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,7 +27,7 @@ CONTAINER = textwrap.dedent("""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    from runtime.spark.bridge import SparkSessionBridge
+    from weir.runtime.spark.bridge import SparkSessionBridge
 
     bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1,
                                 warmup_rows=2_000_000)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators.library.transforms import WindowedCount
-from runtime.spark.warm_up import run_warm_up_jobs
+from weir.operators.library.transforms import WindowedCount
+from weir.runtime.spark.warm_up import run_warm_up_jobs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -80,8 +80,8 @@ def test_no_warm_up_rows_starts_the_session_and_runs_no_job() -> None:
 
 
 def test_spark_warmup_rows_0_reaches_the_bridge_and_a_negative_count_is_refused() -> None:
-    from operators.attributes import resolve
-    from runtime.spark.bridge import SparkSessionBridge
+    from weir.operators.attributes import resolve
+    from weir.runtime.spark.bridge import SparkSessionBridge
 
     rows = resolve("SPARK_WARMUP_ROWS", {"SPARK_WARMUP_ROWS": "0"})
     bridge = SparkSessionBridge.from_attributes({"SPARK_WARMUP_ROWS": rows})  # no JVM yet

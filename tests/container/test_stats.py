@@ -2,7 +2,7 @@
 
 import gc
 
-from container.stats import GcMonitor, ProcessStats
+from weir.container.stats import GcMonitor, ProcessStats
 
 
 def test_gc_monitor_counts_collections_and_time():

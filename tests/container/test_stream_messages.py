@@ -6,11 +6,17 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from container.buffer_client import subscribe
-from container.buffer_server import BufferServer
-from container.spill import read_block, write_block
-from container.stream_messages import ENVELOPE_SCHEMA, Kind, Message, from_envelope, to_envelope
-from operators.watermarks import END_OF_TIME, NO_WATERMARK
+from weir.container.buffer_client import subscribe
+from weir.container.buffer_server import BufferServer
+from weir.container.spill import read_block, write_block
+from weir.container.stream_messages import (
+    ENVELOPE_SCHEMA,
+    Kind,
+    Message,
+    from_envelope,
+    to_envelope,
+)
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK
 
 pytestmark = pytest.mark.timeout(60)
 

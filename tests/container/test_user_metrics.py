@@ -6,10 +6,10 @@ import logging
 
 import pyarrow as pa
 
-from operators import Operator, metric
-from operators.metrics import collect_metrics, metric_names
-from operators.ports import InputPort, OutputPort
 from tests.container.test_window_loop import run, stream
+from weir.operators import Operator, metric
+from weir.operators.metrics import collect_metrics, metric_names
+from weir.operators.ports import InputPort, OutputPort
 
 
 class Counting(Operator):
@@ -49,7 +49,7 @@ def test_each_window_carries_the_metrics_as_they_were_at_its_end():
 
 def test_bad_metrics_are_left_out_and_logged_once(caplog):
     operator = Broken()
-    with caplog.at_level(logging.WARNING, logger="operators.metrics"):
+    with caplog.at_level(logging.WARNING, logger="weir.operators.metrics"):
         assert collect_metrics(operator) == {"rows": 0.0, "rows_doubled": 0.0}
         assert collect_metrics(operator) == {"rows": 0.0, "rows_doubled": 0.0}
     assert len(caplog.records) == 3  # name, missing, fails: once each

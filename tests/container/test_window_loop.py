@@ -9,13 +9,13 @@ import time
 import pyarrow as pa
 import pytest
 
-from container.port_input import PortInput
-from container.runner_phase import RunnerState
-from container.stream_messages import Kind, Message
-from container.window_loop import OperatorRunner
-from operators.operator import InputOperator, Operator, OperatorContext
-from operators.ports import InputPort, OutputPort
-from operators.watermarks import NO_WATERMARK
+from weir.container.port_input import PortInput
+from weir.container.runner_phase import RunnerState
+from weir.container.stream_messages import Kind, Message
+from weir.container.window_loop import OperatorRunner
+from weir.operators.operator import InputOperator, Operator, OperatorContext
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.watermarks import NO_WATERMARK
 
 
 class RecordingPublisher:
@@ -248,7 +248,7 @@ def test_stream_not_starting_with_begin_window_fails(kind):
 
 
 def test_input_operator_waits_for_activation_after_setup():
-    from container.runner_phase import RunnerPhase
+    from weir.container.runner_phase import RunnerPhase
 
     publisher = RecordingPublisher()
     changed = threading.Event()
@@ -303,7 +303,7 @@ class Quiet(InputOperator):
 
 def test_windows_close_by_the_injected_clock_not_by_sleeping():
     """Issue 18: a test steps time; 50 windows of 500 ms take no half minute."""
-    from operators.windows import window_counter
+    from weir.operators.windows import window_counter
 
     publisher = RecordingPublisher()
     start_ms = 1_700_000_000_000
@@ -359,7 +359,7 @@ def test_emitting_on_an_unconnected_output_is_dropped_and_an_unknown_port_fails(
             self.debug.emit(batch)  # nobody subscribed to debug
             self.main.emit(batch)
 
-    with caplog.at_level(logging.WARNING, logger="container.window_loop"):
+    with caplog.at_level(logging.WARNING, logger="weir.container.window_loop"):
         runner, out = run_with_output("main", TwoOutputs(), stream({1: [[1, 2]], 2: [[3]]}))
     assert runner.state is RunnerState.SHUTDOWN, runner.error
     assert out_sums(out) == [1, 2, 3]
@@ -392,7 +392,7 @@ def run_with_output(port: str, operator: Operator, messages: list[Message]
 def test_a_runner_moves_through_its_phases_and_a_stopped_one_ends_stopped():
     """The phases, not flags: a runner that ends its stream finishes; one that is stopped
     ends STOPPED (it used to stay ACTIVE for good)."""
-    from container.runner_phase import RunnerPhase
+    from weir.container.runner_phase import RunnerPhase
 
     class Relay(Operator):
         input = InputPort()

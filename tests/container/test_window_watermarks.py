@@ -9,21 +9,21 @@ import time
 import pyarrow as pa
 import pytest
 
-from container.port_input import PortInput
-from container.runner_phase import RunnerState
-from container.stream_messages import Kind, Message
-from container.window_loop import OperatorRunner
-from operators.operator import InputOperator, Operator, OperatorContext
-from operators.ports import InputPort, OutputPort
-from operators.watermarks import (
+from tests.container.test_window_loop import RecordingPublisher, SteppedClock, SumPerAppWindow
+from weir.container.port_input import PortInput
+from weir.container.runner_phase import RunnerState
+from weir.container.stream_messages import Kind, Message
+from weir.container.window_loop import OperatorRunner
+from weir.operators.operator import InputOperator, Operator, OperatorContext
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.watermarks import (
     END_OF_TIME,
     IDLE,
     NO_WATERMARK,
     WATERMARKS_ATTRIBUTE,
     Watermarks,
 )
-from runtime.operator_state import capture, new_partition, restore
-from tests.container.test_window_loop import RecordingPublisher, SteppedClock, SumPerAppWindow
+from weir.runtime.operator_state import capture, new_partition, restore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -354,8 +354,8 @@ def test_a_stream_stopped_for_a_savepoint_keeps_its_watermark_and_says_so_downst
     """END_STREAM with a watermark (a stop for a savepoint) is not an end: the port's
     watermark stays where it was (open event-time windows stay open in the state), and
     the operator's own END_STREAM carries its watermark on."""
-    from container.stream_messages import Kind, Message
     from tests.container.test_window_loop import SumPerAppWindow, run
+    from weir.container.stream_messages import Kind, Message
 
     messages = [Message(Kind.BEGIN_WINDOW, 1), Message(Kind.END_WINDOW, 1, watermark=5_000),
                 Message(Kind.END_STREAM, 1, watermark=5_000)]
@@ -369,7 +369,7 @@ def test_a_stream_stopped_for_a_savepoint_keeps_its_watermark_and_says_so_downst
 def test_a_source_stopped_for_a_savepoint_ends_its_stream_with_its_watermark(suspend):
     """Asked to end for a savepoint, a source's END_STREAM says its watermark (downstream
     keeps it, nothing closes); a plain shutdown's END_STREAM says none (the end)."""
-    from container.stream_messages import Kind
+    from weir.container.stream_messages import Kind
 
     publisher = RecordingPublisher()
     start_ms = 1_700_000_000_000

@@ -10,9 +10,9 @@ from typing import Any
 import psutil
 import pytest
 
-from master.launcher import LocalProcessLauncher
-from master.server import MasterServer
 from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
+from weir.master.launcher import LocalProcessLauncher
+from weir.master.server import MasterServer
 
 
 @contextlib.contextmanager

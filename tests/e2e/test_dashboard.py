@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.harness import ROOT, poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,8 +33,8 @@ SCREENSHOT_COPY = ROOT / "out" / "screenshots" / "dashboard.png"  # /out/ is not
 APP = """
     import pyarrow as pa
     import pyarrow.compute as pc
-    from operators import Dag, Operator, InputPort, OutputPort, metric
-    from operators.library import EventGenerator, FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort, metric
+    from weir.operators.library import EventGenerator, FileSink
 
     class Evens(Operator):
         input = InputPort()

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import chaos_seed, live_container_pids
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -30,10 +30,10 @@ BAD_SPARK = (3, 50_000, 77_777)
 
 APP = """
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import FileSink
-    from operators.spark import SparkSql
-    from operators.testing import ListSource
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import FileSink
+    from weir.operators.spark import SparkSql
+    from weir.operators.testing import ListSource
 
     BAD = {bad_python!r}
 

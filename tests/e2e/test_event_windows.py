@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from master.client import WeirClient
-from master.server import MasterServer
-from operators.app import load_app
-from operators.metrics import collect_metrics
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly
 from tests.e2e.test_recovery import wait_finished
+from weir.master.client import WeirClient
+from weir.master.server import MasterServer
+from weir.operators.app import load_app
+from weir.operators.metrics import collect_metrics
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -32,8 +32,8 @@ WINDOW_MS, DELAY_MS = 1_000, 500
 
 APP = """
     import pyarrow as pa
-    from operators import Dag
-    from operators.library import EventTimeWindows, FileSink, ParquetSource, PostgresSink
+    from weir.operators import Dag
+    from weir.operators.library import EventTimeWindows, FileSink, ParquetSource, PostgresSink
 
     dag = Dag("event-windows", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,

@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_recovery import wait_finished
 from tests.e2e.wordcount import published_counts
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 FILES, LINES_PER_FILE = 6, 400
 
 APP = """
-    from operators import Dag
-    from operators.library import (DirectorySource, FileSink, PostgresSink, Tokenize,
+    from weir.operators import Dag
+    from weir.operators.library import (DirectorySource, FileSink, PostgresSink, Tokenize,
                                    WindowedCount)
 
     dag = Dag("exactly-once", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,

@@ -13,13 +13,13 @@ import textwrap
 
 import pytest
 
-from master.client import WeirClient
-from operators import Dag
-from operators.library import EventGenerator
-from operators.spark import SparkSql
-from operators.testing import CollectSink
 from tests.drivers import RunFailed
 from tests.e2e.conftest import container_logs
+from weir.master.client import WeirClient
+from weir.operators import Dag
+from weir.operators.library import EventGenerator
+from weir.operators.spark import SparkSql
+from weir.operators.testing import CollectSink
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -82,7 +82,7 @@ def test_an_operator_the_containers_cannot_import_fails_the_application_at_once(
     caplog.set_level(logging.WARNING, "master")
     module = tmp_path / "weir_only_here.py"
     module.write_text(textwrap.dedent("""
-        from operators import Operator, InputPort
+        from weir.operators import Operator, InputPort
 
         class LocalSink(Operator):
             input = InputPort()

@@ -19,17 +19,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from master.client import WeirClient
-from master.launcher import LocalProcessLauncher
-from operators.app import load_app
 from tests.e2e.conftest import container_logs, started_master
 from tests.e2e.test_exactly_once import assert_exactly_once, write_input
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.master.launcher import LocalProcessLauncher
+from weir.operators.app import load_app
 
 APP = """
-    from operators import Dag
-    from operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
+    from weir.operators import Dag
+    from weir.operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
 
     dag = Dag("fencing", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=4000,

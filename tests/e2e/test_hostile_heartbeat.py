@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from container.umbilical_client import UmbilicalClient
-from master.client import WeirClient
-from operators import Dag
-from operators.library import EventGenerator
-from operators.testing import CollectSink
-from operators.windows import window_base_seconds
-from proto import plan_pb2, umbilical_pb2
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.container.umbilical_client import UmbilicalClient
+from weir.master.client import WeirClient
+from weir.operators import Dag
+from weir.operators.library import EventGenerator
+from weir.operators.testing import CollectSink
+from weir.operators.windows import window_base_seconds
+from weir.proto import plan_pb2, umbilical_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +45,7 @@ def forged_heartbeat(container, operator_id: int) -> umbilical_pb2.ContainerHear
 
 
 def test_a_forged_window_id_is_rejected_and_stats_keep_moving(master, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     dag = Dag("hostile", CONTAINERS=1, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, CHECKPOINT_WINDOW_COUNT=5)
     source = dag.add_operator("source", EventGenerator(rate_per_second=2_000, keys=10))
@@ -87,7 +87,7 @@ def test_a_forged_window_id_is_rejected_and_stats_keep_moving(master, caplog):
                  "the committed window to move on")
         assert client.application(app_id).state == "RUNNING"
         [line] = [r.getMessage() for r in caplog.records
-                  if r.name == "master.heartbeat" and str(FORGED) in r.getMessage()]
+                  if r.name == "weir.master.heartbeat" and str(FORGED) in r.getMessage()]
         assert f"container={container.id}" in line and f"operator=sink ({op.id})" in line
         assert "are ignored" in line
         client.kill(app_id, "test over")

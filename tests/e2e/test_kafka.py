@@ -18,17 +18,17 @@ import uuid
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly, table_counts, write_input
 from tests.e2e.test_recovery import wait_finished
 from tests.e2e.test_weir_run import weir  # noqa: F401 - the fixture
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(400)
 
 APP = """
-    from operators import Dag
-    from operators.library import (KafkaSink, KafkaSource, PostgresSink, Tokenize,
+    from weir.operators import Dag
+    from weir.operators.library import (KafkaSink, KafkaSource, PostgresSink, Tokenize,
                                    WindowedCount)
 
     dag = Dag("kafka", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
@@ -173,8 +173,8 @@ def test_lag_and_records_read_show_in_the_operator_stats(master, tmp_path, kafka
     produce_lines(kafka_bootstrap, topic, [f"line {i}" for i in range(3000)])
     app = tmp_path / "lag_app.py"
     app.write_text(textwrap.dedent(f"""
-        from operators import Dag
-        from operators.library import ConsoleSink, KafkaSource
+        from weir.operators import Dag
+        from weir.operators.library import ConsoleSink, KafkaSource
 
         dag = Dag("lag", STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200,
                   STATE_DIR={str(tmp_path / 'state')!r})
@@ -218,8 +218,8 @@ def bad_record_app(tmp_path, kafka_bootstrap: str, source_attributes: str, sinks
     app = tmp_path / "bad_app.py"
     app.write_text(textwrap.dedent(f"""
         import pyarrow as pa
-        from operators import Dag
-        from operators.library import ConsoleSink, FileSink, KafkaSource
+        from weir.operators import Dag
+        from weir.operators.library import ConsoleSink, FileSink, KafkaSource
 
         dag = Dag("bad", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
         source = dag.add_operator("source", KafkaSource(

@@ -21,11 +21,11 @@ import uuid
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.test_exactly_once import chaos_seed, kill_randomly
 from tests.e2e.test_kafka import create_topics, read_topic
 from tests.e2e.test_recovery import wait_finished
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -36,8 +36,8 @@ LEAD_MS = (0, 3_000, 6_000)  # partition p's events start this far ahead in even
 
 APP = """
     import pyarrow as pa
-    from operators import Dag
-    from operators.library import EventTimeWindows, KafkaSink, KafkaSource, PostgresSink
+    from weir.operators import Dag
+    from weir.operators.library import EventTimeWindows, KafkaSink, KafkaSource, PostgresSink
 
     dag = Dag("kafka-event-time", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,

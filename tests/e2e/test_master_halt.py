@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient, WeirClientError
 from tests.harness import poll_for, tagged_env
 from tests.master.fakes import chain_descriptor
+from weir.master.client import WeirClient, WeirClientError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,7 +46,7 @@ def test_master_whose_journal_fails_refuses_the_change_and_exits_1(tmp_path):
     log = tmp_path / "master.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "master", "master", "--port", "0", "--json",
+            [sys.executable, "-m", "weir", "master", "--port", "0", "--json",
              "--launcher", "recording", "--state-dir", str(state)],
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, preexec_fn=_limit_file_size)

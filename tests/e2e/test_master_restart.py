@@ -14,18 +14,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
-from proto.contract import CONTAINER_ID_ENV
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.wordcount import published_counts
 from tests.harness import TAG_ENV, WeirProcess, poll_for, tagged_env, tagged_processes
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.proto.contract import CONTAINER_ID_ENV
 
 COUNT_WORDS = """
     import collections
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import DirectorySource, FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import DirectorySource, FileSink
 
     class CountWords(Operator):
         '''Words per window, in plain Python (no Spark: the tests are about deployments).'''

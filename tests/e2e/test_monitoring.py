@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from master.auth import http_token
-from master.client import WeirClient
-from operators.app import load_app
+from weir.master.auth import http_token
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -28,8 +28,8 @@ LATENCY_BOUND_MS = 20 * WINDOW_MS
 
 APP = """
     import pyarrow.compute as pc
-    from operators import Dag, Operator, InputPort, OutputPort, metric
-    from operators.library import EventGenerator, FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort, metric
+    from weir.operators.library import EventGenerator, FileSink
 
     class Evens(Operator):
         '''Keeps events with an even value; counts what it saw (user metrics).'''

@@ -22,17 +22,17 @@ from typing import TypeVar
 
 import pytest
 
-from container.main import buffer_server_hosts
-from master.client import WeirClient
-from operators.app import load_app
-from operators.library import EventGenerator
 from tests import netns
 from tests.harness import ROOT, poll_for, tagged_env, tagged_processes
+from weir.container.main import buffer_server_hosts
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.operators.library import EventGenerator
 
 APP = """
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import EventGenerator, FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import EventGenerator, FileSink
 
     class SumPerKey(Operator):
         '''Count and sum of value per key and window, in pyarrow (no Spark on these hosts).'''
@@ -136,7 +136,7 @@ class Cluster:
         return {**env, "WEIR_HOME": str(self.tmp_path / f"home-{host}"), **extra}
 
     def _start(self, host: int, weir_args: list[str], name: str, **env: str) -> Host:
-        process = Host(self.lab, host, [sys.executable, "-m", "master", *weir_args],
+        process = Host(self.lab, host, [sys.executable, "-m", "weir", *weir_args],
                        self._host_env(host, **env), self.tmp_path / f"{name}.log")
         self.processes.append(process)
         return process

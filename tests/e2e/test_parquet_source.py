@@ -12,19 +12,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_recovery import pid_of, wait_finished, where_it_stands
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(300)
 
 FILES, ROWS_PER_FILE, KEYS = 6, 50_000, 997
 
 APP = """
-    from operators import Dag
-    from operators.library import FileSink, ParquetSource, WindowedCount
+    from weir.operators import Dag
+    from weir.operators.library import FileSink, ParquetSource, WindowedCount
 
     dag = Dag("parquet-counts", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,

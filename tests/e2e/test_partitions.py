@@ -9,9 +9,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.wordcount import published_counts, words_of, write_wordcount_app
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 LINES = 2_000
 

@@ -18,19 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import assert_exactly_once, write_input
 from tests.e2e.test_recovery import pid_of, wait_finished
 from tests.e2e.wordcount import published_counts
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 FILES = 16  # about 20 s of input at 2,000 bytes a window: both kills land while it is read
 
 APP = """
-    from operators import Dag
-    from operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
+    from weir.operators import Dag
+    from weir.operators.library import DirectorySource, FileSink, Tokenize, WindowedCount
 
     dag = Dag("modes", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 END = "END-OF-TEST"
 CHUNK = 10  # lines per send
 
 APP = """
-    from operators import Dag, InputPort, Operator, OutputPort
-    from operators.library import FileSink, TcpLineSource
+    from weir.operators import Dag, InputPort, Operator, OutputPort
+    from weir.operators.library import FileSink, TcpLineSource
 
     class Relay(Operator):
         '''Passes lines on: a pure-Python operator between the source and the sink.'''

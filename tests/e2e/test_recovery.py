@@ -10,18 +10,18 @@ import time
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
-from operators.library import EventGenerator
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.operators.library import EventGenerator
 
 EVENTS, KEYS, RATE = 120_000, 50, 15_000
 
 APP = """
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import EventGenerator, FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import EventGenerator, FileSink
 
     class RunningTotals(Operator):
         '''Per key: events and value sum so far (state), emitted every window.'''

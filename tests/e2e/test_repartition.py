@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient, WeirClientError
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.wordcount import words_of, write_wordcount_app
 from tests.harness import poll_for
+from weir.master.client import WeirClient, WeirClientError
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -37,7 +37,7 @@ def published_totals(out) -> dict[str, int]:
 
 
 def weir(master, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "master", "--master", master.address, *argv],
+    return subprocess.run([sys.executable, "-m", "weir", "--master", master.address, *argv],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -95,9 +95,9 @@ def test_two_to_four_partitions_mid_run_with_a_container_kill_keeps_every_total(
 
 
 LISTENER_APP = '''
-from operators import Dag, InputPort, Operator, OutputPort
-from operators.library import FileSink, TextFileSource
-from operators.scaling import ThroughputScaler
+from weir.operators import Dag, InputPort, Operator, OutputPort
+from weir.operators.library import FileSink, TextFileSource
+from weir.operators.scaling import ThroughputScaler
 import pyarrow as pa
 
 

@@ -13,19 +13,19 @@ import time
 
 import pytest
 
-from master import cli
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.master import cli
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(240)
 
 BACKOFF_MS = 1_500
 
 APP = f"""
-    from operators import Dag, Operator, InputPort
-    from operators.library import EventGenerator
+    from weir.operators import Dag, Operator, InputPort
+    from weir.operators.library import EventGenerator
 
     class DiskFull(Operator):
         '''Fails in its first window, every time, like a write to a full disk.'''

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import APP, chaos_seed, live_container_pids, write_input
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -16,12 +16,12 @@ import textwrap
 
 import psutil
 
-from master.client import WeirClient
-from operators.app import load_app
-from storage.savepoints import read_manifest
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.test_master_restart import APP, Master, env  # noqa: F401 - the fixture
 from tests.harness import TAG_ENV, WeirProcess, poll_for, tagged_processes
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.storage.savepoints import read_manifest
 
 
 def _signal_containers(environment: dict[str, str], signum: int) -> None:

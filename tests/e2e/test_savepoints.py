@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from master.client import WeirClient, WeirClientError
-from operators.app import load_app
-from storage.savepoints import read_manifest
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
+from weir.master.client import WeirClient, WeirClientError
+from weir.operators.app import load_app
+from weir.storage.savepoints import read_manifest
 
 pytestmark = pytest.mark.timeout(420)
 
 HEAD = """
     import pyarrow as pa
     import pyarrow.compute as pc
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.library import (DirectorySource, FileSink, RunningCount, Tokenize,
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.library import (DirectorySource, FileSink, RunningCount, Tokenize,
                                    WindowedCount)
 
     class Clean(Operator):
@@ -108,7 +108,7 @@ def test_a_stopped_word_count_resumes_from_its_savepoint_in_a_new_version(master
         with pytest.raises(WeirClientError) as refused:
             client.submit(load_app(v3).to_descriptor(), from_savepoint=savepoint)
         assert "class changed count: operators.library.running_count.RunningCount -> " \
-               "operators.library.transforms.WindowedCount" in str(refused.value)
+               "weir.operators.library.transforms.WindowedCount" in str(refused.value)
         v2 = write_app(tmp_path / "v2.py", V2, out=str(tmp_path / "out2"),
                        state=str(tmp_path / "state2"), inbox=str(inbox))
         with pytest.raises(WeirClientError) as refused:

@@ -12,14 +12,14 @@ import signal
 import textwrap
 from pathlib import Path
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import write_input
 from tests.e2e.test_master_restart import COUNT_WORDS
 from tests.e2e.test_recovery import wait_finished, where_it_stands
 from tests.e2e.wordcount import published_counts
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 APP = COUNT_WORDS + """
     dag = Dag("second-run", CONTAINERS=2, STREAMING_WINDOW_SIZE_MILLIS=200,

@@ -13,17 +13,17 @@ import grpc
 import psutil
 import pytest
 
-from master import auth
-from master.client import WeirClient, WeirClientError
-from master.rpc import GRPC_OPTIONS
-from master.tls import TlsFiles, open_channel
-from operators import Dag
-from operators.library import FileSink
-from operators.testing import ListSource
-from proto import client_pb2, client_pb2_grpc
 from tests.e2e.conftest import container_logs, started_master
 from tests.harness import WeirProcess, poll_for
 from tests.master.fakes import chain_descriptor
+from weir.master import auth
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.rpc import GRPC_OPTIONS
+from weir.master.tls import TlsFiles, open_channel
+from weir.operators import Dag
+from weir.operators.library import FileSink
+from weir.operators.testing import ListSource
+from weir.proto import client_pb2, client_pb2_grpc
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,19 +12,19 @@ from collections import Counter
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
-from operators.library import EventGenerator
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.operators.library import EventGenerator
 
 pytestmark = pytest.mark.timeout(300)
 
 EVENTS, KEYS, RATE = 60_000, 50, 5_000
 
 APP = """
-    from operators import Dag
-    from operators.library import EventGenerator, FileSink, WindowedCount
+    from weir.operators import Dag
+    from weir.operators.library import EventGenerator, FileSink, WindowedCount
 
     dag = Dag("spares", CONTAINERS=2, SPARE_CONTAINERS=1, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=5000,

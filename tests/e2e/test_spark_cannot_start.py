@@ -9,16 +9,16 @@ import textwrap
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(300)
 
 APP = """
-    from operators import Dag
-    from operators.library import EventGenerator, FileSink, WindowedCount
+    from weir.operators import Dag
+    from weir.operators.library import EventGenerator, FileSink, WindowedCount
 
     dag = Dag("no-java", CONTAINERS=2, SPARE_CONTAINERS=1, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=5000, MAX_RESTARTS=3,

@@ -6,11 +6,11 @@ import collections
 import subprocess
 import sys
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.conftest import container_logs
 from tests.e2e.wordcount import published_counts, words_of, write_wordcount_app
 from tests.harness import ROOT, poll_for, tagged_env, tagged_processes
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 LINES = 1_800
 
@@ -48,7 +48,7 @@ def test_wordcount_runs_its_spark_jobs_on_a_standalone_cluster(spark_cluster, ma
 HANDOFF_SCRIPT = """
 import sys
 import pyarrow as pa
-from runtime.spark.bridge import SparkSessionBridge
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 bridge = SparkSessionBridge(master=sys.argv[1], shuffle_partitions=1, app_name=sys.argv[3],
                             executor_memory="512m", cores_max=1, handoff_dir=sys.argv[2])

@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from container.buffer_client import BufferServerUnavailable, Subscription
-from container.buffer_server import BufferServer
-from container.umbilical_client import MasterUnreachable, UmbilicalClient
-from master.client import WeirClient, WeirClientError
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from master.tls import TlsFiles, make_self_signed
+from weir.container.buffer_client import BufferServerUnavailable, Subscription
+from weir.container.buffer_server import BufferServer
+from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.master.tls import TlsFiles, make_self_signed
 
 pytestmark = pytest.mark.timeout(120)
 

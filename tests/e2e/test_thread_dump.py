@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import signal
 
-from master.client import WeirClient
-from operators import Dag
-from operators.library import ConsoleSink, EventGenerator
 from tests.e2e.test_exactly_once import live_container_pids
 from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators import Dag
+from weir.operators.library import ConsoleSink, EventGenerator
 
 
 def test_sigusr1_dumps_the_threads_to_the_log_and_the_container_runs_on(master):

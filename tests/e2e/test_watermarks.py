@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
-from operators.watermarks import END_OF_TIME, NO_WATERMARK
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -25,8 +25,8 @@ FILES, ROWS_PER_FILE, ROWS_PER_WINDOW, DELAY_MS = 4, 3_000, 500, 2_000
 BASE_MS = 1_600_000_000_000
 
 APP = """
-    from operators import Dag, InputPort, Operator, OutputPort
-    from operators.library import FileSink, ParquetSource
+    from weir.operators import Dag, InputPort, Operator, OutputPort
+    from weir.operators.library import FileSink, ParquetSource
 
     class Pass(Operator):
         '''Passes every batch on as it is; keeps (rows so far, watermark) per window.'''

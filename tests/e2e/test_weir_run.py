@@ -15,9 +15,9 @@ from tests.harness import WeirProcess, poll_for, tagged_env, tagged_processes
 
 PLAIN_APP = """
     import pyarrow as pa
-    from operators import Dag, Operator, InputPort, OutputPort
-    from operators.testing import ListSource
-    from operators.library import FileSink
+    from weir.operators import Dag, Operator, InputPort, OutputPort
+    from weir.operators.testing import ListSource
+    from weir.operators.library import FileSink
 
     class Double(Operator):
         input = InputPort()
@@ -38,8 +38,8 @@ PLAIN_APP = """
 """
 
 SPARK_FOREVER_APP = """
-    from operators import Dag
-    from operators.library import EventGenerator, WindowedCount, ConsoleSink
+    from weir.operators import Dag
+    from weir.operators.library import EventGenerator, WindowedCount, ConsoleSink
 
     dag = Dag("forever", HEARTBEAT_INTERVAL_MILLIS=200, SPARK_MASTER="local[1]",
               SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0)
@@ -141,9 +141,9 @@ def test_a_master_whose_terminal_closes_stops_and_removes_its_secret(weir, tmp_p
 
 
 SLOW_APP = """
-    from operators import Dag
-    from operators.testing import ListSource
-    from operators.library import ConsoleSink
+    from weir.operators import Dag
+    from weir.operators.testing import ListSource
+    from weir.operators.library import ConsoleSink
 
     dag = Dag("slow", HEARTBEAT_INTERVAL_MILLIS=200, STREAMING_WINDOW_SIZE_MILLIS=100)
     src = dag.add_operator("src", ListSource([[{{"x": i}}] for i in range(3_000)]))

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from master.client import WeirClient
-from operators.app import load_app
 from tests.e2e.wordcount import (
     WORDCOUNT_DAG,
     WORDCOUNT_LINES,
@@ -20,6 +18,8 @@ from tests.e2e.wordcount import (
     words_of,
     write_wordcount_app,
 )
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
 
 _SAMPLED = ("cpu_percent", "memory_rss_mb", "memory_mb_free", "gc_collection_count")
 

@@ -36,8 +36,8 @@ def write_wordcount_app(tmp_path: Path, name: str, lines: int, dag: str,
     first, last = (", CONTAINER=0", ", CONTAINER=1") if pinned else ("", "")
     app = tmp_path / f"{name}_app.py"
     app.write_text(textwrap.dedent(f"""
-        from operators import Dag
-        from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
+        from weir.operators import Dag
+        from weir.operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
 
         dag = Dag({name!r}, {dag})
         source = dag.add_operator("source", TextFileSource({str(tmp_path / 'text.txt')!r},

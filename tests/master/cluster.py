@@ -4,13 +4,6 @@ no gRPC. The plans are chains (source -> relay1 -> sink) and fan-ins."""
 
 from __future__ import annotations
 
-from master.application import Application, ApplicationState
-from master.heartbeat import process_heartbeat
-from master.liveness import check_liveness
-from master.physical_plan import ContainerState, OperatorState
-from master.planner import build_physical_plan
-from operators import InputPort, Operator, OutputPort
-from proto import umbilical_pb2
 from tests.master.fakes import (
     ManualClock,
     chain_descriptor,
@@ -18,6 +11,13 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.application import Application, ApplicationState
+from weir.master.heartbeat import process_heartbeat
+from weir.master.liveness import check_liveness
+from weir.master.physical_plan import ContainerState, OperatorState
+from weir.master.planner import build_physical_plan
+from weir.operators import InputPort, Operator, OutputPort
+from weir.proto import umbilical_pb2
 
 __all__ = ["ABORT", "C0", "C1", "C2", "C3", "FAILED", "RELAY", "SHUTDOWN", "SINK", "SOURCE",
            "Cluster", "Merge", "chain", "checkpointed"]

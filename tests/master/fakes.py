@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from master.report_filter import ReportedWindow, read_windows
-from operators import Dag, InputOperator, InputPort, Operator, OutputPort
-from operators.watermarks import NO_WATERMARK
-from proto import plan_pb2, umbilical_pb2
+from weir.master.report_filter import ReportedWindow, read_windows
+from weir.operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from weir.operators.watermarks import NO_WATERMARK
+from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = [
     "ManualClock",

@@ -8,9 +8,6 @@ reports a user metric, the sink ends each window 30 ms after the relay. So: tota
 
 from __future__ import annotations
 
-from master.core import MasterCore
-from master.launcher import RecordingLauncher
-from operators.windows import make_window_id
 from tests.master.fakes import (
     ManualClock,
     chain_descriptor,
@@ -18,6 +15,9 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.core import MasterCore
+from weir.master.launcher import RecordingLauncher
+from weir.operators.windows import make_window_id
 
 __all__ = ["WINDOWS", "monitored_core", "submit_known_app"]
 

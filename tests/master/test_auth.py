@@ -14,16 +14,16 @@ import tempfile
 import grpc
 import pytest
 
-from master import auth, cli
-from master.client import WeirClient, WeirClientError
-from master.launcher import LocalProcessLauncher, RecordingLauncher
-from master.rpc import MAX_REQUEST_BYTES, MAX_SUBMIT_BYTES
-from master.server import MasterServer
-from master.tls import TlsFiles, make_self_signed, open_channel
-from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
-from proto.contract import SECRET_ENV, bearer_metadata
 from tests.harness import master_channel, poll_for
 from tests.master.fakes import chain_descriptor, container_heartbeat
+from weir.master import auth, cli
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import LocalProcessLauncher, RecordingLauncher
+from weir.master.rpc import MAX_REQUEST_BYTES, MAX_SUBMIT_BYTES
+from weir.master.server import MasterServer
+from weir.master.tls import TlsFiles, make_self_signed, open_channel
+from weir.proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
+from weir.proto.contract import SECRET_ENV, bearer_metadata
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,7 +179,7 @@ def test_weir_container_is_pointed_at_the_masters_secret_file(server, monkeypatc
     monkeypatch.setenv(SECRET_ENV, "placeholder")
     monkeypatch.delenv(SECRET_ENV)  # restored (absent) after the test
     cli.main(["--master", server.address, "container", "--id", "c0"])
-    assert calls == [[sys.executable, "-m", "container", "--master", server.address,
+    assert calls == [[sys.executable, "-m", "weir.container", "--master", server.address,
                       "--id", "c0", "--secret-file", str(server.secret_file)]]
     assert SECRET_ENV not in os.environ
 
@@ -208,7 +208,7 @@ def test_launched_containers_get_the_secret_in_their_environment_only(tmp_path, 
 def _container_refusal(**env: str | None) -> str:
     """The error of a container started with ``env`` changed (None: unset); it must exit 2."""
     environment = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-    result = subprocess.run([sys.executable, "-m", "container", "--master", "127.0.0.1:1",
+    result = subprocess.run([sys.executable, "-m", "weir.container", "--master", "127.0.0.1:1",
                              "--id", "c0"], env=environment, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2, result.stderr
@@ -318,7 +318,7 @@ def test_calls_past_the_concurrency_limit_are_refused_at_once_and_containers_ret
     """Issue 17, item 8: a flood of calls cannot queue up in the master."""
     import threading
 
-    from container.umbilical_client import UmbilicalClient
+    from weir.container.umbilical_client import UmbilicalClient
 
     master = MasterServer(launcher_factory=RecordingLauncher, max_concurrent_calls=2,
                           http_port=None)

@@ -6,8 +6,8 @@ import doctest
 
 import pytest
 
-from master import checkpoints
-from master.checkpoints import (
+from weir.master import checkpoints
+from weir.master.checkpoints import (
     CheckpointBook,
     RecoveryNode,
     committed_window,
@@ -177,11 +177,11 @@ def test_a_done_reader_holds_back_no_window_of_an_operator_restarted_after_its_e
 def test_the_heartbeat_path_lets_a_done_reader_go_too():
     """``update_recovery`` on an application, from a state change and from new checkpoints
     alone: a SHUTDOWN sink checkpointed at its end bounds nothing upstream."""
-    from master.application import Application
-    from master.checkpoints import update_recovery
-    from master.physical_plan import OperatorState
-    from master.planner import build_physical_plan
     from tests.master.fakes import chain_descriptor
+    from weir.master.application import Application
+    from weir.master.checkpoints import update_recovery
+    from weir.master.physical_plan import OperatorState
+    from weir.master.planner import build_physical_plan
 
     dag = chain_descriptor(3)
     app = Application("app-0001", dag, build_physical_plan(dag, {}, "app-0001"), 0)
@@ -222,11 +222,11 @@ def test_recomputing_from_the_new_checkpoints_gives_what_recomputing_all_gives(s
     checkpointed)``); after every step it equals a whole recomputation, books included."""
     import random
 
-    from master.application import Application
-    from master.checkpoints import update_recovery
-    from master.physical_plan import OperatorState
-    from master.planner import build_physical_plan
     from tests.master.fakes import chain_descriptor, partitioned_dag
+    from weir.master.application import Application
+    from weir.master.checkpoints import update_recovery
+    from weir.master.physical_plan import OperatorState
+    from weir.master.planner import build_physical_plan
 
     def app() -> Application:
         dag = (chain_descriptor(6) if shape == "chain"

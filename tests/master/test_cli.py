@@ -11,17 +11,17 @@ import textwrap
 
 import pytest
 
-from master import cli
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from operators.windows import make_window_id
 from tests.harness import poll_for
 from tests.master.fakes import container_heartbeat, operator_report, window
+from weir.master import cli
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.operators.windows import make_window_id
 
 pytestmark = pytest.mark.timeout(120)
 
 APP_HEADER = """
-from operators import Dag, InputOperator, InputPort, Operator, OutputPort
+from weir.operators import Dag, InputOperator, InputPort, Operator, OutputPort
 
 class Source(InputOperator):
     output = OutputPort()
@@ -265,16 +265,16 @@ def test_container_command_execs_the_container_module(monkeypatch):
     cli.main(["--master", "10.0.0.1:5000", "container", "--id", "c1"])
     cli.main(["container", "--master", "h:1", "--id", "c2"])
     assert calls == [
-        (sys.executable, [sys.executable, "-m", "container", "--master", "127.0.0.1:5151",
+        (sys.executable, [sys.executable, "-m", "weir.container", "--master", "127.0.0.1:5151",
                           "--id", "app-0001-c0"]),
-        (sys.executable, [sys.executable, "-m", "container", "--master", "10.0.0.1:5000",
+        (sys.executable, [sys.executable, "-m", "weir.container", "--master", "10.0.0.1:5000",
                           "--id", "c1"]),
-        (sys.executable, [sys.executable, "-m", "container", "--master", "h:1", "--id", "c2"]),
+        (sys.executable, [sys.executable, "-m", "weir.container", "--master", "h:1", "--id", "c2"]),
     ]
 
 
 def _weir(*argv: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "master", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "weir", *argv], capture_output=True,
                           text=True, timeout=60, **kwargs)
 
 
@@ -295,7 +295,7 @@ def test_weir_master_serves_until_sigint_and_reports_busy_port(master):
     assert result.stderr.startswith("weir: error: cannot listen on 127.0.0.1:" + busy_port)
     assert len(result.stderr.strip().splitlines()) == 1
 
-    proc = subprocess.Popen([sys.executable, "-m", "master", "master", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "master", "--port", "0",
                              "--launcher", "recording"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -316,7 +316,7 @@ def test_weir_master_serves_until_sigint_and_reports_busy_port(master):
 
 
 def test_attribute_options_are_offered_only_where_an_application_is_submitted():
-    from master.cli import build_parser
+    from weir.master.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert "--config" in sub["run"].format_help() and "-D NAME=VALUE" in sub["submit"].format_help()
@@ -327,8 +327,8 @@ def test_attribute_options_are_offered_only_where_an_application_is_submitted():
 def test_weir_run_ends_saying_the_savepoint_it_took(capsys):
     import argparse
 
-    from master.cli_processes import _print_run_result
-    from proto import client_pb2
+    from weir.master.cli_processes import _print_run_result
+    from weir.proto import client_pb2
 
     info = client_pb2.ApplicationInfo(id="app-0001", name="wc", state="FINISHED",
                                       submitted_ms=1_000, finished_ms=15_100,

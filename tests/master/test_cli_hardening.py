@@ -9,14 +9,14 @@ import textwrap
 
 import pytest
 
-from master import cli
-from master.client import WeirClient, WeirClientError
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from operators.app import load_app
-from storage.private_files import make_private_dir, write_private_file
-from storage.savepoints import MANIFEST, Manifest, SavedOperator, SavedPartition
 from tests.master.test_cli import APP_HEADER, APPS, assert_one_line_error, run
+from weir.master import cli
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.operators.app import load_app
+from weir.storage.private_files import make_private_dir, write_private_file
+from weir.storage.savepoints import MANIFEST, Manifest, SavedOperator, SavedPartition
 
 pytestmark = pytest.mark.timeout(120)
 

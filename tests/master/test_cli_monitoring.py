@@ -13,12 +13,12 @@ import urllib.request
 
 import pytest
 
-from master import cli, cli_processes, live_view
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from proto import client_pb2
 from tests.master.fakes import ManualClock
 from tests.master.monitoring import WINDOWS, submit_known_app
+from weir.master import cli, cli_processes, live_view
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.proto import client_pb2
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,7 +138,7 @@ def test_weir_master_serves_http_on_the_port_asked_and_can_go_without():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "master", "master", "--port", "0", "--json",
+    proc = subprocess.Popen([sys.executable, "-m", "weir", "master", "--port", "0", "--json",
                              "--launcher", "recording", "--http-port", str(port),
                              "--metrics-open"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)

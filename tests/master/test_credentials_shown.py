@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from master.application import Application
-from master.planner import build_physical_plan
-from master.savepoints import SavepointProgress, start
-from master.tables import application_details, application_rows
-from master.views import application_info
 from tests.master.fakes import chain_descriptor
+from weir.master.application import Application
+from weir.master.planner import build_physical_plan
+from weir.master.savepoints import SavepointProgress, start
+from weir.master.tables import application_details, application_rows
+from weir.master.views import application_info
 
 STATE = "s3://AKIAKEY:TOPSECRET@bucket/state?region=eu-west-1"
 SAVEPOINT = "s3://AKIAKEY:TOPSECRET@bucket/sp/v2"

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from master import auth
-from master.client import DEFAULT_MASTER, WeirClientError, default_master
+from weir.master import auth
+from weir.master.client import DEFAULT_MASTER, WeirClientError, default_master
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -60,7 +60,7 @@ def test_the_one_local_master_that_answers(home, listening):
 
 def test_several_local_masters_answering_is_an_error_naming_them(home, listening, capsys):
     """A submit must not deploy on whichever master started last (a benchmark's)."""
-    from master.cli import main
+    from weir.master.cli import main
 
     older, newer = listening(), listening()
     published(older, 1_000)

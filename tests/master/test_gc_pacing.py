@@ -7,8 +7,8 @@ import gc
 
 import pytest
 
-from master.gc_pacing import YoungCollections
 from tests.harness import poll_for
+from weir.master.gc_pacing import YoungCollections
 
 pytestmark = pytest.mark.timeout(30)
 

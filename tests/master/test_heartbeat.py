@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from master.application import Application, ApplicationState
-from master.heartbeat import process_heartbeat
-from master.liveness import check_liveness
-from master.physical_plan import ContainerState, OperatorState
-from master.planner import build_physical_plan
-from proto import plan_pb2, umbilical_pb2
 from tests.master.cluster import Cluster
 from tests.master.fakes import (
     ManualClock,
@@ -18,6 +12,12 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.application import Application, ApplicationState
+from weir.master.heartbeat import process_heartbeat
+from weir.master.liveness import check_liveness
+from weir.master.physical_plan import ContainerState, OperatorState
+from weir.master.planner import build_physical_plan
+from weir.proto import plan_pb2, umbilical_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,15 +15,15 @@ import pytest
 from google.protobuf import json_format
 from prometheus_client.parser import text_string_to_metric_families
 
-from master import auth
-from master.client import WeirClient
-from master.http_api import MAX_CONNECTIONS, HttpApi
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from master.tls import TlsFiles
 from tests.harness import poll_for
 from tests.master.fakes import chain_descriptor
 from tests.master.monitoring import WINDOWS, monitored_core
+from weir.master import auth
+from weir.master.client import WeirClient
+from weir.master.http_api import MAX_CONNECTIONS, HttpApi
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.master.tls import TlsFiles
 
 pytestmark = pytest.mark.timeout(60)
 

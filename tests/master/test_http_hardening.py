@@ -10,10 +10,10 @@ import urllib.parse
 
 import pytest
 
-from master.http_api import MAX_CONNECTIONS, HttpApi
 from tests.harness import poll_for
 from tests.master.monitoring import monitored_core
 from tests.master.test_http_api import SECRET, fetch
+from weir.master.http_api import MAX_CONNECTIONS, HttpApi
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -121,7 +121,7 @@ def test_an_internal_error_logs_the_path_never_the_token(api, monkeypatch, caplo
         raise RuntimeError("the views failed")
 
     monkeypatch.setattr(core, "list_applications", broken)
-    with caplog.at_level(logging.DEBUG, logger="master.http_api"):
+    with caplog.at_level(logging.DEBUG, logger="weir.master.http_api"):
         status, _, _ = fetch(http.url + f"api/apps?token={SECRET}", secret=None)
     assert status == 500  # logged before it was answered
     assert "/api/apps" in caplog.text and "the views failed" in caplog.text

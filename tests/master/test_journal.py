@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from master.journal import Journal
-from storage import CorruptLog
+from weir.master.journal import Journal
+from weir.storage import CorruptLog
 
 
 def segments(folder) -> list[str]:

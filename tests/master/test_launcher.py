@@ -14,19 +14,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from master.container_processes import is_container_process
-from master.launcher import (
+from tests.harness import poll_for
+from weir.master.container_processes import is_container_process
+from weir.master.launcher import (
     LocalProcessLauncher,
     RecordingLauncher,
     ThreadLauncher,
     launcher_factory,
 )
-from proto.contract import CONTAINER_ID_ENV
-from tests.harness import poll_for
+from weir.proto.contract import CONTAINER_ID_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
-# Stands in for `python -m container`: shows its arguments, starts a grandchild, waits.
+# Stands in for `python -m weir.container`: shows its arguments, starts a grandchild, waits.
 FAKE_CONTAINER = """
 import os, signal, subprocess, sys, time
 mode = os.environ.get("FAKE_MODE", "sleep")

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from master.launcher import LocalProcessLauncher, RecordingLauncher, ThreadLauncher
 from tests.master.test_launcher import FAKE_CONTAINER, _grandchild
+from weir.master.launcher import LocalProcessLauncher, RecordingLauncher, ThreadLauncher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,8 +108,8 @@ def _core_with_an_hour_tick(containers: int):
     """A master core whose loop ticks once an hour (only a wake-up runs it), an
     application of three operators on ``containers`` containers, their first heartbeats
     given: yields (launcher, core, app, container ids)."""
-    from master.core import MasterCore
     from tests.master.fakes import chain_descriptor, container_heartbeat
+    from weir.master.core import MasterCore
 
     launcher = RecordingLauncher("127.0.0.1:1")
     core = MasterCore(launcher, loop_interval_s=3_600.0)
@@ -127,7 +127,7 @@ def _core_with_an_hour_tick(containers: int):
 
 def _wait_killed(core, app, cid: str) -> None:
     """Until the loop gave container ``cid`` up (bounded by the hang guard)."""
-    from master.physical_plan import ContainerState
+    from weir.master.physical_plan import ContainerState
 
     deadline = time.monotonic() + _HANG_GUARD_S
     while time.monotonic() < deadline:
@@ -140,7 +140,7 @@ def _wait_killed(core, app, cid: str) -> None:
 def test_the_master_recovers_a_container_the_moment_its_process_ends():
     """The master's loop wakes on the exit: with its tick an hour away, the container is
     still given up on (KILLED) and replaced at once."""
-    from master.physical_plan import ContainerState
+    from weir.master.physical_plan import ContainerState
 
     with _core_with_an_hour_tick(containers=2) as (launcher, core, app, ids):
         launcher.set_exit_code(ids[0], -signal.SIGKILL)
@@ -154,9 +154,9 @@ def test_the_master_recovers_a_container_the_moment_its_process_ends():
 def test_the_master_gives_up_a_container_whose_heartbeat_reports_a_failed_operator_at_once():
     """The heartbeat only records the loss (and answers ABORT); the loop it wakes, with
     its tick an hour away, gives the container up and replaces it."""
-    from master.physical_plan import ContainerState
-    from proto import umbilical_pb2
     from tests.master.fakes import container_heartbeat, operator_report
+    from weir.master.physical_plan import ContainerState
+    from weir.proto import umbilical_pb2
 
     with _core_with_an_hour_tick(containers=1) as (_, core, app, [cid]):
         failed = operator_report(2, umbilical_pb2.OPERATOR_STATE_FAILED, error="ValueError: x")

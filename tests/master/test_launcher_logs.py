@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from master.launcher import LocalProcessLauncher
-from storage.private_files import UntrustedPath
 from tests.harness import poll_for
 from tests.users import as_other_user, other_user_available
+from weir.master.launcher import LocalProcessLauncher
+from weir.storage.private_files import UntrustedPath
 
 pytestmark = pytest.mark.timeout(60)
 

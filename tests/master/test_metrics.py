@@ -7,8 +7,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from master.metrics import master_registry
 from tests.master.monitoring import WINDOWS, monitored_core
+from weir.master.metrics import master_registry
 
 pytestmark = pytest.mark.timeout(30)
 

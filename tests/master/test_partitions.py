@@ -6,23 +6,23 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 
-from master.application import Application
-from master.core import MasterCore
-from master.errors import NotFound
-from master.heartbeat import deploy_info
-from master.launcher import RecordingLauncher
-from master.physical_plan import OperatorState, PlanError
-from master.planner import build_physical_plan
-from operators import Dag
-from operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
-from operators.library.transforms import WindowedCountUnifier
-from operators.partitioning import partition_keys
-from operators.ports import OutputPort
-from operators.testing import CollectSink, ListSource
-from operators.unifiers import ConcatUnifier
-from proto import plan_pb2
 from tests.master.cluster import Cluster, checkpointed
 from tests.master.fakes import ManualClock, chain_descriptor
+from weir.master.application import Application
+from weir.master.core import MasterCore
+from weir.master.errors import NotFound
+from weir.master.heartbeat import deploy_info
+from weir.master.launcher import RecordingLauncher
+from weir.master.physical_plan import OperatorState, PlanError
+from weir.master.planner import build_physical_plan
+from weir.operators import Dag
+from weir.operators.library import FileSink, TextFileSource, Tokenize, WindowedCount
+from weir.operators.library.transforms import WindowedCountUnifier
+from weir.operators.partitioning import partition_keys
+from weir.operators.ports import OutputPort
+from weir.operators.testing import CollectSink, ListSource
+from weir.operators.unifiers import ConcatUnifier
+from weir.proto import plan_pb2
 
 
 def wordcount(containers: int = 3, **count_attributes: object) -> Dag:
@@ -86,7 +86,7 @@ def test_an_operator_without_its_own_unifier_gets_the_concatenating_one():
     plan = plan_of(dag)
     unifier = plan.operator_by_name("middle#unifier")
     assert isinstance(cloudpickle.loads(unifier.payload), ConcatUnifier)
-    assert unifier.class_name == "operators.unifiers.ConcatUnifier"
+    assert unifier.class_name == "weir.operators.unifiers.ConcatUnifier"
 
 
 def test_parallel_partitions_read_their_upstream_partition_without_split_or_unifier():

@@ -7,13 +7,6 @@ import errno
 import grpc
 import pytest
 
-from master.client import WeirClient, WeirClientError
-from master.core import MasterCore
-from master.launcher import RecordingLauncher
-from master.persistence import ApplicationJournal
-from master.server import MasterServer, MasterStartError
-from operators.windows import make_window_id
-from proto import umbilical_pb2
 from tests.master.fakes import (
     ManualClock,
     chain_descriptor,
@@ -21,6 +14,13 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.core import MasterCore
+from weir.master.launcher import RecordingLauncher
+from weir.master.persistence import ApplicationJournal
+from weir.master.server import MasterServer, MasterStartError
+from weir.operators.windows import make_window_id
+from weir.proto import umbilical_pb2
 
 
 def started_core(tmp_path, clock) -> MasterCore:
@@ -193,8 +193,8 @@ def test_a_journal_that_cannot_be_written_stops_the_master_not_its_containers(tm
 
 
 def _umbilical(server: MasterServer):
-    from proto import umbilical_pb2_grpc
     from tests.harness import master_channel
+    from weir.proto import umbilical_pb2_grpc
 
     channel = master_channel(server.address, server.secret, server.tls.cert.read_bytes())
     return umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)

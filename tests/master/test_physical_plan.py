@@ -7,13 +7,13 @@ import tempfile
 
 import pytest
 
-from master.errors import InvalidTransition
-from master.physical_plan import ContainerState, OperatorState, PlanError
-from master.plan_attributes import resolve_attributes
-from master.planner import build_physical_plan, place_operators
-from operators import Dag
-from proto import plan_pb2
 from tests.master.fakes import Relay, Sink, Source, chain_dag, chain_descriptor
+from weir.master.errors import InvalidTransition
+from weir.master.physical_plan import ContainerState, OperatorState, PlanError
+from weir.master.plan_attributes import resolve_attributes
+from weir.master.planner import build_physical_plan, place_operators
+from weir.operators import Dag
+from weir.proto import plan_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,11 +16,6 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from master.client import WeirClient, WeirClientError
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from operators.windows import make_window_id, window_counter
-from proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
 from tests.harness import master_channel, poll_for
 from tests.master.fakes import (
     ManualClock,
@@ -29,6 +24,11 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.operators.windows import make_window_id, window_counter
+from weir.proto import client_pb2, client_pb2_grpc, umbilical_pb2, umbilical_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,15 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from master import recovery
-from master.application import ApplicationState
-from master.heartbeat import process_heartbeat
-from master.physical_plan import ContainerState, OperatorState
-from master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
-from master.views import application_info, operator_info
-from operators import Dag
-from operators.watermarks import END_OF_TIME
-from proto import umbilical_pb2
 from tests.master.cluster import (
     ABORT,
     C0,
@@ -41,6 +32,15 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master import recovery
+from weir.master.application import ApplicationState
+from weir.master.heartbeat import process_heartbeat
+from weir.master.physical_plan import ContainerState, OperatorState
+from weir.master.recovery import ReplayInvariantBroken, check_replay_invariant, deploy_failed
+from weir.master.views import application_info, operator_info
+from weir.operators import Dag
+from weir.operators.watermarks import END_OF_TIME
+from weir.proto import umbilical_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,16 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from master.core import MasterCore
-from master.errors import FailedPrecondition, InvalidArgument, NotFound
-from master.launcher import RecordingLauncher
-from master.persistence import ApplicationJournal
-from master.physical_plan import OperatorState
-from master.repartition import repartition
-from master.stats_listeners import operator_stats
-from master.views import application_info, container_info
-from operators.library import FileSink
-from operators.partitioning import partition_keys
 from tests.master.cluster import Cluster, checkpointed
 from tests.master.fakes import (
     ManualClock,
@@ -25,6 +15,16 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
+from weir.master.core import MasterCore
+from weir.master.errors import FailedPrecondition, InvalidArgument, NotFound
+from weir.master.launcher import RecordingLauncher
+from weir.master.persistence import ApplicationJournal
+from weir.master.physical_plan import OperatorState
+from weir.master.repartition import repartition
+from weir.master.stats_listeners import operator_stats
+from weir.master.views import application_info, container_info
+from weir.operators.library import FileSink
+from weir.operators.partitioning import partition_keys
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from master.client import WeirClient
-from master.launcher import RecordingLauncher
-from master.report_filter import MAX_ERROR_CHARS
-from master.server import MasterServer
-from proto import umbilical_pb2, umbilical_pb2_grpc
 from tests.harness import master_channel
 from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report
+from weir.master.client import WeirClient
+from weir.master.launcher import RecordingLauncher
+from weir.master.report_filter import MAX_ERROR_CHARS
+from weir.master.server import MasterServer
+from weir.proto import umbilical_pb2, umbilical_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from master.client import WeirClient, WeirClientError
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from operators.attributes import InvalidAttribute
-from operators.dag import Dag
 from tests.master.fakes import chain_dag, chain_descriptor
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.operators.attributes import InvalidAttribute
+from weir.operators.dag import Dag
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from master.planner import build_physical_plan
-from master.savepoints import (
+from tests.master.test_partitions import plan_of, wordcount
+from weir.master.planner import build_physical_plan
+from weir.master.savepoints import (
     manifest_due,
     manifest_written,
     on_heartbeat,
     plan_from_savepoint,
     start,
 )
-from proto import plan_pb2
-from storage.savepoints import (
+from weir.proto import plan_pb2
+from weir.storage.savepoints import (
     Manifest,
     SavedOperator,
     SavedPartition,
@@ -23,16 +24,15 @@ from storage.savepoints import (
     read_manifest,
     write_manifest,
 )
-from tests.master.test_partitions import plan_of, wordcount
 
 WINDOW = (1_700_000_000 << 32) + 99
 
 
 def savepoint(tmp_path, count_partitions: int = 1, source_partitions: int = 1) -> str:
-    names = {"source": "operators.library.sources.TextFileSource",
-             "tokenize": "operators.library.transforms.Tokenize",
-             "count": "operators.library.transforms.WindowedCount",
-             "files": "operators.library.sinks.FileSink"}
+    names = {"source": "weir.operators.library.sources.TextFileSource",
+             "tokenize": "weir.operators.library.transforms.Tokenize",
+             "count": "weir.operators.library.transforms.WindowedCount",
+             "files": "weir.operators.library.sinks.FileSink"}
     counts = {"source": source_partitions, "count": count_partitions}
     next_id = iter(range(100, 200))
     operators = [SavedOperator(name, cls, [SavedPartition(next(next_id), WINDOW - 1)
@@ -83,7 +83,7 @@ def test_a_source_cannot_change_its_partition_count(tmp_path):
 
 
 def running_app(tmp_path):
-    from master.application import Application
+    from weir.master.application import Application
 
     dag = wordcount().to_descriptor()
     app = Application("app-0001", dag, build_physical_plan(dag, {}, "app-0001"), 0)
@@ -134,7 +134,7 @@ def test_a_savepoint_waits_for_a_window_every_operator_checkpointed(tmp_path):
 
 def test_a_savepoint_is_refused_once_an_operator_ended_and_given_up_if_one_ends_unsaved(
         tmp_path):
-    from master.physical_plan import OperatorState
+    from weir.master.physical_plan import OperatorState
 
     app, path = running_app(tmp_path)
     ops = list(app.plan.operators.values())
@@ -155,8 +155,8 @@ def test_savepoint_stop_waits_for_the_manifest_written_after_the_application_end
     """The master writes the manifest in a thread of its own, which may finish after the
     application is FINISHED: `weir savepoint --stop` waits for it (it exited 1 saying the
     savepoint was still "writing")."""
-    from master.cli_savepoints import _wait_written
-    from proto import client_pb2
+    from weir.master.cli_savepoints import _wait_written
+    from weir.proto import client_pb2
 
     polls = iter([("RUNNING", "writing"), ("FINISHED", "writing"), ("FINISHED", "complete")])
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from master import auth
-from storage.private_files import UntrustedPath
 from tests.users import as_other_user, other_user_available
+from weir.master import auth
+from weir.storage.private_files import UntrustedPath
 
 ADDRESS = "127.0.0.1:5151"
 THEIR_SECRET = "a-secret-the-other-user-chose"

@@ -7,19 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from master import spares, tables
-from master.application import ApplicationState
-from master.core import MasterCore
-from master.errors import PlanError
-from master.heartbeat import container_context
-from master.launcher import RecordingLauncher
-from master.persistence import ApplicationJournal
-from master.physical_plan import ContainerState, OperatorState
-from master.planner import build_physical_plan
-from master.views import application_info, container_info
-from operators import Dag
-from operators.attributes import InvalidAttribute
-from proto import plan_pb2
 from tests.master.cluster import (
     ABORT,
     C0,
@@ -34,6 +21,19 @@ from tests.master.cluster import (
     checkpointed,
 )
 from tests.master.fakes import ManualClock, chain_descriptor, container_heartbeat
+from weir.master import spares, tables
+from weir.master.application import ApplicationState
+from weir.master.core import MasterCore
+from weir.master.errors import PlanError
+from weir.master.heartbeat import container_context
+from weir.master.launcher import RecordingLauncher
+from weir.master.persistence import ApplicationJournal
+from weir.master.physical_plan import ContainerState, OperatorState
+from weir.master.planner import build_physical_plan
+from weir.master.views import application_info, container_info
+from weir.operators import Dag
+from weir.operators.attributes import InvalidAttribute
+from weir.proto import plan_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from master.launcher import RecordingLauncher
-from master.server import MasterServer, MasterStartError
-from master.tls import make_self_signed
 from tests.users import as_other_user, other_user_available
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer, MasterStartError
+from weir.master.tls import make_self_signed
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,8 +12,8 @@ import tempfile
 
 import pytest
 
-from master.errors import InvalidArgument
-from master.state_owner import (
+from weir.master.errors import InvalidArgument
+from weir.master.state_owner import (
     OWNER_FILE,
     claim_state_dir,
     default_state_dir,
@@ -92,9 +92,9 @@ def test_a_state_dir_that_cannot_be_used_is_an_invalid_argument_naming_it(state_
 
 
 def _core_with_app(**attributes):
-    from master.core import MasterCore
-    from master.launcher import RecordingLauncher
     from tests.master.fakes import ManualClock, chain_descriptor
+    from weir.master.core import MasterCore
+    from weir.master.launcher import RecordingLauncher
 
     core = MasterCore(RecordingLauncher(), clock=ManualClock())
     app_id = core.submit(chain_descriptor(2, CONTAINERS=1, **attributes), {})
@@ -134,9 +134,9 @@ def test_a_failed_runs_folder_is_kept_and_a_named_one_always(tmp_path):
 
 def test_a_master_without_a_journal_releases_every_run_when_it_stops():
     """Nothing can take its runs back: their default folders go, running or not."""
-    from master.launcher import RecordingLauncher
-    from master.server import MasterServer
     from tests.master.fakes import chain_descriptor
+    from weir.master.launcher import RecordingLauncher
+    from weir.master.server import MasterServer
 
     with MasterServer(launcher_factory=RecordingLauncher, http_port=None) as server:
         app_id = server.core.submit(chain_descriptor(2, CONTAINERS=1), {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import stat
 
-from master.state_owner import OWNER_FILE, claim_state_dir
+from weir.master.state_owner import OWNER_FILE, claim_state_dir
 
 
 def test_the_claim_is_written_owner_only_never_through_a_planted_link(tmp_path):

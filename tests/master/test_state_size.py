@@ -8,13 +8,6 @@ import pickle
 import pytest
 from prometheus_client import generate_latest
 
-from master.checkpoints import CheckpointBook
-from master.core import MasterCore
-from master.launcher import RecordingLauncher
-from master.metrics import master_registry
-from master.tables import operator_details
-from operators.windows import make_window_id
-from proto import client_pb2
 from tests.master.fakes import (
     ManualClock,
     container_heartbeat,
@@ -23,6 +16,13 @@ from tests.master.fakes import (
     window,
 )
 from tests.master.test_metrics import samples, value
+from weir.master.checkpoints import CheckpointBook
+from weir.master.core import MasterCore
+from weir.master.launcher import RecordingLauncher
+from weir.master.metrics import master_registry
+from weir.master.tables import operator_details
+from weir.operators.windows import make_window_id
+from weir.proto import client_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,8 +6,13 @@ import gc
 
 import pytest
 
-from master.stats import RECENT_WINDOWS, ContainerStatsTracker, OperatorStatsTracker, latency_ms
 from tests.master.fakes import container_heartbeat, operator_report, reported, window
+from weir.master.stats import (
+    RECENT_WINDOWS,
+    ContainerStatsTracker,
+    OperatorStatsTracker,
+    latency_ms,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,14 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-import master.run_store
-from master.client import WeirClient, WeirClientError
-from master.launcher import RecordingLauncher
-from master.server import MasterServer
-from proto import umbilical_pb2_grpc
+import weir.master.run_store as run_store
 from tests.harness import master_channel, poll_for
 from tests.master.fakes import chain_descriptor, container_heartbeat, operator_report, window
 from tests.master.test_protocol import window_ids
+from weir.master.client import WeirClient, WeirClientError
+from weir.master.launcher import RecordingLauncher
+from weir.master.server import MasterServer
+from weir.proto import umbilical_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -172,7 +172,7 @@ def test_a_manifest_write_that_never_returns_fails_the_savepoint_and_lets_the_wi
         asked.set()
         release.wait(60)
 
-    monkeypatch.setattr(master.run_store, "write_manifest", never_answers)
+    monkeypatch.setattr(run_store, "write_manifest", never_answers)
     app_id = client.submit(chain_descriptor(1), {"CONTAINERS": "1"})
     cid = f"{app_id}-c0"
     ids = deploy(umbilical, cid)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from master.tables import application_details, container_rows
-from proto import client_pb2
+from weir.master.tables import application_details, container_rows
+from weir.proto import client_pb2
 
 
 def test_a_killed_container_shows_no_stale_cpu_or_memory():
@@ -26,7 +26,7 @@ def test_weir_app_tells_of_repartitions_only_when_there_were_some():
 
 
 def test_weir_apps_and_weir_app_tell_where_a_run_came_from_and_the_savepoint_it_took():
-    from master.tables import application_rows
+    from weir.master.tables import application_rows
 
     resumed = client_pb2.ApplicationInfo(id="app-0002", state="RUNNING",
                                          from_savepoint="/sp/v1")

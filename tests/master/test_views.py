@@ -6,10 +6,10 @@ import collections
 
 import pytest
 
-from master import views
-from master.stats import OperatorStatsTracker
 from tests.master.fakes import operator_report, reported, window
 from tests.master.monitoring import WINDOWS, monitored_core
+from weir.master import views
+from weir.master.stats import OperatorStatsTracker
 
 pytestmark = pytest.mark.timeout(30)
 

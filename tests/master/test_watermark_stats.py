@@ -9,14 +9,6 @@ import pickle
 import pytest
 from prometheus_client import generate_latest
 
-from master.core import MasterCore
-from master.launcher import RecordingLauncher
-from master.metrics import master_registry
-from master.stats import OperatorStatsTracker
-from master.tables import operator_details
-from operators.watermarks import END_OF_TIME, NO_WATERMARK
-from operators.windows import make_window_id
-from proto import client_pb2
 from tests.master.fakes import (
     ManualClock,
     container_heartbeat,
@@ -26,6 +18,14 @@ from tests.master.fakes import (
     window,
 )
 from tests.master.test_metrics import samples, value
+from weir.master.core import MasterCore
+from weir.master.launcher import RecordingLauncher
+from weir.master.metrics import master_registry
+from weir.master.stats import OperatorStatsTracker
+from weir.master.tables import operator_details
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK
+from weir.operators.windows import make_window_id
+from weir.proto import client_pb2
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,12 +10,12 @@ import logging
 
 import pytest
 
-from master.log_limits import LogLimiter
-from master.physical_plan import OperatorState
-from master.window_checks import MAX_WINDOW_LEAD_MS
-from operators.windows import make_window_id
 from tests.master.cluster import C1, C3, RELAY, SINK, SOURCE, chain
 from tests.master.fakes import T0_MS, window
+from weir.master.log_limits import LogLimiter
+from weir.master.physical_plan import OperatorState
+from weir.master.window_checks import MAX_WINDOW_LEAD_MS
+from weir.operators.windows import make_window_id
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -29,7 +29,7 @@ def w(counter: int, base: int = BASE) -> int:
 
 def rejections(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "master.heartbeat" and "are ignored" in r.getMessage()]
+            if r.name == "weir.master.heartbeat" and "are ignored" in r.getMessage()]
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def cluster():
 
 
 def test_a_forged_window_id_is_rejected_and_stats_keep_moving(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     stats = cluster.app.operator_stats[RELAY]
     cluster.report(RELAY, window(w(1), tuples_in=5), window(w(2), tuples_in=5))
     assert (stats.current_window_id, stats.total_tuples_processed) == (w(2), 10)
@@ -60,7 +60,7 @@ def test_a_forged_window_id_is_rejected_and_stats_keep_moving(cluster, caplog):
 
 
 def test_window_ids_of_another_epoch_are_rejected(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     cluster.report(SOURCE, window(w(1, BASE + 1)))
     cluster.report(SOURCE, window(w(1, BASE - 1)))
     assert cluster.app.operator_stats[SOURCE].current_window_id == -1
@@ -68,7 +68,7 @@ def test_window_ids_of_another_epoch_are_rejected(cluster, caplog):
 
 
 def test_window_ids_far_ahead_of_the_clock_are_rejected(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     cluster.clock.advance(10_000)  # window counter 20 now, at 500 ms a window
     limit = (10_000 + MAX_WINDOW_LEAD_MS) // 500
     cluster.report(SOURCE, window(w(limit + 1)))
@@ -80,7 +80,7 @@ def test_window_ids_far_ahead_of_the_clock_are_rejected(cluster, caplog):
 
 
 def test_windows_going_backwards_are_rejected_but_the_last_may_repeat(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     stats = cluster.app.operator_stats[SINK]
     cluster.report(SINK, *(window(w(i), tuples_in=1) for i in range(1, 6)))
     cluster.report(SINK, window(w(3), tuples_in=1))
@@ -95,7 +95,7 @@ def test_windows_going_backwards_are_rejected_but_the_last_may_repeat(cluster, c
 
 
 def test_checkpoints_outside_the_instances_windows_are_rejected(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     cluster.report(SOURCE, window(w(5), checkpoint=w(900)))
     cluster.report(RELAY, window(w(5), checkpoint=w(5, BASE + 7)))
     assert [cluster.app.checkpoints[i].windows for i in (SOURCE, RELAY)] == [[], []]
@@ -105,7 +105,7 @@ def test_checkpoints_outside_the_instances_windows_are_rejected(cluster, caplog)
 
 
 def test_a_redeployed_operator_restarts_from_its_checkpoint(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     for op_id in (SOURCE, RELAY, SINK):
         cluster.report(op_id, *(window(w(i), tuples_in=1, checkpoint=w(i) if i == 10 else None)
                                 for i in range(1, 16)))
@@ -123,7 +123,7 @@ def test_a_redeployed_operator_restarts_from_its_checkpoint(cluster, caplog):
 
 
 def test_warnings_about_the_same_problem_are_rate_limited(cluster, caplog):
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     for _ in range(100):
         cluster.report(RELAY, window(FORGED))
         cluster.clock.advance(100)
@@ -147,9 +147,9 @@ def test_log_limiter_keys_interval_and_memory():
 def test_ports_the_plan_did_not_give_and_metrics_past_the_bounds_are_left_out(cluster,
                                                                                caplog):
     """Issue 17, item 7: a report cannot grow the master with names of its choosing."""
-    from master.report_filter import MAX_METRIC_NAME_CHARS, MAX_METRICS
+    from weir.master.report_filter import MAX_METRIC_NAME_CHARS, MAX_METRICS
 
-    caplog.set_level(logging.WARNING, "master.heartbeat")
+    caplog.set_level(logging.WARNING, "weir.master.heartbeat")
     stats = cluster.app.operator_stats[RELAY]
     flood = window(w(1), tuples_in=5, tuples_out=5)
     for i in range(500):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import cloudpickle
 import pytest
 
-from operators.library import KafkaSink, KafkaSource, PostgresSink
-from operators.operator import Operator
-from runtime.operator_state import capture, restore
+from weir.operators.library import KafkaSink, KafkaSource, PostgresSink
+from weir.operators.operator import Operator
+from weir.runtime.operator_state import capture, restore
 
 OLD, NEW = "old-secret-4711", "new-secret-0815"
 

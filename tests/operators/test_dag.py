@@ -3,9 +3,9 @@
 import pyarrow as pa
 import pytest
 
-from operators import Dag, DagError, InputOperator, InputPort, Operator, OutputPort
-from operators.attributes import InvalidAttribute
-from operators.dag import topological_order, validate_descriptor
+from weir.operators import Dag, DagError, InputOperator, InputPort, Operator, OutputPort
+from weir.operators.attributes import InvalidAttribute
+from weir.operators.dag import topological_order, validate_descriptor
 
 
 class Source(InputOperator):
@@ -112,7 +112,7 @@ def test_a_mistyped_port_lists_the_ports_and_the_nearest_name():
 
 
 def test_a_property_that_fails_keeps_its_own_error():
-    from operators import Operator
+    from weir.operators import Operator
 
     class Broken(Operator):
         @property
@@ -169,13 +169,13 @@ class SparkUnified(Pass):
     """Plain itself, its partitions merged in Spark."""
 
     def unifier(self) -> Operator:
-        from operators.spark import SparkSql
+        from weir.operators.spark import SparkSql
 
         return SparkSql("SELECT * FROM input")
 
 
 def test_the_descriptor_says_which_operators_use_spark():
-    from operators.spark import SparkSql
+    from weir.operators.spark import SparkSql
 
     dag = Dag("spark")
     src = dag.add_operator("src", Source())

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from container.operator_errors import describe_error, is_fatal
-from operators import Dag
-from operators.dag import DagError
-from operators.dead_letters import TooManyDeadLetters, error_columns, isolate_failures
-from operators.operator import Operator
-from operators.ports import InputPort, OutputPort
-from operators.testing import CollectSink, ListSource
 from tests.drivers import RunFailed
+from weir.container.operator_errors import describe_error, is_fatal
+from weir.operators import Dag
+from weir.operators.dag import DagError
+from weir.operators.dead_letters import TooManyDeadLetters, error_columns, isolate_failures
+from weir.operators.operator import Operator
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.testing import CollectSink, ListSource
 
 
 class RowError(ValueError):

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from storage import (
+from weir.storage import (
     AdvanceWatermark,
     CommitError,
     CommitStepStore,
@@ -144,8 +144,8 @@ def test_commit_publishes_and_advances_the_watermark(tmp_path):
 
 CRASH = """
     import sys
-    from storage import AdvanceWatermark, CommitStepStore, PublishFile
-    from operators.faults import CrashPoints
+    from weir.storage import AdvanceWatermark, CommitStepStore, PublishFile
+    from weir.operators.faults import CrashPoints
     root, point = sys.argv[1], sys.argv[2]
     crash = CrashPoints({"CRASH_AT": point}, root + "/markers")
     steps = [PublishFile(f"{root}/stage/{i}.txt", f"{root}/final/{i}.txt") for i in range(3)]

@@ -12,13 +12,13 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from operators.library.event_windows import EventTimeWindows
-from operators.partitioning import PartitionFilter
-from operators.spark import SparkSchemaMismatch
-from operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
-from operators.windows import make_window_id
-from runtime.spark.bridge import SparkSessionBridge
 from tests.operators.test_spark import Emitted, start
+from weir.operators.library.event_windows import EventTimeWindows
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.spark import SparkSchemaMismatch
+from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK, WATERMARKS_ATTRIBUTE, Watermarks
+from weir.operators.windows import make_window_id
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 SCHEMA = pa.schema([("ts", pa.timestamp("ms")), ("user", pa.string()), ("amount", pa.int64())])
 AGGREGATIONS = {"n": "count(*)", "total": "sum(amount)"}
@@ -440,8 +440,8 @@ def test_sessions_merge_fragments_per_key_by_the_gap() -> None:
     """Fragments and sessions of a key join when one starts less than the gap after the
     latest end before it; null keys group together; keys far apart in time (too far to
     lift into one running maximum) still merge per key."""
-    from operators.library.window_panes import decompose
-    from operators.library.window_sessions import FIRST, LAST, Sessions
+    from weir.operators.library.window_panes import decompose
+    from weir.operators.library.window_sessions import FIRST, LAST, Sessions
 
     sessions = Sessions(["k"], decompose({"n": "count(*)"}), gap_ms=10)
     far = 2**61
@@ -458,7 +458,7 @@ def test_sessions_merge_fragments_per_key_by_the_gap() -> None:
 
 
 def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBridge) -> None:
-    from operators.operator import OperatorContext
+    from weir.operators.operator import OperatorContext
 
     counting = Counting(bridge)
     op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
@@ -472,7 +472,7 @@ def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBr
 @pytest.mark.parametrize(("size", "slide"), [(1_000, 1_000), (1_000, 250), (1_000, 300)])
 def test_whether_a_panes_window_ended_matches_its_windows(size: int, slide: int) -> None:
     """The cheap check (from the panes alone) against the windows the panes are in."""
-    from operators.library.window_panes import PANE, TOUCHED, Panes, decompose
+    from weir.operators.library.window_panes import PANE, TOUCHED, Panes, decompose
 
     panes = Panes(["k"], decompose({"n": "count(*)"}), size, slide)
     rng = random.Random(size + slide)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.library import DirectorySource, FileSink, TextFileSource
-from operators.operator import Operator, OperatorContext
-from runtime.operator_state import capture, restore
-from storage import CorruptLog
 from tests.operators.test_library import Emitted, run_window, wid
+from weir.operators.library import DirectorySource, FileSink, TextFileSource
+from weir.operators.operator import Operator, OperatorContext
+from weir.runtime.operator_state import capture, restore
+from weir.storage import CorruptLog
 
 
 def context(state: Path, recovered: int = -1, **attributes) -> OperatorContext:

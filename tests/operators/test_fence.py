@@ -9,9 +9,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from operators.library import FileSink
-from operators.operator import OperatorContext
-from storage import (
+from tests.operators.test_library import Emitted, wid
+from weir.operators.library import FileSink
+from weir.operators.operator import OperatorContext
+from weir.storage import (
     FENCE_FILE,
     AdvanceWatermark,
     CommitStepStore,
@@ -21,8 +22,7 @@ from storage import (
     RecordLog,
     WindowLog,
 )
-from storage.fence import CHECKPOINTS_FOLDER, highest_fence
-from tests.operators.test_library import Emitted, wid
+from weir.storage.fence import CHECKPOINTS_FOLDER, highest_fence
 
 
 def fences(folder, *generations: int) -> list[Fence]:

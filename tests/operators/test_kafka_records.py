@@ -8,8 +8,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators.dead_letters import TooManyDeadLetters
-from operators.library.kafka_records import (
+from weir.operators.dead_letters import TooManyDeadLetters
+from weir.operators.library.kafka_records import (
     RecordDecodeError,
     decode_setting_aside,
     record_schema,

@@ -13,11 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.library import KafkaSink
-from operators.library.kafka_client import KafkaSetupError
-from operators.operator import OperatorContext
 from tests.operators.test_kafka_source import new_topic
 from tests.operators.test_library import wid
+from weir.operators.library import KafkaSink
+from weir.operators.library.kafka_client import KafkaSetupError
+from weir.operators.operator import OperatorContext
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,8 +86,8 @@ def test_each_window_is_published_once_and_a_replay_is_skipped(kafka_bootstrap, 
 
 CRASHING_SINK = """
     import pyarrow as pa
-    from operators.library import KafkaSink
-    from operators.operator import OperatorContext
+    from weir.operators.library import KafkaSink
+    from weir.operators.operator import OperatorContext
     from tests.operators.test_kafka_sink import write_window
 
     sink = KafkaSink({topic!r}, {bootstrap!r}, key_column="word")

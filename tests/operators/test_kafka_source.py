@@ -10,14 +10,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from operators.library import KafkaSource
-from operators.library.kafka_client import KafkaSetupError
-from operators.library.kafka_records import RecordDecodeError
-from operators.metrics import collect_metrics
-from operators.operator import OperatorContext
-from runtime.operator_state import capture, restore
 from tests.operators.test_exactly_once import source_window
 from tests.operators.test_library import Emitted, wid
+from weir.operators.library import KafkaSource
+from weir.operators.library.kafka_client import KafkaSetupError
+from weir.operators.library.kafka_records import RecordDecodeError
+from weir.operators.metrics import collect_metrics
+from weir.operators.operator import OperatorContext
+from weir.runtime.operator_state import capture, restore
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from operators.library import (
+from weir.operators.library import (
     ConsoleSink,
     EventGenerator,
     FileSink,
@@ -23,10 +23,10 @@ from operators.library import (
     WindowedCount,
     sources,
 )
-from operators.operator import InputOperator, Operator, OperatorContext
-from operators.testing import CollectSink, ListSource
-from operators.windows import format_window_id, make_window_id
-from runtime.spark.bridge import SparkSessionBridge
+from weir.operators.operator import InputOperator, Operator, OperatorContext
+from weir.operators.testing import CollectSink, ListSource
+from weir.operators.windows import format_window_id, make_window_id
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 BASE = 1_700_000_000
 
@@ -230,7 +230,7 @@ def test_windowed_count_groups_on_key_codes_and_maps_them_back(
     assert got == {"z": (1, 0), "b": (1, 1)}
     assert counts.all_batches()[0].schema.field("key").type == pa.string()
 
-    monkeypatch.setattr("operators.library.key_codes.MAX_KEYS", 2)
+    monkeypatch.setattr("weir.operators.library.key_codes.MAX_KEYS", 2)
     _, got = window(3, ["p", "q", "r"])  # more keys than worth coding ...
     key_type, later = window(4, ["p", "p"])  # ... so the next window groups the strings
     assert got == {"p": (1, 0), "q": (1, 1), "r": (1, 2)} and later == {"p": (2, 1)}
@@ -240,7 +240,7 @@ def test_windowed_count_groups_on_key_codes_and_maps_them_back(
 
 # -- sinks ---------------------------------------------------------------------------------
 def test_file_sink_reports_files_written_and_write_time(tmp_path: Path) -> None:
-    from operators.metrics import collect_metrics
+    from weir.operators.metrics import collect_metrics
 
     sink = FileSink(tmp_path / "out", format="parquet")
     emitted = start(sink)

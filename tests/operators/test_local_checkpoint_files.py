@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from runtime.local.checkpoints import LocalCheckpoints
-from storage.private_files import UntrustedPath
+from weir.runtime.local.checkpoints import LocalCheckpoints
+from weir.storage.private_files import UntrustedPath
 
 
 @pytest.fixture

@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from operators import Dag, InputPort, Operator, OutputPort
-from operators.dag import DagError
-from operators.library import EventTimeWindows, RunningCount
-from operators.spark import SparkSql
-from operators.testing import CollectSink, ListSource, LocalRunError, run_local
-from operators.windows import window_base_seconds, window_counter
 from tests.drivers import RunFailed
+from weir.operators import Dag, InputPort, Operator, OutputPort
+from weir.operators.dag import DagError
+from weir.operators.library import EventTimeWindows, RunningCount
+from weir.operators.spark import SparkSql
+from weir.operators.testing import CollectSink, ListSource, LocalRunError, run_local
+from weir.operators.windows import window_base_seconds, window_counter
 
 NUMBERS = [[{"x": 1}, {"x": 2}], [{"x": 3}], [], [{"x": 4}], [{"x": 5}]]
 
@@ -189,7 +189,7 @@ def test_dead_letters_of_a_python_operator_leave_on_its_errors_port_in_both_driv
 def test_a_dag_without_spark_never_imports_pyspark():
     code = ("import sys\n"
             "from tests.operators.test_local_run import NUMBERS, Doubler, pipeline\n"
-            "from operators.testing import run_local\n"
+            "from weir.operators.testing import run_local\n"
             "assert len(run_local(pipeline(Doubler(), NUMBERS)).rows('sink')) == 5\n"
             "assert 'pyspark' not in sys.modules, 'pyspark was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,

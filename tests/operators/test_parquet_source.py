@@ -12,12 +12,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from operators.library import ParquetSource
-from operators.metrics import collect_metrics
-from operators.operator import OperatorContext
-from runtime.operator_state import capture, restore
 from tests.operators.test_exactly_once import source_window, started
 from tests.operators.test_library import Emitted, run_source, wid
+from weir.operators.library import ParquetSource
+from weir.operators.metrics import collect_metrics
+from weir.operators.operator import OperatorContext
+from weir.runtime.operator_state import capture, restore
 
 FORMATS = ["parquet", "arrow", "jsonl", "csv"]
 

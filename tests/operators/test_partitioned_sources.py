@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from master.physical_plan import PlanError
-from master.planner import build_physical_plan
-from operators import Dag
-from operators.library import DirectorySource, TextFileSource
-from operators.operator import Operator, OperatorContext
-from operators.testing import CollectSink, ListSource
 from tests.operators.test_library import TEXT, Emitted, expected_lines, run_source
+from weir.master.physical_plan import PlanError
+from weir.master.planner import build_physical_plan
+from weir.operators import Dag
+from weir.operators.library import DirectorySource, TextFileSource
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.testing import CollectSink, ListSource
 
 
 def start_partition(op: Operator, index: int, count: int) -> Emitted:

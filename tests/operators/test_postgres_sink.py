@@ -24,12 +24,12 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from operators.library import PostgresSink
-from operators.library.postgres import mask_dsn, postgres_type
-from operators.operator import OperatorContext
-from operators.windows import make_window_id
-from runtime.operator_state import capture, restore
-from storage import Fenced
+from weir.operators.library import PostgresSink
+from weir.operators.library.postgres import mask_dsn, postgres_type
+from weir.operators.operator import OperatorContext
+from weir.operators.windows import make_window_id
+from weir.runtime.operator_state import capture, restore
+from weir.storage import Fenced
 
 BASE = 1_700_000_000
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +217,7 @@ def test_a_window_below_another_runs_watermark_is_skipped_with_a_warning(
     write(first, wid(1), ids(1))
     first.teardown()
     earlier_run = start(postgres_dsn, table)  # same key, a run that started before
-    with caplog.at_level(logging.WARNING, logger="operators.library.postgres"):
+    with caplog.at_level(logging.WARNING, logger="weir.operators.library.postgres"):
         write(earlier_run, make_window_id(BASE - 60, 5), ids(2))
     earlier_run.teardown()
     assert table_ids(postgres_dsn, table) == [1]
@@ -276,8 +276,8 @@ CRASHING_WRITER = textwrap.dedent("""
 
     import pyarrow as pa
 
-    from operators.library import PostgresSink
-    from operators.operator import OperatorContext
+    from weir.operators.library import PostgresSink
+    from weir.operators.operator import OperatorContext
 
     dsn, table, state_dir, window = sys.argv[1:5]
     sink = PostgresSink(dsn, table)

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from storage.private_files import (
+from tests.users import as_other_user, other_user_available
+from weir.storage.private_files import (
     UntrustedPath,
     check_private_dir,
     check_private_file,
@@ -18,7 +19,6 @@ from storage.private_files import (
     read_private_file,
     write_private_file,
 )
-from tests.users import as_other_user, other_user_available
 
 
 def test_a_folder_made_by_this_user_owner_only_is_trusted(tmp_path):

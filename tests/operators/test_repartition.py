@@ -8,12 +8,12 @@ import collections
 import pyarrow as pa
 import pytest
 
-from operators.keyed_state import RepartitionError, merge_keyed_state
-from operators.library import RunningCount
-from operators.operator import Operator
-from operators.partitioning import PartitionFilter, partition_keys
-from operators.state_store import StoreError, StoreHandle
-from runtime.operator_state import new_partition
+from weir.operators.keyed_state import RepartitionError, merge_keyed_state
+from weir.operators.library import RunningCount
+from weir.operators.operator import Operator
+from weir.operators.partitioning import PartitionFilter, partition_keys
+from weir.operators.state_store import StoreError, StoreHandle
+from weir.runtime.operator_state import new_partition
 
 
 def shares(count: int) -> list[PartitionFilter]:

@@ -9,12 +9,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from operators.library import RunningCount
-from operators.operator import OperatorContext
-from operators.state_store import StoreError, StoreHandle
-from operators.windows import make_window_id
-from runtime.operator_state import capture, restore
 from tests.operators.test_spark import Emitted, NoSpark, run_window
+from weir.operators.library import RunningCount
+from weir.operators.operator import OperatorContext
+from weir.operators.state_store import StoreError, StoreHandle
+from weir.operators.windows import make_window_id
+from weir.runtime.operator_state import capture, restore
 
 W = [make_window_id(1_700_000_000, i) for i in range(6)]
 

@@ -10,8 +10,9 @@ import stat
 
 import pytest
 
-from storage.private_files import make_private_dir, write_private_file
-from storage.savepoints import (
+from tests.users import as_other_user, other_user_available
+from weir.storage.private_files import make_private_dir, write_private_file
+from weir.storage.savepoints import (
     MANIFEST,
     Manifest,
     SavedOperator,
@@ -21,7 +22,6 @@ from storage.savepoints import (
     read_manifest,
     write_manifest,
 )
-from tests.users import as_other_user, other_user_available
 
 WINDOW = (1_700_000_000 << 32) + 41
 needs_other_user = pytest.mark.skipif(not other_user_available(),
@@ -30,7 +30,7 @@ needs_other_user = pytest.mark.skipif(not other_user_available(),
 
 def manifest(window: int = WINDOW) -> Manifest:
     return Manifest(window=window, app_name="wc", application_id="app-0001", operators=[
-        SavedOperator("source", "operators.testing.ListSource", [SavedPartition(1, window)])])
+        SavedOperator("source", "weir.operators.testing.ListSource", [SavedPartition(1, window)])])
 
 
 def manifest_file(tmp_path, content: bytes) -> str:
@@ -155,7 +155,7 @@ def test_a_manifest_that_is_not_one_is_refused_naming_why(tmp_path, content, fra
 
 
 def test_a_manifest_too_large_is_not_read(tmp_path, monkeypatch):
-    import storage.savepoints as savepoints
+    import weir.storage.savepoints as savepoints
 
     monkeypatch.setattr(savepoints, "MAX_MANIFEST_BYTES", 1000)
     path = manifest_file(tmp_path, raw_manifest(app_name="x" * 2000))

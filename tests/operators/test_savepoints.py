@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from operators import Dag
-from operators.testing import CollectSink, ListSource
-from storage.savepoints import (
+from weir.operators import Dag
+from weir.operators.testing import CollectSink, ListSource
+from weir.storage.savepoints import (
     Manifest,
     SavedOperator,
     SavedPartition,
@@ -17,8 +17,8 @@ from storage.savepoints import (
     write_manifest,
 )
 
-SOURCE = "operators.testing.ListSource"
-SINK = "operators.testing.CollectSink"
+SOURCE = "weir.operators.testing.ListSource"
+SINK = "weir.operators.testing.CollectSink"
 
 
 def manifest() -> Manifest:

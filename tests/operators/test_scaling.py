@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from operators.scaling import OperatorStats, PartitionStats, ThroughputScaler
+from weir.operators.scaling import OperatorStats, PartitionStats, ThroughputScaler
 
 
 def stats(now_s: float, *rates: float) -> OperatorStats:

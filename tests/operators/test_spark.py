@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from operators.operator import Operator, OperatorContext
-from operators.ports import InputPort, OutputPort
-from operators.spark import SparkOperator, SparkOperatorError, SparkSql
-from operators.windows import make_window_id
-from runtime.spark.bridge import SparkSessionBridge
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.ports import InputPort, OutputPort
+from weir.operators.spark import SparkOperator, SparkOperatorError, SparkSql
+from weir.operators.windows import make_window_id
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 W1 = make_window_id(1_700_000_000, 1)
 
@@ -141,7 +141,7 @@ def test_transform_result_is_checked(bridge: SparkSessionBridge) -> None:
 
 
 def test_window_jobs_report_their_costs_by_phase(bridge: SparkSessionBridge) -> None:
-    from operators.metrics import collect_metrics
+    from weir.operators.metrics import collect_metrics
 
     op = Recording()
     start(op, bridge)

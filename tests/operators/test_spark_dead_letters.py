@@ -7,11 +7,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators import spark_dead_letters
-from operators.dead_letters import DeadLetters, TooManyDeadLetters
-from operators.operator import OperatorContext
-from operators.spark import SparkSql
 from tests.operators.test_spark import Emitted, run_window
+from weir.operators import spark_dead_letters
+from weir.operators.dead_letters import DeadLetters, TooManyDeadLetters
+from weir.operators.operator import OperatorContext
+from weir.operators.spark import SparkSql
 
 BAD = {7, 1234, 1999}
 QUERY = ("SELECT k, sum(CASE WHEN id IN (7, 1234, 1999) THEN raise_error(concat('bad id ', "

@@ -9,10 +9,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from operators.spark import SparkSql
-from operators.windows import make_window_id
-from runtime.spark.bridge import SparkSessionBridge
 from tests.operators.test_spark import start
+from weir.operators.spark import SparkSql
+from weir.operators.windows import make_window_id
+from weir.runtime.spark.bridge import SparkSessionBridge
 
 SCHEMA = pa.schema([("auction", pa.int64()), ("bidder", pa.int64()), ("price", pa.int64()),
                     ("date_time", pa.timestamp("ms", tz="UTC")), ("extra", pa.string())])
@@ -109,7 +109,7 @@ def test_what_is_not_a_projection_or_filter_runs_whole_in_spark(
 def test_every_row_in_order_is_put_back_without_a_copy() -> None:
     """A map's result carries the rows' numbers 0..n-1: the copied columns go out as the
     input's own buffers; a filter's are taken by the numbers."""
-    from operators.spark_passthrough import PassThrough
+    from weir.operators.spark_passthrough import PassThrough
 
     rows = pa.Table.from_batches([bids(0)])
     through = PassThrough(SCHEMA, {}, {"auction": "auction", "extra": "extra"}, "auction",

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from operators.partitioning import PartitionFilter, partition_keys
-from operators.state_store import KeyedStore, StoreError
+from weir.operators.partitioning import PartitionFilter, partition_keys
+from weir.operators.state_store import KeyedStore, StoreError
 
 
 def shares(count: int) -> list[PartitionFilter]:
@@ -63,7 +63,7 @@ def test_ttl_drops_keys_not_updated_for_that_long_and_the_drop_undoes_too(tmp_pa
 
 CRASH = """
 import os, sys
-from operators.state_store import KeyedStore
+from weir.operators.state_store import KeyedStore
 store = KeyedStore(sys.argv[1])
 store.apply(1, ["a", "b"], [1, 1]); store.sync()  # the checkpoint at 1
 store.apply(2, ["a", "c"], [1, 1])

@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 
-from operators.library import TcpLineSource
-from operators.library import tcp as tcp_module
-from operators.metrics import collect_metrics
 from tests.harness import poll_for
 from tests.operators.test_tcp_source import (
     TIMEOUT_S,
@@ -24,6 +21,9 @@ from tests.operators.test_tcp_source import (
     started,
     window,
 )
+from weir.operators.library import TcpLineSource
+from weir.operators.library import tcp as tcp_module
+from weir.operators.metrics import collect_metrics
 
 
 def test_senders_past_max_connections_are_refused_counted_and_let_in_once_one_leaves(
@@ -82,7 +82,7 @@ def test_accept_out_of_resources_pauses_accepting_and_the_sender_is_served_later
     monkeypatch.setattr(tcp_module, "listen",
                         lambda *a, **k: OutOfResources(real_listen(*a, **k), 3, code))
     src = TcpLineSource(port=0)
-    caplog.set_level(logging.INFO, "operators.library.tcp")
+    caplog.set_level(logging.INFO, "weir.operators.library.tcp")
     emitted = started(src, tmp_path / "state")
     try:
         sender = Sender(src.bound_port)  # waits in the backlog while accept fails

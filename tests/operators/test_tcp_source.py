@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from operators.library import TcpLineSource
-from operators.operator import OperatorContext
-from runtime.operator_state import capture, restore
-from storage import CorruptLog, RecordLog
 from tests.harness import poll_for
 from tests.operators.test_exactly_once import lines_by_window, source_window
 from tests.operators.test_library import Emitted, wid
+from weir.operators.library import TcpLineSource
+from weir.operators.operator import OperatorContext
+from weir.runtime.operator_state import capture, restore
+from weir.storage import CorruptLog, RecordLog
 
 TIMEOUT_S = 5.0
 

@@ -7,12 +7,12 @@ import collections
 
 import pyarrow as pa
 
-from container.runner_phase import RunnerState
-from container.stream_messages import Kind
-from operators.library import WindowedCount, WindowedCountUnifier
-from operators.unifiers import ConcatUnifier, unifier_input
 from tests.container.test_window_loop import run, stream
 from tests.operators.test_spark import run_window, start
+from weir.container.runner_phase import RunnerState
+from weir.container.stream_messages import Kind
+from weir.operators.library import WindowedCount, WindowedCountUnifier
+from weir.operators.unifiers import ConcatUnifier, unifier_input
 
 
 def test_the_default_unifier_concatenates_each_window_of_every_partition():

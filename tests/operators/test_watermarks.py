@@ -7,7 +7,7 @@ import pickle
 
 import pyarrow as pa
 
-from operators.watermarks import END_OF_TIME, IDLE, NO_WATERMARK, Watermarks, format_watermark
+from weir.operators.watermarks import END_OF_TIME, IDLE, NO_WATERMARK, Watermarks, format_watermark
 
 
 def window(marks: Watermarks, *times: int) -> int:

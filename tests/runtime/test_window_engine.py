@@ -6,10 +6,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from operators import InputOperator, InputPort, Operator, OperatorContext, OutputPort
-from operators.watermarks import NO_WATERMARK
-from operators.windows import make_window_id, window_counter
-from runtime.window_engine import WindowEngine
+from weir.operators import InputOperator, InputPort, Operator, OperatorContext, OutputPort
+from weir.operators.watermarks import NO_WATERMARK
+from weir.operators.windows import make_window_id, window_counter
+from weir.runtime.window_engine import WindowEngine
 
 BASE = 1_700_000_000
 
