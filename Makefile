@@ -12,7 +12,7 @@ BENCH_ARGS ?=
 FLINK_VENV ?= .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
 
-.PHONY: install proto run test lint bench clean
+.PHONY: install proto run test lint docs bench clean
 
 install: $(STAMP) proto
 
@@ -55,8 +55,11 @@ $(FLINK_STAMP):
 bench: install $(BENCH_STAMP) $(FLINK_STAMP)
 	@$(BENCH_VENV)/bin/python -m bench $(BENCH_ARGS)
 
+docs: install
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: install
 	@$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) $(FLINK_VENV) proto/*_pb2*.py proto/*_pb2*.pyi
+	rm -rf $(VENV) $(BENCH_VENV) $(FLINK_VENV) proto/*_pb2*.py proto/*_pb2*.pyi site build

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+import weir
 from weir.master.cli_config import ConfigError, parse_defines, read_config
 from weir.master.cli_processes import cmd_container, cmd_master, cmd_run
 from weir.master.cli_queries import (
@@ -132,9 +133,13 @@ def _http_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the dashboard, JSON API and /metrics on this port of the "
                              "master's host (default 0: any free port, printed; -1: none)")
     parser.add_argument("--http-open", action="store_true",
-                        help="serve the dashboard and JSON API without the master's secret")
+                        help="serve the dashboard and JSON API to anyone who reaches the "
+                             "port, without the read-only HTTP token (printed in the "
+                             "dashboard's URL; derived from the master's secret, never the "
+                             "secret itself) that they need otherwise")
     parser.add_argument("--metrics-open", action="store_true",
-                        help="serve /metrics without the master's secret")
+                        help="serve /metrics without the read-only HTTP token (for a "
+                             "Prometheus that cannot send one)")
 
 
 def _app_argument(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     attributes = _attribute_parent()
     parser = _Parser(prog="weir", parents=[common, attributes],
                      description="Weir: a stream-processing runtime (master, containers, CLI).")
+    parser.add_argument("--version", action="version", version=f"weir {weir.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 

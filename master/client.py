@@ -94,9 +94,9 @@ class WeirClient:
     Args:
         address: the master's ``HOST:PORT``.
         timeout_s: deadline of each call.
-        secret, secret_file: the master's secret, or a file holding it; by default
-            ``$WEIR_SECRET``, else the secret file of a master on this machine
-            (``auth.client_credentials``).
+        secret: the master's secret; by default ``$WEIR_SECRET``, else the secret file
+            of a master on this machine (``auth.client_credentials``).
+        secret_file: a file holding the master's secret, instead of ``secret``.
         tls_ca: the certificates (PEM file) the master must prove before the secret is
             sent; by default ``$WEIR_TLS_CA``, else the ones in the master's secret file
             (given, or found on this machine); none found is an error.

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+import weir
 from tests.harness import poll_for
 from tests.master.fakes import container_heartbeat, operator_report, window
 from weir.master import cli
@@ -337,3 +338,11 @@ def test_weir_run_ends_saying_the_savepoint_it_took(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[-2:] == ["app-0001 wc: FINISHED after 14.1 s",
                                      "savepoint complete at /sp/v1"]
+
+
+def test_version_and_the_http_options_as_the_help_tells_them():
+    version = _weir("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"weir {weir.__version__}"
+    text = " ".join(_weir("master", "--help").stdout.split())
+    assert "JSON API to anyone who reaches the port, without the read-only HTTP token" in text
+    assert "without the master's secret" not in text  # what it said: the secret is never sent
