@@ -32,7 +32,7 @@ from weir.master.cli_queries import (
     cmd_top,
 )
 from weir.master.cli_savepoints import cmd_savepoint
-from weir.master.client import DEFAULT_MASTER, WeirClientError, default_master
+from weir.master.client import DEFAULT_MASTER, WeirClientError, find_master
 from weir.master.errors import MasterError
 from weir.master.launcher import launcher_names
 from weir.master.physical_plan import PlanError
@@ -155,6 +155,21 @@ def _attribute_parent() -> argparse.ArgumentParser:
     options.add_argument("--config", default=argparse.SUPPRESS, metavar="FILE",
                          help="a file of NAME=VALUE lines; wins over the DAG's code")
     return options
+
+
+CHANGING_COMMANDS = frozenset({"submit", "kill", "shutdown", "savepoint", "kill-container",
+                               "repartition"})
+"""Commands that change something on the master: they say which one when it was not named."""
+
+
+def _found_master(command: str) -> str:
+    """The master a command without ``--master`` talks to (``master`` and ``run`` start
+    their own); a command that changes something says which one and how it was found."""
+    address, how = find_master()
+    if how and command in CHANGING_COMMANDS:
+        print(f"weir: using the master at {address} ({how}; --master HOST:PORT names "
+              "another)", file=sys.stderr)
+    return address
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -309,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.master_found = not getattr(args, "master", None) and not os.environ.get("WEIR_MASTER")
     try:
         args.master = getattr(args, "master", None) or (
-            "" if args.command in ("master", "run") else default_master())  # they start one
+            "" if args.command in ("master", "run") else _found_master(args.command))
     except WeirClientError as exc:
         return _fail(str(exc), 2)
     args.json = getattr(args, "json", False)

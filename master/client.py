@@ -53,11 +53,18 @@ def default_master() -> str:
         WeirClientError: several of this user's masters answer: which one is meant (a
             submit must not deploy on a benchmark's master) is the user's to say.
     """
+    return find_master()[0]
+
+
+def find_master() -> tuple[str, str]:
+    """``default_master()`` and how it was found, in words (for a command that changes
+    something to say which master it changes); "" when no master answers (the default
+    address, where the call will fail saying so)."""
     configured = os.environ.get("WEIR_MASTER")
     if configured:
-        return configured
+        return configured, "from $WEIR_MASTER"
     if _answers(DEFAULT_MASTER):
-        return DEFAULT_MASTER
+        return DEFAULT_MASTER, "the default address"
     answering = [a for a in auth.local_master_addresses() if a != DEFAULT_MASTER
                  and _answers(a)]
     if len(answering) > 1:
@@ -65,7 +72,9 @@ def default_master() -> str:
             f"{len(answering)} masters of yours answer on this machine "
             f"({', '.join(answering)}, newest first) and none on {DEFAULT_MASTER}: say which "
             "one with --master HOST:PORT or $WEIR_MASTER")
-    return answering[0] if answering else DEFAULT_MASTER
+    if answering:
+        return answering[0], "the one master of yours answering on this machine"
+    return DEFAULT_MASTER, ""
 
 
 def _answers(address: str, timeout_s: float = 0.3) -> bool:

@@ -91,7 +91,15 @@ def run_top(read: Callable[[], Snapshot], *, interval_s: float = 1.0,
 
 
 def progress_text(app: client_pb2.ApplicationInfo) -> str:
-    """``weir run``'s progress: windows, throughput and the committed window."""
+    """``weir run``'s progress: windows, throughput and the committed window; before the
+    first window, what it waits for (containers to start, then operators to set up: Spark
+    starts in each container that runs it, the longest wait of a first run)."""
+    if app.state == "RUNNING" and app.current_window_id < 0:
+        waiting = (f"starting containers ({app.containers_active}/{app.containers_planned} up)"
+                   if app.containers_active < app.containers_planned else
+                   "operators setting up (a container that runs Spark starts it first: "
+                   "10-20 s)")
+        return f"{app.id} {app.state}: no window yet, {waiting}"
     return (f"{app.id} {app.state}: window {format_window_id(app.current_window_id)}, "
             f"{tables.format_rate(app.tuples_processed_per_second)} tuples/s, "
             f"{tables.format_count(app.total_tuples_processed)} processed, committed "

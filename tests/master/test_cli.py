@@ -172,6 +172,19 @@ def test_master_address_from_environment(capsys, monkeypatch):
     assert_one_line_error(code, err, "no master answers at 127.0.0.1:1")
 
 
+def test_a_command_that_changes_something_says_which_master_it_found(capsys, monkeypatch,
+                                                                       master):
+    monkeypatch.setenv("WEIR_MASTER", master.address)
+    code, _, err = run(capsys, "kill", "app-0042")
+    assert code != 0 and err.splitlines()[0] == (
+        f"weir: using the master at {master.address} (from $WEIR_MASTER; --master HOST:PORT "
+        "names another)")
+    code, _, err = run(capsys, "apps")  # a question changes nothing: no line
+    assert code == 0 and err == ""
+    code, _, err = run(capsys, "--master", master.address, "kill", "app-0042")
+    assert "using the master" not in err  # named: nothing to tell
+
+
 def test_unknown_application_and_container(capsys, master):
     address = master.address
     code, _, err = run(capsys, "--master", address, "operators", "app-0042")

@@ -112,7 +112,7 @@ def test_progress_line_is_live_on_a_terminal_and_periodic_otherwise():
         def isatty(self) -> bool:
             return True
 
-    app = client_pb2.ApplicationInfo(id="app-0001", state="RUNNING", current_window_id=-1,
+    app = client_pb2.ApplicationInfo(id="app-0001", state="RUNNING", current_window_id=7,
                                      committed_window_id=-1, tuples_processed_per_second=1500)
     tty = Tty()
     line = live_view.ProgressLine(tty)
@@ -132,6 +132,18 @@ def test_progress_line_is_live_on_a_terminal_and_periodic_otherwise():
     quiet = io.StringIO()
     live_view.ProgressLine(quiet, quiet=True).show(app)
     assert quiet.getvalue() == ""
+
+
+def test_progress_says_what_it_waits_for_before_the_first_window():
+    app = client_pb2.ApplicationInfo(id="app-0001", state="RUNNING", current_window_id=-1,
+                                     containers_active=1, containers_planned=2)
+    assert live_view.progress_text(app) == "app-0001 RUNNING: no window yet, starting " \
+                                           "containers (1/2 up)"
+    app.containers_active = 2
+    assert "no window yet, operators setting up (a container that runs Spark starts it " \
+           "first" in live_view.progress_text(app)
+    app.current_window_id = 7
+    assert "no window yet" not in live_view.progress_text(app)
 
 
 def test_weir_master_serves_http_on_the_port_asked_and_can_go_without():
