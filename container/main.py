@@ -39,7 +39,7 @@ from weir.storage.private_files import read_private_file
 
 __all__ = ["main"]
 
-_LOGGER = logging.getLogger("container")
+_LOGGER = logging.getLogger("weir.container")
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", "[::]", ""}
 

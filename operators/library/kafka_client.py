@@ -8,12 +8,20 @@ only receives the source's committed offsets, for lag tools.
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
 
+from weir.operators.operator import PermanentError
+
 __all__ = [
     "KafkaSetupError",
+    "KafkaUnreachableAtStart",
+    "LIBRDKAFKA_LOG",
+    "RepeatedLogFilter",
     "client_config",
     "kafka",
     "owns_partition",
@@ -27,6 +35,45 @@ _METADATA_TIMEOUT_S = 10.0
 
 class KafkaSetupError(RuntimeError):
     """The brokers cannot be reached, or a topic is not there: the operator cannot start."""
+
+
+class KafkaUnreachableAtStart(KafkaSetupError, PermanentError):
+    """A ``KafkaSetupError`` at an operator's first deployment (no checkpoint yet): a wrong
+    address or topic, almost surely, which no restart fixes, so the application fails at
+    once with it (after a checkpoint, a broker away is waited for: restarts retry)."""
+
+
+class RepeatedLogFilter(logging.Filter):
+    """Lets each kind of librdkafka log line through once per ``every_s``: an unreachable
+    broker makes it say the same thing hundreds of times. A kind is the line with its
+    numbers taken out; the next line of a kind let through says how many were held back.
+    """
+
+    def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}  # kind -> (last let through, held)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = re.sub(r"\d+", "#", record.getMessage())
+        now = self._clock()
+        last, held = self._seen.get(kind, (float("-inf"), 0))
+        if now - last < self.every_s:
+            self._seen[kind] = (last, held + 1)
+            return False
+        if len(self._seen) > 1_000:  # bounded: kinds are few, but text may vary
+            self._seen.clear()
+        self._seen[kind] = (now, 0)
+        if held:
+            record.msg = f"{record.getMessage()} ({held} like it held back)"
+            record.args = ()
+        return True
+
+
+LIBRDKAFKA_LOG = logging.getLogger("weir.operators.library.librdkafka")
+"""Where the Kafka clients' own log lines go (``logger=``), each kind once a minute."""
+LIBRDKAFKA_LOG.addFilter(RepeatedLogFilter())
 
 
 def kafka() -> Any:
@@ -88,19 +135,21 @@ def owns_partition(topic: str, partition: int, index: int, count: int) -> bool:
 
 
 def topic_partitions(client: Any, topics: list[str], bootstrap_servers: str,
-                     who: str) -> dict[str, list[int]]:
+                     who: str, first_deployment: bool = False) -> dict[str, list[int]]:
     """Each topic's partition numbers, from the brokers' metadata.
 
     Raises:
-        KafkaSetupError: no broker answers, or a topic does not exist.
+        KafkaSetupError: no broker answers, or a topic does not exist;
+            ``KafkaUnreachableAtStart`` on the operator's ``first_deployment``.
     """
+    failure = KafkaUnreachableAtStart if first_deployment else KafkaSetupError
     confluent = kafka()
     found: dict[str, list[int]] = {}
     for topic in topics:
         try:
             metadata = client.list_topics(topic, timeout=_METADATA_TIMEOUT_S)
         except confluent.KafkaException as exc:
-            raise KafkaSetupError(
+            raise failure(
                 f"{who}: no Kafka broker answers at {bootstrap_servers!r} "
                 f"({exc.args[0].str() if exc.args else exc}); check bootstrap_servers and "
                 "that the brokers run and are reachable from this container") from None
@@ -108,7 +157,7 @@ def topic_partitions(client: Any, topics: list[str], bootstrap_servers: str,
         error = described.error if described is not None else None
         if described is None or error is not None or not described.partitions:
             reason = error.str() if error is not None else "no partitions"
-            raise KafkaSetupError(
+            raise failure(
                 f"{who}: topic {topic!r} does not exist on the brokers at "
                 f"{bootstrap_servers!r} ({reason}); create it, or fix the topic name")
         found[topic] = sorted(described.partitions)

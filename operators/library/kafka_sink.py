@@ -26,7 +26,12 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from weir.operators.library.kafka_client import client_config, kafka, topic_partitions
+from weir.operators.library.kafka_client import (
+    LIBRDKAFKA_LOG,
+    client_config,
+    kafka,
+    topic_partitions,
+)
 from weir.operators.library.kafka_records import json_value
 from weir.operators.library.sinks import _WindowBuffer
 from weir.operators.operator import OperatorContext, TransientNonState
@@ -145,13 +150,13 @@ class KafkaSink(TransientNonState, _WindowBuffer):
         if self.exactly_once:
             config["transactional.id"] = f"weir.{self._key}"
         confluent = kafka()
-        self._producer = confluent.Producer(config, logger=_LOGGER)
+        self._producer = confluent.Producer(config, logger=LIBRDKAFKA_LOG)
         try:
             # a consumer's metadata request never creates the topic (a producer's may)
             reader = self._reader()
             try:
                 partitions = topic_partitions(reader, [self.topic], self.bootstrap_servers,
-                                              who)[self.topic]
+                                              who, context.recovered_window < 0)[self.topic]
                 if self.exactly_once:
                     self._create_progress_topic(reader)
             finally:
@@ -311,7 +316,7 @@ class KafkaSink(TransientNonState, _WindowBuffer):
         found = metadata.topics.get(self.progress_topic)
         if found is not None and found.error is None and found.partitions:
             return
-        admin = confluent.admin.AdminClient(self._client_settings(), logger=_LOGGER)
+        admin = confluent.admin.AdminClient(self._client_settings(), logger=LIBRDKAFKA_LOG)
         future = admin.create_topics([confluent.admin.NewTopic(
             self.progress_topic, 1, 1, config={"cleanup.policy": "compact"})])
         try:
@@ -331,7 +336,7 @@ class KafkaSink(TransientNonState, _WindowBuffer):
 
     def _reader(self) -> Any:
         return kafka().Consumer({**self._client_settings(), **_READ_CONFIG,
-                                 "group.id": f"weir.{self._key}.reader"}, logger=_LOGGER)
+                                 "group.id": f"weir.{self._key}.reader"}, logger=LIBRDKAFKA_LOG)
 
     def _read_watermark(self, partitions: list[int]) -> None:
         """This sink's last progress record: its watermark and the output's ends after it;

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from weir.operators.dead_letters import DeadLetters, dead_letters_of
 from weir.operators.library.kafka_client import (
+    LIBRDKAFKA_LOG,
     client_config,
     kafka,
     owns_partition,
@@ -175,9 +176,10 @@ class KafkaSource(ReplayableSource):
             self.bootstrap_servers, self.config, _DEFAULTS, _FIXED, f"operator {context.name!r}")
         config.setdefault("group.id", self.group_id or f"weir.{context.name}")
         config.setdefault("client.id", f"weir-{context.name}-{context.operator_id}")
-        self._consumer = kafka().Consumer(config, logger=_LOGGER)
+        self._consumer = kafka().Consumer(config, logger=LIBRDKAFKA_LOG)
         try:
-            self._discover(first=not self.positions)  # start_from: only with no offsets
+            self._discover(first=not self.positions,  # start_from: only with no offsets
+                           first_deployment=context.recovered_window < 0)
             super().setup(context)
         except BaseException:
             self.teardown()
@@ -267,14 +269,14 @@ class KafkaSource(ReplayableSource):
         context = self.__dict__.get("_context")
         return f"operator {context.name!r}" if context is not None else "KafkaSource"
 
-    def _discover(self, first: bool) -> None:
+    def _discover(self, first: bool, first_deployment: bool = False) -> None:
         """Finds this partition's topic partitions; new ones get a start offset and join
-        the assignment."""
+        the assignment (``first_deployment``: no broker or topic is a fatal error)."""
         assert self._context is not None
         self._next_discovery = time.monotonic() + self.discover_partitions_s
         index, count = self._context.partition_index, self._context.partition_count
         found = topic_partitions(self._consumer, self.topics, self.bootstrap_servers,
-                                 self._name)
+                                 self._name, first_deployment)
         owned = [partition_key(topic, p) for topic, ps in found.items() for p in ps
                  if owns_partition(topic, p, index, count)]
         new = [key for key in owned if key not in self._owned]

@@ -48,11 +48,11 @@ CONTAINER = textwrap.dedent("""
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
-        logging.getLogger("container").info("interrupted")
+        logging.getLogger("weir.container").info("interrupted")
     finally:
         bridge.stop()
         warm_up.join(30)  # to see how the warm-up ends; a container does not wait for it
-    logging.getLogger("container").info("exits")
+    logging.getLogger("weir.container").info("exits")
 """)
 
 

@@ -79,7 +79,7 @@ def test_bad_sql_fails_the_run_in_one_attempt_with_sparks_message(run_dag):
 def test_an_operator_the_containers_cannot_import_fails_the_application_at_once(
         master, tmp_path, monkeypatch, caplog):
     """Its class lives in a module only this process can import: unpickling fails there."""
-    caplog.set_level(logging.WARNING, "master")
+    caplog.set_level(logging.WARNING, "weir.master")
     module = tmp_path / "weir_only_here.py"
     module.write_text(textwrap.dedent("""
         from weir.operators import Operator, InputPort
@@ -99,3 +99,22 @@ def test_an_operator_the_containers_cannot_import_fails_the_application_at_once(
         assert_failed_in_one_attempt(client, app_id, info, "sink", master)
         assert "cannot be rebuilt" in info.diagnostics
         assert "No module named 'weir_only_here'" in info.diagnostics
+
+
+def test_a_kafka_source_that_reaches_no_broker_fails_the_application_at_once(master):
+    """At its first deployment: no container relaunched, one message, and the client's own
+    repeated complaints come once each, not a line per retry."""
+    from weir.operators.library import KafkaSource
+
+    dag = Dag("no-broker", CONTAINERS=1, MAX_RESTARTS=5, **ATTRIBUTES)
+    source = dag.add_operator("source", KafkaSource(
+        "orders", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms": 2000}))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("records", source.output, sink.input)
+    client, app_id, info = run_until_ended(master, dag, timeout_s=90)
+    with client:
+        assert_failed_in_one_attempt(client, app_id, info, "source", master)
+        assert "no Kafka broker answers at '127.0.0.1:1'" in info.diagnostics
+    refused = [line for line in container_logs(master).splitlines()
+               if "Connection refused" in line]
+    assert len(refused) <= 3, "\n".join(refused)  # one per kind a minute (metadata: 10 s)

@@ -17,7 +17,7 @@ from tests.operators.test_kafka_source import new_topic
 from tests.operators.test_library import wid
 from weir.operators.library import KafkaSink
 from weir.operators.library.kafka_client import KafkaSetupError
-from weir.operators.operator import OperatorContext
+from weir.operators.operator import OperatorContext, PermanentError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -178,8 +178,9 @@ def test_an_unknown_topic_an_unreachable_broker_and_a_missing_column_are_clear_e
     with pytest.raises(KafkaSetupError, match="topic 'nowhere-topic' does not exist"):
         KafkaSink("nowhere-topic", kafka_bootstrap).setup(context(tmp_path))
     nobody = KafkaSink("t", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms": 2000})
-    with pytest.raises(KafkaSetupError, match="no Kafka broker answers at '127.0.0.1:1'"):
+    with pytest.raises(KafkaSetupError, match="no Kafka broker answers at '127.0.0.1:1'") as e:
         nobody.setup(context(tmp_path))
+    assert isinstance(e.value, PermanentError)  # a first deployment: the application fails
     topic = new_topic(kafka_bootstrap)
     sink = KafkaSink(topic, kafka_bootstrap, key_column="user")
     sink.setup(context(tmp_path))

@@ -4,6 +4,7 @@ from its checkpoints as a recovered container would restore it."""
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from pathlib import Path
 
@@ -12,11 +13,12 @@ import pytest
 
 from tests.operators.test_exactly_once import source_window
 from tests.operators.test_library import Emitted, wid
+from weir.container.operator_errors import is_fatal
 from weir.operators.library import KafkaSource
-from weir.operators.library.kafka_client import KafkaSetupError
+from weir.operators.library.kafka_client import KafkaSetupError, RepeatedLogFilter
 from weir.operators.library.kafka_records import RecordDecodeError
 from weir.operators.metrics import collect_metrics
-from weir.operators.operator import OperatorContext
+from weir.operators.operator import OperatorContext, PermanentError
 from weir.runtime.operator_state import capture, restore
 
 pytestmark = pytest.mark.timeout(120)
@@ -308,8 +310,32 @@ def test_an_unknown_topic_and_an_unreachable_broker_are_clear_errors(kafka_boots
         started(missing, tmp_path / "a")
     nobody = KafkaSource("t", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms":
                                                      2000})
-    with pytest.raises(KafkaSetupError, match="no Kafka broker answers at '127.0.0.1:1'"):
+    with pytest.raises(KafkaSetupError, match="no Kafka broker answers at '127.0.0.1:1'") as e:
         started(nobody, tmp_path / "b")
+    # at the first deployment no restart can fix it: the application fails at once
+    assert isinstance(e.value, PermanentError) and is_fatal(e.value)
+    with pytest.raises(KafkaSetupError) as e:  # after a checkpoint: restarts wait for it
+        started(KafkaSource("t", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms":
+                                                        2000}), tmp_path / "c", recovered=5)
+    assert not isinstance(e.value, PermanentError) and not is_fatal(e.value)
+
+
+def test_the_clients_repeated_log_lines_come_once_a_minute_with_how_many_were_held():
+    now = [0.0]
+    kept = RepeatedLogFilter(every_s=60, clock=lambda: now[0])
+
+    def line(text: str) -> logging.LogRecord:
+        return logging.LogRecord("librdkafka", logging.WARNING, "", 0, text, (), None)
+
+    refused = "FAIL [thrd:127.0.0.1:1/bootstrap]: Connect to ipv4#127.0.0.1:1 failed (after %dms)"
+    first = line(refused % 3)
+    assert kept.filter(first) and first.getMessage() == refused % 3
+    assert [kept.filter(line(refused % ms)) for ms in (5, 9, 12)] == [False, False, False]
+    assert kept.filter(line("another kind of line"))
+    now[0] = 61.0
+    again = line(refused % 20)
+    assert kept.filter(again)
+    assert again.getMessage() == refused % 20 + " (3 like it held back)"
 
 
 def test_settings_weir_owns_are_refused():
