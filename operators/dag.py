@@ -20,6 +20,7 @@ import cloudpickle
 import pyarrow as pa
 
 from weir.operators.attributes import Scope, parse_attributes
+from weir.operators.column_checks import check_columns, emitted_schema
 from weir.operators.dead_letters import DEAD_LETTER, ERRORS_PORT
 from weir.operators.operator import InputOperator, Operator
 from weir.operators.ports import BoundPort
@@ -121,6 +122,7 @@ class Dag:
 
     def to_descriptor(self, *, with_payload: bool = True) -> plan_pb2.DagDescriptor:
         """The DAG as a protocol message; ``with_payload`` pickles the operator instances."""
+        self._check_columns()
         descriptor = plan_pb2.DagDescriptor(name=self.name, attributes=self.attributes)
         for name, operator in self._operators.items():
             cls = type(operator)
@@ -171,6 +173,19 @@ class Dag:
         return descriptor
 
     # -- helpers -----------------------------------------------------------------
+    def _check_columns(self) -> None:
+        """The columns sources' readers name, against what the sources emit (if known)."""
+        readers: dict[str, list[str]] = {}
+        for source, sinks in self._streams.values():
+            if source.name == ERRORS_PORT:  # dead letters: their own columns
+                continue
+            readers.setdefault(self._operator_name(source), []).extend(
+                self._operator_name(s) for s in sinks)
+        sources = {name: emitted_schema(op) for name, op in self._operators.items()
+                   if isinstance(op, InputOperator) and name in readers}
+        check_columns(sources, readers, self._operator_attributes, self._operators)
+
+
     def _operator_name(self, port: BoundPort) -> str:
         for name, operator in self._operators.items():
             if operator is port.operator:

@@ -185,6 +185,10 @@ class Operator:
     #: instance attributes reported as user metrics after every window (``operators.metrics``;
     #: methods marked ``@metric`` are too).
     METRICS: ClassVar[tuple[str, ...]] = ()
+    #: instance attributes naming input columns (a name, a list of names, or Spark SQL
+    #: aggregations by output name): checked at submit against what a source feeding it
+    #: emits, when that is known (``operators.column_checks``).
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ()
     #: instance attributes holding keyed state: a mapping from a value of the partition key
     #: (``PARTITION_KEY``) to that key's state, or an Arrow table with a ``PARTITION_KEY``
     #: column. When the operator is repartitioned at run time each new partition gets the
@@ -323,6 +327,12 @@ class InputOperator(Operator):
     #: with ``ON_ERROR="DEAD_LETTER"`` it sets aside the records it cannot read (decode) on
     #: its ``errors`` port instead of failing; other sources refuse the attribute.
     DEAD_LETTERS: ClassVar[bool] = False
+
+    def emitted_schema(self) -> pa.Schema | None:
+        """What it emits, when known before it runs (its one output port's declared
+        schema): the columns its readers name are checked against it at submit."""
+        ports = list(type(self).output_ports().values())
+        return ports[0].schema if len(ports) == 1 else None
 
     def emit_tuples(self) -> bool:
         """Emits what is available now, within the current streaming window.

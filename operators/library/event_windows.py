@@ -93,6 +93,7 @@ class EventTimeWindows(SparkOperator):
     late = OutputPort()
 
     KEYED_STATE: ClassVar[tuple[str, ...]] = ("pending", "panes")
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("event_time", "keys", "aggregations")
     METRICS: ClassVar[tuple[str, ...]] = ("late_rows", "open_rows", "windows_out")
 
     def __init__(self, kind: str, event_time: str, *, keys: str | Sequence[str] = (),

@@ -200,6 +200,26 @@ class ParquetSource(FileRangeSource):
         self.partition = (context.partition_index, context.partition_count)
         super().setup(context)
 
+    def emitted_schema(self) -> pa.Schema | None:
+        """The columns it will emit, known before it runs: ``file_schema``, or the first
+        Parquet or Arrow file's (None for a folder without files yet, or text files
+        without ``file_schema``: their columns are inferred as they are read)."""
+        schema = self.file_schema
+        if schema is None and self.format in ("parquet", "arrow"):
+            try:
+                self._fs, self._prefix, self._single = self._open_path("ParquetSource")
+                files = self._list()
+                if not files:
+                    return None
+                with self._fs.open_input_file(self._file_path(files[0])) as handle:
+                    schema = (pq.read_schema(handle) if self.format == "parquet"
+                              else ipc.open_file(handle).schema)
+            finally:
+                self.reset_non_state()
+        if schema is not None and self.columns:
+            schema = pa.schema([schema.field(c) for c in self.columns if c in schema.names])
+        return schema
+
     # -- FileRangeSource: rows of the files -------------------------------------------
     def read_step(self) -> int:
         return self.batch_rows

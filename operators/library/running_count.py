@@ -59,6 +59,8 @@ class RunningCount(SparkOperator):
                                              "_scratch")
     METRICS: ClassVar[tuple[str, ...]] = ("state_keys",)
 
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("key",)  # checked at submit
+
     def __init__(self, key: str = "word", ttl_windows: int | None = None,
                  ttl_millis: int | None = None) -> None:
         if ttl_windows is not None and ttl_windows < 1 or ttl_millis is not None and \

@@ -35,6 +35,8 @@ class Tokenize(SparkOperator):
         word: string
     """
 
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("column",)  # checked at submit
+
     def __init__(self, column: str = "line", output_column: str = "word") -> None:
         self.column = column
         self.output_column = output_column
@@ -70,6 +72,8 @@ class WindowedCount(SparkOperator):
     #: the window's key codes are not state: a window ends with its job
     NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_codes")
     _TRANSIENT: ClassVar[tuple[str, ...]] = (*SparkOperator._TRANSIENT, "_codes")
+
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("key", "value")  # checked at submit
 
     def __init__(self, key: str = "word", value: str | None = None) -> None:
         self.key = key

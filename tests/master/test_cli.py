@@ -359,3 +359,29 @@ def test_version_and_the_http_options_as_the_help_tells_them():
     text = " ".join(_weir("master", "--help").stdout.split())
     assert "JSON API to anyone who reaches the port, without the read-only HTTP token" in text
     assert "without the master's secret" not in text  # what it said: the secret is never sent
+
+
+def test_weir_run_refuses_a_column_the_source_does_not_have_before_starting_anything(
+        capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "events").mkdir()
+    pq.write_table(pa.table({"ts": pa.array([0], pa.timestamp("ms")), "user": ["a"]}),
+                   tmp_path / "events" / "part-0.parquet")
+    app = tmp_path / "typo.py"
+    app.write_text(
+        "from weir.operators import Dag\n"
+        "from weir.operators.library import EventTimeWindows, ParquetSource\n"
+        "from weir.operators.testing import CollectSink\n"
+        "dag = Dag('typo')\n"
+        f"src = dag.add_operator('events', ParquetSource({str(tmp_path / 'events')!r}),\n"
+        "                       EVENT_TIME_COLUMN='ts')\n"
+        "w = dag.add_operator('w', EventTimeWindows.tumbling('ts', size_ms=1000, keys='usr'))\n"
+        "sink = dag.add_operator('sink', CollectSink())\n"
+        "dag.add_stream('rows', src.output, w.input)\n"
+        "dag.add_stream('out', w.output, sink.input)\n")
+    code, out, err = run(capsys, "run", str(app), "--log-dir", str(tmp_path / "logs"))
+    assert_one_line_error(code, err, "operator 'w': keys names column 'usr', which 'events' "
+                                     "does not emit", "did you mean 'user'?")
+    assert not (tmp_path / "logs").exists()  # no launcher, so no container, was started

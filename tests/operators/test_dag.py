@@ -207,9 +207,13 @@ def test_source_only_attributes_on_an_operator_that_is_no_source_are_refused(att
         dag.validate()
 
 
+class TimedSource(InputOperator):
+    output = OutputPort(pa.schema([("ts", pa.timestamp("ms")), ("word", pa.string())]))
+
+
 def test_source_only_attributes_on_a_source_are_accepted():
     dag = Dag("event-time")
-    src = dag.add_operator("src", Source(), EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=500,
+    src = dag.add_operator("src", TimedSource(), EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=500,
                            IDLE_TIMEOUT_MILLIS=1_000)
     a = dag.add_operator("a", Pass())
     dag.add_stream("s1", src.output, a.input)

@@ -1,0 +1,88 @@
+"""Columns an operator names (keys, an event-time column, what an aggregation reads),
+checked against what the source feeding it emits, when that is known before anything
+runs: a misspelt column fails ``Dag.to_descriptor`` (so ``weir run`` and ``weir submit``)
+with the columns there are, not a window later, after containers and Spark started.
+
+What a source emits is its ``emitted_schema`` (a declared output schema; a
+``ParquetSource``'s files); what a reader names is read from the attributes its class
+lists in ``COLUMNS_READ``: a column (text), columns (a list), or Spark SQL aggregations
+(a mapping: the column of each ``f(column)``; other expressions are not parsed, Spark
+checks them). Only a source's direct readers are checked: further down, columns depend
+on what the operators between compute.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from weir.operators.operator import InputOperator, Operator
+
+__all__ = ["check_columns", "columns_read", "emitted_schema"]
+
+_AGGREGATE_OF_A_COLUMN = re.compile(r"^\s*\w+\(\s*(?:DISTINCT\s+)?`?([A-Za-z_]\w*)`?\s*\)\s*$",
+                                    re.IGNORECASE)
+
+
+def columns_read(operator: Operator) -> Iterator[tuple[str, str]]:
+    """(setting, column) for each column ``operator`` names in its ``COLUMNS_READ``."""
+    for setting in getattr(operator, "COLUMNS_READ", ()):
+        value: Any = getattr(operator, setting, None)
+        if isinstance(value, str):
+            yield setting, value
+        elif isinstance(value, Mapping):
+            for name, expression in value.items():
+                found = _AGGREGATE_OF_A_COLUMN.match(str(expression))
+                if found:
+                    yield f"{setting}[{name!r}]", found.group(1)
+        elif isinstance(value, list | tuple):
+            yield from ((setting, column) for column in value if isinstance(column, str))
+
+
+def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str, list[str]],
+                  attributes: Mapping[str, Mapping[str, str]],
+                  operators: Mapping[str, Operator]) -> None:
+    """Raises ``DagError`` for a column a source's reader names, or a source's
+    ``EVENT_TIME_COLUMN``, that is not among the source's columns.
+
+    Args:
+        sources: each source's output schema (None: not known before it runs).
+        readers: the operators each source feeds directly.
+        attributes: each operator's attributes.
+        operators: the operator instances by name.
+    """
+    from weir.operators.dag import DagError
+
+    for source, schema in sources.items():
+        if schema is None:
+            continue
+        names = schema.names
+        event_time = attributes.get(source, {}).get("EVENT_TIME_COLUMN")
+        if event_time and event_time not in names:
+            raise DagError(f"operator {source!r}: EVENT_TIME_COLUMN={event_time!r} is not "
+                           f"among the columns it emits {names}{_hint(event_time, names)}; "
+                           "set it to the column holding each row's time")
+        for reader in readers.get(source, []):
+            for setting, column in columns_read(operators[reader]):
+                if column not in names:
+                    raise DagError(
+                        f"operator {reader!r}: {setting} names column {column!r}, which "
+                        f"{source!r} does not emit (its columns: {names})"
+                        f"{_hint(column, names)}; fix the name, or the source's columns")
+
+
+def emitted_schema(operator: InputOperator) -> pa.Schema | None:
+    """The one output's schema a source says it emits, or None (unknown, or several)."""
+    try:
+        return operator.emitted_schema()
+    except Exception:  # noqa: BLE001 - unknown until it runs: its setup will say why
+        return None
+
+
+def _hint(name: str, names: list[str]) -> str:
+    near = difflib.get_close_matches(name, names, n=1)
+    return f"; did you mean {near[0]!r}?" if near else ""
