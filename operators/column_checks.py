@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from weir.operators.operator import InputOperator, Operator
 
-__all__ = ["check_columns", "columns_read", "emitted_schema"]
+__all__ = ["check_columns", "columns_read", "emitted_schema", "missing_column"]
 
 _AGGREGATE_OF_A_COLUMN = re.compile(r"^\s*\w+\(\s*(?:DISTINCT\s+)?`?([A-Za-z_]\w*)`?\s*\)\s*$",
                                     re.IGNORECASE)
@@ -67,12 +67,20 @@ def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str,
                            f"among the columns it emits {names}{_hint(event_time, names)}; "
                            "set it to the column holding each row's time")
         for reader in readers.get(source, []):
-            for setting, column in columns_read(operators[reader]):
-                if column not in names:
-                    raise DagError(
-                        f"operator {reader!r}: {setting} names column {column!r}, which "
-                        f"{source!r} does not emit (its columns: {names})"
-                        f"{_hint(column, names)}; fix the name, or the source's columns")
+            problem = missing_column(operators[reader], names, f"{source!r} does not emit")
+            if problem:
+                raise DagError(f"operator {reader!r}: {problem}; fix the name, or the "
+                               "source's columns")
+
+
+def missing_column(operator: Operator, names: list[str], where: str) -> str | None:
+    """What is wrong with the first column ``operator`` names that is not in ``names``
+    (``where``: who does not have it), or None."""
+    for setting, column in columns_read(operator):
+        if column not in names:
+            return (f"{setting} names column {column!r}, which {where} (its columns: "
+                    f"{names}){_hint(column, names)}")
+    return None
 
 
 def emitted_schema(operator: InputOperator) -> pa.Schema | None:

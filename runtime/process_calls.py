@@ -12,9 +12,10 @@ from collections.abc import Callable, Mapping
 
 import pyarrow as pa
 
+from weir.operators.column_checks import missing_column
 from weir.operators.dead_letters import DeadLetters, is_record_error, isolate_failures
 from weir.operators.operator import Operator
-from weir.operators.ports import conform
+from weir.operators.ports import SchemaMismatch, conform
 from weir.runtime.operator_state import OperatorStateError
 
 __all__ = ["ProcessCalls", "rows_may_be_at_fault"]
@@ -51,6 +52,9 @@ class ProcessCalls:
         self.dead_letters = dead_letters
         self.record_error = record_error
         self._held: list[tuple[str, pa.RecordBatch]] | None = None
+        # the columns it names (COLUMNS_READ) are checked on its one input's first batch
+        self._unchecked = set(operator.input_ports()) if len(operator.input_ports()) == 1 \
+            else set()
 
     def hold(self, port: str, batch: pa.RecordBatch) -> bool:
         """Keeps an emit of the try under way (True), or lets it go out now (False)."""
@@ -60,7 +64,19 @@ class ProcessCalls:
         return True
 
     def process(self, port: str, batch: pa.RecordBatch, window_id: int, emit: Emit) -> None:
-        """Hands ``batch`` to ``process``; with dead letters, bisects it on failure."""
+        """Hands ``batch`` to ``process``; with dead letters, bisects it on failure.
+
+        Raises:
+            SchemaMismatch: the first batch lacks a column the operator names (before
+                Spark would fail on it, listing internal columns).
+        """
+        if port in self._unchecked and batch.num_columns:
+            self._unchecked.discard(port)
+            problem = missing_column(self.operator, batch.schema.names,
+                                     f"its input port {port!r} does not have")
+            if problem:
+                raise SchemaMismatch(f"operator {self.name!r}: {problem}; fix the name, or "
+                                     "what feeds it")
         if self.dead_letters is None:
             self.operator.process(port, self.conform(port, batch))
             return

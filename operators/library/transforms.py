@@ -92,6 +92,8 @@ class WindowedCount(SparkOperator):
         fields.append(pa.field("window_id", pa.int64()))
         return pa.schema(fields)
 
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ()  # the count's output, not the user's columns
+
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if "_key_type" not in self.__dict__:
             index = batch.schema.get_field_index(self.key)
@@ -154,6 +156,8 @@ class WindowedCountUnifier(WindowedCount):
     ``APPLICATION_WINDOW_COUNT=1``): all partitions emit an application window's counts in
     the same streaming window, so each is added up whole.
     """
+
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ()  # the count's output, not the user's columns
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if "_key_type" not in self.__dict__:

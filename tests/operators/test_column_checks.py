@@ -99,3 +99,26 @@ def test_columns_read_takes_names_lists_and_simple_aggregations():
     assert list(columns_read(op)) == [("event_time", "ts"), ("keys", "a"), ("keys", "b"),
                                       ("aggregations['s']", "x"), ("aggregations['d']", "y")]
     assert list(columns_read(WindowedCount(key="k"))) == [("key", "k")]  # value None: none
+
+
+def test_a_column_named_but_not_in_the_first_batch_fails_before_spark_runs():
+    """A source whose columns are not known at submit: the first batch says them, and the
+    error names the user's columns, not the window's internal ones."""
+    from weir.operators.testing import LocalRunError, run_local
+
+    dag = Dag("late-check", SPARK_WARMUP_ROWS=0)
+    src = dag.add_operator("src", ListSource([[{"ts": 1_000, "user": "a", "amount": 3}]]),
+                           EVENT_TIME_COLUMN="ts")
+    w = dag.add_operator("w", EventTimeWindows.tumbling(
+        "ts", size_ms=1000, keys="user", aggregations={"total": "sum(amont)"}))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("rows", src.output, w.input)
+    dag.add_stream("out", w.output, sink.input)
+    dag.to_descriptor()  # nothing known at submit
+    with pytest.raises(LocalRunError) as failed:
+        run_local(dag)
+    message = str(failed.value)
+    assert ("operator 'w': aggregations['total'] names column 'amont', which its input port "
+            "'input' does not have (its columns: ['ts', 'user', 'amount']); did you mean "
+            "'amount'?") in message, message
+    assert "__weir" not in message and "AnalysisException" not in message
