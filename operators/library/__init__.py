@@ -9,7 +9,7 @@ from weir.operators.library.directory import DirectorySource
 from weir.operators.library.event_windows import EventTimeWindows
 from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
 from weir.operators.library.kafka_source import KafkaSource
-from weir.operators.library.parquet_source import ParquetSource
+from weir.operators.library.parquet_source import CsvSource, JsonLinesSource, ParquetSource
 from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from weir.operators.library.sinks import ConsoleSink, FileSink
 from weir.operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
@@ -32,6 +32,8 @@ __all__ = [
     "KafkaSink",
     "KafkaSource",
     "ParquetSource",
+    "JsonLinesSource",
+    "CsvSource",
     "PostgresSink",
     "RunningCount",
     "TcpLineSource",

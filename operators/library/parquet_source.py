@@ -9,7 +9,7 @@ import fnmatch
 import os
 import time
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -22,7 +22,7 @@ from weir.operators.library.file_ranges import FileRangeSource
 from weir.operators.operator import OperatorContext
 from weir.operators.ports import OutputPort
 
-__all__ = ["ParquetSource"]
+__all__ = ["CsvSource", "JsonLinesSource", "ParquetSource"]
 
 _SCAN_S = 0.1  # a watched folder found empty is listed again after this long at most
 _FORMATS = ("parquet", "arrow", "jsonl", "csv")
@@ -379,3 +379,33 @@ def _difference(expected: pa.Schema, found: pa.Schema) -> str:
     if not parts and expected.names != found.names:
         parts.append(f"columns in another order ({found.names} instead of {expected.names})")
     return "; ".join(parts) or f"({found}) instead of ({expected})"
+
+
+class JsonLinesSource(ParquetSource):
+    """``ParquetSource(path, format="jsonl", ...)``: a folder of JSON-lines files (one
+    object per line), replayable like every file source. Give ``file_schema`` to fix the
+    columns and their types (ISO-8601 text becomes timestamps, so a column can be the
+    ``EVENT_TIME_COLUMN``); without it each file's types are inferred.
+
+    Example:
+        >>> JsonLinesSource("events/", pattern="*.jsonl").format
+        'jsonl'
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, file_schema: pa.Schema | None = None,
+                 **options: Any) -> None:
+        super().__init__(path, format="jsonl", file_schema=file_schema, **options)
+
+
+class CsvSource(ParquetSource):
+    """``ParquetSource(path, format="csv", ...)``: a folder of CSV files with a header
+    line; ``file_schema`` fixes the columns' types (see ``JsonLinesSource``).
+
+    Example:
+        >>> CsvSource("rows/").format
+        'csv'
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, file_schema: pa.Schema | None = None,
+                 **options: Any) -> None:
+        super().__init__(path, format="csv", file_schema=file_schema, **options)
