@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import logging
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -76,5 +77,14 @@ def _run_user_code(path: str | Path, call: Callable[[], _T]) -> _T:
             "file defines `dag` or build_dag() and must not exit; put script code under "
             "`if __name__ == \"__main__\":`") from None
     except BaseException as exc:  # noqa: BLE001 - the user's file may raise anything
-        raise AppLoadError(f"{path} failed while building the DAG: "
+        raise AppLoadError(f"{path}{_line_in(path, exc)} failed while building the DAG: "
                            f"{type(exc).__name__}: {exc}") from None
+
+
+def _line_in(path: str | Path, exc: BaseException) -> str:
+    """`` line N``: the last line of the application file ``exc`` passed through ("" if
+    none: the error came from elsewhere before the file ran)."""
+    wanted = Path(path).resolve()
+    lines = [line for frame, line in traceback.walk_tb(exc.__traceback__)
+             if Path(frame.f_code.co_filename).resolve() == wanted]
+    return f" line {lines[-1]}" if lines else ""

@@ -254,9 +254,10 @@ def _lookup(name: str, scope: Scope) -> Attribute:
         import difflib
 
         near = difflib.get_close_matches(str(name).upper(), ATTRIBUTES, n=1)
-        hint = f"did you mean {near[0]!r}? " if near else ""
+        if near:  # the list of every attribute only when no name is close
+            raise InvalidAttribute(f"unknown attribute {name!r}; did you mean {near[0]!r}?")
         known = ", ".join(sorted(ATTRIBUTES))
-        raise InvalidAttribute(f"unknown attribute {name!r}; {hint}known attributes: {known}")
+        raise InvalidAttribute(f"unknown attribute {name!r}; known attributes: {known}")
     if not attribute.scope & scope:
         where = "a DAG" if scope == Scope.DAG else "an operator"
         raise InvalidAttribute(f"attribute {name} cannot be set on {where}")

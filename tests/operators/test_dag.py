@@ -97,6 +97,25 @@ def test_a_mistyped_attribute_names_the_nearest_one():
         dag.set_operator_attributes("a", QUEUE_CAPACTY=4)
 
 
+def test_an_unknown_attribute_lists_them_all_only_when_none_is_close():
+    with pytest.raises(InvalidAttribute) as near:
+        Dag("x", STREAMING_WINDOW_SIZE_MILIS=500)
+    assert str(near.value) == ("unknown attribute 'STREAMING_WINDOW_SIZE_MILIS'; did you mean "
+                               "'STREAMING_WINDOW_SIZE_MILLIS'?")
+    with pytest.raises(InvalidAttribute, match="known attributes: APPLICATION_WINDOW_COUNT, "):
+        Dag("x", BANANA=1)
+
+
+def test_an_application_files_error_names_its_line(tmp_path):
+    from weir.operators.app import AppLoadError, load_app
+
+    app = tmp_path / "app.py"
+    app.write_text("from weir.operators import Dag\n\n\ndag = Dag('x', QUEUE_CAPACTY=4)\n")
+    with pytest.raises(AppLoadError, match=r"app.py line 4 failed while building the DAG: "
+                                           r"InvalidAttribute: .*did you mean"):
+        load_app(app)
+
+
 def test_a_mistyped_port_lists_the_ports_and_the_nearest_name():
     import pickle
 
