@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -34,6 +34,12 @@ _CALL_DEADLINE = "Deadline Exceeded"  # gRPC's own details: this call's deadline
 
 DEFAULT_MASTER = "127.0.0.1:5151"
 """Where ``weir`` looks for a master unless told otherwise (``--master``, ``WEIR_MASTER``)."""
+
+
+class _Describable(Protocol):
+    """What ``submit`` takes besides a descriptor: a ``weir.operators.Dag``."""
+
+    def to_descriptor(self) -> plan_pb2.DagDescriptor: ...
 
 
 class WeirClientError(Exception):
@@ -204,11 +210,21 @@ class WeirClient:
                                    f"{SECRET_ENV} or --secret-file give it", code)
         return WeirClientError(details.splitlines()[0] if details else str(code), code)
 
-    def submit(self, dag: plan_pb2.DagDescriptor,
+    def submit(self, dag: plan_pb2.DagDescriptor | _Describable,
                overrides: Mapping[str, str] | None = None, *, from_savepoint: str = "",
                allow_dropped: bool = False) -> str:
-        """Submits a DAG; returns the application id. ``from_savepoint``: its operators
-        start from that savepoint's state, matched by name."""
+        """Submits a DAG (a ``weir.operators.Dag``, or its descriptor); returns the
+        application id.
+
+        Args:
+            overrides: attributes (``NAME`` or ``OPERATOR.NAME``) over the DAG's own.
+            from_savepoint: its operators start from that savepoint's state, matched by
+                name.
+            allow_dropped: the savepoint's operators that the DAG lacks leave their state
+                behind instead of refusing the submit.
+        """
+        if not isinstance(dag, plan_pb2.DagDescriptor):
+            dag = dag.to_descriptor()  # a Dag: the master never imports the SDK's classes
         request = client_pb2.SubmitApplicationRequest(
             dag=dag, attribute_overrides=dict(overrides or {}), from_savepoint=from_savepoint,
             allow_dropped=allow_dropped)

@@ -385,3 +385,15 @@ def test_weir_run_refuses_a_column_the_source_does_not_have_before_starting_anyt
     assert_one_line_error(code, err, "operator 'w': keys names column 'usr', which 'events' "
                                      "does not emit", "did you mean 'user'?")
     assert not (tmp_path / "logs").exists()  # no launcher, so no container, was started
+
+
+def test_the_client_submits_a_dag_as_it_is_or_as_its_descriptor(master, apps):
+    from weir.master.client import WeirClient
+    from weir.operators.app import load_app
+
+    dag = load_app(apps["good"])
+    with WeirClient(master.address) as client:
+        first = client.submit(dag)
+        second = client.submit(dag.to_descriptor(), {"sink.QUEUE_CAPACITY": "64"})
+        assert {a.id for a in client.applications()} >= {first, second}
+        assert client.application(first).name == client.application(second).name == dag.name
