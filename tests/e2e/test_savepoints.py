@@ -107,7 +107,7 @@ def test_a_stopped_word_count_resumes_from_its_savepoint_in_a_new_version(master
                        state=str(tmp_path / "state3"), inbox=str(inbox))
         with pytest.raises(WeirClientError) as refused:
             client.submit(load_app(v3).to_descriptor(), from_savepoint=savepoint)
-        assert "class changed count: operators.library.running_count.RunningCount -> " \
+        assert "class changed count: weir.operators.library.running_count.RunningCount -> " \
                "weir.operators.library.transforms.WindowedCount" in str(refused.value)
         v2 = write_app(tmp_path / "v2.py", V2, out=str(tmp_path / "out2"),
                        state=str(tmp_path / "state2"), inbox=str(inbox))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -93,16 +94,23 @@ def fresh_venv(wheel, tmp_path_factory) -> Path:
     return venv
 
 
+def outside_the_checkout() -> dict[str, str]:
+    """This environment without a PYTHONPATH (a test run may put the checkout there)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def test_the_installed_package_is_the_wheels_and_names_no_part_at_the_top(fresh_venv, tmp_path):
     python = str(fresh_venv / "bin" / "python")
     where = subprocess.run([python, "-c", "import weir.operators, weir.proto.plan_pb2; "
                             "print(weir.operators.__file__)"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60)
+                           env=outside_the_checkout(), capture_output=True, text=True,
+                           timeout=60)
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(fresh_venv)), where.stdout
     for part in ("operators", "proto", "master", "container"):
         missing = subprocess.run([python, "-c", f"import {part}"], cwd=tmp_path,
-                                 capture_output=True, text=True, timeout=60)
+                                 env=outside_the_checkout(), capture_output=True, text=True,
+                                 timeout=60)
         assert "ModuleNotFoundError" in missing.stderr, f"{part}: {missing.stderr}"
 
 
