@@ -92,8 +92,6 @@ class WindowedCount(SparkOperator):
         fields.append(pa.field("window_id", pa.int64()))
         return pa.schema(fields)
 
-    COLUMNS_READ: ClassVar[tuple[str, ...]] = ()  # the count's output, not the user's columns
-
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if "_key_type" not in self.__dict__:
             index = batch.schema.get_field_index(self.key)
