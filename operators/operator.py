@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
     from weir.operators.partitioning import PartitionFilter
 
-__all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState"]
+__all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState",
+           "UnreachableAtStart"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -47,6 +48,13 @@ class PermanentError(Exception):
     """An error the same input raises again on every replay (a record that cannot be
     decoded, a value no code path accepts). Raised from an operator, it fails the
     application at once: a restart would replay the same windows into the same error."""
+
+
+class UnreachableAtStart(PermanentError):
+    """A system a connector needs (a Kafka broker, a PostgreSQL server) cannot be reached,
+    or lacks what it names, at the operator's first deployment (no checkpoint yet): a
+    wrong address or name, almost surely, which no restart fixes, so the application fails
+    at once. After a checkpoint the same failure is waited out by restarts."""
 
 
 class SparkWindowInput(Protocol):

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from weir.operators.operator import PermanentError
+from weir.operators.operator import UnreachableAtStart
 
 __all__ = [
     "KafkaSetupError",
@@ -37,10 +37,8 @@ class KafkaSetupError(RuntimeError):
     """The brokers cannot be reached, or a topic is not there: the operator cannot start."""
 
 
-class KafkaUnreachableAtStart(KafkaSetupError, PermanentError):
-    """A ``KafkaSetupError`` at an operator's first deployment (no checkpoint yet): a wrong
-    address or topic, almost surely, which no restart fixes, so the application fails at
-    once with it (after a checkpoint, a broker away is waited for: restarts retry)."""
+class KafkaUnreachableAtStart(KafkaSetupError, UnreachableAtStart):
+    """A ``KafkaSetupError`` at an operator's first deployment: fatal."""
 
 
 class RepeatedLogFilter(logging.Filter):

@@ -34,7 +34,7 @@ from weir.operators.library.postgres_sql import (
     quoted,
 )
 from weir.operators.library.sinks import _WindowBuffer
-from weir.operators.operator import OperatorContext, TransientNonState
+from weir.operators.operator import OperatorContext, TransientNonState, UnreachableAtStart
 from weir.operators.windows import format_window_id, window_base_seconds
 from weir.storage.fence import Fenced
 
@@ -49,6 +49,10 @@ _COPY_CHUNK_ROWS = 65_536
 _CONNECT_TIMEOUT_SECONDS = 10
 _STAGING = "__weir_upsert_window"  # the temporary table an upsert window is copied into
 _ROW = "__weir_row"  # a row's position in its window, in the staging table
+
+
+class PostgresUnreachableAtStart(ConnectionError, UnreachableAtStart):
+    """No PostgreSQL server answers at the sink's first deployment: fatal."""
 
 
 class PostgresSink(TransientNonState, _WindowBuffer):
@@ -154,7 +158,9 @@ class PostgresSink(TransientNonState, _WindowBuffer):
             conn = psycopg.connect(self.dsn, **options)
         except psycopg.Error as exc:
             detail = " ".join(str(exc).split())
-            raise ConnectionError(
+            failure = (PostgresUnreachableAtStart if context.recovered_window < 0
+                       else ConnectionError)
+            raise failure(
                 f"operator {context.name!r}: PostgresSink cannot connect to PostgreSQL at "
                 f"{mask_dsn(self.dsn)!r}: {detail}. Check that the server is running and "
                 "reachable from this container, and that the DSN's host, port, dbname, user "

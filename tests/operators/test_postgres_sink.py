@@ -26,7 +26,7 @@ import pytest
 
 from weir.operators.library import PostgresSink
 from weir.operators.library.postgres import mask_dsn, postgres_type
-from weir.operators.operator import OperatorContext
+from weir.operators.operator import OperatorContext, UnreachableAtStart
 from weir.operators.windows import make_window_id
 from weir.runtime.operator_state import capture, restore
 from weir.storage import Fenced
@@ -236,6 +236,12 @@ def test_an_unreachable_server_fails_setup_clearly() -> None:
     assert "'report'" in message and f"port={port}" in message and "127.0.0.1" in message
     assert "password=***" in message and "hunter2" not in message
     assert "server is running" in message
+    assert isinstance(caught.value, UnreachableAtStart)  # a first deployment: fatal
+    with pytest.raises(ConnectionError) as caught:  # after a checkpoint restarts wait for it
+        PostgresSink(dsn, "counts").setup(OperatorContext(
+            name="report", operator_id=1, container_id="c0", attributes={},
+            recovered_window=7))
+    assert not isinstance(caught.value, UnreachableAtStart)
 
 
 def test_mask_dsn_hides_passwords() -> None:
