@@ -24,6 +24,7 @@ from weir.master.cli_queries import (
     cmd_containers,
     cmd_kill,
     cmd_kill_container,
+    cmd_logs,
     cmd_operators,
     cmd_repartition,
     cmd_shutdown,
@@ -245,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("operator", metavar="OPERATOR", help="operator name or physical id")
     p.add_argument("--windows", type=int, default=10, metavar="N",
                    help="recent windows to show (default 10)")
+    p = command("logs", cmd_logs, "the end of an application's container logs (the master "
+                "keeps them with --log-dir)")
+    p.add_argument("app_id", metavar="APP_ID")
+    p.add_argument("container_id", nargs="?", metavar="CONTAINER_ID",
+                   help="only this container's (default: every container of the application)")
+    p.add_argument("--bytes", type=int, default=0, metavar="N",
+                   help="the last N bytes of each log (default 65536)")
     p = command("kill-container", cmd_kill_container, "kill a container's process")
     p.add_argument("container_id", metavar="CONTAINER_ID")
     p = command("repartition", cmd_repartition,

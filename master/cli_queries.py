@@ -14,7 +14,7 @@ from weir.master.client import parse_address
 from weir.proto import client_pb2
 
 __all__ = [
-    "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container",
+    "cmd_app", "cmd_apps", "cmd_containers", "cmd_kill", "cmd_kill_container", "cmd_logs",
     "cmd_operators", "cmd_repartition", "cmd_shutdown", "cmd_stats", "cmd_submit", "cmd_top",
 ]
 
@@ -32,6 +32,25 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print_json(client_pb2.SubmitApplicationResponse(application_id=app_id))
     else:
         print(app_id)
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """The end of each container's log (or one's), a header line before each."""
+    with client_for(args) as client:
+        ids = [args.container_id] if args.container_id else [
+            c.id for c in client.containers(args.app_id)]
+        for container_id in ids:
+            log = client.container_log(args.app_id, container_id, args.bytes)
+            if args.json:
+                print_json(log)
+                continue
+            if len(ids) > 1:
+                print(f"==> {container_id} ({log.path}) <==")
+            if log.truncated:
+                print(f"[... the start of the log is in {log.path}]")
+            sys.stdout.write(log.text if log.text.endswith("\n") or not log.text
+                             else log.text + "\n")
     return 0
 
 

@@ -230,6 +230,12 @@ class WeirClient:
             allow_dropped=allow_dropped)
         return self._call(self._stub.SubmitApplication, request).application_id
 
+    def container_log(self, app_id: str, container_id: str, max_bytes: int = 0
+                      ) -> client_pb2.ContainerLogResponse:
+        """The end of a container's log (the master keeps them with ``--log-dir``)."""
+        return self._call(self._stub.GetContainerLog, client_pb2.ContainerLogRequest(
+            application_id=app_id, container_id=container_id, max_bytes=max_bytes))
+
     def take_savepoint(self, app_id: str, path: str, *, stop: bool = False) -> None:
         """Asks for a savepoint of the application at ``path``: while it runs on, or with
         ``stop``, finishing it (then ``wait`` for it). ``savepoint_state`` of its info

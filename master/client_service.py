@@ -6,7 +6,9 @@ import logging
 
 import grpc
 
+from weir.master.container_logs import log_tail
 from weir.master.core import MasterCore
+from weir.master.errors import NotFound
 from weir.master.rpc import rpc_errors
 from weir.proto import client_pb2, client_pb2_grpc
 
@@ -70,6 +72,17 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
         return client_pb2.RepartitionResponse(partitions=result.new,
                                               start_window_id=result.start_window_id,
                                               message=result.describe())
+
+    @rpc_errors
+    def GetContainerLog(self, request: client_pb2.ContainerLogRequest,
+                        context: grpc.ServicerContext) -> client_pb2.ContainerLogResponse:
+        known = {c.id for c in self.core.list_containers(request.application_id)}
+        if request.container_id not in known:
+            raise NotFound(f"application {request.application_id} has no container "
+                           f"{request.container_id!r}; its containers are {sorted(known)}")
+        text, truncated, path = log_tail(self.core.launcher, request.container_id,
+                                         request.max_bytes)
+        return client_pb2.ContainerLogResponse(text=text, truncated=truncated, path=path)
 
     @rpc_errors
     def ShutdownApplication(self, request: client_pb2.ShutdownApplicationRequest,
