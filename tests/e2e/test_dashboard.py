@@ -127,8 +127,12 @@ def test_dashboard_draws_the_dag_the_table_and_charts_with_live_numbers(master, 
             assert page.locator("#operators tbody tr").count() == 4
             assert "rows_seen=" in page.inner_text("#operators tbody tr[data-operator='evens']")
             # its state's size: the last checkpoint's (there was one: a window is committed)
-            state = page.inner_text("#operators tbody tr[data-operator='evens'] td.state")
+            size = "#operators tbody tr[data-operator='evens'] td.state-size"
+            state = page.inner_text(size)
             assert re.fullmatch(r"\d+(\.\d)? (B|kB|MB)", state), state
+            # seen, not only there: drawn in the table's colour (as a badge it was white)
+            assert page.eval_on_selector(size, "td => getComputedStyle(td).color") != \
+                "rgb(255, 255, 255)"
             # the charts: a line per operator with points of its recent windows
             wait_js(page, "[...document.querySelectorAll('#throughput-chart polyline')]"
                           ".some(p => p.getAttribute('points').split(' ').length >= 3)",
