@@ -339,7 +339,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 return
             self._json(200, _to_json(message))
             return
-        self._json(404, {"error": f"no such resource {url.path!r}; see the README's REST API"})
+        self._json(404, {"error": f"no such resource {url.path!r}; the REST API's resources "
+                                  "are in docs/operations/monitoring.md"})
 
     def do_POST(self) -> None:  # noqa: N802
         self._json(405, {"error": "the HTTP API is read-only; use `weir` to act"},
