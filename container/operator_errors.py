@@ -15,6 +15,7 @@ from types import FrameType
 
 from weir.container.lease import LeaseRevoked
 from weir.container.port_input import InputClosed
+from weir.operators.column_checks import hide_internal_columns
 from weir.operators.dead_letters import TooManyDeadLetters, is_spark_analysis_error
 from weir.operators.operator import PermanentError
 from weir.operators.ports import SchemaMismatch
@@ -74,7 +75,8 @@ def describe_error(exc: BaseException) -> str:
     The place is the innermost frame outside pyspark and py4j, and not one that hides
     itself (``__tracebackhide__``, as pytest reads it): the operator's own call.
     """
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in hide_internal_columns(str(exc)).splitlines()
+             if line.strip()]
     message = lines[0] if lines else ""
     if len(message) > _ERROR_CHARS:
         message = message[:_ERROR_CHARS - 3] + "..."

@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from weir.operators.operator import InputOperator, Operator
 
-__all__ = ["check_columns", "columns_read", "emitted_schema", "missing_column"]
+__all__ = ["check_columns", "columns_read", "emitted_schema", "hide_internal_columns",
+           "missing_column"]
 
 _AGGREGATE_OF_A_COLUMN = re.compile(r"^\s*\w+\(\s*(?:DISTINCT\s+)?`?([A-Za-z_]\w*)`?\s*\)\s*$",
                                     re.IGNORECASE)
@@ -81,6 +82,20 @@ def missing_column(operator: Operator, names: list[str], where: str) -> str | No
             return (f"{setting} names column {column!r}, which {where} (its columns: "
                     f"{names}){_hint(column, names)}")
     return None
+
+
+_INTERNAL = re.compile(r"`?__weir\w*`?(?:, )?")
+
+
+def hide_internal_columns(message: str) -> str:
+    """``message`` (Spark's, say: "Did you mean one of the following? [`amount`,
+    `__weir_new`]") without the columns Weir adds for its own work (``__weir_*``), which
+    the user never named and cannot use.
+
+    >>> hide_internal_columns("Did you mean one of [`amount`, `__weir_new`, `user`]?")
+    'Did you mean one of [`amount`, `user`]?'
+    """
+    return re.sub(r", \]", "]", _INTERNAL.sub("", message))
 
 
 def emitted_schema(operator: InputOperator) -> pa.Schema | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from weir.operators.column_checks import hide_internal_columns
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.watermarks import NO_WATERMARK
 from weir.operators.windows import format_window_id
@@ -103,7 +104,8 @@ class LocalNode:
         except Exception as exc:  # noqa: BLE001 - any operator error, named
             at = f"window {format_window_id(where)}" if isinstance(where, int) else where
             raise LocalRunError(f"operator {self.name!r} ({type(self.operator).__name__}) "
-                                f"failed in {at}: {type(exc).__name__}: {exc}") from exc
+                                f"failed in {at}: {type(exc).__name__}: "
+                                f"{hide_internal_columns(str(exc))}") from exc
 
     def teardown(self) -> None:
         self.torn_down = True

@@ -122,3 +122,23 @@ def test_a_column_named_but_not_in_the_first_batch_fails_before_spark_runs():
             "'input' does not have (its columns: ['ts', 'user', 'amount']); did you mean "
             "'amount'?") in message, message
     assert "__weir" not in message and "AnalysisException" not in message
+
+
+def test_an_expression_spark_cannot_resolve_names_no_internal_column():
+    """An aggregation the first batch cannot check (an expression, not f(column)) fails in
+    Spark, with Spark's message; Weir's own columns are taken out of it."""
+    from weir.operators.testing import LocalRunError, run_local
+
+    dag = Dag("spark-says", SPARK_WARMUP_ROWS=0)
+    src = dag.add_operator("src", ListSource([[{"ts": 1_000, "user": "a", "amount": 3}]]),
+                           EVENT_TIME_COLUMN="ts")
+    w = dag.add_operator("w", EventTimeWindows.tumbling(
+        "ts", size_ms=1000, keys="user", aggregations={"total": "sum(amont * 2)"}))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("rows", src.output, w.input)
+    dag.add_stream("out", w.output, sink.input)
+    with pytest.raises(LocalRunError) as failed:
+        run_local(dag)
+    message = str(failed.value)
+    assert "`amont` cannot be resolved" in message and "`user`" in message, message
+    assert "__weir" not in message, message
