@@ -85,7 +85,7 @@ def interrupt_at(marker: str) -> tuple[int, str]:
 def test_ctrl_c_during_the_warm_up_prints_no_traceback(marker):
     code, err = interrupt_at(marker)
     assert code == 0, err
-    assert "INFO container: interrupted" in err and "INFO container: exits" in err, err
+    assert "INFO weir.container: interrupted" in err and "INFO weir.container: exits" in err, err
     interrupted = [line for line in err.splitlines()
                    if "Spark warm-up interrupted: the container is stopping" in line]
     assert len(interrupted) == 1, err
