@@ -97,8 +97,7 @@ def progress_text(app: client_pb2.ApplicationInfo) -> str:
     if app.state == "RUNNING" and app.current_window_id < 0:
         waiting = (f"starting containers ({app.containers_active}/{app.containers_planned} up)"
                    if app.containers_active < app.containers_planned else
-                   "operators setting up (a container that runs Spark starts it first: "
-                   "10-20 s)")
+                   "operators setting up (a container that runs Spark starts it first)")
         return f"{app.id} {app.state}: no window yet, {waiting}"
     return (f"{app.id} {app.state}: window {format_window_id(app.current_window_id)}, "
             f"{tables.format_rate(app.tuples_processed_per_second)} tuples/s, "

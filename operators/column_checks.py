@@ -30,9 +30,19 @@ _AGGREGATE_OF_A_COLUMN = re.compile(r"^\s*\w+\(\s*(?:DISTINCT\s+)?`?([A-Za-z_]\w
 
 
 def columns_read(operator: Operator) -> Iterator[tuple[str, str]]:
-    """(setting, column) for each column ``operator`` names in its ``COLUMNS_READ``."""
-    for setting in getattr(operator, "COLUMNS_READ", ()):
-        value: Any = getattr(operator, setting, None)
+    """(setting, column) for each column ``operator`` names in its ``COLUMNS_READ``.
+
+    Raises:
+        ValueError: ``COLUMNS_READ`` lists an attribute the operator does not have, or one
+            that holds something else than a name (or None), names or aggregations.
+    """
+    for setting in operator.COLUMNS_READ:
+        if not hasattr(operator, setting):
+            raise ValueError(f"COLUMNS_READ lists {setting!r}, which is not an attribute of "
+                             f"{type(operator).__name__}; list the attributes that name columns")
+        value: Any = getattr(operator, setting)
+        if value is None:
+            continue
         if isinstance(value, str):
             yield setting, value
         elif isinstance(value, Mapping):
@@ -40,8 +50,12 @@ def columns_read(operator: Operator) -> Iterator[tuple[str, str]]:
                 found = _AGGREGATE_OF_A_COLUMN.match(str(expression))
                 if found:
                     yield f"{setting}[{name!r}]", found.group(1)
-        elif isinstance(value, list | tuple):
-            yield from ((setting, column) for column in value if isinstance(column, str))
+        elif isinstance(value, list | tuple) and all(isinstance(c, str) for c in value):
+            yield from ((setting, column) for column in value)
+        else:
+            raise ValueError(f"COLUMNS_READ lists {setting!r}, which holds {value!r}: a "
+                             "column's name, a list of names, or aggregations by output name "
+                             "(or None) are what it can check")
 
 
 def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str, list[str]],
@@ -58,6 +72,11 @@ def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str,
     """
     from weir.operators.dag import DagError
 
+    for name, operator in operators.items():  # what each declares, whatever feeds it
+        try:
+            list(columns_read(operator))
+        except ValueError as exc:
+            raise DagError(f"operator {name!r}: {exc}") from None
     for source, schema in sources.items():
         if schema is None:
             continue
@@ -102,8 +121,8 @@ def emitted_schema(operator: InputOperator) -> pa.Schema | None:
     """The one output's schema a source says it emits, or None (unknown, or several)."""
     try:
         return operator.emitted_schema()
-    except Exception:  # noqa: BLE001 - unknown until it runs: its setup will say why
-        return None
+    except (OSError, ValueError, pa.ArrowException):  # unknown until it runs: its setup
+        return None  # says what is wrong (a folder made later, a file being written)
 
 
 def _hint(name: str, names: list[str]) -> str:

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from weir.operators.operator import UnreachableAtStart
@@ -47,7 +47,8 @@ class RepeatedLogFilter(logging.Filter):
     numbers taken out; the next line of a kind let through says how many were held back.
     """
 
-    def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic) -> None:
+    def __init__(self, every_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.every_s = every_s
         self._clock = clock

@@ -202,20 +202,20 @@ class ParquetSource(FileRangeSource):
 
     def emitted_schema(self) -> pa.Schema | None:
         """The columns it will emit, known before it runs: ``file_schema``, or the first
-        Parquet or Arrow file's (None for a folder without files yet, or text files
-        without ``file_schema``: their columns are inferred as they are read)."""
+        local Parquet or Arrow file's footer. None for a folder without files yet, text
+        files without ``file_schema`` (inferred as they are read) and remote URIs (the
+        submitting machine may lack the containers' credentials, and a submit must not
+        wait on a store)."""
         schema = self.file_schema
-        if schema is None and self.format in ("parquet", "arrow"):
-            try:
-                self._fs, self._prefix, self._single = self._open_path("ParquetSource")
-                files = self._list()
-                if not files:
-                    return None
-                with self._fs.open_input_file(self._file_path(files[0])) as handle:
-                    schema = (pq.read_schema(handle) if self.format == "parquet"
-                              else ipc.open_file(handle).schema)
-            finally:
-                self.reset_non_state()
+        local = "://" not in self.path or self.path.startswith("file://")
+        if schema is None and self.format in ("parquet", "arrow") and local:
+            fs, prefix, single = self._open_path("ParquetSource")
+            files = self._list_files(fs, prefix, single)
+            if not files:
+                return None
+            with fs.open_input_file(prefix + files[0]) as handle:
+                schema = (pq.read_schema(handle) if self.format == "parquet"
+                          else ipc.open_file(handle).schema)
         if schema is not None and self.columns:
             schema = pa.schema([schema.field(c) for c in self.columns if c in schema.names])
         return schema
@@ -279,9 +279,12 @@ class ParquetSource(FileRangeSource):
     def _list(self) -> list[str]:
         """The names of the input files of this partition, in name order."""
         assert self._fs is not None
-        if self._single is not None:
-            return [self._single]
-        infos = self._fs.get_file_info(pafs.FileSelector(self._prefix.rstrip("/") or "/"))
+        return self._list_files(self._fs, self._prefix, self._single)
+
+    def _list_files(self, fs: pafs.FileSystem, prefix: str, single: str | None) -> list[str]:
+        if single is not None:
+            return [single]
+        infos = fs.get_file_info(pafs.FileSelector(prefix.rstrip("/") or "/"))
         return sorted(i.base_name for i in infos
                       if i.type == pafs.FileType.File and fnmatch.fnmatch(i.base_name, self.pattern)
                       and not i.base_name.startswith(".") and not i.base_name.endswith(".tmp")

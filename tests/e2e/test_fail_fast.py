@@ -34,6 +34,14 @@ def run_until_ended(master, dag: Dag, timeout_s: float = 150):
     return client, app_id, client.wait(app_id, timeout_s)
 
 
+def source_into_sink(name: str, source, sink, **attributes) -> Dag:
+    """``source`` -> ``sink`` in one container."""
+    dag = Dag(name, CONTAINERS=1, **ATTRIBUTES, **attributes)
+    into = dag.add_operator("sink", sink)
+    dag.add_stream("rows", dag.add_operator("source", source).output, into.input)
+    return dag
+
+
 def assert_failed_in_one_attempt(client: WeirClient, app_id: str, info, operator: str,
                                  master) -> None:
     logs = container_logs(master)
@@ -90,10 +98,8 @@ def test_an_operator_the_containers_cannot_import_fails_the_application_at_once(
     monkeypatch.syspath_prepend(str(tmp_path))
     from weir_only_here import LocalSink  # type: ignore[import-not-found]
 
-    dag = Dag("not-importable", CONTAINERS=1, **ATTRIBUTES)
-    source = dag.add_operator("source", EventGenerator(rate_per_second=1_000, keys=10))
-    sink = dag.add_operator("sink", LocalSink())
-    dag.add_stream("events", source.output, sink.input)
+    dag = source_into_sink("not-importable", EventGenerator(rate_per_second=1_000, keys=10),
+                           LocalSink())
     client, app_id, info = run_until_ended(master, dag, timeout_s=60)
     with client:
         assert_failed_in_one_attempt(client, app_id, info, "sink", master)
@@ -106,11 +112,9 @@ def test_a_kafka_source_that_reaches_no_broker_fails_the_application_at_once(mas
     repeated complaints come once each, not a line per retry."""
     from weir.operators.library import KafkaSource
 
-    dag = Dag("no-broker", CONTAINERS=1, MAX_RESTARTS=5, **ATTRIBUTES)
-    source = dag.add_operator("source", KafkaSource(
-        "orders", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms": 2000}))
-    sink = dag.add_operator("sink", CollectSink())
-    dag.add_stream("records", source.output, sink.input)
+    dag = source_into_sink("no-broker", KafkaSource(
+        "orders", "127.0.0.1:1", config={"socket.connection.setup.timeout.ms": 2000}),
+        CollectSink(), MAX_RESTARTS=5)
     client, app_id, info = run_until_ended(master, dag, timeout_s=90)
     with client:
         assert_failed_in_one_attempt(client, app_id, info, "source", master)

@@ -47,6 +47,9 @@ def test_weir_logs_shows_each_containers_log_and_one_on_request(master, capsys):
     assert out.splitlines()[0] == f"[... the start of the log is in {master.log_dir}/" \
                                   f"{ids[1]}.log]"
     assert out.endswith("last line\n") and "marker" not in out  # from a line's start
+    code, _, err = run(capsys, "--master", master.address, "logs", app_id, ids[0],
+                       "--bytes", str(5 << 20))  # more than the master hands out: refused
+    assert code == 1 and "max_bytes must be 0 (the default, 65,536) to 4,194,304" in err
     code, _, err = run(capsys, "--master", master.address, "logs", app_id, "app-0999-c0")
     assert code == 1 and f"application {app_id} has no container 'app-0999-c0'" in err
 

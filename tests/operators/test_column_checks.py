@@ -82,6 +82,7 @@ def test_json_lines_with_a_schema_and_declared_schemas_are_known_too(tmp_path):
 
 
 def test_what_is_not_known_before_it_runs_is_left_to_the_run(tmp_path):
+    assert ParquetSource("s3://lake/events/").emitted_schema() is None  # never asked at submit
     (tmp_path / "empty").mkdir()  # no file yet: nothing to read a schema from
     windows(ParquetSource(str(tmp_path / "empty")), RunningCount(key="nope")).to_descriptor()
     windows(ListSource([[{"x": 1}]]), RunningCount(key="nope")).to_descriptor()  # undeclared
@@ -101,19 +102,25 @@ def test_columns_read_takes_names_lists_and_simple_aggregations():
     assert list(columns_read(WindowedCount(key="k"))) == [("key", "k")]  # value None: none
 
 
+def summed_locally(total: str) -> Dag:
+    """Rows whose columns nothing declares, into per-second windows summing ``total``."""
+    dag = Dag("late-check", SPARK_WARMUP_ROWS=0)
+    src = dag.add_operator("src", ListSource([[{"ts": 1_000, "user": "a", "amount": 3}]]),
+                           EVENT_TIME_COLUMN="ts")
+    w = dag.add_operator("w", EventTimeWindows.tumbling(
+        "ts", size_ms=1000, keys="user", aggregations={"total": total}))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("rows", src.output, w.input)
+    dag.add_stream("out", w.output, sink.input)
+    return dag
+
+
 def test_a_column_named_but_not_in_the_first_batch_fails_before_spark_runs():
     """A source whose columns are not known at submit: the first batch says them, and the
     error names the user's columns, not the window's internal ones."""
     from weir.operators.testing import LocalRunError, run_local
 
-    dag = Dag("late-check", SPARK_WARMUP_ROWS=0)
-    src = dag.add_operator("src", ListSource([[{"ts": 1_000, "user": "a", "amount": 3}]]),
-                           EVENT_TIME_COLUMN="ts")
-    w = dag.add_operator("w", EventTimeWindows.tumbling(
-        "ts", size_ms=1000, keys="user", aggregations={"total": "sum(amont)"}))
-    sink = dag.add_operator("sink", CollectSink())
-    dag.add_stream("rows", src.output, w.input)
-    dag.add_stream("out", w.output, sink.input)
+    dag = summed_locally("sum(amont)")
     dag.to_descriptor()  # nothing known at submit
     with pytest.raises(LocalRunError) as failed:
         run_local(dag)
@@ -129,16 +136,38 @@ def test_an_expression_spark_cannot_resolve_names_no_internal_column():
     Spark, with Spark's message; Weir's own columns are taken out of it."""
     from weir.operators.testing import LocalRunError, run_local
 
-    dag = Dag("spark-says", SPARK_WARMUP_ROWS=0)
-    src = dag.add_operator("src", ListSource([[{"ts": 1_000, "user": "a", "amount": 3}]]),
-                           EVENT_TIME_COLUMN="ts")
-    w = dag.add_operator("w", EventTimeWindows.tumbling(
-        "ts", size_ms=1000, keys="user", aggregations={"total": "sum(amont * 2)"}))
-    sink = dag.add_operator("sink", CollectSink())
-    dag.add_stream("rows", src.output, w.input)
-    dag.add_stream("out", w.output, sink.input)
+    dag = summed_locally("sum(amont * 2)")
     with pytest.raises(LocalRunError) as failed:
         run_local(dag)
     message = str(failed.value)
     assert "`amont` cannot be resolved" in message and "`user`" in message, message
     assert "__weir" not in message, message
+
+
+def test_a_columns_read_that_names_no_attribute_or_a_wrong_kind_is_refused():
+    """A COLUMNS_READ that could check nothing would silently do nothing: refused."""
+    from weir.operators import InputPort, Operator
+
+    class Misnamed(Operator):
+        input = InputPort()
+        COLUMNS_READ = ("keycol",)
+
+        def __init__(self) -> None:
+            self.key = "user"
+
+    class Numbered(Operator):
+        input = InputPort()
+        COLUMNS_READ = ("key",)
+
+        def __init__(self) -> None:
+            self.key = 3
+
+    for reader, fragment in ((Misnamed(), "COLUMNS_READ lists 'keycol', which is not an "
+                                          "attribute of Misnamed"),
+                             (Numbered(), "COLUMNS_READ lists 'key', which holds 3")):
+        dag = Dag("declared")
+        src = dag.add_operator("src", ListSource([[{"user": "a"}]]))  # columns unknown
+        op = dag.add_operator("reader", reader)
+        dag.add_stream("rows", src.output, op.input)
+        with pytest.raises(DagError, match=f"operator 'reader': {fragment}"):
+            dag.to_descriptor()

@@ -250,3 +250,21 @@ def test_a_csv_file_without_a_schema_column_is_refused_naming_it(tmp_path):
     src = ParquetSource(str(inbox), format="csv", file_schema=schema)
     with pytest.raises(ValueError, match=r"no column\(s\) \['amount'\] in its header"):
         run_source(src, start(src))
+
+
+def test_json_lines_and_csv_sources_read_as_parquet_source_with_the_format_does(tmp_path):
+    from weir.operators.library import CsvSource, JsonLinesSource
+
+    schema = pa.schema([("ts", pa.timestamp("ms")), ("amount", pa.int64())])
+    for source, name, text in (
+            (JsonLinesSource, "a.jsonl", '{"ts": "2026-11-26T10:00:00", "amount": 3}\n'),
+            (CsvSource, "a.csv", "ts,amount\n2026-11-26T10:00:00,3\n")):
+        inbox = tmp_path / source.__name__
+        inbox.mkdir()
+        (inbox / name).write_text(text)
+        src = source(str(inbox), file_schema=schema, rows_per_window=10)
+        assert src.rows_per_window == 10  # the other options reach ParquetSource
+        emitted = start(src)
+        run_source(src, emitted)
+        assert [(r["ts"].isoformat(), r["amount"]) for r in emitted.rows()] == [
+            ("2026-11-26T10:00:00", 3)], source.__name__
