@@ -28,13 +28,14 @@ which is never replayed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,8 @@ CREATE TABLE IF NOT EXISTS windows (window_id INTEGER PRIMARY KEY, first_seq INT
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS delta (key NOT NULL, d INTEGER NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS undo (key NOT NULL, old_value INTEGER, old_updated INTEGER);
+CREATE TEMP TABLE IF NOT EXISTS puts (key PRIMARY KEY NOT NULL, value, updated INTEGER);
+CREATE TEMP TABLE IF NOT EXISTS ask (key NOT NULL);
 """
 # the state as of window ? (the first parameter twice): every key's value before the
 # first change after it, else its value now
@@ -92,7 +95,8 @@ class StoreHandle:
 
 
 class KeyedStore:
-    """A durable key -> int store with a per-window undo log (see the module docs).
+    """A durable key -> value store with a per-window undo log (see the module docs):
+    integer totals a window adds to (``apply``), or values a window sets (``put``).
 
     Without a TTL, ``updated_window`` stays NULL (smaller rows, fewer pages to write).
 
@@ -108,6 +112,7 @@ class KeyedStore:
         self.path = path
         self.ttl_windows = ttl_windows
         self._untrimmed = 0
+        self._added = 0  # keys the window being applied added (less those it dropped)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # durable at ``sync`` (checkpoints)
@@ -162,6 +167,57 @@ class KeyedStore:
         Raises:
             StoreError: ``window_id`` is not after the last applied window.
         """
+        db = self._db
+        with self._window(window_id) as first:
+            db.execute("DELETE FROM temp.delta")
+            db.executemany("INSERT INTO temp.delta(key, d) VALUES (?, ?)", zip(keys, deltas,
+                                                                              strict=True))
+            db.execute("INSERT INTO changes(window_id, key, old_value, old_updated) "
+                       "SELECT ?, d.key, s.value, s.updated_window FROM temp.delta d "
+                       "LEFT JOIN state s ON s.key = d.key", (window_id,))
+            self._added += db.execute(
+                "SELECT COUNT(*) FROM changes WHERE seq >= ? AND window_id = ? "
+                "AND old_value IS NULL", (first, window_id)).fetchone()[0]
+            rows = db.execute(
+                "INSERT INTO state(key, value, updated_window) SELECT key, d, ? FROM "
+                "temp.delta WHERE true ON CONFLICT(key) DO UPDATE SET value = value + "
+                "excluded.value, updated_window = excluded.updated_window RETURNING key, value",
+                (None if self.ttl_windows is None else window_id,)).fetchall()
+        return [r[0] for r in rows], [r[1] for r in rows]
+
+    def put(self, window_id: int, items: Iterable[tuple[Any, Any, bool]]) -> None:
+        """Sets (or, for a None value, deletes) keys' values in one committed transaction,
+        the old values logged first, like ``apply``. Each item is ``(key, value, expires)``;
+        a row put with ``expires`` False is never dropped by the TTL. A key at most once.
+
+        Raises:
+            StoreError: ``window_id`` is not after the last applied window.
+        """
+        db = self._db
+        stamp = None if self.ttl_windows is None else window_id
+        with self._window(window_id):
+            db.execute("DELETE FROM temp.puts")
+            db.executemany("INSERT INTO temp.puts(key, value, updated) VALUES (?, ?, ?)",
+                           ((k, v, stamp if expires else None) for k, v, expires in items))
+            db.execute("INSERT INTO changes(window_id, key, old_value, old_updated) "
+                       "SELECT ?, p.key, s.value, s.updated_window FROM temp.puts p "
+                       "LEFT JOIN state s ON s.key = p.key", (window_id,))
+            self._added -= db.execute(
+                "DELETE FROM state WHERE key IN (SELECT key FROM temp.puts WHERE value IS "
+                "NULL)").rowcount
+            self._added += db.execute(
+                "SELECT COUNT(*) FROM temp.puts p WHERE value IS NOT NULL AND NOT EXISTS "
+                "(SELECT 1 FROM state s WHERE s.key = p.key)").fetchone()[0]
+            db.execute("INSERT INTO state(key, value, updated_window) SELECT key, value, "
+                       "updated FROM temp.puts WHERE value IS NOT NULL ON CONFLICT(key) DO "
+                       "UPDATE SET value = excluded.value, "
+                       "updated_window = excluded.updated_window")
+
+    @contextlib.contextmanager
+    def _window(self, window_id: int) -> Iterator[int]:
+        """One window's transaction: opens it, expires keys past the TTL, yields the
+        window's first undo-log sequence number; commits with the window applied and the
+        key count moved by what the body added to ``_added``, or rolls back."""
         applied = self.applied
         if window_id <= applied:
             raise StoreError(f"{self.path}: window {window_id} is not after the last applied "
@@ -172,22 +228,10 @@ class KeyedStore:
             first = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM changes").fetchone()[0]
             db.execute("INSERT INTO windows(window_id, first_seq) VALUES (?, ?)",
                        (window_id, first))
-            expired = self._expire(window_id)
-            db.execute("DELETE FROM temp.delta")
-            db.executemany("INSERT INTO temp.delta(key, d) VALUES (?, ?)", zip(keys, deltas,
-                                                                              strict=True))
-            db.execute("INSERT INTO changes(window_id, key, old_value, old_updated) "
-                       "SELECT ?, d.key, s.value, s.updated_window FROM temp.delta d "
-                       "LEFT JOIN state s ON s.key = d.key", (window_id,))
-            new = db.execute("SELECT COUNT(*) FROM changes WHERE seq >= ? AND window_id = ? "
-                             "AND old_value IS NULL", (first, window_id)).fetchone()[0]
-            rows = db.execute(
-                "INSERT INTO state(key, value, updated_window) SELECT key, d, ? FROM "
-                "temp.delta WHERE true ON CONFLICT(key) DO UPDATE SET value = value + "
-                "excluded.value, updated_window = excluded.updated_window RETURNING key, value",
-                (None if self.ttl_windows is None else window_id,)).fetchall()
+            self._added = -self._expire(window_id)
+            yield first
             self._set_meta("applied", window_id)
-            self._set_meta("keys", self.keys + new - expired)
+            self._set_meta("keys", self.keys + self._added)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -196,7 +240,20 @@ class KeyedStore:
         if self._untrimmed >= _TRIM_EVERY:
             self._untrimmed = 0
             _release_free_memory()
-        return [r[0] for r in rows], [r[1] for r in rows]
+
+    def fetch(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        """The values of those of ``keys`` it holds, as stored."""
+        db = self._db
+        db.execute("DELETE FROM temp.ask")
+        db.executemany("INSERT INTO temp.ask(key) VALUES (?)", ((k,) for k in keys))
+        return dict(db.execute("SELECT s.key, s.value FROM temp.ask a JOIN state s "
+                               "ON s.key = a.key"))
+
+    def scan(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
+        """Every key in ``[low, high)`` (SQLite's order: by type, then value) and its
+        value, in key order: a range of the primary key, read without a table scan."""
+        return self._db.execute("SELECT key, value FROM state WHERE key >= ? AND key < ? "
+                                "ORDER BY key", (low, high)).fetchall()
 
     def _expire(self, window_id: int) -> int:
         """Drops (and logs) keys last updated ``ttl_windows`` or more windows before."""
