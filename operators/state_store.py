@@ -241,13 +241,17 @@ class KeyedStore:
             self._untrimmed = 0
             _release_free_memory()
 
-    def fetch(self, keys: Iterable[Any]) -> dict[Any, Any]:
-        """The values of those of ``keys`` it holds, as stored."""
+    def fetch(self, keys: Iterable[Any], window_id: int | None = None) -> dict[Any, Any]:
+        """The values of those of ``keys`` it holds, as stored; with ``window_id``, without
+        the keys that window's ``put`` will expire first (past the TTL)."""
         db = self._db
         db.execute("DELETE FROM temp.ask")
         db.executemany("INSERT INTO temp.ask(key) VALUES (?)", ((k,) for k in keys))
-        return dict(db.execute("SELECT s.key, s.value FROM temp.ask a JOIN state s "
-                               "ON s.key = a.key"))
+        query = "SELECT s.key, s.value FROM temp.ask a JOIN state s ON s.key = a.key"
+        if window_id is None or self.ttl_windows is None:
+            return dict(db.execute(query))
+        return dict(db.execute(query + " WHERE s.updated_window IS NULL OR "
+                               "s.updated_window > ?", (window_id - self.ttl_windows,)))
 
     def scan(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
         """Every key in ``[low, high)`` (SQLite's order: by type, then value) and its

@@ -21,6 +21,7 @@ __all__ = [
     "make_window_id",
     "window_base_seconds",
     "window_counter",
+    "window_end_millis",
 ]
 
 NO_WINDOW = -1
@@ -45,6 +46,13 @@ def window_base_seconds(window_id: int) -> int:
 def window_counter(window_id: int) -> int:
     """The window's position since its base."""
     return window_id & _COUNTER_MASK
+
+
+def window_end_millis(window_id: int, window_size_millis: int) -> int:
+    """When the streaming window ends on the application's clock (epoch ms): its
+    processing time, the same on every replay of it."""
+    return (window_base_seconds(window_id) * 1000
+            + (window_counter(window_id) + 1) * window_size_millis)
 
 
 def format_window_id(window_id: int) -> str:

@@ -9,6 +9,8 @@ from weir.operators.library.directory import DirectorySource
 from weir.operators.library.event_windows import EventTimeWindows
 from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
 from weir.operators.library.kafka_source import KafkaSource
+from weir.operators.library.key_state import KeyContext, ListState, MapState, Timer, ValueState
+from weir.operators.library.keyed_process import KeyedProcess
 from weir.operators.library.parquet_source import CsvSource, JsonLinesSource, ParquetSource
 from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from weir.operators.library.sinks import ConsoleSink, FileSink
@@ -30,6 +32,10 @@ __all__ = [
     "EventGenerator",
     "FileSink",
     "KafkaSink",
+    "KeyContext",
+    "KeyedProcess",
+    "ListState",
+    "MapState",
     "KafkaSource",
     "ParquetSource",
     "JsonLinesSource",
@@ -38,7 +44,9 @@ __all__ = [
     "RunningCount",
     "TcpLineSource",
     "TextFileSource",
+    "Timer",
     "Tokenize",
+    "ValueState",
     "WindowedCount",
     "WindowedCountUnifier",
 ]

@@ -1,0 +1,260 @@
+"""``KeyedProcess``: a user's per-key function with typed state and timers, exactly once.
+
+Where the logic runs, measured (200,000 rows, 2 cores, a function returning each key's
+count and last value): Spark's ``groupBy(key).applyInPandas`` took 6.8 s at 1,000 keys
+and 32 s at 10,000 (a pandas frame and a Python worker round trip per group), the same
+loop in the container 41 and 133 ms. So the function runs in the container, over the
+keyed store (``operators.state_store``: sqlite on local disk, larger than memory, a
+checkpoint holds only its handle, an undo log takes it back to the checkpoint on
+recovery, keys are copied between stores on a repartition).
+
+Each window: the window's rows, grouped by key (keys in sorted order, each key's rows in
+arrival order), go to ``process_key``; then every timer now due fires ``on_timer``,
+earliest first (event-time timers up to the watermark, processing-time ones up to the
+window's end on the application's clock). The changed states, the timers set or deleted
+and the window's number go into the store as one transaction, and the rows the
+functions emitted go out. A replayed window has the same rows, watermark and clock, so
+it does the same.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from weir.operators.library.key_state import (
+    EVENT,
+    PROCESSING,
+    KeyContext,
+    StateKind,
+    Timer,
+    _States,
+    _Timers,
+    key_of_row,
+    parse_timer_row,
+    state_row,
+    timer_bound,
+)
+from weir.operators.operator import Operator, OperatorContext
+from weir.operators.partitioning import PartitionFilter
+from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
+from weir.operators.store_backed import StoreBacked
+from weir.operators.windows import window_end_millis
+
+__all__ = ["KeyedProcess"]
+
+_MAX_FIRINGS = 1_000_000
+_KINDS = {EVENT: "event", PROCESSING: "processing"}
+
+
+class KeyedProcess(StoreBacked, Operator):
+    """Per-key logic with state and timers: subclass it, declare ``STATE`` and
+    ``OUTPUT``, and write ``process_key`` (and ``on_timer`` if it sets timers).
+
+    Example:
+        >>> import pyarrow as pa, pyarrow.compute as pc
+        >>> from weir.operators.library import KeyedProcess, ValueState
+        >>> class Totals(KeyedProcess):
+        ...     STATE = {"total": ValueState(pa.int64())}
+        ...     OUTPUT = pa.schema([("user", pa.string()), ("total", pa.int64())])
+        ...     def process_key(self, key, rows, ctx):
+        ...         total = (ctx.state.total.value or 0) + pc.sum(rows["amount"]).as_py()
+        ...         ctx.state.total.update(total)
+        ...         ctx.emit(user=key, total=total)
+        >>> Totals(keys="user").keys
+        ('user',)
+
+    Args:
+        keys: the key column, or several (the key is then a tuple).
+        ttl_millis: drop a key's state when no window touched it for this long (the
+            application's clock); its timers stay. None: keep it.
+    """
+
+    input = InputPort()
+    output = OutputPort()
+
+    #: the states each key has, by name: ``ValueState``, ``ListState``, ``MapState``.
+    STATE: ClassVar[dict[str, StateKind]] = {}
+    #: the output rows' schema.
+    OUTPUT: ClassVar[pa.Schema | None] = None
+
+    STORE_FILE = "keyed-process.sqlite"
+    NON_STATE: ClassVar[tuple[str, ...]] = (*StoreBacked.STORE_NON_STATE, "_batches")
+    METRICS: ClassVar[tuple[str, ...]] = ("timers_fired",)
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys",)
+
+    def __init__(self, keys: str | Sequence[str], ttl_millis: int | None = None) -> None:
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
+        if not self.keys or not all(isinstance(k, str) and k for k in self.keys):
+            raise ValueError(f"{type(self).__name__}: keys must name one column or more, "
+                             f"not {keys!r}")
+        if ttl_millis is not None and ttl_millis < 1:
+            raise ValueError(f"{type(self).__name__}: ttl_millis must be at least 1")
+        if not isinstance(self.OUTPUT, pa.Schema):
+            raise TypeError(f"{type(self).__name__}: declare OUTPUT = pa.schema([...]), the "
+                            "schema of the rows it emits")
+        for name, kind in self.STATE.items():
+            if not hasattr(kind, "empty"):
+                raise TypeError(f"{type(self).__name__}: STATE[{name!r}] must be a "
+                                f"ValueState, ListState or MapState, not {kind!r}")
+        self.ttl_millis = ttl_millis
+        self.state = None
+        self.timers_fired = 0
+
+    # -- the user's functions --------------------------------------------------------
+    def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
+        """Called once per key and window with the key's rows (arrival order)."""
+        raise NotImplementedError(f"{type(self).__name__} must define process_key(self, key, "
+                                  "rows, ctx)")
+
+    def on_timer(self, key: Any, timer: Timer, ctx: KeyContext) -> None:
+        """Called when one of the key's timers fires."""
+        raise NotImplementedError(f"{type(self).__name__} set a timer but defines no "
+                                  "on_timer(self, key, timer, ctx)")
+
+    # -- lifecycle -------------------------------------------------------------------
+    def setup(self, context: OperatorContext) -> None:
+        self.check_partition_key(context, self.keys)
+        self._batches: list[pa.RecordBatch] = []
+        position = self.keys.index(context.attributes.get("PARTITION_KEY") or self.keys[0])
+
+        def owns(cut: PartitionFilter):
+            return lambda rows: cut.owns([key_of_row(r)[position] for r in rows])
+
+        self.open_store(context, ttl_millis=self.ttl_millis, owns=owns)
+
+    def begin_window(self, window_id: int) -> None:
+        self._window_id = window_id
+        self._batches = []
+
+    def process(self, port: str, batch: pa.RecordBatch) -> None:
+        missing = [k for k in self.keys if k not in batch.schema.names]
+        if missing:
+            raise SchemaMismatch(f"operator {self._context.name!r}: no key column(s) "
+                                 f"{missing} in its input; its columns are "
+                                 f"{batch.schema.names}")
+        if batch.num_rows:
+            self._batches.append(batch)
+
+    def end_window(self) -> None:
+        window_id: int = self._window_id
+        context: OperatorContext = self._context
+        changes: dict[bytes, bytes | None] = {}  # stored row -> new value (None: delete)
+        loaded: dict[bytes, dict[str, Any]] = {}  # the keys' states read so far
+        out: list[dict[str, Any]] = []
+        now = window_end_millis(window_id, context.window_size_millis)
+        bounds = {EVENT: self.watermark, PROCESSING: now}
+        due: list[tuple[int, str, bytes]] = []  # timers to fire, earliest first
+        live: set[bytes] = set()  # the due timers still set
+
+        def schedule(row: bytes) -> None:  # a timer just set: due already?
+            kind, time, _ = parse_timer_row(row)
+            if time <= bounds[kind]:
+                heapq.heappush(due, (time, kind, row))
+                live.add(row)
+
+        def run(key: tuple[Any, ...], call: Any) -> None:
+            row = state_row(key)
+            if row not in loaded:
+                loaded.update(self._read([row]))
+            states = _States(self.STATE, dict(loaded[row]), f"operator {context.name!r}")
+            ctx = KeyContext(key if len(self.keys) > 1 else key[0], states,
+                             _Timers(key, changes, schedule), self.watermark, now, out)
+            call(ctx)
+            if states.changed:
+                loaded[row] = states.values
+                changes[row] = (pickle.dumps(states.values, protocol=5) if states.values
+                                else None)
+
+        batches, self._batches = self._batches, []
+        if batches:
+            table, groups = _grouped(pa.Table.from_batches(batches), self.keys)
+            loaded.update(self._read([state_row(key) for key, _, _ in groups]))
+            for key, start, length in groups:
+                rows = table.slice(start, length)
+                run(key, lambda ctx, rows=rows: self.process_key(ctx.key, rows, ctx))
+        for kind in (EVENT, PROCESSING):
+            for row, _ in self.store.scan(kind.encode(), timer_bound(kind, bounds[kind])):
+                if changes.get(row, b"") is not None:  # not deleted in this window
+                    heapq.heappush(due, (parse_timer_row(row)[1], kind, row))
+                    live.add(row)
+        firings = 0
+        while due:
+            time, kind, row = heapq.heappop(due)
+            if row not in live or changes.get(row, b"") is None:
+                continue  # fired already (and not set again), or deleted
+            live.discard(row)
+            changes[row] = None
+            firings += 1
+            if firings > _MAX_FIRINGS:
+                raise RuntimeError(f"operator {context.name!r}: more than {_MAX_FIRINGS} "
+                                   "timers fired in one window; does on_timer keep setting "
+                                   "timers that are due already?")
+            timer = Timer(_KINDS[kind], time)
+            run(parse_timer_row(row)[2],
+                lambda ctx, timer=timer: self.on_timer(ctx.key, timer, ctx))
+        self.timers_fired += firings
+        if changes:
+            context.check_fence()  # a replaced deployment must not write the store
+            self.store.put(window_id, [(row, changes[row], row[:1] == b"s")
+                                       for row in sorted(changes)])
+            self.store_applied(window_id)
+        if out:
+            self.output.emit(self._table(out))
+
+    def _read(self, rows: list[bytes]) -> dict[bytes, dict[str, Any]]:
+        stored = self.store.fetch(rows, self._window_id)
+        return {row: pickle.loads(stored[row]) if row in stored else {} for row in rows}
+
+    def _table(self, out: list[dict[str, Any]]) -> pa.Table:
+        schema = self.OUTPUT
+        assert schema is not None
+        extra = sorted({name for row in out for name in row} - set(schema.names))
+        if extra:
+            raise SchemaMismatch(f"operator {self._context.name!r} emitted column(s) {extra} "
+                                 f"that its OUTPUT does not have ({schema.names})")
+        try:
+            return pa.Table.from_pylist(out, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise SchemaMismatch(f"operator {self._context.name!r}: its emitted rows do not "
+                                 f"fit its OUTPUT ({schema}): {exc}") from None
+
+    def checkpointed(self, window_id: int) -> None:
+        self.store_checkpointed()
+
+    def committed(self, window_id: int) -> None:
+        self.store_committed(window_id)
+
+    def teardown(self) -> None:
+        self.close_store()
+
+    def repartitioned(self, partitions: Sequence[Operator],
+                      share: PartitionFilter | None) -> Operator:
+        self.state = self.seed_handle(partitions, share)
+        return self
+
+
+def _grouped(table: pa.Table, keys: tuple[str, ...]
+             ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], int, int]]]:
+    """The rows sorted by key (stably: arrival order within a key), and each key with
+    its first row and row count there."""
+    table = table.take(pc.sort_indices(table, [(k, "ascending") for k in keys]))
+    n = table.num_rows
+    changed = np.zeros(max(n - 1, 0), dtype=bool)
+    for name in keys:
+        column = table.column(name)
+        after, before = column.slice(1), column.slice(0, n - 1)
+        differs = pc.fill_null(pc.not_equal(after, before), True)
+        both_null = pc.and_(pc.is_null(after), pc.is_null(before))
+        changed |= pc.and_(differs, pc.invert(both_null)).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.flatnonzero(changed) + 1]).astype(np.int64)
+    lengths = np.diff(np.append(starts, n))
+    firsts = table.select(list(keys)).take(pa.array(starts)).to_pylist()
+    return table, [(tuple(row[k] for k in keys), int(s), int(c))
+                   for row, s, c in zip(firsts, starts, lengths, strict=True)]
