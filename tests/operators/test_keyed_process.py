@@ -4,6 +4,7 @@ processing-time timers, TTL, typed state and output, and recovery from a checkpo
 from __future__ import annotations
 
 import collections
+import pickle
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -11,6 +12,9 @@ import pytest
 
 from weir.operators import Dag
 from weir.operators.library import KeyedProcess, ListState, MapState, ValueState
+from weir.operators.library.key_state import key_of_row, state_row, timer_row
+from weir.operators.operator import OperatorContext
+from weir.operators.partitioning import PartitionFilter
 from weir.operators.ports import SchemaMismatch
 from weir.operators.testing import CollectSink, ListSource, LocalRunError, run_local
 from weir.operators.windows import window_end_millis
@@ -202,3 +206,34 @@ def test_a_missing_key_column_is_a_schema_mismatch():
     op = Totals(keys="customer")
     with pytest.raises((LocalRunError, SchemaMismatch), match="customer"):
         run_local(pipeline(op, events(WINDOWS[:1])))
+
+
+def _context(state_dir, window: int = -1) -> OperatorContext:
+    return OperatorContext(name="op", operator_id=1, container_id="c", state_dir=str(state_dir),
+                           attributes={"PARTITION_KEY": "user"}, recovered_window=window)
+
+
+def test_a_new_partition_takes_its_keys_state_and_timers_out_of_the_old_stores(tmp_path):
+    old = []
+    for i, users in enumerate((["a", "b", "c"], ["d", "e"])):
+        op = Totals(keys="user")
+        op.setup(_context(tmp_path / f"old{i}"))
+        rows = [(state_row((u,)), pickle.dumps({"total": n}), True) for n, u in enumerate(users)]
+        rows += [(timer_row("e", 1_000 + n, (u,)), b"", False) for n, u in enumerate(users)]
+        op.store.put(5, sorted(rows))
+        op.store_applied(5)
+        old.append(op)
+    shares = [PartitionFilter("user", 1, frozenset({k})) for k in (0, 1)]
+    moved: list[tuple[str, ...]] = []
+    for n, share in enumerate(shares):
+        new = Totals(keys="user").repartitioned(old, share)
+        new.setup(_context(tmp_path / f"new{n}", window=5))
+        stored = new.store.scan(b"", b"\xff")
+        states = {key_of_row(k) for k, _ in stored if k[:1] == b"s"}
+        timers = {key_of_row(k) for k, _ in stored if k[:1] == b"e"}
+        assert states == timers and all(share.owns([key[0]])[0] for key in states)
+        moved += sorted(states)
+        new.teardown()
+    assert sorted(moved) == [(u,) for u in "abcde"]
+    for op in old:
+        op.teardown()
