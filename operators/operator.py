@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from weir.operators.partitioning import PartitionFilter
 
 __all__ = ["InputOperator", "Operator", "OperatorContext", "SparkBridge", "TransientNonState",
-           "UnreachableAtStart"]
+           "UnreachableAtStart", "without_default_port"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -403,6 +403,13 @@ def _no_such_port_or_attribute(cls: type, name: str) -> str:
     hint = f"; did you mean {near[0]!r}?" if near else ""
     return (f"{cls.__name__} has no port or attribute {name!r}: its input ports are "
             f"{inputs or 'none'}, its output ports {outputs or 'none'}{hint}")
+
+
+def without_default_port(ports: dict[str, Any], name: str, default: Any) -> dict[str, Any]:
+    """Drops a base class's default port once a subclass declares a port of its own."""
+    if ports.get(name) is default and len(ports) > 1:
+        return {n: p for n, p in ports.items() if n != name}
+    return ports
 
 
 def _class_ports(cls: type) -> dict[str, InputPort | OutputPort]:

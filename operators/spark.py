@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from weir.operators.dead_letters import DeadLetters, dead_letters_of
 from weir.operators.metrics import metric
-from weir.operators.operator import Operator, OperatorContext, SparkBridge
+from weir.operators.operator import Operator, OperatorContext, SparkBridge, without_default_port
 from weir.operators.ports import InputPort, OutputPort, SchemaMismatch, conform
 from weir.operators.spark_costs import JobCosts
 from weir.operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
@@ -119,12 +119,13 @@ class SparkOperator(Operator):
     # -- ports -------------------------------------------------------------------------
     @classmethod
     def input_ports(cls) -> dict[str, InputPort]:
-        return _without_default(super().input_ports(), "input", SparkOperator.__dict__["input"])
+        return without_default_port(super().input_ports(), "input",
+                                    SparkOperator.__dict__["input"])
 
     @classmethod
     def output_ports(cls) -> dict[str, OutputPort]:
-        return _without_default(super().output_ports(), "output",
-                                SparkOperator.__dict__["output"])
+        return without_default_port(super().output_ports(), "output",
+                                    SparkOperator.__dict__["output"])
 
     # -- hooks -------------------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -407,13 +408,6 @@ class SparkSql(SparkOperator):
     def teardown(self) -> None:
         self._through_rows = []
         super().teardown()
-
-
-def _without_default(ports: dict[str, Any], name: str, default: Any) -> dict[str, Any]:
-    """Drops the inherited default port once a subclass declares a port of its own."""
-    if ports.get(name) is default and len(ports) > 1:
-        return {n: p for n, p in ports.items() if n != name}
-    return ports
 
 
 def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:

@@ -22,6 +22,7 @@ from weir.operators.library.transforms import (
     WindowedCount,
     WindowedCountUnifier,
 )
+from weir.operators.library.window_join import WindowJoin
 
 __all__ = [
     "DirectorySource",
@@ -49,6 +50,7 @@ __all__ = [
     "ValueState",
     "WindowedCount",
     "WindowedCountUnifier",
+    "WindowJoin",
 ]
 
 _LOGGER = logging.getLogger(__name__)

@@ -72,7 +72,9 @@ class Timer:
 
 
 # -- state kinds ---------------------------------------------------------------------
-def _checked(value: Any, type_: pa.DataType, what: str) -> Any:
+def _checked(value: Any, type_: pa.DataType | None, what: str) -> Any:
+    if type_ is None:  # declared untyped: any picklable value
+        return value
     try:
         pa.scalar(value, type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -82,9 +84,10 @@ def _checked(value: Any, type_: pa.DataType, what: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ValueState:
-    """One value per key (``None`` until set)."""
+    """One value per key (``None`` until set). ``type``: its Arrow type (None: any
+    picklable value, unchecked; the same for every kind)."""
 
-    type: pa.DataType
+    type: pa.DataType | None
 
     def empty(self) -> Any:
         return None
@@ -94,7 +97,7 @@ class ValueState:
 class ListState:
     """A list of values per key, appended to in arrival order."""
 
-    type: pa.DataType
+    type: pa.DataType | None
 
     def empty(self) -> Any:
         return []
@@ -104,8 +107,8 @@ class ListState:
 class MapState:
     """A mapping per key (from ``key_type`` to ``value_type``)."""
 
-    key_type: pa.DataType
-    value_type: pa.DataType
+    key_type: pa.DataType | None
+    value_type: pa.DataType | None
 
     def empty(self) -> Any:
         return {}
@@ -149,7 +152,9 @@ class _List:
     def extend(self, values: list[Any]) -> None:
         what = self._owner.what(self._name)
         checked = [_checked(v, self._kind.type, what) for v in values]
-        self._owner.set(self._name, self.get() + checked)
+        if checked:
+            self._owner.values.setdefault(self._name, []).extend(checked)
+            self._owner.changed = True
 
     def update(self, values: list[Any]) -> None:
         """Replaces the whole list."""
@@ -184,15 +189,17 @@ class _Map:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         what = self._owner.what(self._name)
-        items = dict(self._items())
+        items = self._owner.values.setdefault(self._name, {})
         items[_checked(key, self._kind.key_type, f"{what}'s key")] = _checked(
             value, self._kind.value_type, what)
-        self._owner.set(self._name, items)
+        self._owner.changed = True
 
     def __delitem__(self, key: Any) -> None:
-        items = dict(self._items())
+        items = self._items()
         del items[key]
-        self._owner.set(self._name, items or None)
+        if not items:
+            self._owner.values.pop(self._name, None)
+        self._owner.changed = True
 
     def clear(self) -> None:
         self._owner.set(self._name, None)
@@ -202,7 +209,10 @@ _VIEWS: dict[type, type] = {ValueState: _Value, ListState: _List, MapState: _Map
 
 
 class _States:
-    """One key's declared states, by attribute (``ctx.state.count``) or by name."""
+    """One key's declared states, by attribute (``ctx.state.count``) or by name.
+
+    ``values`` holds the key's states as read; lists and maps are changed in place (a
+    function that fails fails the window, which is then replayed from the store)."""
 
     def __init__(self, declared: dict[str, StateKind], values: dict[str, Any],
                  where: str) -> None:
@@ -279,11 +289,13 @@ class KeyContext:
         timers: ``ctx.timers.event_time(t)``, ``.processing_time(t)``, and their deletes.
         watermark: the operator's watermark as of the window ending now.
         window_time: when the streaming window ends (epoch ms, the application's clock).
+        port: the input port the rows came on (None in ``on_timer``).
     """
 
     def __init__(self, key: Any, state: _States, timers: _Timers, watermark: int,
-                 window_time: int, out: list[dict[str, Any]]) -> None:
+                 window_time: int, out: list[dict[str, Any]], port: str | None = None) -> None:
         self.key = key
+        self.port = port
         self.state = state
         self.timers = timers
         self.watermark = watermark

@@ -41,7 +41,7 @@ from weir.operators.library.key_state import (
     state_row,
     timer_bound,
 )
-from weir.operators.operator import Operator, OperatorContext
+from weir.operators.operator import Operator, OperatorContext, without_default_port
 from weir.operators.partitioning import PartitionFilter
 from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
 from weir.operators.store_backed import StoreBacked
@@ -56,6 +56,10 @@ _KINDS = {EVENT: "event", PROCESSING: "processing"}
 class KeyedProcess(StoreBacked, Operator):
     """Per-key logic with state and timers: subclass it, declare ``STATE`` and
     ``OUTPUT``, and write ``process_key`` (and ``on_timer`` if it sets timers).
+
+    One input port, ``input``, unless the subclass declares its own (``left =
+    InputPort()``, ...): ``process_key`` is then called per port and key, ports in their
+    declared order, with ``ctx.port`` naming the port.
 
     Example:
         >>> import pyarrow as pa, pyarrow.compute as pc
@@ -96,7 +100,8 @@ class KeyedProcess(StoreBacked, Operator):
                              f"not {keys!r}")
         if ttl_millis is not None and ttl_millis < 1:
             raise ValueError(f"{type(self).__name__}: ttl_millis must be at least 1")
-        if not isinstance(self.OUTPUT, pa.Schema):
+        if not isinstance(self.OUTPUT, pa.Schema) and \
+                type(self).output_schema is KeyedProcess.output_schema:
             raise TypeError(f"{type(self).__name__}: declare OUTPUT = pa.schema([...]), the "
                             "schema of the rows it emits")
         for name, kind in self.STATE.items():
@@ -106,6 +111,21 @@ class KeyedProcess(StoreBacked, Operator):
         self.ttl_millis = ttl_millis
         self.state = None
         self.timers_fired = 0
+
+    @classmethod
+    def input_ports(cls) -> dict[str, InputPort]:
+        return without_default_port(super().input_ports(), "input",
+                                    KeyedProcess.__dict__["input"])
+
+    def output_schema(self) -> pa.Schema:
+        """The schema of the rows ``ctx.emit`` makes (``OUTPUT``)."""
+        assert self.OUTPUT is not None
+        return self.OUTPUT
+
+    def arrived(self, port: str, rows: pa.Table) -> pa.Table:
+        """A window's rows of ``port`` before they are grouped by key: what of them goes
+        to ``process_key`` (all of it, here)."""
+        return rows
 
     # -- the user's functions --------------------------------------------------------
     def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
@@ -121,7 +141,7 @@ class KeyedProcess(StoreBacked, Operator):
     # -- lifecycle -------------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
         self.check_partition_key(context, self.keys)
-        self._batches: list[pa.RecordBatch] = []
+        self._batches: dict[str, list[pa.RecordBatch]] = {}
         position = self.keys.index(context.attributes.get("PARTITION_KEY") or self.keys[0])
 
         def owns(cut: PartitionFilter):
@@ -131,7 +151,7 @@ class KeyedProcess(StoreBacked, Operator):
 
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id
-        self._batches = []
+        self._batches = {}
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         missing = [k for k in self.keys if k not in batch.schema.names]
@@ -140,7 +160,7 @@ class KeyedProcess(StoreBacked, Operator):
                                  f"{missing} in its input; its columns are "
                                  f"{batch.schema.names}")
         if batch.num_rows:
-            self._batches.append(batch)
+            self._batches.setdefault(port, []).append(batch)
 
     def end_window(self) -> None:
         window_id: int = self._window_id
@@ -159,26 +179,32 @@ class KeyedProcess(StoreBacked, Operator):
                 heapq.heappush(due, (time, kind, row))
                 live.add(row)
 
-        def run(key: tuple[Any, ...], call: Any) -> None:
+        def run(key: tuple[Any, ...], call: Any, port: str | None = None) -> None:
             row = state_row(key)
             if row not in loaded:
                 loaded.update(self._read([row]))
             states = _States(self.STATE, dict(loaded[row]), f"operator {context.name!r}")
             ctx = KeyContext(key if len(self.keys) > 1 else key[0], states,
-                             _Timers(key, changes, schedule), self.watermark, now, out)
+                             _Timers(key, changes, schedule), self.watermark, now, out, port)
             call(ctx)
             if states.changed:
                 loaded[row] = states.values
                 changes[row] = (pickle.dumps(states.values, protocol=5) if states.values
                                 else None)
 
-        batches, self._batches = self._batches, []
-        if batches:
-            table, groups = _grouped(pa.Table.from_batches(batches), self.keys)
-            loaded.update(self._read([state_row(key) for key, _, _ in groups]))
+        batches, self._batches = self._batches, {}
+        for port in self.input_ports():
+            if not batches.get(port):
+                continue
+            arrived = self.arrived(port, pa.Table.from_batches(batches[port]))
+            if not arrived.num_rows:
+                continue
+            table, groups = _grouped(arrived, self.keys)
+            loaded.update(self._read([state_row(key) for key, _, _ in groups
+                                      if state_row(key) not in loaded]))
             for key, start, length in groups:
                 rows = table.slice(start, length)
-                run(key, lambda ctx, rows=rows: self.process_key(ctx.key, rows, ctx))
+                run(key, lambda ctx, rows=rows: self.process_key(ctx.key, rows, ctx), port)
         for kind in (EVENT, PROCESSING):
             for row, _ in self.store.scan(kind.encode(), timer_bound(kind, bounds[kind])):
                 if changes.get(row, b"") is not None:  # not deleted in this window
@@ -213,8 +239,7 @@ class KeyedProcess(StoreBacked, Operator):
         return {row: pickle.loads(stored[row]) if row in stored else {} for row in rows}
 
     def _table(self, out: list[dict[str, Any]]) -> pa.Table:
-        schema = self.OUTPUT
-        assert schema is not None
+        schema = self.output_schema()
         extra = sorted({name for row in out for name in row} - set(schema.names))
         if extra:
             raise SchemaMismatch(f"operator {self._context.name!r} emitted column(s) {extra} "
