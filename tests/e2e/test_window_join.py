@@ -1,0 +1,123 @@
+"""WindowJoin through real processes: persons and auctions from two Parquet sources
+joined per seller in 2-second tumbling event-time windows, the join's container
+SIGKILLed at random moments; the pairs the exactly-once sink wrote are exactly Python's
+join of the same rows, each once."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tests.e2e.conftest import container_logs
+from tests.e2e.test_exactly_once import chaos_seed, live_container_pids
+from tests.e2e.test_recovery import wait_finished
+from tests.harness import poll_for
+from weir.master.client import WeirClient
+from weir.operators.app import load_app
+
+pytestmark = pytest.mark.timeout(420)
+
+SIZE_MS, SELLERS, ROWS = 2_000, 40, 12_000
+
+APP = """
+    from weir.operators import Dag
+    from weir.operators.library import FileSink, ParquetSource, WindowJoin
+
+    dag = Dag("window-join", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
+              HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
+              CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, MAX_RESTARTS=8)
+    persons = dag.add_operator("persons", ParquetSource({persons!r}, rows_per_window=150,
+                                                        batch_rows=100), CONTAINER=0,
+                               EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=0)
+    auctions = dag.add_operator("auctions", ParquetSource({auctions!r}, rows_per_window=450,
+                                                          batch_rows=300), CONTAINER=0,
+                                EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=0)
+    join = dag.add_operator("join", WindowJoin("seller", "ts", size_ms={size}), CONTAINER=1)
+    sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=2)
+    late = dag.add_operator("late", FileSink({late!r}, exactly_once=True), CONTAINER=2)
+    dag.add_stream("persons", persons.output, join.left)
+    dag.add_stream("auctions", auctions.output, join.right)
+    dag.add_stream("pairs", join.output, sink.input)
+    dag.add_stream("late", join.late, late.input)
+"""
+
+
+def write_streams(root: Path) -> collections.Counter:
+    """Persons (a quarter of the rows) and auctions in event-time order, as Parquet
+    folders; returns the reference join as a multiset of (seller, person, item, start)."""
+    rng = random.Random(11)
+    ts, rows = 1_790_000_000_000, []
+    for _ in range(ROWS):
+        ts += rng.choice((1, 2, 5, 9))
+        rows.append((rng.random() < 0.25, rng.randrange(SELLERS), ts))
+    people = [{"seller": s, "person": f"p{i}", "ts": t}
+              for i, (is_person, s, t) in enumerate(rows) if is_person]
+    items = [{"seller": s, "item": f"i{i}", "ts": t}
+             for i, (is_person, s, t) in enumerate(rows) if not is_person]
+    for name, table in (("persons", people), ("auctions", items)):
+        folder = root / name
+        folder.mkdir()
+        for part in range(3):
+            chunk = table[part * len(table) // 3:(part + 1) * len(table) // 3]
+            pq.write_table(pa.Table.from_pylist(chunk), folder / f".{part}.tmp")
+            os.replace(folder / f".{part}.tmp", folder / f"part-{part}.parquet")
+    by_window: dict[tuple[int, int], list[str]] = collections.defaultdict(list)
+    for p in people:
+        by_window[(p["seller"], p["ts"] - p["ts"] % SIZE_MS)].append(p["person"])
+    expected: collections.Counter = collections.Counter()
+    for a in items:
+        start = a["ts"] - a["ts"] % SIZE_MS
+        for person in by_window.get((a["seller"], start), []):
+            expected[(a["seller"], person, a["item"], start)] += 1
+    return expected
+
+
+def test_window_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp_path):
+    rng, note = chaos_seed()
+    expected = write_streams(tmp_path)
+    app = tmp_path / "join_app.py"
+    app.write_text(textwrap.dedent(APP.format(
+        state=str(tmp_path / "state"), persons=str(tmp_path / "persons"),
+        auctions=str(tmp_path / "auctions"), size=SIZE_MS, out=str(tmp_path / "out"),
+        late=str(tmp_path / "late"))))
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
+                 f"a first committed window\n{container_logs(master)}")
+        kills = 0
+        for _ in range(2):
+            committed = client.application(app_id).committed_window_id
+            time.sleep(rng.uniform(0.2, 1.5))
+            if client.application(app_id).state != "RUNNING":
+                break
+            op = next(o for o in client.operators(app_id) if o.name == "join")
+            pid = live_container_pids(client, app_id).get(op.container_id)
+            if pid is None:
+                continue
+            os.kill(pid, signal.SIGKILL)
+            kills += 1
+            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
+                     or client.application(app_id).state != "RUNNING", 90,
+                     f"progress after a kill; {note}\n{container_logs(master)}")
+        wait_finished(client, master, app_id, timeout_s=240)
+    assert kills >= 1, f"the run ended before a kill; {note}"
+    rows = [json.loads(line) for file in sorted((tmp_path / "out").glob("*.jsonl"))
+            for line in file.read_text().splitlines()]
+    got = collections.Counter((r["seller"], r["person"], r["item"], r["window_start"])
+                              for r in rows)
+    assert not list((tmp_path / "late").glob("*.jsonl")) or not any(
+        f.read_text().strip() for f in (tmp_path / "late").glob("*.jsonl")), note
+    assert got == expected, (
+        f"{note}: {sum((got - expected).values())} pairs too many, e.g. "
+        f"{list(got - expected)[:3]}; {sum((expected - got).values())} missing, e.g. "
+        f"{list(expected - got)[:3]}")
