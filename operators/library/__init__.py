@@ -5,6 +5,7 @@
 
 import logging
 
+from weir.operators.library.deduplicate import Deduplicate
 from weir.operators.library.directory import DirectorySource
 from weir.operators.library.event_windows import EventTimeWindows
 from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
@@ -25,6 +26,7 @@ from weir.operators.library.transforms import (
 from weir.operators.library.window_join import WindowJoin
 
 __all__ = [
+    "Deduplicate",
     "DirectorySource",
     "EVENT_SCHEMA",
     "EventTimeWindows",

@@ -167,7 +167,7 @@ class KeyedProcess(StoreBacked, Operator):
         context: OperatorContext = self._context
         changes: dict[bytes, bytes | None] = {}  # stored row -> new value (None: delete)
         loaded: dict[bytes, dict[str, Any]] = {}  # the keys' states read so far
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, Any] | pa.Table] = []  # emitted rows and tables, in order
         now = window_end_millis(window_id, context.window_size_millis)
         bounds = {EVENT: self.watermark, PROCESSING: now}
         due: list[tuple[int, str, bytes]] = []  # timers to fire, earliest first
@@ -238,17 +238,40 @@ class KeyedProcess(StoreBacked, Operator):
         stored = self.store.fetch(rows, self._window_id)
         return {row: pickle.loads(stored[row]) if row in stored else {} for row in rows}
 
-    def _table(self, out: list[dict[str, Any]]) -> pa.Table:
+    def _table(self, out: list[dict[str, Any] | pa.Table]) -> pa.Table:
+        """The emitted rows as one table of the output schema, in the order emitted."""
         schema = self.output_schema()
-        extra = sorted({name for row in out for name in row} - set(schema.names))
+        parts: list[pa.Table] = []
+        rows: list[dict[str, Any]] = []
+        for item in [*out, None]:
+            if isinstance(item, dict):
+                rows.append(item)
+                continue
+            if rows:
+                parts.append(self._from_rows(rows, schema))
+                rows = []
+            if item is not None:
+                parts.append(self._conformed(item, schema))
+        return pa.concat_tables(parts)
+
+    def _from_rows(self, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+        extra = sorted({name for row in rows for name in row} - set(schema.names))
         if extra:
             raise SchemaMismatch(f"operator {self._context.name!r} emitted column(s) {extra} "
                                  f"that its OUTPUT does not have ({schema.names})")
         try:
-            return pa.Table.from_pylist(out, schema=schema)
+            return pa.Table.from_pylist(rows, schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
             raise SchemaMismatch(f"operator {self._context.name!r}: its emitted rows do not "
                                  f"fit its OUTPUT ({schema}): {exc}") from None
+
+    def _conformed(self, table: pa.Table, schema: pa.Schema) -> pa.Table:
+        try:
+            return table.select(schema.names).cast(schema)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError
+                ) as exc:
+            raise SchemaMismatch(f"operator {self._context.name!r}: an emitted table does "
+                                 f"not fit its OUTPUT ({schema}): {exc}") from None
 
     def checkpointed(self, window_id: int) -> None:
         self.store_checkpointed()
