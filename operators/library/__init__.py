@@ -8,6 +8,7 @@ import logging
 from weir.operators.library.deduplicate import Deduplicate
 from weir.operators.library.directory import DirectorySource
 from weir.operators.library.event_windows import EventTimeWindows
+from weir.operators.library.interval_join import IntervalJoin
 from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is imported in setup()
 from weir.operators.library.kafka_source import KafkaSource
 from weir.operators.library.key_state import KeyContext, ListState, MapState, Timer, ValueState
@@ -34,6 +35,7 @@ __all__ = [
     "ConsoleSink",
     "EventGenerator",
     "FileSink",
+    "IntervalJoin",
     "KafkaSink",
     "KeyContext",
     "KeyedProcess",

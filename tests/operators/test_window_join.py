@@ -99,7 +99,7 @@ def test_a_row_after_its_window_closed_goes_to_late_with_the_reason():
     assert [(r["name"], r["item"]) for r in run.rows("out")] == [("ann", "x")]
     late = run.rows("late")
     assert [(r["name"], r["late_reason"]) for r in late] == [
-        ("eve", "its left window ended before it came")]
+        ("eve", "left: its partners' time had passed when it came")]
 
 
 def test_a_recovered_join_emits_each_pair_once(tmp_path):

@@ -1,0 +1,118 @@
+"""What the two-stream joins share (``WindowJoin``, ``IntervalJoin``): the ``left`` and
+``right`` ports, each side's rows waiting in its key's state, the output's columns, and
+rows too late to meet their partners sent to ``late`` with a reason, never dropped."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from weir.operators.library.key_state import KeyContext, MapState
+from weir.operators.library.keyed_process import KeyedProcess
+from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
+from weir.operators.watermarks import NO_WATERMARK, event_times_ms
+
+__all__ = ["SIDES", "JoinSides"]
+
+SIDES = ("left", "right")
+
+
+class JoinSides(KeyedProcess):
+    """Base of the joins: a subclass says when a side's rows are too late (``closed``),
+    what to do with a key's new rows (``process_key``), and may add output columns
+    (``EXTRA_FIELDS``). Each side's state is a map from a time to the row tuples waiting
+    there (in the side's column order)."""
+
+    left = InputPort()
+    right = InputPort()
+    late = OutputPort()
+
+    STATE: ClassVar[dict[str, Any]] = {side: MapState(pa.int64(), None) for side in SIDES}
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys",)
+    METRICS: ClassVar[tuple[str, ...]] = ("timers_fired", "late_rows")
+    EXTRA_FIELDS: ClassVar[tuple[pa.Field, ...]] = ()
+
+    def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str],
+                 right_prefix: str = "right_", ttl_millis: int | None = None) -> None:
+        super().__init__(keys, ttl_millis)
+        name = type(self).__name__
+        times = (time_column, time_column) if isinstance(time_column, str) else time_column
+        if len(times) != 2 or not all(isinstance(t, str) and t for t in times):
+            raise ValueError(f"{name}: time_column is a column name or a (left, right) "
+                             f"pair of names, not {time_column!r}")
+        self.time_columns = dict(zip(SIDES, times, strict=True))
+        self.right_prefix = right_prefix
+        self.schemas: dict[str, pa.Schema] = {}  # each side's, from its first rows
+        self.fired_watermark = NO_WATERMARK  # the watermark the last window's timers saw
+        self.late_rows = 0
+
+    def closed(self, side: str, ms: np.ndarray) -> np.ndarray:
+        """Which rows of ``side`` (event times ``ms``) came after partners of theirs may
+        have left the state (the watermark as of the last window: ``fired_watermark``)."""
+        raise NotImplementedError
+
+    # -- schemas -------------------------------------------------------------------------
+    def output_schema(self) -> pa.Schema:
+        missing = [side for side in SIDES if side not in self.schemas]
+        if missing:
+            raise SchemaMismatch(f"{type(self).__name__}: no rows came on {missing} yet, "
+                                 "so its output columns are not known")
+        left, right = self.schemas["left"], self.schemas["right"]
+        fields = [left.field(k) for k in self.keys]
+        fields += [f for f in left if f.name not in self.keys]
+        fields += [f.with_name(self._right_name(f.name)) for f in right
+                   if f.name not in self.keys]
+        return pa.schema([*fields, *self.EXTRA_FIELDS])
+
+    def _right_name(self, name: str) -> str:
+        return self.right_prefix + name if name in self.schemas["left"].names else name
+
+    # -- rows ----------------------------------------------------------------------------
+    def arrived(self, port: str, rows: pa.Table) -> pa.Table:
+        """Records the side's schema; sends rows without event time, or too late to meet
+        every partner, to ``late``; the rest go on to ``process_key``."""
+        column = self.time_columns[port]
+        if column not in rows.column_names:
+            raise SchemaMismatch(f"{type(self).__name__}: the {port} input has no time "
+                                 f"column {column!r}; its columns are {rows.column_names}")
+        schema = self.schemas.get(port)
+        if schema is None:
+            self.schemas[port] = schema = rows.schema
+        elif rows.schema != schema:
+            rows = rows.select(schema.names).cast(schema)
+        times = event_times_ms(rows.column(column)).combine_chunks()
+        untimed = pc.is_null(times).to_numpy(zero_copy_only=False)
+        closed = self.closed(port, pc.fill_null(times, 0).to_numpy()) & ~untimed
+        late = untimed | closed
+        if late.any():
+            reasons = np.where(untimed, f"no {column} (event time)",
+                               f"{port}: its partners' time had passed when it came")
+            self.late_rows += int(late.sum())
+            self.late.emit(rows.filter(pa.array(late)).append_column(
+                "late_reason", pa.array(reasons[late], pa.string())))
+            rows = rows.filter(pa.array(~late))
+        return rows
+
+    def waiting(self, side: str, rows: pa.Table) -> list[tuple[int, tuple[Any, ...]]]:
+        """A key's new rows of ``side``: (event time, the row as a tuple)."""
+        times = event_times_ms(rows.column(self.time_columns[side])).to_pylist()
+        values = zip(*(rows.column(n).to_pylist() for n in self.schemas[side].names),
+                     strict=True)
+        return list(zip(times, values, strict=True))
+
+    def pair(self, ctx: KeyContext, left: tuple[Any, ...], right: tuple[Any, ...],
+             **extra: Any) -> None:
+        """Emits one joined row."""
+        row = dict(zip(self.schemas["left"].names, left, strict=True))
+        for name, value in zip(self.schemas["right"].names, right, strict=True):
+            if name not in self.keys:
+                row[self._right_name(name)] = value
+        ctx.emit(row, **extra)
+
+    def end_window(self) -> None:
+        super().end_window()
+        self.fired_watermark = max(self.fired_watermark, self.watermark)
