@@ -1,7 +1,8 @@
-"""WindowJoin through real processes: persons and auctions from two Parquet sources
-joined per seller in 2-second tumbling event-time windows, the join's container
-SIGKILLed at random moments; the pairs the exactly-once sink wrote are exactly Python's
-join of the same rows, each once."""
+"""The joins through real processes: persons and auctions from two Parquet sources joined
+per seller (WindowJoin: in 2-second tumbling event-time windows; IntervalJoin: auctions
+from 0.5 s before to 1 s after the person), the join's container SIGKILLed at random
+moments; the pairs the exactly-once sink wrote are exactly Python's join of the same
+rows, each once, and no row was late."""
 
 from __future__ import annotations
 
@@ -28,10 +29,13 @@ from weir.operators.app import load_app
 pytestmark = pytest.mark.timeout(420)
 
 SIZE_MS, SELLERS, ROWS = 2_000, 40, 12_000
+LOWER_MS, UPPER_MS = -500, 1_000
+JOINS = {"window": f'WindowJoin("seller", "ts", size_ms={SIZE_MS})',
+         "interval": f'IntervalJoin("seller", "ts", {LOWER_MS}, {UPPER_MS})'}
 
 APP = """
     from weir.operators import Dag
-    from weir.operators.library import FileSink, ParquetSource, WindowJoin
+    from weir.operators.library import FileSink, IntervalJoin, ParquetSource, WindowJoin
 
     dag = Dag("window-join", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
@@ -42,7 +46,7 @@ APP = """
     auctions = dag.add_operator("auctions", ParquetSource({auctions!r}, rows_per_window=450,
                                                           batch_rows=300), CONTAINER=0,
                                 EVENT_TIME_COLUMN="ts", WATERMARK_DELAY_MILLIS=0)
-    join = dag.add_operator("join", WindowJoin("seller", "ts", size_ms={size}), CONTAINER=1)
+    join = dag.add_operator("join", {join}, CONTAINER=1)
     sink = dag.add_operator("sink", FileSink({out!r}, exactly_once=True), CONTAINER=2)
     late = dag.add_operator("late", FileSink({late!r}, exactly_once=True), CONTAINER=2)
     dag.add_stream("persons", persons.output, join.left)
@@ -52,9 +56,10 @@ APP = """
 """
 
 
-def write_streams(root: Path) -> collections.Counter:
+def write_streams(root: Path, kind: str) -> collections.Counter:
     """Persons (a quarter of the rows) and auctions in event-time order, as Parquet
-    folders; returns the reference join as a multiset of (seller, person, item, start)."""
+    folders; returns the reference join as a multiset of (seller, person, item, and the
+    window's start or the auction's time)."""
     rng = random.Random(11)
     ts, rows = 1_790_000_000_000, []
     for _ in range(ROWS):
@@ -71,10 +76,19 @@ def write_streams(root: Path) -> collections.Counter:
             chunk = table[part * len(table) // 3:(part + 1) * len(table) // 3]
             pq.write_table(pa.Table.from_pylist(chunk), folder / f".{part}.tmp")
             os.replace(folder / f".{part}.tmp", folder / f"part-{part}.parquet")
+    expected: collections.Counter = collections.Counter()
+    if kind == "interval":
+        by_seller: dict[int, list[dict]] = collections.defaultdict(list)
+        for p in people:
+            by_seller[p["seller"]].append(p)
+        for a in items:
+            for p in by_seller[a["seller"]]:
+                if p["ts"] + LOWER_MS <= a["ts"] <= p["ts"] + UPPER_MS:
+                    expected[(a["seller"], p["person"], a["item"], a["ts"])] += 1
+        return expected
     by_window: dict[tuple[int, int], list[str]] = collections.defaultdict(list)
     for p in people:
         by_window[(p["seller"], p["ts"] - p["ts"] % SIZE_MS)].append(p["person"])
-    expected: collections.Counter = collections.Counter()
     for a in items:
         start = a["ts"] - a["ts"] % SIZE_MS
         for person in by_window.get((a["seller"], start), []):
@@ -82,13 +96,14 @@ def write_streams(root: Path) -> collections.Counter:
     return expected
 
 
-def test_window_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp_path):
+@pytest.mark.parametrize("kind", sorted(JOINS))
+def test_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp_path, kind):
     rng, note = chaos_seed()
-    expected = write_streams(tmp_path)
+    expected = write_streams(tmp_path, kind)
     app = tmp_path / "join_app.py"
     app.write_text(textwrap.dedent(APP.format(
         state=str(tmp_path / "state"), persons=str(tmp_path / "persons"),
-        auctions=str(tmp_path / "auctions"), size=SIZE_MS, out=str(tmp_path / "out"),
+        auctions=str(tmp_path / "auctions"), join=JOINS[kind], out=str(tmp_path / "out"),
         late=str(tmp_path / "late"))))
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
@@ -113,8 +128,8 @@ def test_window_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp
     assert kills >= 1, f"the run ended before a kill; {note}"
     rows = [json.loads(line) for file in sorted((tmp_path / "out").glob("*.jsonl"))
             for line in file.read_text().splitlines()]
-    got = collections.Counter((r["seller"], r["person"], r["item"], r["window_start"])
-                              for r in rows)
+    last = "window_start" if kind == "window" else "right_ts"
+    got = collections.Counter((r["seller"], r["person"], r["item"], r[last]) for r in rows)
     assert not list((tmp_path / "late").glob("*.jsonl")) or not any(
         f.read_text().strip() for f in (tmp_path / "late").glob("*.jsonl")), note
     assert got == expected, (
