@@ -32,10 +32,14 @@ class IntervalJoin(JoinSides):
     left side has too gets ``right_prefix``). One output row per pair, once.
 
     Args:
-        keys: the join key column(s), on both sides.
+        keys: the join key column(s), on both sides (or only the left's, with
+            ``right_keys``).
         time_column: each side's event-time column (a name, or (left, right)).
         lower_ms, upper_ms: the interval's bounds relative to the left row's time.
         right_prefix: put before a right column whose name the left side has too.
+        ttl_millis: see ``KeyedProcess``.
+        right_keys: the right side's key columns, when named otherwise (they are left
+            out of the output: the left's have the same values).
 
     Example:
         >>> IntervalJoin("auction", "ts", lower_ms=0, upper_ms=60_000).upper_ms
@@ -44,8 +48,9 @@ class IntervalJoin(JoinSides):
 
     def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str],
                  lower_ms: int, upper_ms: int, right_prefix: str = "right_",
-                 ttl_millis: int | None = None) -> None:
-        super().__init__(keys, time_column, right_prefix, ttl_millis)
+                 ttl_millis: int | None = None,
+                 right_keys: str | Sequence[str] | None = None) -> None:
+        super().__init__(keys, time_column, right_prefix, ttl_millis, right_keys)
         if lower_ms > upper_ms:
             raise ValueError(f"IntervalJoin: lower_ms ({lower_ms}) is after upper_ms "
                              f"({upper_ms}); the interval would be empty")

@@ -37,9 +37,15 @@ class JoinSides(KeyedProcess):
     EXTRA_FIELDS: ClassVar[tuple[pa.Field, ...]] = ()
 
     def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str],
-                 right_prefix: str = "right_", ttl_millis: int | None = None) -> None:
+                 right_prefix: str = "right_", ttl_millis: int | None = None,
+                 right_keys: str | Sequence[str] | None = None) -> None:
         super().__init__(keys, ttl_millis)
         name = type(self).__name__
+        self.right_keys = self.keys if right_keys is None else (
+            (right_keys,) if isinstance(right_keys, str) else tuple(right_keys))
+        if len(self.right_keys) != len(self.keys):
+            raise ValueError(f"{name}: right_keys {list(self.right_keys)} must pair with "
+                             f"keys {list(self.keys)}, one column each")
         times = (time_column, time_column) if isinstance(time_column, str) else time_column
         if len(times) != 2 or not all(isinstance(t, str) and t for t in times):
             raise ValueError(f"{name}: time_column is a column name or a (left, right) "
@@ -49,6 +55,9 @@ class JoinSides(KeyedProcess):
         self.schemas: dict[str, pa.Schema] = {}  # each side's, from its first rows
         self.fired_watermark = NO_WATERMARK  # the watermark the last window's timers saw
         self.late_rows = 0
+
+    def keys_of(self, port: str) -> tuple[str, ...]:
+        return self.right_keys if port == "right" else self.keys
 
     def closed(self, side: str, ms: np.ndarray) -> np.ndarray:
         """Which rows of ``side`` (event times ``ms``) came after partners of theirs may
@@ -65,7 +74,7 @@ class JoinSides(KeyedProcess):
         fields = [left.field(k) for k in self.keys]
         fields += [f for f in left if f.name not in self.keys]
         fields += [f.with_name(self._right_name(f.name)) for f in right
-                   if f.name not in self.keys]
+                   if f.name not in self.right_keys]
         return pa.schema([*fields, *self.EXTRA_FIELDS])
 
     def _right_name(self, name: str) -> str:
@@ -109,7 +118,7 @@ class JoinSides(KeyedProcess):
         """Emits one joined row."""
         row = dict(zip(self.schemas["left"].names, left, strict=True))
         for name, value in zip(self.schemas["right"].names, right, strict=True):
-            if name not in self.keys:
+            if name not in self.right_keys:
                 row[self._right_name(name)] = value
         ctx.emit(row, **extra)
 

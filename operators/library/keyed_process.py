@@ -122,6 +122,10 @@ class KeyedProcess(StoreBacked, Operator):
         assert self.OUTPUT is not None
         return self.OUTPUT
 
+    def keys_of(self, port: str) -> tuple[str, ...]:
+        """The key columns of ``port``'s rows (``keys``, here: alike on every port)."""
+        return self.keys
+
     def arrived(self, port: str, rows: pa.Table) -> pa.Table:
         """A window's rows of ``port`` before they are grouped by key: what of them goes
         to ``process_key`` (all of it, here)."""
@@ -154,7 +158,7 @@ class KeyedProcess(StoreBacked, Operator):
         self._batches = {}
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
-        missing = [k for k in self.keys if k not in batch.schema.names]
+        missing = [k for k in self.keys_of(port) if k not in batch.schema.names]
         if missing:
             raise SchemaMismatch(f"operator {self._context.name!r}: no key column(s) "
                                  f"{missing} in its input; its columns are "
@@ -199,7 +203,7 @@ class KeyedProcess(StoreBacked, Operator):
             arrived = self.arrived(port, pa.Table.from_batches(batches[port]))
             if not arrived.num_rows:
                 continue
-            table, groups = _grouped(arrived, self.keys)
+            table, groups = _grouped(arrived, self.keys_of(port))
             loaded.update(self._read([state_row(key) for key, _, _ in groups
                                       if state_row(key) not in loaded]))
             for key, start, length in groups:

@@ -31,11 +31,15 @@ class WindowJoin(JoinSides):
     ms). One output row per pair, in each window once.
 
     Args:
-        keys: the join key column(s), on both sides.
+        keys: the join key column(s), on both sides (or only the left's, with
+            ``right_keys``).
         time_column: each side's event-time column (a name, or (left, right)).
         size_ms: the window's length.
         slide_ms: a sliding window's step (None: tumbling windows).
         right_prefix: put before a right column whose name the left side has too.
+        ttl_millis: see ``KeyedProcess``.
+        right_keys: the right side's key columns, when named otherwise (they are left
+            out of the output: the left's have the same values).
 
     Example:
         >>> WindowJoin(keys="seller", time_column="ts", size_ms=10_000).windows_of(12_345)
@@ -47,8 +51,9 @@ class WindowJoin(JoinSides):
 
     def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str],
                  size_ms: int, slide_ms: int | None = None, right_prefix: str = "right_",
-                 ttl_millis: int | None = None) -> None:
-        super().__init__(keys, time_column, right_prefix, ttl_millis)
+                 ttl_millis: int | None = None,
+                 right_keys: str | Sequence[str] | None = None) -> None:
+        super().__init__(keys, time_column, right_prefix, ttl_millis, right_keys)
         slide = size_ms if slide_ms is None else slide_ms
         if size_ms <= 0 or slide <= 0 or slide > size_ms:
             raise ValueError(f"WindowJoin: size_ms must be positive and slide_ms in "

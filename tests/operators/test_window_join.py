@@ -123,3 +123,15 @@ def test_bad_windows_are_refused_when_built():
         WindowJoin("id", "ts", size_ms=1_000, slide_ms=2_000)
     with pytest.raises(ValueError, match="time_column"):
         WindowJoin("id", ("ts",), size_ms=1_000)
+
+
+def test_the_right_side_may_name_its_key_otherwise():
+    persons, auctions = streams(seed=21)
+    dag = join_dag(WindowJoin("id", "ts", size_ms=2_000, right_keys="seller"), persons,
+                   [pa.Table.from_pylist(w, AUCTIONS) for w in auctions])
+    run = run_local(dag)
+    expected = reference(persons, auctions, 2_000, 2_000)
+    assert sum(expected.values()) > 5 and joined(run) == expected
+    assert "seller" not in run.rows("out")[0]  # the left's id holds it
+    with pytest.raises(ValueError, match="must pair with"):
+        WindowJoin(["id", "name"], "ts", size_ms=1_000, right_keys="seller")
