@@ -29,14 +29,19 @@ _AGGREGATE_OF_A_COLUMN = re.compile(r"^\s*\w+\(\s*(?:DISTINCT\s+)?`?([A-Za-z_]\w
                                     re.IGNORECASE)
 
 
-def columns_read(operator: Operator) -> Iterator[tuple[str, str]]:
-    """(setting, column) for each column ``operator`` names in its ``COLUMNS_READ``.
+def columns_read(operator: Operator, port: str | None = None) -> Iterator[tuple[str, str]]:
+    """(setting, column) for each column ``operator`` names in its ``COLUMNS_READ``, and
+    in its ``COLUMNS_READ_BY_PORT`` for ``port`` (None: for every port).
 
     Raises:
         ValueError: ``COLUMNS_READ`` lists an attribute the operator does not have, or one
             that holds something else than a name (or None), names or aggregations.
     """
-    for setting in operator.COLUMNS_READ:
+    by_port = operator.COLUMNS_READ_BY_PORT
+    settings = [*operator.COLUMNS_READ, *(
+        by_port.get(port, ()) if port is not None else
+        (s for names in by_port.values() for s in names))]
+    for setting in settings:
         if not hasattr(operator, setting):
             raise ValueError(f"COLUMNS_READ lists {setting!r}, which is not an attribute of "
                              f"{type(operator).__name__}; list the attributes that name columns")
@@ -58,7 +63,8 @@ def columns_read(operator: Operator) -> Iterator[tuple[str, str]]:
                              "(or None) are what it can check")
 
 
-def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str, list[str]],
+def check_columns(sources: Mapping[str, pa.Schema | None],
+                  readers: Mapping[str, list[tuple[str, str]]],
                   attributes: Mapping[str, Mapping[str, str]],
                   operators: Mapping[str, Operator]) -> None:
     """Raises ``DagError`` for a column a source's reader names, or a source's
@@ -66,7 +72,7 @@ def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str,
 
     Args:
         sources: each source's output schema (None: not known before it runs).
-        readers: the operators each source feeds directly.
+        readers: the operators each source feeds directly, with the input port.
         attributes: each operator's attributes.
         operators: the operator instances by name.
     """
@@ -86,17 +92,19 @@ def check_columns(sources: Mapping[str, pa.Schema | None], readers: Mapping[str,
             raise DagError(f"operator {source!r}: EVENT_TIME_COLUMN={event_time!r} is not "
                            f"among the columns it emits {names}{_hint(event_time, names)}; "
                            "set it to the column holding each row's time")
-        for reader in readers.get(source, []):
-            problem = missing_column(operators[reader], names, f"{source!r} does not emit")
+        for reader, port in readers.get(source, []):
+            problem = missing_column(operators[reader], names, f"{source!r} does not emit",
+                                     port)
             if problem:
                 raise DagError(f"operator {reader!r}: {problem}; fix the name, or the "
                                "source's columns")
 
 
-def missing_column(operator: Operator, names: list[str], where: str) -> str | None:
-    """What is wrong with the first column ``operator`` names that is not in ``names``
-    (``where``: who does not have it), or None."""
-    for setting, column in columns_read(operator):
+def missing_column(operator: Operator, names: list[str], where: str,
+                   port: str | None = None) -> str | None:
+    """What is wrong with the first column ``operator`` names (on ``port``) that is not in
+    ``names`` (``where``: who does not have it), or None."""
+    for setting, column in columns_read(operator, port):
         if column not in names:
             return (f"{setting} names column {column!r}, which {where} (its columns: "
                     f"{names}){_hint(column, names)}")

@@ -176,12 +176,12 @@ class Dag:
     def _check_columns(self) -> None:
         """The columns sources' readers name, against what the sources emit (if known)."""
         name_of = {id(op): name for name, op in self._operators.items()}
-        readers: dict[str, list[str]] = {}
+        readers: dict[str, list[tuple[str, str]]] = {}
         for source, sinks in self._streams.values():
             if source.name == ERRORS_PORT:  # dead letters: their own columns
                 continue
             readers.setdefault(name_of[id(source.operator)], []).extend(
-                name_of[id(s.operator)] for s in sinks)
+                (name_of[id(s.operator)], s.name) for s in sinks)
         sources = {name: emitted_schema(op) for name, op in self._operators.items()
                    if isinstance(op, InputOperator) and name in readers}
         check_columns(sources, readers, self._operator_attributes, self._operators)

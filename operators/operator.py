@@ -197,6 +197,8 @@ class Operator:
     #: aggregations by output name): checked at submit against what a source feeding it
     #: emits, when that is known (``operators.column_checks``).
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ()
+    #: the same for columns read on one input port only: port name -> attribute names.
+    COLUMNS_READ_BY_PORT: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: instance attributes holding keyed state: a mapping from a value of the partition key
     #: (``PARTITION_KEY``) to that key's state, or an Arrow table with a ``PARTITION_KEY``
     #: column. When the operator is repartitioned at run time each new partition gets the

@@ -73,7 +73,7 @@ class ProcessCalls:
         if port in self._unchecked and batch.num_columns:
             self._unchecked.discard(port)
             problem = missing_column(self.operator, batch.schema.names,
-                                     f"its input port {port!r} does not have")
+                                     f"its input port {port!r} does not have", port)
             if problem:
                 raise SchemaMismatch(f"operator {self.name!r}: {problem}; fix the name, or "
                                      "what feeds it")

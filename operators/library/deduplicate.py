@@ -43,6 +43,7 @@ class Deduplicate(KeyedProcess):
 
     STATE: ClassVar[dict[str, Any]] = {"first": ValueState(pa.int64())}
     METRICS: ClassVar[tuple[str, ...]] = ("timers_fired", "duplicate_rows")
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys", "time_column")
 
     def __init__(self, keys: str | Sequence[str], time_column: str, within_ms: int) -> None:
         super().__init__(keys)

@@ -32,7 +32,9 @@ class JoinSides(KeyedProcess):
     late = OutputPort()
 
     STATE: ClassVar[dict[str, Any]] = {side: MapState(pa.int64(), None) for side in SIDES}
-    COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys",)
+    COLUMNS_READ: ClassVar[tuple[str, ...]] = ()
+    COLUMNS_READ_BY_PORT: ClassVar[dict[str, tuple[str, ...]]] = {
+        "left": ("keys",), "right": ("right_keys",)}
     METRICS: ClassVar[tuple[str, ...]] = ("timers_fired", "late_rows")
     EXTRA_FIELDS: ClassVar[tuple[pa.Field, ...]] = ()
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from weir.operators import Dag
+from weir.operators.dag import DagError
 from weir.operators.library import WindowJoin
 from weir.operators.testing import CollectSink, ListSource, run_local
 
@@ -135,3 +136,24 @@ def test_the_right_side_may_name_its_key_otherwise():
     assert "seller" not in run.rows("out")[0]  # the left's id holds it
     with pytest.raises(ValueError, match="must pair with"):
         WindowJoin(["id", "name"], "ts", size_ms=1_000, right_keys="seller")
+
+
+def test_each_sides_key_columns_are_checked_against_its_own_source_at_submit():
+    class Declared(ListSource):
+        def __init__(self, schema):
+            super().__init__([], schema)
+
+        def emitted_schema(self):
+            return self.schema
+
+    dag = Dag("join-check")
+    left = dag.add_operator("persons", Declared(PERSONS), EVENT_TIME_COLUMN="ts")
+    right = dag.add_operator("auctions", Declared(AUCTIONS), EVENT_TIME_COLUMN="ts")
+    node = dag.add_operator("join", WindowJoin("id", "ts", 1_000, right_keys="sellr"))
+    dag.add_stream("p", left.output, node.left)
+    dag.add_stream("a", right.output, node.right)
+    with pytest.raises(DagError, match="right_keys names column 'sellr', which 'auctions' "
+                                       "does not emit.*did you mean 'seller'"):
+        dag.to_descriptor()
+    node.right_keys = ("seller",)
+    dag.to_descriptor()  # the left's id is checked on the left only
