@@ -241,6 +241,24 @@ class KeyedStore:
             self._untrimmed = 0
             _release_free_memory()
 
+    def rewrite(self, items: Iterable[tuple[Any, Any]]) -> None:
+        """Replaces (or, for None, deletes) stored values in place, outside any window and
+        its undo log: for finishing a seed (a new partition cutting what it copied)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            gone = 0
+            for key, value in items:
+                if value is None:
+                    gone += db.execute("DELETE FROM state WHERE key = ?", (key,)).rowcount
+                else:
+                    db.execute("UPDATE state SET value = ? WHERE key = ?", (value, key))
+            self._set_meta("keys", self.keys - gone)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def fetch(self, keys: Iterable[Any], window_id: int | None = None) -> dict[Any, Any]:
         """The values of those of ``keys`` it holds, as stored; with ``window_id``, without
         the keys that window's ``put`` will expire first (past the TTL)."""

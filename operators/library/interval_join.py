@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from weir.operators.library.join_sides import JoinSides
 from weir.operators.library.key_state import KeyContext, Timer
@@ -64,12 +63,11 @@ class IntervalJoin(JoinSides):
         """When no partner of a ``side`` row at ``ts`` can come any more."""
         return ts + (self.upper_ms if side == "left" else -self.lower_ms) + 1
 
-    def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
-        side = ctx.port
-        assert side is not None
+    def join_rows(self, key: Any, side: str, rows: list[tuple[int, tuple[Any, ...]]],
+                  ctx: KeyContext) -> None:
         other = "right" if side == "left" else "left"
         mine, theirs = ctx.state[side], ctx.state[other]
-        for ts, row in self.waiting(side, rows):
+        for ts, row in rows:
             for their_ts, partners in theirs.items():
                 left_ts, right_ts = (ts, their_ts) if side == "left" else (their_ts, ts)
                 if left_ts + self.lower_ms <= right_ts <= left_ts + self.upper_ms:

@@ -31,7 +31,9 @@ class JoinSides(KeyedProcess):
     right = InputPort()
     late = OutputPort()
 
-    STATE: ClassVar[dict[str, Any]] = {side: MapState(pa.int64(), None) for side in SIDES}
+    # a time -> the row tuples waiting there; untyped: the operator's own values
+    STATE: ClassVar[dict[str, Any]] = {side: MapState(None, None) for side in SIDES}
+    NON_STATE: ClassVar[tuple[str, ...]] = (*KeyedProcess.NON_STATE, "_rows", "_orders")
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ()
     COLUMNS_READ_BY_PORT: ClassVar[dict[str, tuple[str, ...]]] = {
         "left": ("keys",), "right": ("right_keys",)}
@@ -108,22 +110,39 @@ class JoinSides(KeyedProcess):
             rows = rows.filter(pa.array(~late))
         return rows
 
-    def waiting(self, side: str, rows: pa.Table) -> list[tuple[int, tuple[Any, ...]]]:
-        """A key's new rows of ``side``: (event time, the row as a tuple)."""
-        times = event_times_ms(rows.column(self.time_columns[side])).to_pylist()
-        values = zip(*(rows.column(n).to_pylist() for n in self.schemas[side].names),
-                     strict=True)
-        return list(zip(times, values, strict=True))
+    def process_group(self, key: Any, table: pa.Table, start: int, length: int,
+                      ctx: KeyContext) -> None:
+        """Converts the window's rows of the port to (event time, row tuple) once, then
+        hands each key its share (``join_rows``)."""
+        side = ctx.port
+        assert side is not None
+        cached = self.__dict__.get("_rows")
+        if cached is None or cached[0] is not table:
+            times = event_times_ms(table.column(self.time_columns[side])).to_pylist()
+            values = zip(*(table.column(n).to_pylist() for n in self.schemas[side].names),
+                         strict=True)
+            cached = self._rows = (table, list(zip(times, values, strict=True)))
+        self.join_rows(key, side, cached[1][start:start + length], ctx)
+
+    def join_rows(self, key: Any, side: str, rows: list[tuple[int, tuple[Any, ...]]],
+                  ctx: KeyContext) -> None:
+        """A key's new rows of ``side``: (event time, the row as a tuple), arrival order."""
+        raise NotImplementedError
 
     def pair(self, ctx: KeyContext, left: tuple[Any, ...], right: tuple[Any, ...],
-             **extra: Any) -> None:
-        """Emits one joined row."""
-        row = dict(zip(self.schemas["left"].names, left, strict=True))
-        for name, value in zip(self.schemas["right"].names, right, strict=True):
-            if name not in self.right_keys:
-                row[self._right_name(name)] = value
-        ctx.emit(row, **extra)
+             *extra: Any) -> None:
+        """Emits one joined row (``extra``: the values of ``EXTRA_FIELDS``)."""
+        orders = self.__dict__.get("_orders")
+        if orders is None:
+            lnames, rnames = self.schemas["left"].names, self.schemas["right"].names
+            orders = self._orders = (
+                [lnames.index(k) for k in self.keys] +
+                [i for i, n in enumerate(lnames) if n not in self.keys],
+                [i for i, n in enumerate(rnames) if n not in self.right_keys])
+        ctx.emit_values(*(left[i] for i in orders[0]), *(right[i] for i in orders[1]),
+                        *extra)
 
     def end_window(self) -> None:
+        self._rows = None  # the window's table
         super().end_window()
         self.fired_watermark = max(self.fired_watermark, self.watermark)

@@ -131,6 +131,14 @@ class KeyedProcess(StoreBacked, Operator):
         to ``process_key`` (all of it, here)."""
         return rows
 
+    def process_group(self, key: Any, table: pa.Table, start: int, length: int,
+                      ctx: KeyContext) -> None:
+        """One key's rows of a window: rows ``start`` to ``start + length`` of ``table``
+        (the window's rows of the port, sorted by key). Calls ``process_key`` with them;
+        an operator that reads every key's rows the same way may override it to convert
+        the table once."""
+        self.process_key(key, table.slice(start, length), ctx)
+
     # -- the user's functions --------------------------------------------------------
     def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
         """Called once per key and window with the key's rows (arrival order)."""
@@ -171,7 +179,7 @@ class KeyedProcess(StoreBacked, Operator):
         context: OperatorContext = self._context
         changes: dict[bytes, bytes | None] = {}  # stored row -> new value (None: delete)
         loaded: dict[bytes, dict[str, Any]] = {}  # the keys' states read so far
-        out: list[dict[str, Any] | pa.Table] = []  # emitted rows and tables, in order
+        out: list[Any] = []  # emitted rows (mappings, tuples) and tables, in order
         now = window_end_millis(window_id, context.window_size_millis)
         bounds = {EVENT: self.watermark, PROCESSING: now}
         due: list[tuple[int, str, bytes]] = []  # timers to fire, earliest first
@@ -207,13 +215,16 @@ class KeyedProcess(StoreBacked, Operator):
             loaded.update(self._read([state_row(key) for key, _, _ in groups
                                       if state_row(key) not in loaded]))
             for key, start, length in groups:
-                rows = table.slice(start, length)
-                run(key, lambda ctx, rows=rows: self.process_key(ctx.key, rows, ctx), port)
+                run(key, lambda ctx, start=start, length=length, table=table:
+                    self.process_group(ctx.key, table, start, length, ctx), port)
         for kind in (EVENT, PROCESSING):
             for row, _ in self.store.scan(kind.encode(), timer_bound(kind, bounds[kind])):
                 if changes.get(row, b"") is not None:  # not deleted in this window
                     heapq.heappush(due, (parse_timer_row(row)[1], kind, row))
                     live.add(row)
+        # the states of the keys whose timers fire, in one read
+        loaded.update(self._read(list({state_row(parse_timer_row(row)[2]) for _, _, row in due}
+                                      - loaded.keys())))
         firings = 0
         while due:
             time, kind, row = heapq.heappop(due)
@@ -242,21 +253,34 @@ class KeyedProcess(StoreBacked, Operator):
         stored = self.store.fetch(rows, self._window_id)
         return {row: pickle.loads(stored[row]) if row in stored else {} for row in rows}
 
-    def _table(self, out: list[dict[str, Any] | pa.Table]) -> pa.Table:
+    def _table(self, out: list[Any]) -> pa.Table:
         """The emitted rows as one table of the output schema, in the order emitted."""
         schema = self.output_schema()
         parts: list[pa.Table] = []
-        rows: list[dict[str, Any]] = []
+        run: list[Any] = []
         for item in [*out, None]:
-            if isinstance(item, dict):
-                rows.append(item)
-                continue
-            if rows:
-                parts.append(self._from_rows(rows, schema))
-                rows = []
-            if item is not None:
+            if run and type(item) is not type(run[0]):
+                parts.append(self._from_rows(run, schema) if isinstance(run[0], dict)
+                             else self._from_tuples(run, schema))
+                run = []
+            if isinstance(item, pa.Table):
                 parts.append(self._conformed(item, schema))
+            elif item is not None:
+                run.append(item)
         return pa.concat_tables(parts)
+
+    def _from_tuples(self, rows: list[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+        if any(len(row) != len(schema) for row in rows):
+            raise SchemaMismatch(f"operator {self._context.name!r} emitted a row of "
+                                 f"{len(next(r for r in rows if len(r) != len(schema)))} "
+                                 f"values; its OUTPUT has {len(schema)} columns")
+        try:
+            return pa.Table.from_arrays([pa.array(column, field.type) for column, field in
+                                         zip(zip(*rows, strict=True), schema, strict=True)],
+                                        schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise SchemaMismatch(f"operator {self._context.name!r}: its emitted rows do not "
+                                 f"fit its OUTPUT ({schema}): {exc}") from None
 
     def _from_rows(self, rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
         extra = sorted({name for row in rows for name in row} - set(schema.names))

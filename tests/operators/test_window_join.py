@@ -157,3 +157,44 @@ def test_each_sides_key_columns_are_checked_against_its_own_source_at_submit():
         dag.to_descriptor()
     node.right_keys = ("seller",)
     dag.to_descriptor()  # the left's id is checked on the left only
+
+
+def test_a_new_partition_keeps_its_keys_rows_of_the_old_partitions_chunks(tmp_path):
+    from weir.operators.library.window_join import _from_bytes, chunk_row
+    from weir.operators.operator import OperatorContext
+    from weir.operators.partitioning import PartitionFilter
+
+    def context(folder, window=-1, index=0):
+        return OperatorContext(name="join", operator_id=1, container_id="c",
+                               state_dir=str(tmp_path / folder), recovered_window=window,
+                               attributes={"PARTITION_KEY": "id"}, partition_index=index)
+
+    old = []
+    for i, ids in enumerate(([1, 2, 3, 4], [5, 6, 7])):
+        op = WindowJoin("id", "ts", 1_000, right_keys="seller")
+        op.setup(context(f"old{i}", index=i))
+        left = pa.table({"id": ids, "ts": [10] * len(ids)})
+        right = pa.table({"seller": ids, "ts": [20] * len(ids)})
+        op.schemas = {"left": left.schema, "right": right.schema}
+        from weir.operators.library.window_join import _to_bytes
+        op.store.put(7, [(chunk_row(0, "left", 7, i), _to_bytes(left), False),
+                         (chunk_row(0, "right", 7, i), _to_bytes(right), False)])
+        op.store_applied(7)
+        old.append(op)
+    kept: list[int] = []
+    for n in (0, 1):
+        share = PartitionFilter("id", 1, frozenset({n}))
+        new = WindowJoin("id", "ts", 1_000, right_keys="seller").repartitioned(old, share)
+        for _ in range(2):  # a retried deployment cuts nothing more
+            new.setup(context(f"new{n}", window=7, index=n))
+            chunks = [_from_bytes(data) for _, data in new.store.scan(b"w", b"x")]
+            new.teardown()
+        lefts = [v for t in chunks if "id" in t.column_names for v in t["id"].to_pylist()]
+        rights = [v for t in chunks if "seller" in t.column_names
+                  for v in t["seller"].to_pylist()]
+        assert sorted(lefts) == sorted(rights)
+        assert all(share.owns([v])[0] for v in lefts)
+        kept += lefts
+    assert sorted(kept) == [1, 2, 3, 4, 5, 6, 7]
+    for op in old:
+        op.teardown()
