@@ -17,6 +17,7 @@ from weir.operators.library.parquet_source import CsvSource, JsonLinesSource, Pa
 from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from weir.operators.library.sinks import ConsoleSink, FileSink
 from weir.operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
+from weir.operators.library.table_join import TableJoin
 from weir.operators.library.tcp import TcpLineSource
 from weir.operators.library.transforms import (
     RunningCount,
@@ -47,6 +48,7 @@ __all__ = [
     "CsvSource",
     "PostgresSink",
     "RunningCount",
+    "TableJoin",
     "TcpLineSource",
     "TextFileSource",
     "Timer",
