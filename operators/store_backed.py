@@ -142,6 +142,10 @@ class StoreBacked:
     def check_partition_key(self, context: OperatorContext, keys: Sequence[str]) -> None:
         """Refuses a ``PARTITION_KEY`` its stored keys cannot be split by."""
         partition_key = context.attributes.get("PARTITION_KEY")
+        if partition_key and not keys:
+            raise SchemaMismatch(
+                f"operator {context.name!r}: {type(self).__name__} has no keys, so its "
+                f"state cannot be split; remove PARTITION_KEY={partition_key!r}")
         if partition_key and partition_key not in keys:
             raise SchemaMismatch(
                 f"operator {context.name!r}: {type(self).__name__} keeps its state by "

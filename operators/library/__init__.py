@@ -19,6 +19,7 @@ from weir.operators.library.sinks import ConsoleSink, FileSink
 from weir.operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from weir.operators.library.table_join import TableJoin
 from weir.operators.library.tcp import TcpLineSource
+from weir.operators.library.top_n import TopN
 from weir.operators.library.transforms import (
     RunningCount,
     Tokenize,
@@ -53,6 +54,7 @@ __all__ = [
     "TextFileSource",
     "Timer",
     "Tokenize",
+    "TopN",
     "ValueState",
     "WindowedCount",
     "WindowedCountUnifier",

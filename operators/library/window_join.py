@@ -14,7 +14,6 @@ Everything else is ``JoinSides``'s: the ports, the output's columns, late rows t
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -22,38 +21,11 @@ import numpy as np
 import pyarrow as pa
 
 from weir.operators.library.join_sides import SIDES, JoinSides
+from weir.operators.library.window_chunks import WindowChunks
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
-from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK, event_times_ms
 
 __all__ = ["WindowJoin"]
-
-_OFFSET = 2**63
-_CHUNK = b"w"
-
-
-def chunk_row(start: int, side: str, window_id: int, partition: int) -> bytes:
-    """The store key of one chunk: ordered by window start, so the windows that closed
-    are a range."""
-    return (_CHUNK + struct.pack(">Q", start + _OFFSET) + side[:1].encode()
-            + struct.pack(">QI", window_id, partition))
-
-
-def _parse(row: bytes) -> tuple[int, str]:
-    (start,) = struct.unpack(">Q", row[1:9])
-    return start - _OFFSET, {"l": "left", "r": "right"}[row[9:10].decode()]
-
-
-def _to_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def _from_bytes(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
 
 class WindowJoin(JoinSides):
     """Joins ``left`` and ``right`` rows with equal ``keys`` in the same event-time window
@@ -96,12 +68,15 @@ class WindowJoin(JoinSides):
 
     def windows_of(self, ts: int) -> list[int]:
         """The starts of the windows holding event time ``ts``."""
-        last = ts - ts % self.slide_ms
-        return list(range(last, ts - self.size_ms, -self.slide_ms))[::-1]
+        return self._chunks.windows_of(ts)
+
+    @property
+    def _chunks(self) -> WindowChunks:
+        return WindowChunks(self.size_ms, self.slide_ms)
 
     def closed(self, side: str, ms: np.ndarray) -> np.ndarray:
         """Rows whose last window ended before this window's rows came."""
-        return ms - ms % self.slide_ms + self.size_ms <= self.fired_watermark
+        return self._chunks.closed(ms, self.fired_watermark)
 
     # -- the store ------------------------------------------------------------------------
     def setup(self, context: OperatorContext) -> None:
@@ -111,23 +86,10 @@ class WindowJoin(JoinSides):
         share = handle.seed.share if handle is not None and handle.seed is not None else None
         self.open_store(context, owns=lambda cut: lambda rows: np.ones(len(rows), bool))
         if share is not None:  # a new partition: keep its keys' rows of the old chunks
-            self._keep_share(PartitionFilter.from_json(share))
-
-    def _keep_share(self, share: PartitionFilter) -> None:
-        """Cuts every chunk copied from the old partitions to the keys ``share`` owns
-        (again on a retried deployment: cutting a cut chunk changes nothing)."""
-        position = self.keys.index(share.column) if share.column in self.keys else 0
-        items = []
-        for row, data in self.store.scan(_CHUNK, _CHUNK + b"\xff"):
-            table = _from_bytes(data)
-            side = _parse(row)[1]
-            column = (self.keys if side == "left" else self.right_keys)[position]
-            keep = pa.array(np.asarray(share.owns(table.column(column)), bool))
-            kept = table.filter(keep)
-            if kept.num_rows != table.num_rows:
-                items.append((row, _to_bytes(kept) if kept.num_rows else None))
-        if items:
-            self.store.rewrite(items)
+            cut = PartitionFilter.from_json(share)
+            position = self.keys.index(cut.column) if cut.column in self.keys else 0
+            self._chunks.keep_share(self.store, cut, lambda tag: (
+                self.keys if tag == "l" else self.right_keys)[position])
 
     def repartitioned(self, partitions: Sequence[Operator],
                       share: PartitionFilter | None) -> Operator:
@@ -140,70 +102,32 @@ class WindowJoin(JoinSides):
     def end_window(self) -> None:
         window_id: int = self._window_id
         context: OperatorContext = self._context
-        partition = context.partition_index
         batches, self._batches = self._batches, {}
         changes: dict[bytes, bytes | None] = {}
+        chunks = self._chunks
         for side in SIDES:
-            if not batches.get(side):
-                continue
-            rows = self.arrived(side, pa.Table.from_batches(batches[side]))
-            for start, chunk in self._by_window(side, rows):
-                changes[chunk_row(start, side, window_id, partition)] = _to_bytes(chunk)
-        watermark = self.watermark
-        if watermark != NO_WATERMARK:
-            last = END_OF_TIME if watermark >= END_OF_TIME - self.size_ms else (
-                watermark - self.size_ms)  # windows ending at or before the watermark
-            due = dict(self.store.scan(_CHUNK, _CHUNK + struct.pack(">Q", last + _OFFSET)
-                                       + b"\xff"))
-            due.update({row: data for row, data in changes.items()
-                        if data is not None and _parse(row)[0] <= last})
-            self._fire(due, changes)
-        if changes:
-            context.check_fence()  # a replaced deployment must not write the store
-            self.store.put(window_id, [(row, changes[row], False) for row in sorted(changes)])
-            self.store_applied(window_id)
-        self._rows = None
-        self.fired_watermark = max(self.fired_watermark, watermark)
-
-    def _by_window(self, side: str, rows: pa.Table) -> list[tuple[int, pa.Table]]:
-        """The rows by the start of each window they fall in (a sliding window's row is
-        in each of its windows)."""
-        if not rows.num_rows:
-            return []
-        ms = event_times_ms(rows.column(self.time_columns[side])).to_numpy()
-        last = ms - ms % self.slide_ms
-        index, starts = [], []
-        for back in range(0, self.size_ms, self.slide_ms):
-            inside = np.flatnonzero(last - back > ms - self.size_ms)
-            index.append(inside)
-            starts.append(last[inside] - back)
-        at, start_of = np.concatenate(index), np.concatenate(starts)
-        return [(int(start), rows.take(pa.array(at[start_of == start])))
-                for start in np.unique(start_of)]
-
-    def _fire(self, due: dict[bytes, bytes], changes: dict[bytes, bytes | None]) -> None:
-        """Joins each closed window's chunks and emits the pairs; the chunks go."""
-        windows: dict[int, dict[str, list[pa.Table]]] = {}
-        for row, data in due.items():
-            start, side = _parse(row)
-            windows.setdefault(start, {"left": [], "right": []})[side].append(
-                _from_bytes(data))
-            changes[row] = None
+            if batches.get(side):
+                rows = self.arrived(side, pa.Table.from_batches(batches[side]))
+                chunks.stage(changes, side, rows, self.time_columns[side], window_id,
+                             context.partition_index)
         parts = []
-        for start in sorted(windows):
-            sides = windows[start]
+        for start, sides in sorted(chunks.take_closed(self.store, changes,
+                                                      self.watermark).items()):
             self.windows_joined += 1
-            if not sides["left"] or not sides["right"]:
-                continue
-            joined = self._join(pa.concat_tables(sides["left"]),
-                                pa.concat_tables(sides["right"]))
-            if joined.num_rows:
+            if "l" in sides and "r" in sides:
+                joined = self._join(pa.concat_tables(sides["l"]), pa.concat_tables(sides["r"]))
                 n = joined.num_rows
                 parts.append(joined.append_column("window_start", pa.array(
                     np.full(n, start, np.int64))).append_column(
                     "window_end", pa.array(np.full(n, start + self.size_ms, np.int64))))
-        if parts:
+        if changes:
+            context.check_fence()  # a replaced deployment must not write the store
+            self.store.put(window_id, [(row, changes[row], False) for row in sorted(changes)])
+            self.store_applied(window_id)
+        if any(p.num_rows for p in parts):
             self.output.emit(pa.concat_tables(parts).cast(self.output_schema()))
+        self._rows = None
+        self.fired_watermark = max(self.fired_watermark, self.watermark)
 
     def _join(self, left: pa.Table, right: pa.Table) -> pa.Table:
         names = [n if n in self.right_keys else self._right_name(n) for n in right.column_names]

@@ -160,7 +160,8 @@ def test_each_sides_key_columns_are_checked_against_its_own_source_at_submit():
 
 
 def test_a_new_partition_keeps_its_keys_rows_of_the_old_partitions_chunks(tmp_path):
-    from weir.operators.library.window_join import _from_bytes, chunk_row
+    from weir.operators.library.window_chunks import chunk_row
+    from weir.operators.library.window_chunks import from_bytes as _from_bytes
     from weir.operators.operator import OperatorContext
     from weir.operators.partitioning import PartitionFilter
 
@@ -176,9 +177,9 @@ def test_a_new_partition_keeps_its_keys_rows_of_the_old_partitions_chunks(tmp_pa
         left = pa.table({"id": ids, "ts": [10] * len(ids)})
         right = pa.table({"seller": ids, "ts": [20] * len(ids)})
         op.schemas = {"left": left.schema, "right": right.schema}
-        from weir.operators.library.window_join import _to_bytes
-        op.store.put(7, [(chunk_row(0, "left", 7, i), _to_bytes(left), False),
-                         (chunk_row(0, "right", 7, i), _to_bytes(right), False)])
+        from weir.operators.library.window_chunks import to_bytes as _to_bytes
+        op.store.put(7, [(chunk_row(0, "l", 7, i), _to_bytes(left), False),
+                         (chunk_row(0, "r", 7, i), _to_bytes(right), False)])
         op.store_applied(7)
         old.append(op)
     kept: list[int] = []
