@@ -23,7 +23,7 @@ from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import chaos_seed, live_container_pids
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
-from weir.master.client import WeirClient
+from weir.master.client import WeirClient, WeirClientError
 from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
@@ -136,3 +136,36 @@ def test_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp_path, 
         f"{note}: {sum((got - expected).values())} pairs too many, e.g. "
         f"{list(got - expected)[:3]}; {sum((expected - got).values())} missing, e.g. "
         f"{list(expected - got)[:3]}")
+
+
+def test_a_window_join_repartitioned_mid_run_keeps_every_pair(master, tmp_path):
+    expected = write_streams(tmp_path, "window")
+    app = tmp_path / "join_app.py"
+    app.write_text(textwrap.dedent(APP.format(
+        state=str(tmp_path / "state"), persons=str(tmp_path / "persons"),
+        auctions=str(tmp_path / "auctions"), join=JOINS["window"],
+        out=str(tmp_path / "out"), late=str(tmp_path / "late"))).replace(
+        'CONTAINER=1)', 'PARTITIONS=2, PARTITION_KEY="seller")').replace(
+        "rows_per_window=150", "rows_per_window=60").replace(
+        "rows_per_window=450", "rows_per_window=180"))
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        poll_for(lambda: any(f.read_text().strip() for f in (tmp_path / "out").glob("*.jsonl")),
+                 120, f"the first pairs out\n{container_logs(master)}")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.repartition(app_id, "join", 3)
+                break
+            except WeirClientError as exc:
+                assert "not RUNNING" not in str(exc) and time.monotonic() < deadline, exc
+                time.sleep(0.5)
+        info = client.wait(app_id, 300)
+        assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
+    assert info.repartitions == 1
+    rows = [json.loads(line) for file in sorted((tmp_path / "out").glob("*.jsonl"))
+            for line in file.read_text().splitlines()]
+    got = collections.Counter((r["seller"], r["person"], r["item"], r["window_start"])
+                              for r in rows)
+    assert got == expected, (f"{sum((got - expected).values())} pairs too many, "
+                             f"{sum((expected - got).values())} missing")
