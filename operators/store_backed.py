@@ -107,6 +107,17 @@ class StoreBacked:
         """Records that the store holds ``window_id`` (after a write of that window)."""
         self.state = StoreHandle(self.store.path, window_id)
 
+    def commit_window(self, window_id: int, changes: dict[Any, Any],
+                      expires: Callable[[Any], bool] = lambda key: False) -> None:
+        """Writes a window's changes (key -> value, None: delete) as its one transaction,
+        keys in order, unless this deployment was replaced (``Fenced``); ``expires``: which
+        keys the TTL may drop. Nothing to write: nothing happens."""
+        if not changes:
+            return
+        self._context.check_fence()  # a replaced deployment must not write the store
+        self.store.put(window_id, [(key, changes[key], expires(key)) for key in sorted(changes)])
+        self.store_applied(window_id)
+
     def store_checkpointed(self) -> None:
         """The windows the checkpoint counts on reach the disk (see ``StoreHandle``:
         a power loss before this is found at recovery, never silently wrong)."""

@@ -241,11 +241,7 @@ class KeyedProcess(StoreBacked, Operator):
             run(parse_timer_row(row)[2],
                 lambda ctx, timer=timer: self.on_timer(ctx.key, timer, ctx))
         self.timers_fired += firings
-        if changes:
-            context.check_fence()  # a replaced deployment must not write the store
-            self.store.put(window_id, [(row, changes[row], row[:1] == b"s")
-                                       for row in sorted(changes)])
-            self.store_applied(window_id)
+        self.commit_window(window_id, changes, expires=lambda row: row[:1] == b"s")
         if out:
             self.output.emit(self._table(out))
 

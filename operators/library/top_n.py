@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from weir.operators.library.keyed_process import KeyedProcess
-from weir.operators.library.window_chunks import WindowChunks
+from weir.operators.library.window_chunks import WindowChunks, with_window
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
 from weir.operators.ports import OutputPort, SchemaMismatch
@@ -144,14 +144,8 @@ class TopN(KeyedProcess):
                                                      self.watermark).items()):
             self.windows_ranked += 1
             top = self._top(pa.concat_tables(tags["i"]))
-            n = top.num_rows
-            parts.append(top.append_column("window_start", pa.array(
-                np.full(n, start, np.int64))).append_column(
-                "window_end", pa.array(np.full(n, start + self.size_ms, np.int64))))
-        if changes:
-            context.check_fence()  # a replaced deployment must not write the store
-            self.store.put(window_id, [(row, changes[row], False) for row in sorted(changes)])
-            self.store_applied(window_id)
+            parts.append(with_window(top, start, start + self.size_ms))
+        self.commit_window(window_id, changes)
         if any(p.num_rows for p in parts):
             self.output.emit(pa.concat_tables(parts).cast(self.output_schema()))
         self.fired_watermark = max(self.fired_watermark, self.watermark)

@@ -21,7 +21,7 @@ from weir.operators.partitioning import PartitionFilter
 from weir.operators.state_store import KeyedStore
 from weir.operators.watermarks import END_OF_TIME, NO_WATERMARK, event_times_ms
 
-__all__ = ["WindowChunks"]
+__all__ = ["WindowChunks", "with_window"]
 
 _OFFSET = 2**63
 _CHUNK = b"w"
@@ -47,6 +47,13 @@ def to_bytes(table: pa.Table) -> bytes:
 
 def from_bytes(data: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+
+
+def with_window(table: pa.Table, start: int, end: int) -> pa.Table:
+    """``table`` with the window's ``window_start`` and ``window_end`` (epoch ms)."""
+    n = table.num_rows
+    return table.append_column("window_start", pa.array(np.full(n, start, np.int64))) \
+        .append_column("window_end", pa.array(np.full(n, end, np.int64)))
 
 
 class WindowChunks:

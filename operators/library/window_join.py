@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from weir.operators.library.join_sides import SIDES, JoinSides
-from weir.operators.library.window_chunks import WindowChunks
+from weir.operators.library.window_chunks import WindowChunks, with_window
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
 
@@ -116,14 +116,8 @@ class WindowJoin(JoinSides):
             self.windows_joined += 1
             if "l" in sides and "r" in sides:
                 joined = self._join(pa.concat_tables(sides["l"]), pa.concat_tables(sides["r"]))
-                n = joined.num_rows
-                parts.append(joined.append_column("window_start", pa.array(
-                    np.full(n, start, np.int64))).append_column(
-                    "window_end", pa.array(np.full(n, start + self.size_ms, np.int64))))
-        if changes:
-            context.check_fence()  # a replaced deployment must not write the store
-            self.store.put(window_id, [(row, changes[row], False) for row in sorted(changes)])
-            self.store_applied(window_id)
+                parts.append(with_window(joined, start, start + self.size_ms))
+        self.commit_window(window_id, changes)
         if any(p.num_rows for p in parts):
             self.output.emit(pa.concat_tables(parts).cast(self.output_schema()))
         self._rows = None

@@ -107,6 +107,32 @@ def live_container_pids(client: WeirClient, app_id: str) -> dict[str, int]:
             if c.state == "ACTIVE" and c.process_name}
 
 
+def kill_operators_container(master, client: WeirClient, app_id: str, operator: str,
+                             rng: random.Random, note: str, times: int = 2,
+                             max_pause_s: float = 2.0) -> int:
+    """SIGKILLs the container running ``operator`` up to ``times`` times at random moments,
+    each after a first commit and once the application moved on from the previous kill,
+    while it runs; returns how many kills were made."""
+    poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
+             f"a first committed window\n{container_logs(master)}")
+    kills = 0
+    for _ in range(times):
+        committed = client.application(app_id).committed_window_id
+        time.sleep(rng.uniform(0.2, max_pause_s))
+        if client.application(app_id).state != "RUNNING":
+            break
+        op = next(o for o in client.operators(app_id) if o.name == operator)
+        pid = live_container_pids(client, app_id).get(op.container_id)
+        if pid is None:
+            continue
+        os.kill(pid, signal.SIGKILL)
+        kills += 1
+        poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
+                 or client.application(app_id).state != "RUNNING", 90,
+                 f"progress after a kill; {note}\n{container_logs(master)}")
+    return kills
+
+
 def kill_randomly(master, client: WeirClient, app_id: str, note: str,
                   rng: random.Random) -> list[str]:
     """SIGKILLs three random live containers at random moments, each once the application

@@ -10,7 +10,6 @@ import collections
 import json
 import os
 import random
-import signal
 import textwrap
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.e2e.conftest import container_logs
-from tests.e2e.test_exactly_once import chaos_seed, live_container_pids
+from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
 from weir.master.client import WeirClient, WeirClientError
@@ -107,23 +106,8 @@ def test_join_pairs_are_exact_after_sigkills_of_its_container(master, tmp_path, 
         late=str(tmp_path / "late"))))
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
-                 f"a first committed window\n{container_logs(master)}")
-        kills = 0
-        for _ in range(2):
-            committed = client.application(app_id).committed_window_id
-            time.sleep(rng.uniform(0.2, 1.5))
-            if client.application(app_id).state != "RUNNING":
-                break
-            op = next(o for o in client.operators(app_id) if o.name == "join")
-            pid = live_container_pids(client, app_id).get(op.container_id)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            kills += 1
-            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
-                     or client.application(app_id).state != "RUNNING", 90,
-                     f"progress after a kill; {note}\n{container_logs(master)}")
+        kills = kill_operators_container(master, client, app_id, "join", rng, note,
+                                         max_pause_s=1.5)
         wait_finished(client, master, app_id, timeout_s=240)
     assert kills >= 1, f"the run ended before a kill; {note}"
     rows = [json.loads(line) for file in sorted((tmp_path / "out").glob("*.jsonl"))

@@ -9,7 +9,6 @@ import collections
 import json
 import os
 import random
-import signal
 import textwrap
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.e2e.conftest import container_logs
-from tests.e2e.test_exactly_once import chaos_seed, live_container_pids
+from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
 from tests.e2e.test_recovery import wait_finished
 from tests.e2e.test_repartition import published_totals
 from tests.e2e.wordcount import words_of, write_wordcount_app
@@ -131,23 +130,8 @@ def test_keyed_sessions_with_timers_are_exact_after_sigkills_of_their_container(
         out=str(tmp_path / "out"))))
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
-                 f"a first committed window\n{container_logs(master)}")
-        kills = 0
-        for _ in range(2):
-            committed = client.application(app_id).committed_window_id
-            time.sleep(rng.uniform(0.2, 2.0))
-            if client.application(app_id).state != "RUNNING":
-                break
-            op = next(o for o in client.operators(app_id) if o.name == "sessions")
-            pid = live_container_pids(client, app_id).get(op.container_id)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            kills += 1
-            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
-                     or client.application(app_id).state != "RUNNING", 90,
-                     f"progress after a kill; {note}\n{container_logs(master)}")
+        kills = kill_operators_container(master, client, app_id, "sessions", rng, note,
+                                         max_pause_s=2.0)
         wait_finished(client, master, app_id, timeout_s=240)
     assert kills >= 1, f"the run ended before a kill; {note}"
     rows = [json.loads(line) for file in sorted((tmp_path / "out").glob("*.jsonl"))

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import signal
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import container_logs
-from tests.e2e.test_exactly_once import APP, chaos_seed, live_container_pids, write_input
+from tests.e2e.test_exactly_once import APP, chaos_seed, kill_operators_container, write_input
 from tests.e2e.test_recovery import wait_finished
-from tests.harness import poll_for
 from weir.master.client import WeirClient
 from weir.operators.app import load_app
 
@@ -41,23 +36,8 @@ def test_running_count_totals_are_exact_after_sigkills_of_its_container(master, 
         .replace("WindowedCount", "RunningCount")))
     with WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 90,
-                 f"a first committed window\n{container_logs(master)}")
-        kills = 0
-        for _ in range(2):
-            committed = client.application(app_id).committed_window_id
-            time.sleep(rng.uniform(0.2, 2.0))
-            if client.application(app_id).state != "RUNNING":
-                break
-            count = next(op for op in client.operators(app_id) if op.name == "count")
-            pid = live_container_pids(client, app_id).get(count.container_id)
-            if pid is None:
-                continue
-            os.kill(pid, signal.SIGKILL)
-            kills += 1
-            poll_for(lambda c=committed: client.application(app_id).committed_window_id > c
-                     or client.application(app_id).state != "RUNNING", 90,
-                     f"progress after a kill; {note}\n{container_logs(master)}")
+        kills = kill_operators_container(master, client, app_id, "count", rng, note,
+                                         max_pause_s=2.0)
         wait_finished(client, master, app_id, timeout_s=240)
     assert kills >= 1, f"the run ended before a kill; {note}"
 
