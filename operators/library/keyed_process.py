@@ -104,6 +104,11 @@ class KeyedProcess(StoreBacked, Operator):
                 type(self).output_schema is KeyedProcess.output_schema:
             raise TypeError(f"{type(self).__name__}: declare OUTPUT = pa.schema([...]), the "
                             "schema of the rows it emits")
+        cls = type(self)
+        if all(getattr(cls, hook) is getattr(KeyedProcess, hook)
+               for hook in ("process_key", "process_group", "end_window")):
+            raise TypeError(f"{cls.__name__}: define process_key(self, key, rows, ctx), the "
+                            "function called per key and window")
         for name, kind in self.STATE.items():
             if not hasattr(kind, "empty"):
                 raise TypeError(f"{type(self).__name__}: STATE[{name!r}] must be a "

@@ -184,7 +184,9 @@ def test_emitted_rows_must_fit_the_declared_output():
         run_local(pipeline(Extra(keys="user"), events(WINDOWS[:1])))
     assert isinstance(info.value.__cause__, SchemaMismatch)
     with pytest.raises(TypeError, match="declare OUTPUT"):
-        type("NoOutput", (KeyedProcess,), {})(keys="user")
+        type("NoOutput", (KeyedProcess,), {"process_key": Totals.process_key})(keys="user")
+    with pytest.raises(TypeError, match="define process_key"):
+        type("NoFunction", (KeyedProcess,), {"OUTPUT": Totals.OUTPUT})(keys="user")
     with pytest.raises(ValueError, match="keys must name"):
         Totals(keys=[])
 
