@@ -13,6 +13,7 @@ from weir.operators.library.kafka_sink import KafkaSink  # confluent_kafka is im
 from weir.operators.library.kafka_source import KafkaSource
 from weir.operators.library.key_state import KeyContext, ListState, MapState, Timer, ValueState
 from weir.operators.library.keyed_process import KeyedProcess
+from weir.operators.library.lookup_join import LookupJoin
 from weir.operators.library.parquet_source import CsvSource, JsonLinesSource, ParquetSource
 from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
 from weir.operators.library.sinks import ConsoleSink, FileSink
@@ -42,6 +43,7 @@ __all__ = [
     "KeyContext",
     "KeyedProcess",
     "ListState",
+    "LookupJoin",
     "MapState",
     "KafkaSource",
     "ParquetSource",

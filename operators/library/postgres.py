@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from weir.operators.library.postgres_sql import (
+    PostgresUnreachableAtStart,
+    connect,
     identifier,
     mask_dsn,
     plain_columns,
@@ -34,25 +36,20 @@ from weir.operators.library.postgres_sql import (
     quoted,
 )
 from weir.operators.library.sinks import _WindowBuffer
-from weir.operators.operator import OperatorContext, TransientNonState, UnreachableAtStart
+from weir.operators.operator import OperatorContext, TransientNonState
 from weir.operators.windows import format_window_id, window_base_seconds
 from weir.storage.fence import Fenced
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresSink", "mask_dsn", "postgres_type"]
+__all__ = ["PostgresSink", "PostgresUnreachableAtStart", "mask_dsn", "postgres_type"]
 
 _LOGGER = logging.getLogger(__name__)
 
 _COPY_CHUNK_ROWS = 65_536
-_CONNECT_TIMEOUT_SECONDS = 10
 _STAGING = "__weir_upsert_window"  # the temporary table an upsert window is copied into
 _ROW = "__weir_row"  # a row's position in its window, in the staging table
-
-
-class PostgresUnreachableAtStart(ConnectionError, UnreachableAtStart):
-    """No PostgreSQL server answers at the sink's first deployment: fatal."""
 
 
 class PostgresSink(TransientNonState, _WindowBuffer):
@@ -149,23 +146,7 @@ class PostgresSink(TransientNonState, _WindowBuffer):
         self._context = context
         self._key = f"{self.table}/{self.sink_id or context.name}/{context.operator_id}"
         self._table_ready = False
-        options: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in self.dsn:
-            options["connect_timeout"] = _CONNECT_TIMEOUT_SECONDS
-        if "application_name" not in self.dsn:
-            options["application_name"] = f"weir {context.name}"[:63]
-        try:
-            conn = psycopg.connect(self.dsn, **options)
-        except psycopg.Error as exc:
-            detail = " ".join(str(exc).split())
-            failure = (PostgresUnreachableAtStart if context.recovered_window < 0
-                       else ConnectionError)
-            raise failure(
-                f"operator {context.name!r}: PostgresSink cannot connect to PostgreSQL at "
-                f"{mask_dsn(self.dsn)!r}: {detail}. Check that the server is running and "
-                "reachable from this container, and that the DSN's host, port, dbname, user "
-                "and password are right") from exc
-        self._conn = conn
+        conn = self._conn = connect(self.dsn, context, "PostgresSink")
         sql = psycopg.sql
         watermarks = identifier(self.watermark_table)
         try:

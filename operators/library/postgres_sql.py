@@ -1,5 +1,5 @@
 """How Arrow data and names meet PostgreSQL: column types, quoted identifiers, DSNs fit for
-messages, and psycopg imported only when a sink first needs it."""
+messages, connections, and psycopg imported only when an operator first needs it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["identifier", "mask_dsn", "plain_columns", "postgres_type", "psycopg_module",
-           "quoted"]
+from weir.operators.operator import OperatorContext, UnreachableAtStart
+
+__all__ = ["CONNECT_TIMEOUT_SECONDS", "PostgresUnreachableAtStart", "connect", "identifier",
+           "mask_dsn", "plain_columns", "postgres_type", "psycopg_module", "quoted"]
 
 _STRING_VIEW = pa.string_view() if hasattr(pa, "string_view") else None  # pyarrow >= 16
 _SUPPORTED = ("bool, int8-64, uint8-64, float16-64, decimal, string, large_string, "
@@ -100,3 +102,33 @@ def psycopg_module() -> Any:
         raise ImportError("PostgresSink needs psycopg 3: pip install 'psycopg[binary]>=3.1'"
                           ) from exc
     return psycopg
+
+
+class PostgresUnreachableAtStart(ConnectionError, UnreachableAtStart):
+    """No PostgreSQL server answers at an operator's first deployment: fatal."""
+
+
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def connect(dsn: str, context: OperatorContext, kind: str) -> Any:
+    """An autocommit connection for operator ``context.name`` (a ``kind``), with a connect
+    timeout and the operator as application name. Unreachable at the operator's first
+    deployment: ``PostgresUnreachableAtStart`` (fatal); later: ``ConnectionError`` (the
+    operator is restarted, as for a server briefly away)."""
+    psycopg = psycopg_module()
+    options: dict[str, Any] = {"autocommit": True}
+    if "connect_timeout" not in dsn:
+        options["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    if "application_name" not in dsn:
+        options["application_name"] = f"weir {context.name}"[:63]
+    try:
+        return psycopg.connect(dsn, **options)
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split())
+        failure = PostgresUnreachableAtStart if context.recovered_window < 0 else ConnectionError
+        raise failure(
+            f"operator {context.name!r}: {kind} cannot connect to PostgreSQL at "
+            f"{mask_dsn(dsn)!r}: {detail}. Check that the server is running and reachable "
+            "from this container, and that the DSN's host, port, dbname, user and password "
+            "are right") from exc
