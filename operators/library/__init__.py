@@ -16,6 +16,7 @@ from weir.operators.library.keyed_process import KeyedProcess
 from weir.operators.library.lookup_join import LookupJoin
 from weir.operators.library.parquet_source import CsvSource, JsonLinesSource, ParquetSource
 from weir.operators.library.postgres import PostgresSink  # psycopg is imported in setup()
+from weir.operators.library.regular_join import RegularJoin
 from weir.operators.library.sinks import ConsoleSink, FileSink
 from weir.operators.library.sources import EVENT_SCHEMA, LINE_SCHEMA, EventGenerator, TextFileSource
 from weir.operators.library.table_join import TableJoin
@@ -50,6 +51,7 @@ __all__ = [
     "JsonLinesSource",
     "CsvSource",
     "PostgresSink",
+    "RegularJoin",
     "RunningCount",
     "TableJoin",
     "TcpLineSource",

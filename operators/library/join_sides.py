@@ -40,7 +40,7 @@ class JoinSides(KeyedProcess):
     METRICS: ClassVar[tuple[str, ...]] = ("timers_fired", "late_rows")
     EXTRA_FIELDS: ClassVar[tuple[pa.Field, ...]] = ()
 
-    def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str],
+    def __init__(self, keys: str | Sequence[str], time_column: str | tuple[str, str] | None,
                  right_prefix: str = "right_", ttl_millis: int | None = None,
                  right_keys: str | Sequence[str] | None = None) -> None:
         super().__init__(keys, ttl_millis)
@@ -50,8 +50,10 @@ class JoinSides(KeyedProcess):
         if len(self.right_keys) != len(self.keys):
             raise ValueError(f"{name}: right_keys {list(self.right_keys)} must pair with "
                              f"keys {list(self.keys)}, one column each")
-        times = (time_column, time_column) if isinstance(time_column, str) else time_column
-        if len(times) != 2 or not all(isinstance(t, str) and t for t in times):
+        times = (time_column, time_column) if isinstance(time_column, str | None) \
+            else time_column
+        if time_column is not None and (  # None: no event time, no row is ever late
+                len(times) != 2 or not all(isinstance(t, str) and t for t in times)):
             raise ValueError(f"{name}: time_column is a column name or a (left, right) "
                              f"pair of names, not {time_column!r}")
         self.time_columns = dict(zip(SIDES, times, strict=True))
@@ -89,14 +91,16 @@ class JoinSides(KeyedProcess):
         """Records the side's schema; sends rows without event time, or too late to meet
         every partner, to ``late``; the rest go on to ``process_key``."""
         column = self.time_columns[port]
-        if column not in rows.column_names:
-            raise SchemaMismatch(f"{type(self).__name__}: the {port} input has no time "
-                                 f"column {column!r}; its columns are {rows.column_names}")
         schema = self.schemas.get(port)
         if schema is None:
             self.schemas[port] = schema = rows.schema
         elif rows.schema != schema:
             rows = rows.select(schema.names).cast(schema)
+        if column is None:
+            return rows
+        if column not in rows.column_names:
+            raise SchemaMismatch(f"{type(self).__name__}: the {port} input has no time "
+                                 f"column {column!r}; its columns are {rows.column_names}")
         times = event_times_ms(rows.column(column)).combine_chunks()
         untimed = pc.is_null(times).to_numpy(zero_copy_only=False)
         closed = self.closed(port, pc.fill_null(times, 0).to_numpy()) & ~untimed
@@ -118,7 +122,9 @@ class JoinSides(KeyedProcess):
         assert side is not None
         cached = self.__dict__.get("_rows")
         if cached is None or cached[0] is not table:
-            times = event_times_ms(table.column(self.time_columns[side])).to_pylist()
+            column = self.time_columns[side]
+            times = (event_times_ms(table.column(column)).to_pylist() if column is not None
+                     else [None] * table.num_rows)
             values = zip(*(table.column(n).to_pylist() for n in self.schemas[side].names),
                          strict=True)
             cached = self._rows = (table, list(zip(times, values, strict=True)))
