@@ -4,9 +4,9 @@ Window joins are batch-shaped: every row of a window meets the other side's rows
 same window at once, when the watermark passes its end. So the rows wait in the keyed
 store as Arrow, a chunk per side, window and streaming window (written once, never
 rewritten), and a window that closes is one vectorised hash join of its chunks
-(pyarrow's), then its chunks go. Measured on Nexmark's q8 shape (200,000 rows, 20
-streaming windows, 2 cores): the per-key form (a row at a time through ``KeyedProcess``
-state) took 5.9 s; this form takes a fraction of that (see docs/benchmarks.md).
+(pyarrow's), then its chunks go (``window_chunks``). Measured on Nexmark's q8 shape
+(200,000 rows, 20 streaming windows, 2 cores): a row at a time through ``KeyedProcess``
+state, 5.9 s; this way, 0.8 s.
 
 Everything else is ``JoinSides``'s: the ports, the output's columns, late rows to
 ``late``. Keys that are null never match (as in SQL).
@@ -26,6 +26,7 @@ from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
 
 __all__ = ["WindowJoin"]
+
 
 class WindowJoin(JoinSides):
     """Joins ``left`` and ``right`` rows with equal ``keys`` in the same event-time window
