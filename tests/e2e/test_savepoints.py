@@ -92,7 +92,12 @@ def test_a_stopped_word_count_resumes_from_its_savepoint_in_a_new_version(master
         poll_for(lambda: len(list(inbox.iterdir())) < files_at_start, 90,
                  f"a first file read and committed\n{container_logs(master)}")
         client.take_savepoint(first, savepoint, stop=True)
-        info = wait_finished(client, master, first, timeout_s=120)
+        wait_finished(client, master, first, timeout_s=120)
+        # the manifest is written just after the last part, outside the master's lock: the
+        # application may say FINISHED a moment before its savepoint says complete
+        poll_for(lambda: client.application(first).savepoint_state != "writing", 30,
+                 f"the savepoint's manifest\n{container_logs(master)}")
+        info = client.application(first)
         assert info.savepoint_state == "complete", info
         assert info.savepoint_path == savepoint
         left = len(list(inbox.iterdir()))
