@@ -86,12 +86,7 @@ class TopN(KeyedProcess):
     def setup(self, context: OperatorContext) -> None:
         self.check_partition_key(context, self.keys)
         self._batches = {}
-        handle = self.__dict__.get("state")
-        share = handle.seed.share if handle is not None and handle.seed is not None else None
-        self.open_store(context, owns=lambda cut: lambda rows: np.ones(len(rows), bool))
-        if share is not None:  # a new partition: keep its keys' rows of the old chunks
-            cut = PartitionFilter.from_json(share)
-            self._chunks.keep_share(self.store, cut, lambda tag: cut.column)
+        self._chunks.open(self, context, lambda cut, tag: cut.column)
 
     def repartitioned(self, partitions: Sequence[Operator],
                       share: PartitionFilter | None) -> Operator:

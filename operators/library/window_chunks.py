@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -108,6 +109,18 @@ class WindowChunks:
             windows.setdefault(start, {}).setdefault(tag, []).append(from_bytes(due[row]))
             changes[row] = None
         return windows
+
+    def open(self, operator: Any, context: Any, column_of: Callable[[PartitionFilter, str], str]
+             ) -> None:
+        """Opens ``operator``'s keyed store (a ``StoreBacked``) for chunks: a new partition
+        copies every old partition's chunks, then cuts them to its keys;
+        ``column_of(share, tag)`` names a chunk's key column."""
+        handle = operator.__dict__.get("state")
+        share = handle.seed.share if handle is not None and handle.seed is not None else None
+        operator.open_store(context, owns=lambda cut: lambda rows: np.ones(len(rows), bool))
+        if share is not None:
+            cut = PartitionFilter.from_json(share)
+            self.keep_share(operator.store, cut, lambda tag: column_of(cut, tag))
 
     def keep_share(self, store: KeyedStore, share: PartitionFilter,
                    column_of: Callable[[str], str]) -> None:

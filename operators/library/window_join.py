@@ -83,14 +83,11 @@ class WindowJoin(JoinSides):
     def setup(self, context: OperatorContext) -> None:
         self.check_partition_key(context, self.keys)
         self._batches = {}
-        handle = self.__dict__.get("state")
-        share = handle.seed.share if handle is not None and handle.seed is not None else None
-        self.open_store(context, owns=lambda cut: lambda rows: np.ones(len(rows), bool))
-        if share is not None:  # a new partition: keep its keys' rows of the old chunks
-            cut = PartitionFilter.from_json(share)
+        def column_of(cut: PartitionFilter, tag: str) -> str:
             position = self.keys.index(cut.column) if cut.column in self.keys else 0
-            self._chunks.keep_share(self.store, cut, lambda tag: (
-                self.keys if tag == "l" else self.right_keys)[position])
+            return (self.keys if tag == "l" else self.right_keys)[position]
+
+        self._chunks.open(self, context, column_of)
 
     def repartitioned(self, partitions: Sequence[Operator],
                       share: PartitionFilter | None) -> Operator:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import textwrap
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,8 +20,9 @@ import pytest
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
 from tests.e2e.test_recovery import wait_finished
+from tests.e2e.test_repartition import repartition_when_ready
 from tests.harness import poll_for
-from weir.master.client import WeirClient, WeirClientError
+from weir.master.client import WeirClient
 from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
@@ -136,14 +136,7 @@ def test_a_window_join_repartitioned_mid_run_keeps_every_pair(master, tmp_path):
         app_id = client.submit(load_app(app).to_descriptor())
         poll_for(lambda: any(f.read_text().strip() for f in (tmp_path / "out").glob("*.jsonl")),
                  120, f"the first pairs out\n{container_logs(master)}")
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.repartition(app_id, "join", 3)
-                break
-            except WeirClientError as exc:
-                assert "not RUNNING" not in str(exc) and time.monotonic() < deadline, exc
-                time.sleep(0.5)
+        repartition_when_ready(client, app_id, "join", 3)
         info = client.wait(app_id, 300)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
     assert info.repartitions == 1

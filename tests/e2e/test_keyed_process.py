@@ -10,7 +10,6 @@ import json
 import os
 import random
 import textwrap
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,10 +19,10 @@ import pytest
 from tests.e2e.conftest import container_logs
 from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
 from tests.e2e.test_recovery import wait_finished
-from tests.e2e.test_repartition import published_totals
+from tests.e2e.test_repartition import published_totals, repartition_when_ready
 from tests.e2e.wordcount import words_of, write_wordcount_app
 from tests.harness import poll_for
-from weir.master.client import WeirClient, WeirClientError
+from weir.master.client import WeirClient
 from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
@@ -174,14 +173,7 @@ def test_a_repartition_of_a_keyed_process_moves_every_keys_state(master, tmp_pat
         app_id = client.submit(load_app(app).to_descriptor())
         poll_for(lambda: len(list(out.glob("*.jsonl"))) >= 2, 180,
                  "the sink to publish its first windows\n" + container_logs(master))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                client.repartition(app_id, "count", 3)
-                break
-            except WeirClientError as exc:
-                assert "not RUNNING" not in str(exc) and time.monotonic() < deadline, exc
-                time.sleep(0.5)
+        repartition_when_ready(client, app_id, "count", 3)
         info = client.wait(app_id, 300)
         assert info.state == "FINISHED", f"{info.diagnostics}\n{container_logs(master)}"
         partitions = [op for op in client.operators(app_id) if op.logical_name == "count"

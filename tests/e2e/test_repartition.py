@@ -36,6 +36,19 @@ def published_totals(out) -> dict[str, int]:
     return totals
 
 
+def repartition_when_ready(client: WeirClient, app_id: str, operator: str,
+                           partitions: int, timeout_s: float = 60.0) -> None:
+    """Asks for a repartition, again while a checkpoint or a deploy is under way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.repartition(app_id, operator, partitions)
+            return
+        except WeirClientError as exc:
+            assert "not RUNNING" not in str(exc) and time.monotonic() < deadline, exc
+            time.sleep(0.5)
+
+
 def weir(master, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "weir", "--master", master.address, *argv],
                           capture_output=True, text=True, timeout=60)
