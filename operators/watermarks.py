@@ -26,9 +26,10 @@ watermarks, gets the same watermark again. Results downstream stay exactly once.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -41,6 +42,7 @@ __all__ = [
     "event_time_error",
     "event_times_ms",
     "format_watermark",
+    "split_late",
 ]
 
 NO_WATERMARK = -(2**63)
@@ -221,3 +223,18 @@ def format_watermark(watermark: int) -> str:
         return "end"
     moment = datetime.datetime.fromtimestamp(watermark / 1000, tz=datetime.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def split_late(rows: pa.Table, time_column: str, closed: Callable[[np.ndarray], np.ndarray],
+               reason: str) -> tuple[pa.Table, pa.Table]:
+    """``rows`` on time, and the late ones with a ``late_reason`` column: those without
+    event time, and those whose event times (epoch ms) ``closed`` picks (``reason``)."""
+    times = event_times_ms(rows.column(time_column)).combine_chunks()
+    untimed = pc.is_null(times).to_numpy(zero_copy_only=False)
+    late = untimed | (closed(pc.fill_null(times, 0).to_numpy()) & ~untimed)
+    if not late.any():
+        return rows, rows.schema.empty_table().append_column(
+            "late_reason", pa.array([], pa.string()))
+    reasons = np.where(untimed, f"no {time_column} (event time)", reason)
+    return rows.filter(pa.array(~late)), rows.filter(pa.array(late)).append_column(
+        "late_reason", pa.array(reasons[late], pa.string()))

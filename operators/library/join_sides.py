@@ -9,12 +9,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from weir.operators.library.key_state import KeyContext, MapState
 from weir.operators.library.keyed_process import KeyedProcess
 from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
-from weir.operators.watermarks import NO_WATERMARK, event_times_ms
+from weir.operators.watermarks import NO_WATERMARK, event_times_ms, split_late
 
 __all__ = ["SIDES", "JoinSides"]
 
@@ -101,17 +100,11 @@ class JoinSides(KeyedProcess):
         if column not in rows.column_names:
             raise SchemaMismatch(f"{type(self).__name__}: the {port} input has no time "
                                  f"column {column!r}; its columns are {rows.column_names}")
-        times = event_times_ms(rows.column(column)).combine_chunks()
-        untimed = pc.is_null(times).to_numpy(zero_copy_only=False)
-        closed = self.closed(port, pc.fill_null(times, 0).to_numpy()) & ~untimed
-        late = untimed | closed
-        if late.any():
-            reasons = np.where(untimed, f"no {column} (event time)",
-                               f"{port}: its partners' time had passed when it came")
-            self.late_rows += int(late.sum())
-            self.late.emit(rows.filter(pa.array(late)).append_column(
-                "late_reason", pa.array(reasons[late], pa.string())))
-            rows = rows.filter(pa.array(~late))
+        rows, late = split_late(rows, column, lambda ms: self.closed(port, ms),
+                                f"{port}: its partners' time had passed when it came")
+        if late.num_rows:
+            self.late_rows += late.num_rows
+            self.late.emit(late)
         return rows
 
     def process_group(self, key: Any, table: pa.Table, start: int, length: int,

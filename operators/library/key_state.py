@@ -89,8 +89,6 @@ class ValueState:
 
     type: pa.DataType | None
 
-    def empty(self) -> Any:
-        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +97,6 @@ class ListState:
 
     type: pa.DataType | None
 
-    def empty(self) -> Any:
-        return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +106,6 @@ class MapState:
     key_type: pa.DataType | None
     value_type: pa.DataType | None
 
-    def empty(self) -> Any:
-        return {}
 
 
 StateKind = ValueState | ListState | MapState

@@ -1,10 +1,10 @@
 """``KeyedProcess``: a user's per-key function with typed state and timers, exactly once.
 
 Where the logic runs, measured (200,000 rows, 2 cores, a function returning each key's
-count and last value): Spark's ``groupBy(key).applyInPandas`` took 6.8 s at 1,000 keys
-and 32 s at 10,000 (a pandas frame and a Python worker round trip per group), the same
-loop in the container 41 and 133 ms. So the function runs in the container, over the
-keyed store (``operators.state_store``: sqlite on local disk, larger than memory, a
+count and last value, medians of 4 runs): Spark's ``groupBy(key).applyInPandas`` took
+6.8 s at 1,000 keys and 32 s at 10,000 (a pandas frame and a Python worker round trip
+per group), the same loop in the container 41 and 133 ms. So the function runs in the
+container, over the keyed store (``operators.state_store``: sqlite on local disk, a
 checkpoint holds only its handle, an undo log takes it back to the checkpoint on
 recovery, keys are copied between stores on a repartition).
 
@@ -32,8 +32,11 @@ from weir.operators.library.key_state import (
     EVENT,
     PROCESSING,
     KeyContext,
+    ListState,
+    MapState,
     StateKind,
     Timer,
+    ValueState,
     _States,
     _Timers,
     key_of_row,
@@ -88,14 +91,18 @@ class KeyedProcess(StoreBacked, Operator):
     #: the output rows' schema.
     OUTPUT: ClassVar[pa.Schema | None] = None
 
+    #: False: the operator may run with no keys (one group), as ``TopN`` can.
+    KEYS_REQUIRED: ClassVar[bool] = True
+
     STORE_FILE = "keyed-process.sqlite"
     NON_STATE: ClassVar[tuple[str, ...]] = (*StoreBacked.STORE_NON_STATE, "_batches")
     METRICS: ClassVar[tuple[str, ...]] = ("timers_fired",)
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys",)
 
     def __init__(self, keys: str | Sequence[str], ttl_millis: int | None = None) -> None:
-        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
-        if not self.keys or not all(isinstance(k, str) and k for k in self.keys):
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys or ())
+        if (self.KEYS_REQUIRED and not self.keys) or \
+                not all(isinstance(k, str) and k for k in self.keys):
             raise ValueError(f"{type(self).__name__}: keys must name one column or more, "
                              f"not {keys!r}")
         if ttl_millis is not None and ttl_millis < 1:
@@ -110,7 +117,7 @@ class KeyedProcess(StoreBacked, Operator):
             raise TypeError(f"{cls.__name__}: define process_key(self, key, rows, ctx), the "
                             "function called per key and window")
         for name, kind in self.STATE.items():
-            if not hasattr(kind, "empty"):
+            if not isinstance(kind, ValueState | ListState | MapState):
                 raise TypeError(f"{type(self).__name__}: STATE[{name!r}] must be a "
                                 f"ValueState, ListState or MapState, not {kind!r}")
         self.ttl_millis = ttl_millis
@@ -317,21 +324,29 @@ class KeyedProcess(StoreBacked, Operator):
         return self
 
 
-def _grouped(table: pa.Table, keys: tuple[str, ...]
-             ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], int, int]]]:
-    """The rows sorted by key (stably: arrival order within a key), and each key with
-    its first row and row count there."""
-    table = table.take(pc.sort_indices(table, [(k, "ascending") for k in keys]))
+def key_starts(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """For a table sorted by ``keys``: where each key's run of rows starts (True), nulls
+    equal to nulls."""
     n = table.num_rows
-    changed = np.zeros(max(n - 1, 0), dtype=bool)
+    starts = np.zeros(n, dtype=bool)
+    if n:
+        starts[0] = True
     for name in keys:
         column = table.column(name)
         after, before = column.slice(1), column.slice(0, n - 1)
         differs = pc.fill_null(pc.not_equal(after, before), True)
         both_null = pc.and_(pc.is_null(after), pc.is_null(before))
-        changed |= pc.and_(differs, pc.invert(both_null)).to_numpy(zero_copy_only=False)
-    starts = np.concatenate([[0], np.flatnonzero(changed) + 1]).astype(np.int64)
-    lengths = np.diff(np.append(starts, n))
+        starts[1:] |= pc.and_(differs, pc.invert(both_null)).to_numpy(zero_copy_only=False)
+    return starts
+
+
+def _grouped(table: pa.Table, keys: tuple[str, ...]
+             ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], int, int]]]:
+    """The rows sorted by key (stably: arrival order within a key), and each key with
+    its first row and row count there."""
+    table = table.take(pc.sort_indices(table, [(k, "ascending") for k in keys]))
+    starts = np.flatnonzero(key_starts(table, keys))
+    lengths = np.diff(np.append(starts, table.num_rows))
     firsts = table.select(list(keys)).take(pa.array(starts)).to_pylist()
     return table, [(tuple(row[k] for k in keys), int(s), int(c))
                    for row, s, c in zip(firsts, starts, lengths, strict=True)]

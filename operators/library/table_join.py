@@ -49,7 +49,7 @@ class TableJoin(KeyedProcess):
     unmatched = OutputPort()
 
     STATE: ClassVar[dict[str, Any]] = {"row": ValueState(None)}
-    NON_STATE: ClassVar[tuple[str, ...]] = (*KeyedProcess.NON_STATE, "_rows")
+    NON_STATE: ClassVar[tuple[str, ...]] = (*KeyedProcess.NON_STATE, "_rows", "_layout")
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ()
     COLUMNS_READ_BY_PORT: ClassVar[dict[str, tuple[str, ...]]] = {
         "stream": ("keys",), "table": ("table_keys",)}
@@ -79,6 +79,17 @@ class TableJoin(KeyedProcess):
         """The table's columns that go into the output."""
         return [n for n in self.schemas["table"].names
                 if n not in self.table_keys and n != self.delete_column]
+
+    def _table_layout(self) -> tuple[int | None, list[int]]:
+        """Where a table row's delete flag is, and which of its values are kept (once:
+        the table's schema is fixed by its first rows)."""
+        layout = self.__dict__.get("_layout")
+        if layout is None:
+            names = self.schemas["table"].names
+            layout = self._layout = (
+                names.index(self.delete_column) if self.delete_column else None,
+                [names.index(n) for n in self._kept()])
+        return layout
 
     def output_schema(self) -> pa.Schema:
         if "stream" not in self.schemas or "table" not in self.schemas:
@@ -116,9 +127,7 @@ class TableJoin(KeyedProcess):
 
     def _apply(self, rows: list[tuple[Any, ...]], ctx: KeyContext) -> None:
         """The key's changes, in arrival order: the last one stands."""
-        names = self.schemas["table"].names
-        deleted = names.index(self.delete_column) if self.delete_column else None
-        keep = [names.index(n) for n in self._kept()]
+        deleted, keep = self._table_layout()
         for row in rows:
             if deleted is not None and row[deleted]:
                 ctx.state.row.clear()
@@ -131,7 +140,7 @@ class TableJoin(KeyedProcess):
             self.unmatched_rows += len(rows)
             self.unmatched.emit(arrow)
             return
-        extra = found if found is not None else (None,) * len(self._kept())
+        extra = found if found is not None else (None,) * len(self._table_layout()[1])
         for row in rows:
             ctx.emit_values(*row, *extra)
 

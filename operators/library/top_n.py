@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from weir.operators.library.keyed_process import KeyedProcess
+from weir.operators.library.keyed_process import KeyedProcess, key_starts
 from weir.operators.library.window_chunks import WindowChunks, with_window
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
 from weir.operators.ports import OutputPort, SchemaMismatch
-from weir.operators.watermarks import NO_WATERMARK, event_times_ms
+from weir.operators.watermarks import NO_WATERMARK, split_late
 
 __all__ = ["TopN"]
 
@@ -48,6 +48,7 @@ class TopN(KeyedProcess):
 
     late = OutputPort()
 
+    KEYS_REQUIRED = False
     STATE: ClassVar[dict[str, Any]] = {}
     METRICS: ClassVar[tuple[str, ...]] = ("late_rows", "windows_ranked")
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys", "order_by", "time_column")
@@ -58,9 +59,7 @@ class TopN(KeyedProcess):
     def __init__(self, keys: str | Sequence[str] | None, order_by: str, n: int,
                  time_column: str, size_ms: int, slide_ms: int | None = None,
                  descending: bool = True) -> None:
-        super().__init__(keys if keys else ["__weir_all"])
-        if not keys:
-            self.keys = ()
+        super().__init__(keys or ())
         slide = size_ms if slide_ms is None else slide_ms
         if n < 1 or size_ms <= 0 or slide <= 0 or slide > size_ms:
             raise ValueError(f"TopN: n must be at least 1, size_ms positive and slide_ms in "
@@ -101,16 +100,7 @@ class TopN(KeyedProcess):
         rows = rows.take(pc.sort_indices(rows, [*((k, "ascending") for k in self.keys),
                                                 (self.order_by, order)]))
         n = rows.num_rows
-        starts = np.zeros(n, dtype=bool)
-        if n:
-            starts[0] = True
-        for name in self.keys:
-            column = rows.column(name)
-            after, before = column.slice(1), column.slice(0, n - 1)
-            differs = pc.fill_null(pc.not_equal(after, before), True)
-            both_null = pc.and_(pc.is_null(after), pc.is_null(before))
-            starts[1:] |= pc.and_(differs, pc.invert(both_null)).to_numpy(
-                zero_copy_only=False)
+        starts = key_starts(rows, self.keys)
         first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
         rank = np.arange(n) - first + 1
         keep = rank <= self.n
@@ -146,15 +136,11 @@ class TopN(KeyedProcess):
         self.fired_watermark = max(self.fired_watermark, self.watermark)
 
     def _without_late(self, rows: pa.Table) -> pa.Table:
-        times = event_times_ms(rows.column(self.time_column)).combine_chunks()
-        untimed = pc.is_null(times).to_numpy(zero_copy_only=False)
-        late = untimed | self._chunks.closed(pc.fill_null(times, 0).to_numpy(),
-                                             self.fired_watermark)
-        if not late.any():
-            return rows
-        reasons = np.where(untimed, f"no {self.time_column} (event time)",
-                           "its windows ended before it came")
-        self.late_rows += int(late.sum())
-        self.late.emit(rows.filter(pa.array(late)).append_column(
-            "late_reason", pa.array(reasons[late], pa.string())))
-        return rows.filter(pa.array(~late))
+        kept, late = split_late(
+            rows, self.time_column,
+            lambda ms: self._chunks.closed(ms, self.fired_watermark),
+            "its windows ended before it came")
+        if late.num_rows:
+            self.late_rows += late.num_rows
+            self.late.emit(late)
+        return kept

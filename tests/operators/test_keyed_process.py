@@ -239,3 +239,15 @@ def test_a_new_partition_takes_its_keys_state_and_timers_out_of_the_old_stores(t
     assert sorted(moved) == [(u,) for u in "abcde"]
     for op in old:
         op.teardown()
+
+
+def test_split_late_keeps_rows_on_time_and_says_why_the_others_are_late():
+    from weir.operators.watermarks import split_late
+
+    rows = pa.table({"ts": pa.array([5, None, 20], pa.int64()), "v": [1, 2, 3]})
+    kept, late = split_late(rows, "ts", lambda ms: ms < 10, "too old")
+    assert kept["v"].to_pylist() == [3]
+    assert list(zip(late["v"].to_pylist(), late["late_reason"].to_pylist(), strict=True)) == [
+        (1, "too old"), (2, "no ts (event time)")]
+    kept, late = split_late(rows.slice(2), "ts", lambda ms: ms < 10, "too old")
+    assert kept.num_rows == 1 and late.num_rows == 0 and "late_reason" in late.column_names

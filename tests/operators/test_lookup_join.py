@@ -70,3 +70,26 @@ def test_a_table_or_column_that_is_not_there_fails_at_setup(postgres_dsn, produc
                                    columns=["colour"], table_key="id"))
     with pytest.raises(LocalRunError, match="cannot read .*colour"):
         run_local(dag)
+
+
+def test_the_cache_holds_at_most_cache_rows(postgres_dsn, products):
+    dag, _ = lookup_dag(LookupJoin(postgres_dsn, products, key="product", columns=["name"],
+                                   table_key="id", cache_rows=1))
+    join = run_local(dag).operator("join")
+    # one row kept: every window asks again (a cache of any size: 2 lookups, 2 hits)
+    assert (join.lookups, join.cache_hits) == (3, 0)
+
+
+def test_a_looked_up_column_the_input_has_too_gets_the_prefix(postgres_dsn, products):
+    named = pa.schema([*ORDERS, ("name", pa.string())])
+    dag = Dag("lookup")
+    src = dag.add_operator("orders", ListSource(
+        [[{"order": 1, "product": 10, "name": "mine"}]], named))
+    node = dag.add_operator("join", LookupJoin(postgres_dsn, products, key="product",
+                                               columns=["name"], table_key="id",
+                                               table_prefix="db_"))
+    out = dag.add_operator("out", CollectSink())
+    dag.add_stream("o", src.output, node.input)
+    dag.add_stream("j", node.output, out.input)
+    assert run_local(dag).rows("out") == [
+        {"order": 1, "product": 10, "name": "mine", "db_name": "pen"}]

@@ -65,3 +65,21 @@ def test_bad_settings_are_refused():
         TableJoin("product", how="outer")
     with pytest.raises(ValueError, match="must pair"):
         TableJoin("product", table_keys=["a", "b"])
+
+
+def test_a_table_keyed_otherwise_and_a_clashing_column_get_their_names():
+    table = [[{"sku": "a", "qty": 100, "deleted": False}], [], [], []]
+    schema = pa.schema([("sku", pa.string()), ("qty", pa.int64()), ("deleted", pa.bool_())])
+    dag = Dag("enrich")
+    t = dag.add_operator("stock", ListSource(table, schema))
+    s = dag.add_operator("orders", ListSource(STREAM, ORDERS))
+    node = dag.add_operator("join", TableJoin("product", table_keys="sku", how="left",
+                                              table_prefix="stock_"))
+    out = dag.add_operator("out", CollectSink())
+    dag.add_stream("t", t.output, node.table)
+    dag.add_stream("s", s.output, node.stream)
+    dag.add_stream("o", node.output, out.input)
+    rows = run_local(dag).rows("out")
+    assert list(rows[0]) == ["order", "product", "qty", "stock_qty", "deleted"]
+    assert sorted((r["order"], r["stock_qty"]) for r in rows)[:3] == [
+        (1, 100), (2, 100), (3, None)]

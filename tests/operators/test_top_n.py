@@ -96,3 +96,12 @@ def test_a_recovered_run_ranks_the_same(tmp_path):
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="n must be at least 1"):
         TopN("auction", "price", 0, "ts", 1_000)
+
+
+def test_descending_false_ranks_the_lowest_first():
+    windows = [[{"auction": 1, "price": p, "ts": 100 + p} for p in (5, 1, 9, 3)], []]
+    run = run_local(top_dag(TopN("auction", "price", 2, "ts", 1_000, descending=False),
+                            windows))
+    assert [(r["price"], r["rank"]) for r in run.rows("out")] == [(1, 1), (3, 2)]
+    high = run_local(top_dag(TopN("auction", "price", 2, "ts", 1_000), windows))
+    assert [(r["price"], r["rank"]) for r in high.rows("out")] == [(9, 1), (5, 2)]
