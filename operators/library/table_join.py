@@ -3,7 +3,7 @@
 The table arrives as a changelog on the ``table`` port: each row is the key's new value
 (an upsert), or, with ``delete_column`` true, its removal (a compacted Kafka topic, CDC
 from a database, any source of upserts and deletes). A ``KeyedProcess``: each key keeps
-its latest table row in the keyed store (on disk, larger than memory, exactly once,
+its latest table row in the keyed store (on disk, not held in memory, exactly once,
 moved by a repartition). Each window, the table's changes apply first, then each
 ``stream`` row goes out joined with its key's table row as of then; with
 ``how="left"`` a stream row whose key has no table row goes out with nulls, with
