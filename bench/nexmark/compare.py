@@ -75,7 +75,7 @@ def canonical(query: str, table: pa.Table) -> pa.Table:
     for name in schema.names:
         if name == "price_milli":
             columns.append(_milli(table["price"]))
-        elif name in ("date_time", "window_start", "window_end"):
+        elif name in ("date_time", "window_start", "window_end", "expires", "bid_date_time"):
             columns.append(epoch_ms(table[name]))
         else:
             columns.append(table[name])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 
@@ -43,7 +44,15 @@ _OUTPUT = {
     "q8": "id BIGINT, name STRING, window_start TIMESTAMP(3)",
     "q11": "bidder BIGINT, bid_count BIGINT, window_start TIMESTAMP(3), "
            "window_end TIMESTAMP(3)",
+    "q3": "name STRING, city STRING, state STRING, id BIGINT",
+    "q18": "bidder BIGINT, auction BIGINT, price BIGINT, date_time TIMESTAMP(3)",
+    "q19": "auction BIGINT, window_start TIMESTAMP(3), rank BIGINT, price BIGINT",
+    "q20": "auction BIGINT, bidder BIGINT, price BIGINT, channel STRING, url STRING, "
+           "date_time TIMESTAMP(3), item_name STRING, description STRING, initial_bid BIGINT, "
+           "reserve BIGINT, expires TIMESTAMP(3), seller BIGINT, category BIGINT",
 }
+
+_INPUTS = {"q3": ("person", "auction"), "q8": ("person", "auction"), "q20": ("auction", "bid")}
 
 
 def _seconds(ms: int) -> str:
@@ -92,6 +101,27 @@ def query_sql(query: str, spec: dict) -> tuple[list[str], str]:
             "SELECT id, MAX(name) AS name, window_start FROM TABLE(TUMBLE(TABLE "
             f"people_and_sellers, DESCRIPTOR(date_time), {size})) GROUP BY id, window_start, "
             "window_end HAVING SUM(is_person) > 0 AND SUM(1 - is_person) > 0")
+    if query == "q3":
+        states = ", ".join(f"'{s}'" for s in spec["q3_states"])
+        return [], ("SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person "
+                    f"AS P ON A.seller = P.id WHERE A.category = {spec['category']} AND "
+                    f"P.state IN ({states})")
+    if query == "q18":  # keep the first row by processing time: rows only added
+        return [], ("SELECT bidder, auction, price, date_time FROM (SELECT bidder, auction, "
+                    "price, CAST(date_time AS TIMESTAMP(3)) AS date_time, ROW_NUMBER() OVER "
+                    "(PARTITION BY bidder, auction ORDER BY pt ASC) AS rownum FROM bid) "
+                    "WHERE rownum = 1")
+    if query == "q19":  # window Top-N: each window's rows once, when it closes
+        return [], ("SELECT auction, window_start, rownum, price FROM (SELECT auction, price, "
+                    "window_start, ROW_NUMBER() OVER (PARTITION BY window_start, window_end, "
+                    "auction ORDER BY price DESC) AS rownum FROM TABLE(TUMBLE(TABLE bid, "
+                    f"DESCRIPTOR(date_time), {size}))) WHERE rownum <= {spec['top_n']}")
+    if query == "q20":  # a regular join; the bid's time a plain timestamp in its output
+        return [], ("SELECT B.auction, B.bidder, B.price, B.channel, B.url, CAST(B.date_time "
+                    "AS TIMESTAMP(3)) AS date_time, A.item_name, A.description, A.initial_bid, "
+                    "A.reserve, CAST(A.expires AS TIMESTAMP(3)) AS expires, A.seller, "
+                    "A.category FROM bid AS B INNER JOIN auction AS A ON B.auction = A.id "
+                    f"WHERE A.category = {spec['category']}")
     if query == "q11":
         gap = _seconds(spec["session_gap_ms"])
         return [], (f"SELECT bidder, COUNT(*) AS bid_count, window_start, window_end FROM "
@@ -101,7 +131,12 @@ def query_sql(query: str, spec: dict) -> tuple[list[str], str]:
 
 
 def _kinds(query: str) -> tuple[str, ...]:
-    return ("person", "auction") if query == "q8" else ("bid",)
+    return _INPUTS.get(query, ("bid",))
+
+
+def _quoted(columns: str) -> str:
+    """A table's columns with each name quoted (``rank`` is a reserved word)."""
+    return re.sub(r"(^|, )([a-z_]+) ", r"\1`\2` ", columns)
 
 
 def run_once(query: str, spec: dict, csv_dir: str, out_dir: str, parallelism: int) -> float:
@@ -117,11 +152,12 @@ def run_once(query: str, spec: dict, csv_dir: str, out_dir: str, parallelism: in
     config.set("table.local-time-zone", "UTC")
     delay = _seconds(spec["watermark_delay_ms"] + 1)
     for kind in _kinds(query):
+        columns = _COLUMNS[kind] + (", pt AS PROCTIME()" if query == "q18" else "")
         env.execute_sql(
-            f"CREATE TABLE {kind} ({_COLUMNS[kind]}, WATERMARK FOR date_time AS date_time - "
-            f"{delay}) WITH ('connector' = 'filesystem', 'path' = '{csv_dir}/{kind}', "
+            f"CREATE TABLE {kind} ({columns}, WATERMARK FOR date_time AS date_time - {delay})"
+            f" WITH ('connector' = 'filesystem', 'path' = '{csv_dir}/{kind}', "
             "'format' = 'csv')")
-    env.execute_sql(f"CREATE TABLE results ({_OUTPUT[query]}) WITH ('connector' = "
+    env.execute_sql(f"CREATE TABLE results ({_quoted(_OUTPUT[query])}) WITH ('connector' = "
                     f"'filesystem', 'path' = '{out_dir}', 'format' = 'csv')")
     views, select = query_sql(query, spec)
     for view in views:

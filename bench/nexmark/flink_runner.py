@@ -92,7 +92,8 @@ def run(query: str, spec: NexmarkSpec, data: Path, work: Path, timeout_s: float 
     _warm_input(data, warm)
     settings = {"window_ms": spec.window_ms, "slide_ms": spec.slide_ms,
                 "session_gap_ms": spec.session_gap_ms, "q2_modulo": spec.q2_modulo,
-                "watermark_delay_ms": spec.watermark_delay_ms}
+                "watermark_delay_ms": spec.watermark_delay_ms, "category": spec.category,
+                "q3_states": list(spec.q3_states), "top_n": spec.top_n}
     argv = [str(python), str(Path(flink_job.__file__)), query, "--csv",
             str(csv_path(data, BID).parent.parent), "--warm", str(warm), "--out", str(out),
             "--warm-out", str(warm_out), "--spec", json.dumps(settings),

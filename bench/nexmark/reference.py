@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.nexmark.generator import parquet_dir
-from bench.nexmark.model import AUCTION, BID, KINDS, PERSON, QUERIES, NexmarkSpec
+from bench.nexmark.model import BID, KINDS, QUERIES, NexmarkSpec, inputs_of
 
 __all__ = ["CANONICAL", "answer", "closed", "epoch_ms", "read_events", "sort_all"]
 
@@ -31,13 +31,26 @@ CANONICAL: dict[str, pa.Schema] = {
     "q1": pa.schema([("auction", _I64), ("bidder", _I64), ("price_milli", _I64),
                      ("date_time", _I64), ("extra", _STR)]),
     "q2": pa.schema([("auction", _I64), ("price", _I64)]),
+    "q3": pa.schema([("name", _STR), ("city", _STR), ("state", _STR), ("id", _I64)]),
     "q5": pa.schema([("auction", _I64), ("num", _I64), ("window_start", _I64)]),
     "q7": pa.schema([("window_start", _I64), ("maxprice", _I64)]),
     "q8": pa.schema([("id", _I64), ("name", _STR), ("window_start", _I64)]),
+    "q9": pa.schema([("id", _I64), ("seller", _I64), ("category", _I64), ("expires", _I64),
+                     ("price", _I64), ("bid_date_time", _I64)]),
     "q11": pa.schema([("bidder", _I64), ("bid_count", _I64), ("window_start", _I64),
                       ("window_end", _I64)]),
+    "q18": pa.schema([("bidder", _I64), ("auction", _I64)]),
+    "q19": pa.schema([("auction", _I64), ("window_start", _I64), ("rank", _I64),
+                      ("price", _I64)]),
+    "q20": pa.schema([("auction", _I64), ("bidder", _I64), ("price", _I64), ("channel", _STR),
+                      ("url", _STR), ("date_time", _I64), ("item_name", _STR),
+                      ("description", _STR), ("initial_bid", _I64), ("reserve", _I64),
+                      ("expires", _I64), ("seller", _I64), ("category", _I64)]),
 }
-"""Each query's columns as checked: what every system's output is turned into."""
+"""Each query's columns as checked: what every system's output is turned into. Where a
+tie may let a system pick either of two rows, only columns every pick shares are
+checked: q9's winner by its price and time (not its bidder), q18's first bid per
+bidder and auction by the pair, q19's top bids by rank and price."""
 
 
 def epoch_ms(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
@@ -116,6 +129,69 @@ def _q8(persons: pa.Table, auctions: pa.Table, spec: NexmarkSpec) -> pa.Table:
     return joined.select(["id", "name", "window_start"])
 
 
+def _q3(persons: pa.Table, auctions: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Sellers in the chosen states with their auctions of the chosen category."""
+    people = persons.filter(pc.is_in(persons["state"], pa.array(list(spec.q3_states))))
+    items = auctions.filter(pc.equal(auctions["category"], spec.category))
+    joined = items.select(["id", "seller"]).join(
+        people.select(["id", "name", "city", "state"]), "seller", right_keys="id",
+        join_type="inner")
+    return joined.select(["name", "city", "state", "id"])
+
+
+def _q9(auctions: pa.Table, bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Each auction's winning bid: the highest of the bids made between its start and its
+    expiry (both included), the earliest of equal ones; auctions without one left out."""
+    items = pa.table({"id": auctions["id"], "seller": auctions["seller"],
+                      "category": auctions["category"],
+                      "start": epoch_ms(auctions["date_time"]),
+                      "expires": epoch_ms(auctions["expires"])})
+    offers = pa.table({"id": bids["auction"], "price": bids["price"],
+                       "bid_date_time": epoch_ms(bids["date_time"])})
+    both = items.join(offers, "id", join_type="inner")
+    ts = both["bid_date_time"]
+    both = both.filter(pc.and_(pc.greater_equal(ts, both["start"]),
+                               pc.less_equal(ts, both["expires"])))
+    ranked = both.sort_by([("id", "ascending"), ("price", "descending"),
+                           ("bid_date_time", "ascending")])
+    ids = ranked["id"].to_numpy()
+    first = np.ones(len(ids), bool)
+    first[1:] = ids[1:] != ids[:-1]
+    return ranked.filter(pa.array(first)).select(CANONICAL["q9"].names)
+
+
+def _q18(bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Each bidder's first bid on each auction, as the pair."""
+    return bids.select(["bidder", "auction"]).group_by(["bidder", "auction"]).aggregate([])
+
+
+def _q19(bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Per auction and tumbling window, the ``top_n`` highest bids, ranked from 1."""
+    start = epoch_ms(bids["date_time"]).to_numpy() // spec.window_ms * spec.window_ms
+    table = pa.table({"auction": bids["auction"], "window_start": start,
+                      "price": bids["price"]}).sort_by(
+        [("auction", "ascending"), ("window_start", "ascending"), ("price", "descending")])
+    auction, window = table["auction"].to_numpy(), table["window_start"].to_numpy()
+    n = len(auction)
+    new = np.ones(n, bool)
+    new[1:] = (auction[1:] != auction[:-1]) | (window[1:] != window[:-1])
+    rank = np.arange(n) - np.maximum.accumulate(np.where(new, np.arange(n), 0)) + 1
+    keep = rank <= spec.top_n
+    return table.filter(pa.array(keep)).append_column("rank", pa.array(rank[keep]))
+
+
+def _q20(auctions: pa.Table, bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Bids with their auction's details, for auctions of the chosen category."""
+    items = auctions.filter(pc.equal(auctions["category"], spec.category)).select(
+        ["id", "item_name", "description", "initial_bid", "reserve", "expires", "seller",
+         "category"])
+    offers = bids.select(["auction", "bidder", "price", "channel", "url", "date_time"])
+    joined = offers.join(items, "auction", right_keys="id", join_type="inner")
+    return joined.set_column(joined.schema.get_field_index("date_time"), "date_time",
+                             epoch_ms(joined["date_time"])).set_column(
+        joined.schema.get_field_index("expires"), "expires", epoch_ms(joined["expires"]))
+
+
 def _q11(bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
     """Per bidder, its sessions: bids each less than the gap after the previous one."""
     table = pa.table({"bidder": bids["bidder"], "ts": epoch_ms(bids["date_time"])})
@@ -136,20 +212,21 @@ def answer(query: str, events: Mapping[str, pa.Table], spec: NexmarkSpec) -> pa.
     """The query's canonical answer over ``events`` (kind -> table), sorted."""
     if query not in QUERIES:
         raise ValueError(f"unknown query {query!r}; one of {', '.join(QUERIES)}")
-    if query == "q8":
-        result = _q8(events[PERSON], events[AUCTION], spec)
+    two = {"q3": _q3, "q8": _q8, "q9": _q9, "q20": _q20}
+    if query in two:
+        result = two[query](*(events[kind] for kind in inputs_of(query)), spec)
     else:
-        result = {"q0": _q0, "q1": _q1, "q2": _q2, "q5": _q5, "q7": _q7,
-                  "q11": _q11}[query](events[BID], spec)
+        result = {"q0": _q0, "q1": _q1, "q2": _q2, "q5": _q5, "q7": _q7, "q11": _q11,
+                  "q18": _q18, "q19": _q19}[query](events[BID], spec)
     return sort_all(result.select(CANONICAL[query].names).cast(CANONICAL[query]))
 
 
 def window_end(query: str, table: pa.Table, spec: NexmarkSpec) -> np.ndarray:
-    """Each answer row's window end (epoch ms); q0-q2 have no window: their rows go out
-    at once, whatever the watermark (the lowest int64)."""
+    """Each answer row's window end (epoch ms); the queries without a window (q0-q3,
+    q9, q18, q20) send their rows out whatever the watermark (the lowest int64)."""
     if query == "q11":
         return table["window_end"].to_numpy()
-    if query in ("q5", "q7", "q8"):
+    if query in ("q5", "q7", "q8", "q19"):
         return table["window_start"].to_numpy() + spec.window_ms
     return np.full(table.num_rows, np.iinfo(np.int64).min)
 
@@ -164,6 +241,5 @@ def closed(query: str, table: pa.Table, spec: NexmarkSpec, watermark_ms: int) ->
 def final_watermark(query: str, events: Mapping[str, pa.Table], spec: NexmarkSpec) -> int:
     """The highest event time read minus the delay; over several inputs, the lowest
     (Spark's default multiple-watermark policy)."""
-    kinds = (PERSON, AUCTION) if query == "q8" else (BID,)
-    highest = [pc.max(epoch_ms(events[k]["date_time"])).as_py() for k in kinds]
+    highest = [pc.max(epoch_ms(events[k]["date_time"])).as_py() for k in inputs_of(query)]
     return min(h for h in highest if h is not None) - spec.watermark_delay_ms

@@ -24,11 +24,20 @@ import pyarrow.parquet as pq
 from bench.common import JobResult
 from bench.nexmark import compare
 from bench.nexmark.generator import parquet_dir
-from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec
+from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec, inputs_of
 from bench.nexmark.reference import answer, read_events
+from bench.nexmark.winning_bids import WinningBids
 from bench.weir_job import _run_app, breakdown
 from weir.operators import Dag
-from weir.operators.library import EventTimeWindows, FileSink, ParquetSource, WindowJoin
+from weir.operators.library import (
+    Deduplicate,
+    EventTimeWindows,
+    FileSink,
+    ParquetSource,
+    RegularJoin,
+    TopN,
+    WindowJoin,
+)
 from weir.operators.spark import SparkSql
 
 __all__ = ["SPARK_SETTINGS", "build_dag", "run"]
@@ -39,15 +48,31 @@ STREAMING_WINDOW_MS = 500
 READ_COLUMNS: dict[tuple[str, str], list[str]] = {
     ("q1", BID): ["auction", "bidder", "price", "date_time", "extra"],
     ("q2", BID): ["auction", "price"],
+    ("q3", PERSON): ["id", "name", "city", "state"],
+    ("q3", AUCTION): ["id", "seller", "category"],
     ("q5", BID): ["auction", "date_time"],
     ("q7", BID): ["price", "date_time"],
-    ("q11", BID): ["bidder", "date_time"],
     ("q8", PERSON): ["id", "name", "date_time"],
     ("q8", AUCTION): ["seller", "date_time"],
+    ("q9", AUCTION): ["id", "seller", "category", "date_time", "expires"],
+    ("q9", BID): ["auction", "bidder", "price", "date_time"],
+    ("q11", BID): ["bidder", "date_time"],
+    ("q18", BID): ["auction", "bidder", "price", "date_time"],
+    ("q19", BID): ["auction", "bidder", "price", "date_time"],
+    ("q20", AUCTION): ["id", "item_name", "description", "initial_bid", "reserve", "expires",
+                       "seller", "category"],
+    ("q20", BID): ["auction", "bidder", "price", "channel", "url", "date_time"],
 }
 """The columns each query's source reads (``ParquetSource(columns=...)``), as a user who
 knows the query writes it; Spark's and Flink's planners prune the same columns by
 themselves. q0 reads every column."""
+
+TIMED = ("q5", "q7", "q8", "q9", "q11", "q18", "q19")
+"""The queries on event time: their sources stamp it (``EVENT_TIME_COLUMN``)."""
+
+JOIN_TTL_MS = 3_600_000
+"""q3's and q20's regular joins keep every row an hour of the application's clock: the
+whole run, as Spark's and Flink's keep theirs (no TTL)."""
 
 
 def _source(query: str, spec: NexmarkSpec, data: Path, kind: str, events_per_second: float
@@ -65,63 +90,102 @@ SPARK_SETTINGS: dict[str, Any] = {"SPARK_MASTER": "local[2]", "SPARK_SHUFFLE_PAR
 """The bench's Spark settings, as for the other rows (tests pass smaller ones)."""
 
 
+def source_names(query: str) -> tuple[str, ...]:
+    """The DAG's source operators: ``events`` (the query's last input kind: the bids, or
+    the auctions of q3 and q8) and, for a query of two kinds, the first kind's name
+    (``persons``, ``auctions``)."""
+    kinds = inputs_of(query)
+    return ("events", *(f"{kind}s" for kind in kinds[:-1]))
+
+
+def _operators(query: str, spec: NexmarkSpec) -> list[tuple[str, Any]]:
+    """The operators after the source of a one-input query, in order."""
+    window = spec.window_ms
+    if query == "q1":
+        return [("aggregate", SparkSql(
+            "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM input"))]
+    if query == "q2":
+        return [("aggregate", SparkSql(
+            f"SELECT auction, price FROM input WHERE auction % {spec.q2_modulo} = 0"))]
+    if query == "q5":
+        return [("aggregate", EventTimeWindows.sliding(
+                    "date_time", size_ms=window, slide_ms=spec.slide_ms, keys="auction",
+                    aggregations={"num": "count(*)"})),
+                ("hottest", SparkSql(
+                    "SELECT auction, num, window_start FROM (SELECT auction, num, "
+                    "window_start, max(num) OVER (PARTITION BY window_start) AS maxn FROM "
+                    "input) WHERE num = maxn"))]
+    if query == "q7":
+        return [("aggregate", EventTimeWindows.tumbling(
+            "date_time", size_ms=window, aggregations={"maxprice": "max(price)"}))]
+    if query == "q11":
+        return [("aggregate", EventTimeWindows.session(
+            "date_time", gap_ms=spec.session_gap_ms, keys="bidder",
+            aggregations={"bid_count": "count(*)"}))]
+    if query == "q18":
+        return [("aggregate", Deduplicate(("bidder", "auction"), "date_time",
+                                          within_ms=JOIN_TTL_MS))]
+    if query == "q19":
+        return [("aggregate", TopN("auction", "price", spec.top_n, "date_time",
+                                   size_ms=window))]
+    raise ValueError(f"no Weir DAG for {query!r}")
+
+
+def _joined(query: str, spec: NexmarkSpec) -> tuple[Any, str | None, str | None]:
+    """A two-input query's operator (ports: the first kind's, then the events'), with a
+    ``SparkSql`` filter before each port (None: none)."""
+    if query == "q3":
+        states = ", ".join(f"'{s}'" for s in spec.q3_states)
+        return (RegularJoin("seller_id", ttl_millis=JOIN_TTL_MS, right_keys="seller"),
+                "SELECT id AS seller_id, name, city, state FROM input "
+                f"WHERE state IN ({states})",
+                f"SELECT id, seller FROM input WHERE category = {spec.category}")
+    if query == "q8":
+        return WindowJoin("id", "date_time", size_ms=spec.window_ms,
+                          right_keys="seller"), None, None
+    if query == "q9":
+        return WinningBids(), None, None
+    if query == "q20":
+        return (RegularJoin("auction", ttl_millis=JOIN_TTL_MS),
+                "SELECT id AS auction, item_name, description, initial_bid, reserve, expires, "
+                f"seller, category FROM input WHERE category = {spec.category}", None)
+    raise ValueError(f"no Weir DAG for {query!r}")
+
+
 def build_dag(query: str, spec: NexmarkSpec, data: Path, out_dir: Path,
               events_per_second: float, spark: dict[str, Any] | None = None) -> Dag:
-    """The query's DAG. Operator names: ``events`` (the bids, or q8's auctions),
-    ``persons`` (q8), ``aggregate`` (the query's first Spark operator, whose cost
-    breakdown ``make bench`` prints), ``hottest``/``both`` (a second one), ``sink``.
+    """The query's DAG. Operator names: the sources (``source_names``), ``aggregate``
+    (the query's main operator; a Spark one's cost breakdown ``make bench`` prints),
+    ``hottest``/``both``/``filter-*`` (Spark operators around it), ``sink``.
     ``spark``: DAG attributes instead of ``SPARK_SETTINGS``."""
     dag = Dag(f"nexmark-{query}", STREAMING_WINDOW_SIZE_MILLIS=STREAMING_WINDOW_MS,
               CONTAINERS=2, HEARTBEAT_INTERVAL_MILLIS=500, **(spark or SPARK_SETTINGS))
     timed = {"EVENT_TIME_COLUMN": "date_time",
-             "WATERMARK_DELAY_MILLIS": spec.watermark_delay_ms}
+             "WATERMARK_DELAY_MILLIS": spec.watermark_delay_ms} if query in TIMED else {}
     sink = dag.add_operator("sink", FileSink(out_dir, format="parquet"), CONTAINER=1)
-    if query == "q8":
-        auctions = dag.add_operator("events", _source(query, spec, data, AUCTION,
-                                                      events_per_second),
-                                    CONTAINER=0, **timed)
-        persons = dag.add_operator("persons", _source(query, spec, data, PERSON,
-                                                      events_per_second),
-                                   CONTAINER=0, **timed)
-        windows = dag.add_operator("aggregate", WindowJoin(
-            "id", "date_time", size_ms=spec.window_ms, right_keys="seller"), CONTAINER=1,
-            QUEUE_CAPACITY=256)
-        both = dag.add_operator("both", SparkSql(
-            "SELECT DISTINCT id, name, window_start FROM input"), CONTAINER=1)
-        dag.add_stream("persons", persons.output, windows.left)
-        dag.add_stream("auctions", auctions.output, windows.right)
-        dag.add_stream("windows", windows.output, both.input)
-        dag.add_stream("results", both.output, sink.input)
-        return dag
-    source = dag.add_operator("events", _source(query, spec, data, BID, events_per_second),
-                              CONTAINER=0, **(timed if query in ("q5", "q7", "q11") else {}))
-    if query == "q0":
-        dag.add_stream("results", source.output, sink.input)
-        return dag
-    ops: list[Any] = []
-    if query == "q1":
-        ops.append(("aggregate", SparkSql(
-            "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM input")))
-    elif query == "q2":
-        ops.append(("aggregate", SparkSql(
-            f"SELECT auction, price FROM input WHERE auction % {spec.q2_modulo} = 0")))
-    elif query == "q5":
-        ops.append(("aggregate", EventTimeWindows.sliding(
-            "date_time", size_ms=spec.window_ms, slide_ms=spec.slide_ms, keys="auction",
-            aggregations={"num": "count(*)"})))
-        ops.append(("hottest", SparkSql(
-            "SELECT auction, num, window_start FROM (SELECT auction, num, window_start, "
-            "max(num) OVER (PARTITION BY window_start) AS maxn FROM input) WHERE num = maxn")))
-    elif query == "q7":
-        ops.append(("aggregate", EventTimeWindows.tumbling(
-            "date_time", size_ms=spec.window_ms, aggregations={"maxprice": "max(price)"})))
-    elif query == "q11":
-        ops.append(("aggregate", EventTimeWindows.session(
-            "date_time", gap_ms=spec.session_gap_ms, keys="bidder",
-            aggregations={"bid_count": "count(*)"})))
+    kinds = inputs_of(query)
+    names = source_names(query)[::-1]  # in the order of kinds
+    sources = [dag.add_operator(name, _source(query, spec, data, kind, events_per_second),
+                                CONTAINER=0, **timed)
+               for name, kind in zip(names, kinds, strict=True)]
+    if len(kinds) == 1:
+        ops = _operators(query, spec) if query != "q0" else []
+        upstream = sources[0].output
     else:
-        raise ValueError(f"no Weir DAG for {query!r}")
-    upstream = source.output
+        op, *filters = _joined(query, spec)
+        node = dag.add_operator("aggregate", op, CONTAINER=1, QUEUE_CAPACITY=256)
+        for source_name, source, port, where in zip(names, sources, node.input_ports(),
+                                                    filters, strict=True):
+            upstream = source.output
+            if where is not None:
+                name = f"filter-{source_name}"
+                step = dag.add_operator(name, SparkSql(where), CONTAINER=1)
+                dag.add_stream(f"into-{name}", upstream, step.input)
+                upstream = step.output
+            dag.add_stream(f"into-{port}", upstream, getattr(node, port))
+        ops = [("both", SparkSql("SELECT DISTINCT id, name, window_start FROM input"))] \
+            if query == "q8" else []
+        upstream = node.output
     for name, op in ops:
         node = dag.add_operator(name, op, CONTAINER=1, QUEUE_CAPACITY=256)
         dag.add_stream(f"into-{name}", upstream, node.input)
@@ -158,7 +222,7 @@ def run(query: str, spec: NexmarkSpec, data: Path, events_per_second: float,
     work = Path(work or tempfile.mkdtemp(prefix=f"weir-nexmark-{query}-"))
     out_dir = work / "out"
     dag = build_dag(query, spec, data, out_dir, events_per_second, spark)
-    sources = ("events", "persons") if query == "q8" else ("events",)
+    sources = source_names(query)
     operators = (*sources, *(("aggregate",) if query != "q0" else ()), "sink")
     windows, error, wall_s = _run_app(dag, work, timeout_s, operators)
     name = "weir"
