@@ -263,13 +263,20 @@ class KeyedStore:
         """The values of those of ``keys`` it holds, as stored; with ``window_id``, without
         the keys that window's ``put`` will expire first (past the TTL)."""
         db = self._db
-        db.execute("DELETE FROM temp.ask")
-        db.executemany("INSERT INTO temp.ask(key) VALUES (?)", ((k,) for k in keys))
-        query = "SELECT s.key, s.value FROM temp.ask a JOIN state s ON s.key = a.key"
-        if window_id is None or self.ttl_windows is None:
-            return dict(db.execute(query))
-        return dict(db.execute(query + " WHERE s.updated_window IS NULL OR "
-                               "s.updated_window > ?", (window_id - self.ttl_windows,)))
+        own = not db.in_transaction  # one transaction, not one per inserted key
+        if own:
+            db.execute("BEGIN")
+        try:
+            db.execute("DELETE FROM temp.ask")
+            db.executemany("INSERT INTO temp.ask(key) VALUES (?)", ((k,) for k in keys))
+            query = "SELECT s.key, s.value FROM temp.ask a JOIN state s ON s.key = a.key"
+            if window_id is None or self.ttl_windows is None:
+                return dict(db.execute(query))
+            return dict(db.execute(query + " WHERE s.updated_window IS NULL OR "
+                                   "s.updated_window > ?", (window_id - self.ttl_windows,)))
+        finally:
+            if own:
+                db.execute("COMMIT")
 
     def scan(self, low: Any, high: Any) -> list[tuple[Any, Any]]:
         """Every key in ``[low, high)`` (SQLite's order: by type, then value) and its

@@ -9,13 +9,22 @@ its next row is a first again. State is one row per key seen within the horizon.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from weir.operators.library.key_state import KeyContext, Timer, ValueState
+from weir.operators.library.key_state import (
+    EVENT,
+    ValueState,
+    parse_timer_row,
+    state_row,
+    timer_bound,
+    timer_row,
+)
 from weir.operators.library.keyed_process import KeyedProcess
 from weir.operators.ports import OutputPort, SchemaMismatch
 from weir.operators.watermarks import event_times_ms
@@ -41,7 +50,7 @@ class Deduplicate(KeyedProcess):
 
     duplicates = OutputPort()
 
-    STATE: ClassVar[dict[str, Any]] = {"first": ValueState(pa.int64())}
+    STATE: ClassVar[dict[str, ValueState]] = {"first": ValueState(pa.int64())}
     METRICS: ClassVar[tuple[str, ...]] = ("timers_fired", "duplicate_rows")
     COLUMNS_READ: ClassVar[tuple[str, ...]] = ("keys", "time_column")
 
@@ -70,24 +79,52 @@ class Deduplicate(KeyedProcess):
             self.schema = rows.schema
         return rows
 
-    def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
-        times = event_times_ms(rows.column(self.time_column)).to_pylist()
-        first = ctx.state.first.value
-        keep = np.zeros(len(times), dtype=bool)
-        for i, ts in enumerate(times):
-            if first is None and ts is not None:
-                first = ts
-                keep[i] = True
-                ctx.state.first.update(ts)
-                ctx.timers.event_time(ts + self.within_ms)
-            elif ts is None:
-                keep[i] = True  # no event time: not a repeat of anything known
-        if keep.any():
-            ctx.emit_table(rows.filter(pa.array(keep)))
-        repeats = int((~keep).sum())
-        if repeats:
-            self.duplicate_rows += repeats
-            self.duplicates.emit(rows.filter(pa.array(~keep)))
+    def end_window(self) -> None:
+        """The window's rows at once: each key's first row (arrival order) is kept unless
+        the store holds the key; then the keys whose horizon the watermark passed are
+        forgotten (rows before timers, as ``KeyedProcess`` does). One store read and one
+        transaction per window; no Python per row."""
+        window_id: int = self._window_id
+        batches, self._batches = self._batches, {}
+        changes: dict[bytes, bytes | None] = {}
+        rows = pa.Table.from_batches(batches["input"]) if batches.get("input") else None
+        if rows is not None:
+            rows = self.arrived("input", rows)
+            keep = self._firsts(rows, window_id, changes)
+            if keep.any():
+                self.output.emit(rows.filter(pa.array(keep)))
+            repeats = int((~keep).sum())
+            if repeats:
+                self.duplicate_rows += repeats
+                self.duplicates.emit(rows.filter(pa.array(~keep)))
+        due = self.store.scan(EVENT.encode(), timer_bound(EVENT, self.watermark))
+        for row, _ in due:
+            changes[row] = None
+            changes[state_row(parse_timer_row(row)[2])] = None
+        self.timers_fired += len(due)
+        self.commit_window(window_id, changes)
 
-    def on_timer(self, key: Any, timer: Timer, ctx: KeyContext) -> None:
-        ctx.state.first.clear()
+    def _firsts(self, rows: pa.Table, window_id: int, changes: dict[bytes, bytes | None]
+                ) -> np.ndarray:
+        """Which rows are firsts; the new keys' state and timer rows into ``changes``."""
+        n = rows.num_rows
+        times = event_times_ms(rows.column(self.time_column))
+        keep = times.is_null().to_numpy(zero_copy_only=False)  # no event time: kept
+        indexed = rows.select(list(self.keys)).append_column("__row", pa.array(np.arange(n)))
+        timed = indexed.filter(pc.invert(times.is_null())) if keep.any() else indexed
+        firsts = timed.group_by(list(self.keys), use_threads=False).aggregate(
+            [("__row", "min")])
+        at = firsts["__row_min"].to_numpy()
+        keys = list(zip(*(firsts[k].to_pylist() for k in self.keys), strict=True))
+        rows_of = [state_row(k) for k in keys]
+        stored = self.store.fetch(rows_of, window_id)
+        first_ms = times.to_numpy(zero_copy_only=False)
+        for key, row, i in zip(keys, rows_of, at.tolist(), strict=True):
+            if row in stored:
+                continue
+            keep[i] = True
+            ts = int(first_ms[i])
+            if ts + self.within_ms > self.watermark:  # else forgotten at once
+                changes[row] = pickle.dumps({"first": ts}, protocol=5)
+                changes[timer_row(EVENT, ts + self.within_ms, key)] = b""
+        return keep
