@@ -46,6 +46,8 @@ class WinningBids(KeyedProcess):
                         ("expires", _MS), ("bidder", pa.int64()), ("price", pa.int64()),
                         ("bid_date_time", _MS)])
 
+    NON_STATE: ClassVar[tuple[str, ...]] = (*KeyedProcess.NON_STATE, "_columns")
+
     def __init__(self) -> None:
         super().__init__("id")
         self.bid_keys = ("auction",)
@@ -53,20 +55,37 @@ class WinningBids(KeyedProcess):
     def keys_of(self, port: str) -> tuple[str, ...]:
         return self.bid_keys if port == "bids" else self.keys
 
-    def process_key(self, key: Any, rows: pa.Table, ctx: KeyContext) -> None:
+    def process_group(self, key: Any, table: pa.Table, start: int, length: int,
+                      ctx: KeyContext) -> None:
+        """The key's rows as slices of the window's columns, converted once per window
+        (``KeyedProcess``'s hook for that), not per key."""
+        cached = self.__dict__.get("_columns")
+        if cached is None or cached[0] is not table:
+            names = ("seller", "category", "date_time", "expires") if ctx.port == "auctions" \
+                else ("price", "date_time", "bidder")
+            cached = self._columns = (table, {n: _numbers(table[n]) for n in names})
+        cut = {n: v[start:start + length] for n, v in cached[1].items()}
         if ctx.port == "auctions":
-            row = rows.slice(0, 1).to_pylist()[0]
-            start = int(event_times_ms(rows["date_time"])[0].as_py())
-            expires = int(event_times_ms(rows["expires"])[0].as_py())
-            ctx.state.auction.update((row["seller"], row["category"], start, expires))
-            ctx.timers.event_time(expires + 1)
-            early = ctx.state.early.value or {}
+            self._auction(ctx, *(int(cut[n][0]) for n in
+                                 ("seller", "category", "date_time", "expires")))
+        else:
+            self._bids(ctx, cut["price"], cut["date_time"], cut["bidder"])
+
+    def end_window(self) -> None:
+        super().end_window()
+        self._columns = None  # the window's converted columns
+
+    def _auction(self, ctx: KeyContext, seller: int, category: int, start: int,
+                 expires: int) -> None:
+        ctx.state.auction.update((seller, category, start, expires))
+        ctx.timers.event_time(expires + 1)
+        early = ctx.state.early.value
+        if early:
             ctx.state.early.clear()
             self._offer(ctx, [bid for ts, bid in early.items() if start <= ts <= expires])
-            return
-        ts = event_times_ms(rows["date_time"]).to_numpy()
-        price = rows["price"].to_numpy()
-        bidder = rows["bidder"].to_numpy()
+
+    def _bids(self, ctx: KeyContext, price: np.ndarray, ts: np.ndarray,
+              bidder: np.ndarray) -> None:
         auction = ctx.state.auction.value
         if auction is not None:
             inside = (ts >= auction[2]) & (ts <= auction[3])
@@ -101,6 +120,12 @@ class WinningBids(KeyedProcess):
             ctx.emit_values(key, seller, category, expires, best[2], best[0], -best[1])
         for name in ("auction", "best", "early"):
             getattr(ctx.state, name).clear()
+
+
+def _numbers(column: pa.ChunkedArray) -> np.ndarray:
+    """A column as int64 numbers (times as epoch ms)."""
+    return event_times_ms(column).to_numpy() if pa.types.is_timestamp(column.type) \
+        else column.to_numpy()
 
 
 def _best(price: np.ndarray, ts: np.ndarray, bidder: np.ndarray) -> list[tuple[int, int, int]]:

@@ -138,3 +138,40 @@ def test_outputs_are_compared_exactly_as_multisets_in_canonical_columns() -> Non
     flink_like = spark_like.set_column(3, "date_time", spark_like["date_time"].cast(
         pa.timestamp("ms")))  # a naive UTC wall clock
     assert check(canonical("q1", flink_like), expected)[0]
+
+
+def _auctions(*rows: tuple[int, int, int, int, int]) -> pa.Table:
+    """(id, seller, category, start ms after T0, expiry ms after T0) each."""
+    n = len(rows)
+
+    def at(i: int) -> pa.Array:
+        return pa.array([T0 + r[i] for r in rows]).cast(pa.timestamp("ms", tz="UTC"))
+
+    return pa.table({"id": [r[0] for r in rows], "item_name": ["i"] * n,
+                     "description": ["d"] * n, "initial_bid": [1] * n, "reserve": [2] * n,
+                     "date_time": at(3), "expires": at(4), "seller": [r[1] for r in rows],
+                     "category": [r[2] for r in rows], "extra": ["x"] * n},
+                    schema=SCHEMAS[AUCTION])
+
+
+def test_q3_q9_q18_q19_q20_on_rows_checked_by_hand() -> None:
+    persons = pa.table({"id": [1, 2], "name": ["Ann", "Bob"], "email_address": ["e", "e"],
+                        "credit_card": ["c", "c"], "city": ["Bend", "Kent"],
+                        "state": ["OR", "WA"], "date_time": pa.array([T0, T0]).cast(
+                            pa.timestamp("ms", tz="UTC")), "extra": ["x", "x"]},
+                       schema=SCHEMAS[PERSON])
+    auctions = _auctions((50, 1, 10, 0, 100), (51, 2, 10, 0, 100), (52, 1, 11, 0, 100))
+    bids = _bids((50, 7, 5, 10), (50, 8, 9, 20), (50, 9, 9, 15), (50, 7, 99, 101),
+                 (51, 7, 3, 50), (52, 7, 4, 60), (50, 7, 1, 10_500))
+    events = _events(bids=bids, persons=persons, auctions=auctions)
+    assert _rows(answer("q3", events, SPEC)) == [("Ann", "Bend", "OR", 50)]  # not 52, not Bob
+    assert _rows(answer("q9", events, SPEC)) == [  # 99 came after 50 expired; 9 at 15 first
+        (50, 1, 10, T0 + 100, 9, T0 + 15), (51, 2, 10, T0 + 100, 3, T0 + 50),
+        (52, 1, 11, T0 + 100, 4, T0 + 60)]
+    assert _rows(answer("q18", events, SPEC)) == [(7, 50), (7, 51), (7, 52), (8, 50), (9, 50)]
+    top = SPEC.top_n
+    assert top == 10 and _rows(answer("q19", events, SPEC)) == [
+        (50, T0, 1, 99), (50, T0, 2, 9), (50, T0, 3, 9), (50, T0, 4, 5),
+        (50, T0 + 10_000, 1, 1), (51, T0, 1, 3), (52, T0, 1, 4)]
+    q20 = answer("q20", events, SPEC)
+    assert q20.num_rows == 6 and set(q20["auction"].to_pylist()) == {50, 51}

@@ -91,3 +91,31 @@ def test_a_recovered_run_keeps_the_same_rows(tmp_path):
 def test_bad_settings_are_refused_when_built():
     with pytest.raises(ValueError, match="within_ms"):
         Deduplicate("bid", "ts", 0)
+
+
+def test_keys_of_several_columns_and_rows_without_event_time():
+    schema = pa.schema([("bidder", pa.int64()), ("auction", pa.string()),
+                        ("ts", pa.timestamp("ms", tz="UTC"))])
+    windows = [pa.Table.from_pylist(rows, schema) for rows in (
+        [{"bidder": 1, "auction": "a", "ts": 10}, {"bidder": 1, "auction": "b", "ts": 11},
+         {"bidder": 1, "auction": "a", "ts": 12}, {"bidder": 2, "auction": "a", "ts": None},
+         {"bidder": 2, "auction": "a", "ts": 13}],
+        [{"bidder": 2, "auction": "a", "ts": 14}, {"bidder": 1, "auction": "b", "ts": 15},
+         {"bidder": 3, "auction": "c", "ts": None}])]
+    dag = Dag("dedup")
+    src = dag.add_operator("bids", ListSource(windows, schema), EVENT_TIME_COLUMN="ts",
+                           WATERMARK_DELAY_MILLIS=100)
+    node = dag.add_operator("dedup", Deduplicate(("bidder", "auction"), "ts", 60_000))
+    out, dups = dag.add_operator("out", CollectSink()), dag.add_operator("dups", CollectSink())
+    dag.add_stream("bids", src.output, node.input)
+    dag.add_stream("firsts", node.output, out.input)
+    dag.add_stream("repeats", node.duplicates, dups.input)
+    run = run_local(dag)
+
+    def pairs(name):
+        return [(r["bidder"], r["auction"], r["ts"] and r["ts"].timestamp() * 1000)
+                for r in run.rows(name)]
+
+    assert pairs("out") == [(1, "a", 10), (1, "b", 11), (2, "a", None), (2, "a", 13),
+                            (3, "c", None)]
+    assert sorted(pairs("dups")) == [(1, "a", 12), (1, "b", 15), (2, "a", 14)]
