@@ -1,8 +1,8 @@
 """The joins through real processes: persons and auctions from two Parquet sources joined
 per seller (WindowJoin: in 2-second tumbling event-time windows; IntervalJoin: auctions
-from 0.5 s before to 1 s after the person), the join's container SIGKILLed at random
-moments; the pairs the exactly-once sink wrote are exactly Python's join of the same
-rows, each once, and no row was late."""
+from 0.5 s before to 1 s after the person; RegularJoin: every pair), the join's
+container SIGKILLed at random moments; the pairs the exactly-once sink wrote are exactly
+Python's join of the same rows, each once, and no row was late."""
 
 from __future__ import annotations
 
@@ -30,11 +30,13 @@ pytestmark = pytest.mark.timeout(420)
 SIZE_MS, SELLERS, ROWS = 2_000, 40, 12_000
 LOWER_MS, UPPER_MS = -500, 1_000
 JOINS = {"window": f'WindowJoin("seller", "ts", size_ms={SIZE_MS})',
-         "interval": f'IntervalJoin("seller", "ts", {LOWER_MS}, {UPPER_MS})'}
+         "interval": f'IntervalJoin("seller", "ts", {LOWER_MS}, {UPPER_MS})',
+         "regular": 'RegularJoin("seller", ttl_millis=3_600_000)'}
 
 APP = """
     from weir.operators import Dag
-    from weir.operators.library import FileSink, IntervalJoin, ParquetSource, WindowJoin
+    from weir.operators.library import (FileSink, IntervalJoin, ParquetSource, RegularJoin,
+                                        WindowJoin)
 
     dag = Dag("window-join", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
@@ -61,9 +63,10 @@ def write_streams(root: Path, kind: str) -> collections.Counter:
     window's start or the auction's time)."""
     rng = random.Random(11)
     ts, rows = 1_790_000_000_000, []
+    sellers = SELLERS * 50 if kind == "regular" else SELLERS  # every pair, time aside
     for _ in range(ROWS):
         ts += rng.choice((1, 2, 5, 9))
-        rows.append((rng.random() < 0.25, rng.randrange(SELLERS), ts))
+        rows.append((rng.random() < 0.25, rng.randrange(sellers), ts))
     people = [{"seller": s, "person": f"p{i}", "ts": t}
               for i, (is_person, s, t) in enumerate(rows) if is_person]
     items = [{"seller": s, "item": f"i{i}", "ts": t}
@@ -76,13 +79,13 @@ def write_streams(root: Path, kind: str) -> collections.Counter:
             pq.write_table(pa.Table.from_pylist(chunk), folder / f".{part}.tmp")
             os.replace(folder / f".{part}.tmp", folder / f"part-{part}.parquet")
     expected: collections.Counter = collections.Counter()
-    if kind == "interval":
+    if kind in ("interval", "regular"):
         by_seller: dict[int, list[dict]] = collections.defaultdict(list)
         for p in people:
             by_seller[p["seller"]].append(p)
         for a in items:
             for p in by_seller[a["seller"]]:
-                if p["ts"] + LOWER_MS <= a["ts"] <= p["ts"] + UPPER_MS:
+                if kind == "regular" or p["ts"] + LOWER_MS <= a["ts"] <= p["ts"] + UPPER_MS:
                     expected[(a["seller"], p["person"], a["item"], a["ts"])] += 1
         return expected
     by_window: dict[tuple[int, int], list[str]] = collections.defaultdict(list)
