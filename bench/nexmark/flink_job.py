@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -148,6 +149,9 @@ def run_once(query: str, spec: dict, csv_dir: str, out_dir: str, parallelism: in
     config.set("parallelism.default", str(parallelism))
     # files are committed at checkpoints; the last one runs when the bounded input ends
     config.set("execution.checkpointing.interval", "10 s")
+    # the joins' state outgrows the default in-memory checkpoint storage (5 MB)
+    config.set("execution.checkpointing.storage", "filesystem")
+    config.set("execution.checkpointing.dir", f"file://{os.getcwd()}/flink-checkpoints")
     config.set("table.exec.source.idle-timeout", "1 s")
     config.set("table.local-time-zone", "UTC")
     delay = _seconds(spec["watermark_delay_ms"] + 1)
