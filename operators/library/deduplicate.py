@@ -25,7 +25,7 @@ from weir.operators.library.key_state import (
     timer_bound,
     timer_row,
 )
-from weir.operators.library.keyed_process import KeyedProcess
+from weir.operators.library.keyed_process import KeyedProcess, no_gc_pauses
 from weir.operators.ports import OutputPort, SchemaMismatch
 from weir.operators.watermarks import event_times_ms
 
@@ -90,7 +90,8 @@ class Deduplicate(KeyedProcess):
         rows = pa.Table.from_batches(batches["input"]) if batches.get("input") else None
         if rows is not None:
             rows = self.arrived("input", rows)
-            keep = self._firsts(rows, window_id, changes)
+            with no_gc_pauses():
+                keep = self._firsts(rows, window_id, changes)
             if keep.any():
                 self.output.emit(rows.filter(pa.array(keep)))
             repeats = int((~keep).sum())

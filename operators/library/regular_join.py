@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from weir.operators.library.join_sides import SIDES, JoinSides
 from weir.operators.library.key_state import state_row
-from weir.operators.library.keyed_process import _grouped
+from weir.operators.library.keyed_process import _grouped, no_gc_pauses
 
 __all__ = ["RegularJoin"]
 
@@ -67,7 +67,9 @@ class RegularJoin(JoinSides):
                 if rows.num_rows:
                     new[side] = rows
         changes: dict[bytes, bytes | None] = {}
-        pairs = [p for p in (self._join(new, window_id, changes) if new else []) if p.num_rows]
+        with no_gc_pauses():
+            pairs = [p for p in (self._join(new, window_id, changes) if new else [])
+                     if p.num_rows]
         if pairs:
             schema = self.output_schema()
             self.output.emit(pa.concat_tables([p.select(schema.names).cast(schema)
