@@ -23,6 +23,7 @@ from bench.common import JobSpec, render_breakdown, render_table, run_json_subpr
 from bench.event_time import event_time_jobs, render_event_time
 from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
 from bench.latency import latency_jobs, render_latency
+from bench.nexmark.model import QUERIES as NEXMARK_QUERIES
 from bench.nexmark.runner import nexmark_failed, parse_queries, render_nexmark, run_nexmark
 from bench.running_count import render as render_running_count
 from bench.verdict import failed_rows
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nexmark-rate", type=float, default=4_000_000,
                         help="nexmark row: events/s offered to Weir's sources (Spark SS's "
                              "maxFilesPerTrigger is sized to the same events per 500 ms)")
-    parser.add_argument("--nexmark-queries", default="q0,q1,q2,q5,q7,q8,q11",
+    parser.add_argument("--nexmark-queries", default=",".join(NEXMARK_QUERIES),
                         help="nexmark row: the queries, comma-separated")
     parser.add_argument("--latency-seconds", type=float, default=30.0,
                         help="latency row: seconds of events per run (the first 5 s left out)")

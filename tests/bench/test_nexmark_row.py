@@ -14,7 +14,7 @@ from bench import __main__ as bench_main
 from bench.nexmark import __main__ as nexmark_main
 from bench.nexmark import flink_job, runner
 from bench.nexmark.flink_runner import output_schema, read_output
-from bench.nexmark.model import QUERIES
+from bench.nexmark.model import NOT_EXPRESSIBLE, QUERIES
 
 FIGURES = {"weir": 600_000.0, "spark-structured-streaming": 500_000.0, "flink": 1_200_000.0}
 
@@ -108,8 +108,9 @@ def test_make_bench_has_the_nexmark_row_and_fails_on_its_failures(fake_runs, mon
 
 def test_flink_gets_a_query_for_each_and_its_csv_output_is_read_back(tmp_path: Path):
     settings = {"window_ms": 10_000, "slide_ms": 2_000, "session_gap_ms": 10_000,
-                "q2_modulo": 123, "watermark_delay_ms": 2_000}
-    for query in QUERIES:
+                "q2_modulo": 123, "watermark_delay_ms": 2_000, "category": 10,
+                "q3_states": ["OR", "ID", "CA"], "top_n": 10}
+    for query in (q for q in QUERIES if ("flink", q) not in NOT_EXPRESSIBLE):
         views, sql = flink_job.query_sql(query, settings)
         assert sql.startswith("SELECT")
         assert all(v.startswith("CREATE TEMPORARY VIEW") for v in views)
@@ -161,3 +162,13 @@ def test_spark_ss_results_are_read_back_from_the_files_its_batches_wrote(tmp_pat
     pq.write_table(pa.table({"a": [3]}), tmp_path / "part-00002-z.parquet")
     (tmp_path / "_SUCCESS").write_text("")
     assert _written(tmp_path).column("a").to_pylist() == [1, 2, 3]
+
+
+def test_a_query_a_system_cannot_express_is_shown_not_run_and_is_no_failure(fake_runs):
+    section = {**runner.run_nexmark(1_000, ["q9"], repeat=2), "cores": 2}
+    assert [s for s, q in fake_runs] == ["weir", "weir"]  # Spark SS and Flink not started
+    weir, spark, flink = section["queries"]["q9"]
+    assert weir["repeats"] == 2 and "not_run" in spark and "not_run" in flink
+    table = runner.render_nexmark(section)
+    assert "q9 flink: not run: its SQL form" in table
+    assert runner.nexmark_failed(section) == []
