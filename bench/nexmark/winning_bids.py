@@ -110,7 +110,10 @@ class WinningBids(KeyedProcess):
         auction = ctx.state.auction.value
         if auction is None:  # bids whose auction can no longer include them
             early = {t: b for t, b in (ctx.state.early.value or {}).items() if t >= timer.time}
-            ctx.state.early.update(early) if early else ctx.state.early.clear()
+            if early:
+                ctx.state.early.update(early)
+            else:
+                ctx.state.early.clear()
             return
         if timer.time <= auction[3]:
             return  # an early bid's timer, set before the auction came

@@ -52,7 +52,7 @@ from weir.operators.ports import InputPort, OutputPort, SchemaMismatch
 from weir.operators.store_backed import StoreBacked
 from weir.operators.windows import window_end_millis
 
-__all__ = ["KeyedProcess", "no_gc_pauses"]
+__all__ = ["KeyedProcess", "group_by_key", "key_starts", "no_gc_pauses"]
 
 _MAX_FIRINGS = 1_000_000
 _KINDS = {EVENT: "event", PROCESSING: "processing"}
@@ -229,7 +229,7 @@ class KeyedProcess(StoreBacked, Operator):
             arrived = self.arrived(port, pa.Table.from_batches(batches[port]))
             if not arrived.num_rows:
                 continue
-            table, groups = _grouped(arrived, self.keys_of(port))
+            table, groups = group_by_key(arrived, self.keys_of(port))
             loaded.update(self._read([state_row(key) for key, _, _ in groups
                                       if state_row(key) not in loaded]))
             for key, start, length in groups:
@@ -364,7 +364,7 @@ def key_starts(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     return starts
 
 
-def _grouped(table: pa.Table, keys: tuple[str, ...]
+def group_by_key(table: pa.Table, keys: tuple[str, ...]
              ) -> tuple[pa.Table, list[tuple[tuple[Any, ...], int, int]]]:
     """The rows sorted by key (stably: arrival order within a key), and each key with
     its first row and row count there."""

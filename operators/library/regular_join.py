@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from weir.operators.library.join_sides import SIDES, JoinSides
 from weir.operators.library.key_state import state_row
-from weir.operators.library.keyed_process import _grouped, no_gc_pauses
+from weir.operators.library.keyed_process import group_by_key, no_gc_pauses
 
 __all__ = ["RegularJoin"]
 
@@ -80,7 +80,7 @@ class RegularJoin(JoinSides):
               changes: dict[bytes, bytes | None]) -> list[pa.Table]:
         """The window's pairs; each touched key's kept rows, with the window's added, into
         ``changes``."""
-        grouped = {side: _grouped(rows, self.keys_of(side)) for side, rows in new.items()}
+        grouped = {side: group_by_key(rows, self.keys_of(side)) for side, rows in new.items()}
         keys = list(dict.fromkeys(k for _, groups in grouped.values() for k, _, _ in groups))
         rows_of = {key: state_row(key) for key in keys}
         stored = self.store.fetch(list(rows_of.values()), window_id)

@@ -251,3 +251,24 @@ def test_split_late_keeps_rows_on_time_and_says_why_the_others_are_late():
         (1, "too old"), (2, "no ts (event time)")]
     kept, late = split_late(rows.slice(2), "ts", lambda ms: ms < 10, "too old")
     assert kept.num_rows == 1 and late.num_rows == 0 and "late_reason" in late.column_names
+
+
+def test_a_windows_key_work_runs_with_the_cycle_collector_off_and_restores_it():
+    import gc
+
+    from weir.operators.library.keyed_process import no_gc_pauses
+
+    seen = []
+    with no_gc_pauses():
+        seen.append(gc.isenabled())
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(RuntimeError), no_gc_pauses():
+        raise RuntimeError("a failing window")
+    assert gc.isenabled()  # back on after a failure too
+    gc.disable()
+    try:
+        with no_gc_pauses():
+            pass
+        assert not gc.isenabled()  # left off when it was off before
+    finally:
+        gc.enable()

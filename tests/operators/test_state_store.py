@@ -61,6 +61,24 @@ def test_ttl_drops_keys_not_updated_for_that_long_and_the_drop_undoes_too(tmp_pa
     assert sorted(store.items()) == [("a", 1), ("b", 2)] and store.keys == 2
 
 
+def test_fetch_finds_every_held_key_across_its_in_list_chunks_and_skips_expired_ones(tmp_path):
+    store = KeyedStore(str(tmp_path / "s.sqlite"), ttl_windows=2)
+    held = [f"k{i}".encode() for i in range(0, 70_000, 2)]  # more than two chunks asked
+    store.put(1, [(k, b"v" + k, True) for k in held])
+    store.put(2, [(b"fresh", b"f", True), (b"pinned", b"p", False)])
+    asked = [f"k{i}".encode() for i in range(70_000)] + [b"fresh", b"pinned", b"none"]
+    assert store.fetch(asked) == {**{k: b"v" + k for k in held}, b"fresh": b"f",
+                                  b"pinned": b"p"}
+    # window 3's put expires what window 1 wrote (3 - 2 >= 1); rows put never to expire stay
+    assert store.fetch(asked, window_id=3) == {b"fresh": b"f", b"pinned": b"p"}
+
+
+def test_fetch_takes_keys_of_several_types_that_do_not_sort_together(tmp_path):
+    store = KeyedStore(str(tmp_path / "s.sqlite"))
+    store.put(1, [(7, b"int", True), ("a", b"text", True), (b"a", b"bytes", True)])
+    assert store.fetch([b"a", 7, "a", 8]) == {7: b"int", "a": b"text", b"a": b"bytes"}
+
+
 CRASH = """
 import os, sys
 from weir.operators.state_store import KeyedStore
