@@ -17,7 +17,8 @@ from weir.master import auth, live_view, tables
 from weir.master.cli_config import load_app_and_overrides
 from weir.master.cli_output import now_ms, print_json, to_dict
 from weir.master.errors import MasterError
-from weir.master.launcher import LocalProcessLauncher, launcher_factory
+from weir.master.launcher import launcher_factory
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.server import MasterServer
 from weir.master.tls import TlsFiles
 from weir.proto import client_pb2

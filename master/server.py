@@ -24,7 +24,8 @@ from weir.master.client_service import ClientService
 from weir.master.core import Clock, MasterCore, system_clock
 from weir.master.gc_pacing import YoungCollections, tune_gc
 from weir.master.http_api import HttpApi
-from weir.master.launcher import Launcher, LauncherFactory, LocalProcessLauncher
+from weir.master.launcher import Launcher, LauncherFactory
+from weir.master.launcher import launcher_factory as named_launcher
 from weir.master.persistence import ApplicationJournal, JournalError
 from weir.master.rpc import LOADING_MESSAGE, SERVER_OPTIONS, RequestGuard, UnavailableInterceptor
 from weir.master.tls import TemporaryIdentity, TlsFiles, identity_for, read_pem
@@ -107,8 +108,7 @@ class MasterServer:
             containers it launches, ``master.json``, its secret file); default ``host``,
             or 127.0.0.1 for a wildcard ``host`` (its launched containers are local).
         port: 0 picks a free port.
-        launcher_factory: builds the launcher from the bound address; local processes
-            by default.
+        launcher_factory: builds the launcher from the bound address; default: "local".
         clock: epoch milliseconds, injectable for tests.
         stop_grace_s: how long ``stop`` lets containers exit before killing them.
         container_stop_grace_ms: how long containers of an ended application may linger.
@@ -140,17 +140,17 @@ class MasterServer:
                  clock: Clock = system_clock, stop_grace_s: float = 5.0,
                  container_stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
                  max_workers: int = 16, max_concurrent_calls: int = 1024,
-                 secret: str | None = None,
-                 tls: TlsFiles | None = None, publish_secret: bool = True,
-                 http_port: int | None = 0, http_open: bool = False,
-                 metrics_open: bool = False, state_dir: str | os.PathLike[str] | None = None,
+                 secret: str | None = None, tls: TlsFiles | None = None,
+                 publish_secret: bool = True, http_port: int | None = 0,
+                 http_open: bool = False, metrics_open: bool = False,
+                 state_dir: str | os.PathLike[str] | None = None,
                  advertise_host: str | None = None) -> None:
         if secret is not None and not secret.strip():
             raise ValueError("the master's secret must not be empty")
         self.host = host
         self.port = port
         self.advertise_host = advertise_host or None
-        self.launcher_factory: LauncherFactory = launcher_factory or LocalProcessLauncher
+        self.launcher_factory: LauncherFactory = launcher_factory or named_launcher("local")
         self.clock = clock
         self.stop_grace_s = stop_grace_s
         self.container_stop_grace_ms = container_stop_grace_ms

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.harness import TAG_ENV, poll_for, tagged_env, tagged_processes
-from weir.master.launcher import LocalProcessLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.server import MasterServer
 
 

@@ -24,7 +24,7 @@ from tests.e2e.test_exactly_once import assert_exactly_once, write_input
 from tests.e2e.test_recovery import wait_finished
 from tests.harness import poll_for
 from weir.master.client import WeirClient
-from weir.master.launcher import LocalProcessLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.operators.app import load_app
 
 APP = """

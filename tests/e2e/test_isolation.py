@@ -11,7 +11,7 @@ from tests.e2e.conftest import container_logs
 from tests.e2e.test_recovery import APP, expected, final_totals, pid_of, wait_finished
 from tests.harness import poll_for
 from weir.master.client import WeirClient
-from weir.master.launcher import LocalProcessLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.server import MasterServer
 from weir.operators.app import load_app
 

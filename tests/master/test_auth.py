@@ -18,7 +18,8 @@ from tests.harness import master_channel, poll_for
 from tests.master.fakes import chain_descriptor, container_heartbeat
 from weir.master import auth, cli
 from weir.master.client import WeirClient, WeirClientError
-from weir.master.launcher import LocalProcessLauncher, RecordingLauncher
+from weir.master.launcher import RecordingLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.rpc import MAX_REQUEST_BYTES, MAX_SUBMIT_BYTES
 from weir.master.server import MasterServer
 from weir.master.tls import TlsFiles, make_self_signed, open_channel

@@ -16,19 +16,16 @@ import pytest
 
 from tests.harness import poll_for
 from weir.master.container_processes import is_container_process
-from weir.master.launcher import (
-    LocalProcessLauncher,
-    RecordingLauncher,
-    ThreadLauncher,
-    launcher_factory,
-)
+from weir.master.launcher import RecordingLauncher, ThreadLauncher, launcher_factory
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.proto.contract import CONTAINER_ID_ENV
 
 pytestmark = pytest.mark.timeout(60)
 
 # Stands in for `python -m weir.container`: shows its arguments, starts a grandchild, waits.
 FAKE_CONTAINER = """
-import os, signal, subprocess, sys, time
+import faulthandler, os, signal, subprocess, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # as the container does
 mode = os.environ.get("FAKE_MODE", "sleep")
 print("ARGV", " ".join(sys.argv[1:]), flush=True)
 print("CID", os.environ.get("WEIR_CONTAINER_ID"), flush=True)
@@ -104,6 +101,19 @@ def test_kill_takes_the_whole_process_group(make_launcher):
     poll_for(lambda: _gone(grandchild), 5, "the grandchild to die with its container")
     launcher.kill("c0")  # again: nothing left, no error
     launcher.kill("unknown")
+
+
+def test_kill_leaves_the_containers_thread_dump_in_its_log(make_launcher):
+    """A container the master gives up on (blocked, silent) says in its log where each of
+    its threads stood when it was killed."""
+    launcher = make_launcher()
+    launcher.launch("c0")
+    _grandchild(launcher, "c0")
+    assert "Current thread" not in _log(launcher, "c0")
+    launcher.kill("c0")
+    assert launcher.exit_code("c0") == -signal.SIGKILL  # killed, not ended by the dump
+    log = _log(launcher, "c0")
+    assert "Current thread" in log and 'File "<string>", line 13' in log, log
 
 
 def test_exit_code_of_a_container_that_ended(make_launcher):

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from tests.master.test_launcher import FAKE_CONTAINER, _grandchild
-from weir.master.launcher import LocalProcessLauncher, RecordingLauncher, ThreadLauncher
+from weir.master.launcher import RecordingLauncher, ThreadLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 
 pytestmark = pytest.mark.timeout(60)
 

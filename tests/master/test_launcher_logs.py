@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness import poll_for
 from tests.users import as_other_user, other_user_available
-from weir.master.launcher import LocalProcessLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.storage.private_files import UntrustedPath
 
 pytestmark = pytest.mark.timeout(60)
