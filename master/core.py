@@ -1,10 +1,9 @@
 """The master's state behind one lock: applications, their containers, and the master loop.
 
-The gRPC services call into ``MasterCore``; the rules themselves live in
-``physical_plan``, ``heartbeat``, ``liveness`` and ``recovery``. The master loop (a
-thread, every ~200 ms) runs the liveness check, so lost containers are noticed without
-any request arriving. The rules queue the container processes to kill and launch; the
-core carries them out after releasing its lock.
+The gRPC services call into ``MasterCore``; the rules live in ``physical_plan``,
+``heartbeat``, ``liveness`` and ``recovery``. The master loop (a thread, every ~200 ms)
+runs the liveness check, so lost containers are noticed without any request arriving.
+The rules queue the containers to kill and launch; the core does it after its lock.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from weir.master import liveness, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
 from weir.master.errors import FailedPrecondition, InvalidArgument
-from weir.master.launcher import Launcher
+from weir.master.launcher import Launcher, Resources, UnplaceableRequest
 from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
@@ -131,10 +130,11 @@ class MasterCore:
             run_id = new_run_id()
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
+                self.launcher.check_request(Resources.of(plan.attributes))
                 seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
                                                          allow_dropped, manifest)
                           if manifest is not None else None)
-            except (PlanError, DagError, SavepointError) as exc:
+            except (PlanError, DagError, SavepointError, UnplaceableRequest) as exc:
                 raise InvalidArgument(str(exc)) from None
             state_dir = plan.attributes["STATE_DIR"]
             self._folders.reserve(state_dir, app_id)
@@ -358,9 +358,9 @@ class MasterCore:
                 live = app.plan.live_containers()
                 if not live or not self._apps.is_current(app):
                     continue
-                exit_codes = {c.id: self.launcher.exit_code(c.id) for c in live}
+                exit_codes, waiting = self._launches.observe(live)
                 lost = liveness.check_liveness(app, self.clock(), exit_codes,
-                                               self.stop_grace_ms)
+                                               self.stop_grace_ms, waiting)
                 actions = self._launches.take(app)
                 self._persist(app)
                 if lost:

@@ -9,6 +9,7 @@ in-thread launcher takes the container's entry point from its caller.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import signal
 import threading
@@ -21,10 +22,13 @@ from weir.proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = [
     "CREDENTIAL_ENV",
+    "NO_REQUEST",
     "Launcher",
     "LauncherFactory",
+    "Resources",
     "RecordingLauncher",
     "ThreadLauncher",
+    "UnplaceableRequest",
     "launcher_factory",
     "launcher_names",
     "register_launcher",
@@ -35,6 +39,27 @@ _LOGGER = logging.getLogger(__name__)
 CREDENTIAL_ENV = (SECRET_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV)
 """The variables that carry the master's secret and TLS files to a container: set from
 the master's credentials, never inherited from the master's own environment."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What a container asks its cluster manager for (the application's
+    CONTAINER_MEMORY_MB and CONTAINER_CORES); 0 = no request, the manager's default."""
+
+    memory_mb: int = 0
+    cores: float = 0.0
+
+    @classmethod
+    def of(cls, attributes: Mapping[str, Any]) -> Resources:
+        """The request of an application with these resolved DAG attributes."""
+        return cls(int(attributes["CONTAINER_MEMORY_MB"]), float(attributes["CONTAINER_CORES"]))
+
+
+NO_REQUEST = Resources()
+
+
+class UnplaceableRequest(ValueError):
+    """No node of the launcher's manager could ever run a container asking for this."""
 
 
 class Launcher(abc.ABC):
@@ -57,8 +82,23 @@ class Launcher(abc.ABC):
         self.credential_env = dict(env)
 
     @abc.abstractmethod
-    def launch(self, container_id: str) -> None:
-        """Starts the container; raises OSError (or RuntimeError) if it cannot."""
+    def launch(self, container_id: str, resources: Resources = NO_REQUEST) -> None:
+        """Starts the container; raises OSError (or RuntimeError) if it cannot.
+
+        A request no node of the manager can ever meet raises UnplaceableRequest; one
+        that has to wait for room is launched and reported by ``waiting`` until placed.
+        """
+
+    def check_request(self, resources: Resources) -> None:
+        """Raises UnplaceableRequest, saying why and what to do, if no node could ever run
+        a container asking for ``resources`` (the master asks at submit)."""
+        return None
+
+    def waiting(self, container_id: str) -> str:
+        """Why the container, launched, is not running yet (the manager's reason: no node
+        has room, its image is being pulled); "" once it runs, or if the launcher cannot
+        tell. The master shows it and does not count the wait as a silent container."""
+        return ""
 
     @abc.abstractmethod
     def exit_code(self, container_id: str) -> int | None:
@@ -126,17 +166,19 @@ class RecordingLauncher(Launcher):
     def __init__(self, master_address: str = "") -> None:
         self.master_address = master_address
         self.launched: list[str] = []
+        self.requests: dict[str, Resources] = {}
         self.killed: list[str] = []
         self.stopped = False
         self.fail_launch: set[str] = set()
         self._exit_codes: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def launch(self, container_id: str) -> None:
+    def launch(self, container_id: str, resources: Resources = NO_REQUEST) -> None:
         if container_id in self.fail_launch:
             raise OSError(f"cannot launch {container_id} (as asked by the test)")
         with self._lock:
             self.launched.append(container_id)
+            self.requests[container_id] = resources
 
     def set_exit_code(self, container_id: str, code: int) -> None:
         with self._lock:
@@ -174,8 +216,8 @@ class ThreadLauncher(Launcher):
         self._exit_codes: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def launch(self, container_id: str) -> None:
-        stop = threading.Event()
+    def launch(self, container_id: str, resources: Resources = NO_REQUEST) -> None:
+        stop = threading.Event()  # a thread of this process: requests are not enforced
 
         def run() -> None:
             code = 1

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, LauncherAction, LaunchKind
-from weir.master.launcher import Launcher
-from weir.master.physical_plan import ContainerState
+from weir.master.launcher import Launcher, Resources
+from weir.master.physical_plan import ContainerState, PTContainer
 
 __all__ = ["Launches"]
 
@@ -42,6 +42,15 @@ class Launches:
                 self.apps.add_container(app, action.container_id)
         return [(app, action) for action in actions]
 
+    def observe(self, containers: list[PTContainer]
+                ) -> tuple[dict[str, int | None], dict[str, str]]:
+        """What the launcher knows of ``containers``: exit codes (None while running) and,
+        for those launched but not yet placed, the manager's reason."""
+        exit_codes = {c.id: self.launcher.exit_code(c.id) for c in containers}
+        waiting = {c.id: reason for c in containers if c.state == ContainerState.ALLOCATED
+                   and (reason := self.launcher.waiting(c.id))}
+        return exit_codes, waiting
+
     def carry_out(self, actions: Actions) -> None:
         """Kills, then launches, outside the lock."""
         for _app, action in actions:
@@ -58,7 +67,7 @@ class Launches:
                 if app.terminal:
                     break
             try:
-                self.launcher.launch(cid)
+                self.launcher.launch(cid, Resources.of(app.plan.attributes))
             except Exception as exc:  # noqa: BLE001 - any launch failure fails the app
                 with self.lock:
                     app.fail(f"could not launch container {cid}: {type(exc).__name__}: {exc}",

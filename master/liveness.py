@@ -51,7 +51,8 @@ def timeout_window_count(op: PTOperator) -> int:
 
 
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
-                   stop_grace_ms: int) -> list[ContainerLoss]:
+                   stop_grace_ms: int, waiting: Mapping[str, str] | None = None
+                   ) -> list[ContainerLoss]:
     """The containers of ``app`` to give up on now, already marked KILLED and recovered.
 
     Once the application is terminal, containers that exited are recorded and those
@@ -62,6 +63,9 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
         now_ms: the master's time.
         exit_codes: container id -> exit code, None while running (from the launcher).
         stop_grace_ms: how long containers of an ended application may take to exit.
+        waiting: container id -> why its manager has not placed it yet (launched
+            containers only): shown in its diagnostics, and its heartbeat is not
+            awaited before it runs.
     """
     timeout_ms = app.heartbeat_timeout_ms
     losses: list[ContainerLoss] = []
@@ -75,6 +79,7 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
                                          blamed=None if blamed is None else [blamed],
                                          fatal=request.fatal))
             continue
+        _note_placement(container, (waiting or {}).get(container.id, ""), now_ms)
         cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
                        stop_grace_ms)
         if cause:
@@ -94,6 +99,23 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
         losses.append(lose_container(app, container, f"operator {op.name!r} ({op.id}) {cause}",
                                      now_ms, blamed=[op]))
     return losses
+
+
+WAITING_FOR_PLACEMENT = "waiting to be placed: "
+
+
+def _note_placement(container: PTContainer, reason: str, now_ms: int) -> None:
+    """A launched container its manager has not placed (no node has room) says why in
+    its diagnostics, and the time it has to send a first heartbeat starts once it is
+    placed: a wait for room is not a silent container, and it is not replaced (a
+    replacement would wait for the same room)."""
+    if container.state != ContainerState.ALLOCATED:
+        return
+    if reason:
+        container.diagnostics = WAITING_FOR_PLACEMENT + reason
+        container.allocated_ms = now_ms
+    elif container.diagnostics.startswith(WAITING_FOR_PLACEMENT):
+        container.diagnostics = ""
 
 
 def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int | None,

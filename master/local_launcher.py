@@ -18,13 +18,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from weir.master.container_processes import (
     CANNOT_INSPECT,
     AdoptedProcess,
     GoneProcess,
     is_container_process,
 )
-from weir.master.launcher import CREDENTIAL_ENV, Launcher
+from weir.master.launcher import (
+    CREDENTIAL_ENV,
+    NO_REQUEST,
+    Launcher,
+    Resources,
+    UnplaceableRequest,
+)
 from weir.proto.contract import CONTAINER_ID_ENV
 from weir.storage.private_files import UntrustedPath, make_private_dir
 
@@ -126,7 +134,24 @@ class LocalProcessLauncher(Launcher):
         """The command line of container ``container_id``."""
         return [*self.command, "--master", self.master_address, "--id", container_id]
 
-    def launch(self, container_id: str) -> None:
+    def check_request(self, resources: Resources) -> None:
+        """Every container runs on this machine: a request larger than it is refused (a
+        smaller one is met by sharing the machine; nothing here enforces it)."""
+        memory_mb = psutil.virtual_memory().total >> 20
+        if resources.memory_mb > memory_mb:
+            raise UnplaceableRequest(f"CONTAINER_MEMORY_MB={resources.memory_mb} is more than this "
+                             f"machine's memory ({memory_mb:,} MB), and the local launcher "
+                             "runs every container here: ask for less, or run the master "
+                             "with a launcher that has bigger nodes (--launcher kubernetes)")
+        cores = os.cpu_count() or 1
+        if resources.cores > cores:
+            raise UnplaceableRequest(f"CONTAINER_CORES={resources.cores:g} is more than this "
+                             f"machine's {cores} cores, and the local launcher runs every "
+                             "container here: ask for fewer, or run the master with a "
+                             "launcher that has bigger nodes (--launcher kubernetes)")
+
+    def launch(self, container_id: str, resources: Resources = NO_REQUEST) -> None:
+        self.check_request(resources)
         env = {name: value for name, value in os.environ.items()
                if name not in CREDENTIAL_ENV}
         env.update({**self.env, **self.credential_env, CONTAINER_ID_ENV: container_id})

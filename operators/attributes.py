@@ -107,6 +107,13 @@ def _spare_count(text: str) -> int:
     return value
 
 
+def _cores(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 1024:  # also refuses nan
+        raise ValueError(f"{text} is not a number of cores: set 0 (no request) to 1,024")
+    return value
+
+
 class ProcessingMode(enum.StrEnum):
     """What an operator promises about a window after a failure (``PROCESSING_MODE``)."""
 
@@ -162,6 +169,13 @@ _ALL = [
               "Warm standby containers kept beside the plan's: a lost container's operators "
               "go to a ready spare at once (its Spark already warm) instead of a new process; "
               "a new spare is then started in the background."),
+    Attribute("CONTAINER_MEMORY_MB", _within(0, 16 << 20, " MB"), 0, Scope.DAG,
+              "Memory each container asks its cluster manager for (a Kubernetes pod's request "
+              "and limit, a Ray actor's memory); 0 = no request. A request no node can meet "
+              "is refused when the application is submitted."),
+    Attribute("CONTAINER_CORES", _cores, 0.0, Scope.DAG,
+              "CPU cores each container asks its cluster manager for (0.5 = half a core); "
+              "0 = no request."),
     Attribute("CONTAINER", _within(-1, MAX_COUNT - 1), -1, Scope.OPERATOR,
               "Pin the operator to container number N (0-based); -1 = placed by the master."),
     Attribute("SPARK_MASTER", _text, "local[2]", Scope.DAG,
