@@ -203,7 +203,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the same DIR takes its running applications back")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--launcher", default="local", choices=launcher_names(),
-                   help="how containers start (recording: start none; run them by hand)")
+                   help="how containers start: local processes, kubernetes pods, or "
+                        "recording (start none; run them by hand)")
+    k8s = p.add_argument_group("--launcher kubernetes")
+    k8s.add_argument("--k8s-image", metavar="IMAGE",
+                     help="the containers' image (Weir and Java in it: deploy/Dockerfile)")
+    k8s.add_argument("--k8s-namespace", metavar="NS",
+                     help="their namespace (default: the kubeconfig context's, or the "
+                          "master pod's own)")
+    k8s.add_argument("--kubeconfig", metavar="FILE",
+                     help="the cluster (default: in a pod its service account, else "
+                          "~/.kube/config)")
+    k8s.add_argument("--k8s-service-account", metavar="NAME", default="",
+                     help="the containers' pods' service account")
+    k8s.add_argument("--k8s-pod-template", metavar="FILE",
+                     help="a Pod manifest the pods start from (node selector, tolerations, "
+                          "security context)")
     _tls_options(p)
     _http_arguments(p)
     p = command("container", cmd_container,

@@ -35,9 +35,32 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
 
 
+_K8S_OPTIONS = {"k8s_image": "image", "k8s_namespace": "namespace", "kubeconfig": "kubeconfig",
+                "k8s_service_account": "service_account", "k8s_pod_template": "pod_template"}
+
+
+def launcher_options(args: argparse.Namespace) -> dict[str, object]:
+    """The chosen launcher's options from ``weir master``'s; another launcher's refused.
+
+    Raises:
+        ValueError: an option of a launcher that was not chosen (it would do nothing).
+    """
+    given = {option: value for option, value in vars(args).items()
+             if option in _K8S_OPTIONS and value}
+    if args.launcher == "kubernetes":
+        if not args.k8s_image:
+            raise ValueError("--launcher kubernetes needs --k8s-image IMAGE: an image with "
+                             "Weir and Java in it (deploy/Dockerfile builds one)")
+        return {_K8S_OPTIONS[option]: value for option, value in given.items()}
+    if given:
+        flags = ", ".join("--" + option.replace("_", "-") for option in given)
+        raise ValueError(f"{flags} only apply to --launcher kubernetes, not "
+                         f"--launcher {args.launcher}")
+    return {"log_dir": args.log_dir} if args.launcher == "local" else {}
+
+
 def cmd_master(args: argparse.Namespace) -> int:
-    factory = launcher_factory(args.launcher, **({"log_dir": args.log_dir}
-                                                 if args.launcher == "local" else {}))
+    factory = launcher_factory(args.launcher, **launcher_options(args))
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
               else os.environ.get(SECRET_ENV) or None)
     server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),

@@ -267,5 +267,15 @@ def _local(master_address: str, **options: Any) -> Launcher:
     return LocalProcessLauncher(master_address, **options)
 
 
+def _kubernetes(master_address: str, **options: Any) -> Launcher:
+    try:
+        from weir.master.kubernetes_launcher import KubernetesLauncher  # noqa: PLC0415
+    except ImportError as exc:
+        raise ValueError(f"the kubernetes launcher needs the kubernetes client ({exc}): "
+                         "pip install 'weir-streams[kubernetes]'") from None
+    return KubernetesLauncher(master_address, **options)
+
+
 register_launcher("local", _local)
+register_launcher("kubernetes", _kubernetes)
 register_launcher("recording", RecordingLauncher)
