@@ -19,12 +19,12 @@ from weir.master.kubernetes_pods import (
     pod_manifest,
     secret_manifest,
 )
-from weir.master.launcher import Resources
+from weir.master.launcher import NO_REQUEST, Resources
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _pod(template=None, resources=Resources()):
+def _pod(template=None, resources=NO_REQUEST):
     return pod_manifest(template, name="weir-ab12-app-0001-c0", container_id="app-0001-c0",
                         master_tag="ab12", image="weir:dev", command=["python", "-m",
                                                                       "weir.container"],
