@@ -1,5 +1,6 @@
-"""The end of a container's log for ``weir logs``: read from the folder the master's local
-launcher writes each container's output to (``--log-dir``), never through a link."""
+"""The end of a container's log for ``weir logs``: as its cluster manager keeps it (a
+pod's log), or read from the folder the master's local launcher writes each container's
+output to (``--log-dir``), never through a link."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def log_tail(launcher: Launcher, container_id: str, max_bytes: int = 0
     if not 0 <= max_bytes <= MAX_BYTES:
         raise InvalidArgument(f"max_bytes must be 0 (the default, {DEFAULT_BYTES:,}) to "
                               f"{MAX_BYTES:,}, not {max_bytes}")
+    try:
+        kept = launcher.log(container_id, max_bytes or DEFAULT_BYTES)
+    except KeyError:
+        raise NotFound(f"container {container_id} was not launched by this master") from None
+    if kept is not None:
+        data, truncated, where = kept
+        return _from_a_line(data, truncated).decode("utf-8", errors="replace"), truncated, where
     folder = getattr(launcher, "log_dir", None)
     if folder is None:
         raise FailedPrecondition(
@@ -47,7 +55,12 @@ def log_tail(launcher: Launcher, container_id: str, max_bytes: int = 0
         start = max(0, size - wanted)
         handle.seek(start)
         data = handle.read(wanted)
-    if start:
-        cut = data.find(b"\n")
-        data = data[cut + 1:] if cut >= 0 else data
-    return data.decode("utf-8", errors="replace"), start > 0, str(path)
+    return _from_a_line(data, start > 0).decode("utf-8", errors="replace"), start > 0, str(path)
+
+
+def _from_a_line(data: bytes, truncated: bool) -> bytes:
+    """A tail cut at a line's start: its first, partial line dropped."""
+    if not truncated:
+        return data
+    cut = data.find(b"\n")
+    return data[cut + 1:] if cut >= 0 else data

@@ -42,6 +42,9 @@ _WATCH_TIMEOUT_S = 60
 
 _RETRY_S = 1.0
 
+_LOG_KEPT = 1 << 20
+"""How much of an ended pod's log is kept for ``weir logs`` once the pod is deleted."""
+
 
 class KubernetesLauncher(Launcher):
     """Runs each container as a pod ``weir-<master tag>-<container id>``.
@@ -238,6 +241,29 @@ class KubernetesLauncher(Launcher):
                 _LOGGER.warning("container=%s pod %s ended: %s", container_id, view.name,
                                 view.ending)
             self._exited(container_id)
+            if not view.gone:  # an ended pod is released, its log kept for `weir logs`
+                view.last_log = self._read_log(view.name)[-_LOG_KEPT:]
+                with self._lock:
+                    self._deleting.add(container_id)
+                self._delete_pod(view.name, grace_s=0)
+
+    def log(self, container_id: str, max_bytes: int) -> tuple[bytes, bool, str]:
+        with self._lock:
+            view = self._pods[container_id]  # KeyError: not launched here
+        data = view.last_log if view.last_log is not None else (
+            b"" if view.gone else self._read_log(view.name))
+        return data[-max_bytes:], len(data) > max_bytes, f"pod {self.namespace}/{view.name}"
+
+    def _read_log(self, name: str) -> bytes:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+        try:
+            response = self.api.read_namespaced_pod_log(name, self.namespace,
+                                                        _preload_content=False)
+            return bytes(response.data)
+        except ApiException as exc:
+            return f"(the log of pod {name} could not be read: {exc.status} {exc.reason})\n" \
+                .encode()
 
 
 def api_client_and_namespace(api_client: Any, kubeconfig: str | None) -> tuple[Any, str]:

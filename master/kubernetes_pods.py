@@ -129,6 +129,7 @@ class PodView:
     exit_code: int | None = None
     gone: bool = False
     ending: str = ""
+    last_log: bytes | None = None  # its log's end, read before an ended pod is deleted
 
     def update(self, kind: str, pod: dict[str, Any], *, deleting: bool) -> None:
         status = pod.get("status") or {}

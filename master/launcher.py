@@ -94,6 +94,16 @@ class Launcher(abc.ABC):
         a container asking for ``resources`` (the master asks at submit)."""
         return None
 
+    def log(self, container_id: str, max_bytes: int) -> tuple[bytes, bool, str] | None:
+        """The last ``max_bytes`` of the container's output as its manager keeps it: (the
+        bytes, whether earlier output was left out, where it is); None if this launcher
+        keeps none (the master's log folder may: ``container_logs``).
+
+        Raises:
+            KeyError: the container is not one of this launcher's.
+        """
+        return None
+
     def waiting(self, container_id: str) -> str:
         """Why the container, launched, is not running yet (the manager's reason: no node
         has room, its image is being pulled); "" once it runs, or if the launcher cannot

@@ -265,11 +265,18 @@ class Kubelet:
                   "restartCount": 0, "state": state}
         return {**status, "containerID": f"weir-test://{pid}"} if pid else status
 
-    def _secret(self, namespace: str, name: str, reason: str) -> dict[str, bytes]:
-        secret = self.store.get("secrets", namespace, name)
-        if secret is None:
-            raise _Missing(reason, f'secret "{name}" not found')
-        return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    def _secret(self, ns: str, ref: dict[str, Any], reason: str, key: str | None = None) -> Any:
+        """A secret's data (``key``'s value if given); None if it is missing and optional."""
+        name = ref.get("secretName") or ref["name"]
+        found = self.store.get("secrets", ns, name)
+        data = {k: base64.b64decode(v) for k, v in (found.get("data") or {}).items()} \
+            if found else None
+        if data is not None and (key is None or key in data):
+            return data if key is None else data[key]
+        if ref.get("optional"):
+            return None
+        raise _Missing(reason, f'secret "{name}" not found' if data is None
+                       else f"couldn't find key {key} in Secret {ns}/{name}")
 
     def _volumes(self, pod: dict[str, Any], folder: Path) -> Callable[[str], str]:
         """Writes the pod's volumes into its folder; returns what maps a string's mountPaths
@@ -279,29 +286,20 @@ class Kubelet:
             path = paths[volume["name"]] = folder / "volumes" / volume["name"]
             path.mkdir(parents=True, exist_ok=True)
             source = volume.get("secret")
-            if source is None:
-                continue  # emptyDir
-            try:
-                data = self._secret(pod["metadata"]["namespace"], source["secretName"],
-                                    "ContainerCreating")
-            except _Missing:
-                if source.get("optional"):
+            data = source and self._secret(pod["metadata"]["namespace"], source,
+                                           "ContainerCreating")
+            for item in (source or {}).get("items") or [{"key": k, "path": k} for k in data or {}]:
+                value = self._secret(pod["metadata"]["namespace"], source, "ContainerCreating",
+                                     item["key"])
+                if value is None:
                     continue
-                raise
-            default = source.get("defaultMode", 0o644)
-            items = source.get("items") or [{"key": key, "path": key} for key in data]
-            for item in items:
-                if item["key"] not in data:
-                    raise _Missing("ContainerCreating", f"couldn't find key {item['key']} in "
-                                   f"Secret {pod['metadata']['namespace']}/{source['secretName']}")
                 target = path / item["path"]
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)  # a retry after a later volume was missing
-                mode = item.get("mode", default)
-                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data[item["key"]])
-                    os.fchmod(fd, mode)
+                mode = item.get("mode", source.get("defaultMode", 0o644))
+                with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as out:
+                    out.write(value)
+                    os.fchmod(out.fileno(), mode)
         mounts = {m["mountPath"].rstrip("/"): str(paths[m["name"]] / m.get("subPath", ""))
                   for m in pod["spec"]["containers"][0].get("volumeMounts") or []}
         if not mounts:
@@ -319,34 +317,20 @@ class Kubelet:
                   "metadata.uid": meta["uid"], "spec.nodeName": NODE_NAME,
                   "status.podIP": POD_IP, "status.hostIP": POD_IP}
         env = {**os.environ, "HOSTNAME": meta["name"]}
+        reason = "CreateContainerConfigError"
         for source in container.get("envFrom") or []:
-            ref = source["secretRef"]
-            try:
-                data = self._secret(meta["namespace"], ref["name"], "CreateContainerConfigError")
-            except _Missing:
-                if ref.get("optional"):
-                    continue
-                raise
+            data = self._secret(meta["namespace"], source["secretRef"], reason) or {}
             env.update({source.get("prefix", "") + k: v.decode(errors="replace")
                         for k, v in data.items()})
         for var in container.get("env") or []:
-            ref = (var.get("valueFrom") or {}).get("secretKeyRef")
-            if ref is not None:
-                try:
-                    data = self._secret(meta["namespace"], ref["name"],
-                                        "CreateContainerConfigError")
-                except _Missing:
-                    if ref.get("optional"):
-                        continue
-                    raise
-                if ref["key"] not in data:
-                    if ref.get("optional"):
-                        continue
-                    raise _Missing("CreateContainerConfigError", f"couldn't find key "
-                                   f"{ref['key']} in Secret {meta['namespace']}/{ref['name']}")
-                env[var["name"]] = data[ref["key"]].decode(errors="replace")
-            elif "valueFrom" in var:
-                env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+            source = var.get("valueFrom") or {}
+            if "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                value = self._secret(meta["namespace"], ref, reason, ref["key"])
+                if value is not None:
+                    env[var["name"]] = value.decode(errors="replace")
+            elif "fieldRef" in source:
+                env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
             else:
                 env[var["name"]] = mounts(var.get("value") or "")
         return env
