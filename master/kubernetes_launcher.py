@@ -18,7 +18,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +61,14 @@ class KubernetesLauncher(Launcher):
         pod_template: a Pod manifest (YAML or JSON) the pods start from: node selectors,
             tolerations, security context, extra volumes; its first container (or the one
             named ``weir``) gets the command, resources and credentials.
-        python: the Python interpreter in the image.
+        command: the program before ``--master`` in the image; ``python -m
+            weir.container`` by default.
         api_client: a ready ``kubernetes.client.ApiClient`` instead of a kubeconfig.
     """
 
     def __init__(self, master_address: str, *, image: str, namespace: str | None = None,
                  kubeconfig: str | None = None, service_account: str = "",
-                 pod_template: str | None = None, python: str = "python",
+                 pod_template: str | None = None, command: Sequence[str] | None = None,
                  api_client: Any = None) -> None:
         from kubernetes import client  # noqa: PLC0415 - an extra: loaded when it is named
 
@@ -76,7 +77,7 @@ class KubernetesLauncher(Launcher):
                              "with Weir and Java in it, e.g. built from deploy/Dockerfile")
         self.master_address = master_address
         self.image = image
-        self.python = python
+        self.command = list(command or ["python", "-m", "weir.container"])
         self.service_account = service_account
         self.template = load_pod_template(pod_template) if pod_template else None
         api_client, default_namespace = api_client_and_namespace(api_client, kubeconfig)
@@ -101,7 +102,7 @@ class KubernetesLauncher(Launcher):
         body = pod_manifest(
             copy.deepcopy(self.template), name=self.pod_name(container_id),
             container_id=container_id, master_tag=self.tag, image=self.image,
-            command=[self.python, "-m", "weir.container"],
+            command=self.command,
             args=["--master", self.master_address, "--id", container_id],
             secret_name=self.secret_name, resources=resources,
             service_account=self.service_account)
