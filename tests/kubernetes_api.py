@@ -8,16 +8,20 @@ What it does not model: isolation (none), images (ignored: the command runs on t
 with its Python, its environment inherited under the container's ``env``, in this process's
 working directory), restart policies other than Never, init containers, volumes other than
 secret and emptyDir, ``$(VAR)`` expansion, authorization beyond one bearer token, updates
-(PUT and PATCH answer 405). Its one liberty: each ``volumeMounts`` entry's ``mountPath`` is
-rewritten, in the container's command, args and env values, to the volume's private folder
-under the workdir (pods on one machine cannot share a real path such as /var/run/weir).
+(PUT and PATCH answer 405), subresources but ``log``, deleting collections; other fields
+(probes, nodeSelector, securityContext...) are kept and ignored. Its one liberty: each
+``volumeMounts`` entry's ``mountPath`` is rewritten, in the container's command, args and env
+values, to the volume's private folder under the workdir (pods on one machine cannot share a
+real path such as /var/run/weir).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import copy
+import functools
 import hmac
 import json
 import re
@@ -34,31 +38,27 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.kubernetes_kubelet import NODE_NAME, Kubelet, ObjectStore, now
-from tests.kubernetes_validation import pod_errors, secret_errors, selector
+from tests import kubernetes_kubelet as node
 
 if TYPE_CHECKING:
     import kubernetes.client
 
-__all__ = ["NODE_NAME", "KubernetesTestApi", "kube_api"]
+__all__ = ["KubernetesTestApi", "kube_api"]
 
 _STATIC = {
     "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
-    "/version": {"major": "1", "minor": "30", "gitVersion": "v1.30.0-weir-test",
-                 "platform": "linux/amd64"},
-    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-        {"name": name, "singularName": "", "namespaced": True, "kind": kind,
-         "verbs": verbs} for name, kind, verbs in (
-            ("pods", "Pod", ["create", "delete", "get", "list", "watch"]),
-            ("pods/log", "Pod", ["get"]),
-            ("secrets", "Secret", ["create", "delete", "get", "list", "watch"]))]},
+    "/version": {"major": "1", "minor": "30", "gitVersion": "v1.30.0-weir-test", "gitCommit": "",
+                 "gitTreeState": "clean", "buildDate": "2024-04-17T00:00:00Z", "goVersion": "",
+                 "compiler": "gc", "platform": "linux/amd64"},  # the client requires each
 }
 _PATH = re.compile(r"/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<kind>pods|secrets)"
                    r"(?:/(?P<name>[^/]+)(?P<log>/log)?)?/?")
 _KINDS = {"pods": "Pod", "secrets": "Secret"}
-_SYSTEM_FIELDS = {"uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                  "deletionGracePeriodSeconds", "selfLink", "generation", "managedFields"}
+_CLIENT_META = ("generateName", "labels", "annotations", "ownerReferences")  # kept, not set
 _MAX_GRACE_S = 30
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 class ApiError(Exception):
@@ -71,8 +71,62 @@ class ApiError(Exception):
                        "code": code, **({"details": details} if details else {})}
 
 
-def _not_found(kind: str, name: str) -> ApiError:
-    return ApiError(404, "NotFound", f'{kind} "{name}" not found', name=name, kind=kind)
+def _errors(kind: str, name: str, obj: dict[str, Any]) -> list[str]:
+    """Why the API server would refuse this object (422): its name, labels, secret data and
+    (``node.pod_errors``) pod spec."""
+    errors = node.invalid("metadata.name", name, _SUBDOMAIN, 253)
+    for key, value in (obj["metadata"].get("labels") or {}).items():
+        prefix, _, part = key.rpartition("/")
+        errors += node.invalid("metadata.labels", prefix, _SUBDOMAIN, 253) if prefix else []
+        errors += node.invalid("metadata.labels", part, _LABEL_PART, 63)
+        errors += node.invalid(f"metadata.labels[{key}]", value, _LABEL_PART, 63) \
+            if value != "" else []
+    if kind == "pods":
+        return errors + node.pod_errors(obj)
+    for key, value in (obj.get("data") or {}).items():
+        errors += node.invalid("data", key, _KEY, 253)
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, TypeError, ValueError) as exc:
+            errors.append(f"data[{key}]: Invalid value: not base64: {exc}")
+    return errors
+
+
+def _int(value: object, what: str) -> int:
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, "BadRequest", f"{what}: {exc}") from exc
+
+
+_TERM = re.compile(r"\s*(!?)\s*([^\s!=]+)\s*(?:(==|=|!=)\s*([^\s!=]*))?\s*")
+_SELECTABLE = {"metadata.name", "metadata.namespace", "status.phase", "spec.nodeName"}
+
+
+def selector(labels: str | None, fields: str | None) -> Callable[[dict[str, Any]], bool]:
+    """What a labelSelector (terms ``a=b``, ``a==b``, ``a!=b``, ``a``, ``!a``) and a
+    fieldSelector (the first three, on a few fields) keep; 400 for other terms (set-based)."""
+    terms = []
+    for text, of_fields in ((labels, False), (fields, True)):
+        for term in filter(str.strip, (text or "").split(",")):
+            match = _TERM.fullmatch(term)
+            if match is None or (match[1] and match[3]) or of_fields and (
+                    not match[3] or match[2] not in _SELECTABLE):
+                raise ApiError(400, "BadRequest", f"unable to parse requirement: {term!r}: the "
+                               "test API takes =, ==, != and (for labels) existence terms")
+            terms.append((of_fields, *match.groups()))
+
+    def matches(obj: dict[str, Any]) -> bool:
+        labels = obj["metadata"].get("labels") or {}
+        for of_fields, negated, key, op, value in terms:
+            actual = functools.reduce(lambda d, k: (d or {}).get(k), key.split("."), obj) \
+                if of_fields else labels.get(key)
+            if op is None and (key in labels) == bool(negated):
+                return False
+            if op is not None and ((actual or "") == value) == (op == "!="):
+                return False
+        return True
+    return matches
 
 
 class _Server(ThreadingHTTPServer):
@@ -95,23 +149,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.api._connections.discard(self.connection)
         super().finish()
 
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-    def do_DELETE(self) -> None:
-        self._serve("DELETE")
-
-    def do_PUT(self) -> None:
-        self._serve("PUT")
-
-    def do_PATCH(self) -> None:
-        self._serve("PATCH")
-
-    def _serve(self, method: str) -> None:
-        url = urlsplit(self.path)
+    def _serve(self) -> None:
+        method, url = self.command, urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length > 0 else b""
         api = self.server.api
@@ -127,6 +166,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug of the fixture: say so to the client
             self._send(500, ApiError(500, "InternalError", f"{type(exc).__name__}: {exc}").status)
 
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
+
     def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(code)
@@ -136,28 +177,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _route(self, method: str, path: str, query: dict[str, str], body: bytes) -> None:
-        if path in _STATIC:
+        if path.rstrip("/") in _STATIC:  # the client asks for /version/
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
-            return self._send(200, _STATIC[path])
+            return self._send(200, _STATIC[path.rstrip("/")])
         match = _PATH.fullmatch(path)
-        if match is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        ns, kind, name, log = match.group("ns", "kind", "name", "log")
-        if ns is None and (name or method != "GET"):
+        ns, kind, name, log = match.group("ns", "kind", "name", "log") if match else [None] * 4
+        if match is None or ns is None and (name or method != "GET") or log and kind != "pods":
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         api = self.server.api
-        if log and kind != "pods":
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if method == "GET" and name is None:
             matches = selector(query.get("labelSelector"), query.get("fieldSelector"))
             if query.get("watch", "").lower() in {"true", "1"}:
                 return self._watch(kind, ns, query, matches)
-            with api._store.cond:
+            with api._store.cond:  # copied under the lock, sent after it
                 items = [copy.deepcopy(o) for o in api._store.items(kind, ns) if matches(o)]
-                return self._send(200, {"kind": f"{_KINDS[kind]}List", "apiVersion": "v1",
-                                        "metadata": {"resourceVersion": str(api._store.version)},
-                                        "items": items})
+                listed = {"kind": f"{_KINDS[kind]}List", "apiVersion": "v1", "items": items,
+                          "metadata": {"resourceVersion": str(api._store.version)}}
+            return self._send(200, listed)
         if method == "POST" and name is None:
             return self._send(201, api._create(kind, ns, _json(body)))
         if method == "GET" and log:
@@ -165,10 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
                               "text/plain; charset=utf-8")
         if method == "GET" and name:
             with api._store.cond:
-                obj = api._store.get(kind, ns, name)
-                if obj is None:
-                    raise _not_found(kind, name)
-                return self._send(200, copy.deepcopy(obj))
+                obj = copy.deepcopy(api._get(kind, ns, name))
+            return self._send(200, obj)
         if method == "DELETE" and name and not log:
             return self._send(200, api._delete(kind, ns, name, query, body))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
@@ -177,12 +212,9 @@ class _Handler(BaseHTTPRequestHandler):
                matches: Callable[[dict[str, Any]], bool]) -> None:
         """A chunked stream of events, one JSON line each, until timeoutSeconds or stop."""
         store = self.server.api._store
-        try:
-            timeout = min(int(query.get("timeoutSeconds") or 300), 1800)
-            since = query.get("resourceVersion") or "0"
-            cursor = int(since)
-        except ValueError as exc:
-            raise ApiError(400, "BadRequest", f"invalid watch parameter: {exc}") from exc
+        timeout = min(_int(query.get("timeoutSeconds") or 300, "timeoutSeconds"), 1800)
+        since = query.get("resourceVersion") or "0"
+        cursor = _int(since, "resourceVersion")
         deadline = time.monotonic() + timeout
         with store.cond:
             backlog = []
@@ -203,22 +235,21 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # the client went away
             self.close_connection = True
 
-    def _changes(self, store: ObjectStore, kind: str, ns: str | None,
+    def _changes(self, store: node.ObjectStore, kind: str, ns: str | None,
                  matches: Callable[[dict[str, Any]], bool], cursor: int,
                  deadline: float) -> Iterator[dict[str, Any]]:
         while True:
-            with store.cond:
-                while True:
-                    if cursor < store.oldest:
-                        gone = ApiError(410, "Expired", f"too old resource version: {cursor} "
-                                        f"({store.oldest})")
-                        yield {"type": "ERROR", "object": gone.status}
-                        return
+            with store.cond:  # events are taken under the lock, written after it
+                while not (expired := cursor < store.oldest):
                     changes = store.since(cursor)
                     left = deadline - time.monotonic()
                     if changes or store.closed or left <= 0:
                         break
                     store.cond.wait(left)
+            if expired:
+                yield {"type": "ERROR", "object": ApiError(410, "Expired", "too old resource "
+                                                           f"version: {cursor}").status}
+                return
             for change in changes:
                 meta = change.object["metadata"]
                 if change.kind == kind and ns in (None, meta["namespace"]) and matches(
@@ -234,13 +265,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _json(body: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(body or b"{}")
-    except ValueError as exc:
-        raise ApiError(400, "BadRequest", f"the body is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ApiError(400, "BadRequest", "the body is not a JSON object")
-    return value
+    with contextlib.suppress(ValueError):
+        if isinstance(value := json.loads(body or b"{}"), dict):
+            return value
+    raise ApiError(400, "BadRequest", "the body is not a JSON object")
 
 
 class KubernetesTestApi:
@@ -255,10 +283,10 @@ class KubernetesTestApi:
         self.token = secrets.token_urlsafe(24)
         self.url = ""
         self.requests: list[tuple[str, str]] = []
-        self._store = ObjectStore()
-        self._kubelet = Kubelet(self._store, self.workdir, node_memory_mb * 2**20, node_cores)
+        self._store = node.ObjectStore()
+        self._kubelet = node.Kubelet(self._store, self.workdir, node_memory_mb * 2**20, node_cores)
         self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread()
         self._connections: set[socket.socket] = set()
 
     def start(self) -> KubernetesTestApi:
@@ -284,13 +312,10 @@ class KubernetesTestApi:
             return
         server.shutdown()
         for connection in list(self._connections):
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         server.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._thread.join(5)
 
     def __enter__(self) -> KubernetesTestApi:
         return self.start()
@@ -302,11 +327,8 @@ class KubernetesTestApi:
         """A client configuration for this server and its token."""
         import kubernetes.client
 
-        config = kubernetes.client.Configuration()
-        config.host = self.url
-        config.api_key = {"authorization": self.token}
-        config.api_key_prefix = {"authorization": "Bearer"}
-        return config
+        return kubernetes.client.Configuration(host=self.url, api_key={"authorization": self.token},
+                                               api_key_prefix={"authorization": "Bearer"})
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         """A kubeconfig (JSON, which is YAML) whose current context is this server, its token
@@ -356,20 +378,19 @@ class KubernetesTestApi:
         self._kubelet.end(namespace, name, None)
 
     def _create(self, kind: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-        meta = obj.get("metadata")
-        if not isinstance(meta, dict):
-            raise ApiError(422, "Invalid", f"{_KINDS[kind]} is invalid: metadata: Required")
-        if meta.get("namespace") not in (None, ns):
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not "
-                           "match the namespace sent on the request")
-        name = meta.get("name") or meta.get("generateName", "") + secrets.token_hex(3)[:5]
-        errors = (pod_errors if kind == "pods" else secret_errors)(name, obj)
+        meta = obj.setdefault("metadata", {})
+        if not isinstance(meta, dict) or meta.get("namespace") not in (None, ns):
+            raise ApiError(400, "BadRequest", "metadata: not an object, or the namespace of the "
+                           "object does not match the namespace sent on the request")
+        name = meta.get("name") or (meta["generateName"] + secrets.token_hex(3)[:5]
+                                    if meta.get("generateName") else "")
+        errors = _errors(kind, name, obj)
         if errors:
             raise ApiError(422, "Invalid", f'{_KINDS[kind]} "{name}" is invalid: '
                            + "; ".join(errors), name=name, kind=_KINDS[kind])
-        meta = {k: v for k, v in meta.items() if k not in _SYSTEM_FIELDS} | {
+        meta = {k: meta[k] for k in _CLIENT_META if k in meta} | {
             "name": name, "namespace": ns, "uid": str(uuid.uuid4()),
-            "creationTimestamp": now()}
+            "creationTimestamp": node.now()}
         if kind == "pods":
             spec = obj["spec"] | {"terminationGracePeriodSeconds": obj["spec"].get(
                 "terminationGracePeriodSeconds", 30)}
@@ -391,21 +412,21 @@ class KubernetesTestApi:
             self._kubelet.sync()  # a new pod may start; a new secret may unblock one
         return created
 
+    def _get(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        obj = self._store.get(kind, ns, name)
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{kind} "{name}" not found', name=name, kind=kind)
+        return obj
+
     def _delete(self, kind: str, ns: str, name: str, query: dict[str, str],
                 body: bytes) -> dict[str, Any]:
         options = _json(body) if body.strip() else {}
         with self._store.cond:
-            obj = self._store.get(kind, ns, name)
-            if obj is None:
-                raise _not_found(kind, name)
+            obj = self._get(kind, ns, name)
             if kind == "pods":
                 grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
-                if grace is None:
-                    grace = obj["spec"]["terminationGracePeriodSeconds"]
-                try:
-                    grace = min(max(int(grace), 0), _MAX_GRACE_S)
-                except (TypeError, ValueError) as exc:
-                    raise ApiError(400, "BadRequest", f"gracePeriodSeconds: {exc}") from exc
+                grace = obj["spec"]["terminationGracePeriodSeconds"] if grace is None else grace
+                grace = min(max(_int(grace, "gracePeriodSeconds"), 0), _MAX_GRACE_S)
                 return self._kubelet.delete(obj, grace)
             self._store.record(kind, obj, "DELETED")
             return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
@@ -413,21 +434,12 @@ class KubernetesTestApi:
 
     def _log(self, ns: str, name: str, tail: str | None) -> str:
         with self._store.cond:
-            pod = self._store.get("pods", ns, name)
-            if pod is None:
-                raise _not_found("pods", name)
-            container = pod["spec"]["containers"][0]["name"]
-            if pod["metadata"]["uid"] not in self._kubelet.started:
-                raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" '
-                               "is waiting to start: ContainerCreating")
-        text = self.pod_log(ns, name)
-        if tail is not None:
-            try:
-                lines = int(tail)
-            except ValueError as exc:
-                raise ApiError(400, "BadRequest", f"tailLines: {exc}") from exc
-            text = "".join(text.splitlines(keepends=True)[-lines:] if lines > 0 else [])
-        return text
+            pod = self._get("pods", ns, name)
+            if not (node.pod_folder(self.workdir, pod) / "log").exists():
+                raise ApiError(400, "BadRequest", f'pod "{name}" is waiting to start')
+        lines = self.pod_log(ns, name).splitlines(keepends=True)
+        keep = len(lines) if tail is None else max(_int(tail, "tailLines"), 0)
+        return "".join(lines[len(lines) - keep:] if keep else [])
 
 
 @pytest.fixture

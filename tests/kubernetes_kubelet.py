@@ -1,6 +1,6 @@
-"""The node side of the Kubernetes API server for tests (``tests/kubernetes_api.py``): the
-object store its handlers and its kubelet share, and a kubelet that binds pods to one node
-and runs each pod's one container as a local process.
+"""The model behind the Kubernetes API server for tests (``tests/kubernetes_api.py``): the
+object store its handlers and its kubelet share, the validation of what it accepts, and a
+kubelet that binds pods to one node and runs each pod's one container as a local process.
 
 A test fixture only: nothing here isolates anything (no container, no image, no cgroup).
 """
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import copy
+import itertools
 import os
 import re
 import signal
@@ -21,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["FIELD_PATHS", "NODE_NAME", "Kubelet", "ObjectStore", "now", "parse_quantity"]
+__all__ = ["FIELD_PATHS", "NODE_NAME", "Kubelet", "ObjectStore", "invalid", "now",
+           "parse_quantity", "pod_errors"]
 
 NODE_NAME = "weir-test-node"
 POD_IP = "127.0.0.1"
@@ -33,7 +36,7 @@ _SCALE = {None: 1.0, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1
           "T": 1e12, "P": 1e15, "E": 1e18, "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30,
           "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
 FIELD_PATHS = {"metadata.name", "metadata.namespace", "metadata.uid", "spec.nodeName",
-           "status.podIP", "status.hostIP"}  # the fieldRef paths a pod's env may name
+               "status.podIP", "status.hostIP"}  # the fieldRef paths a pod's env may name
 
 
 def now() -> str:
@@ -54,10 +57,8 @@ def kill_group(pgid: int, sig: int) -> None:
     """Signals a pod's process group; never group 0 or 1 or this process's own."""
     if pgid <= 1 or pgid == os.getpgrp():
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class Change(NamedTuple):
@@ -109,20 +110,71 @@ class ObjectStore:
 
     def since(self, version: int) -> list[Change]:
         """The changes after ``version``, oldest first."""
-        newer: list[Change] = []
-        for change in reversed(self.history):
-            if change.version <= version:
-                break
-            newer.append(change)
-        return newer[::-1]
+        newer = itertools.takewhile(lambda c: c.version > version, reversed(self.history))
+        return list(newer)[::-1]
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def invalid(where: str, value: object, pattern: re.Pattern[str], limit: int) -> list[str]:
+    """[why] if ``value`` is not a string of at most ``limit`` characters matching, else []."""
+    if isinstance(value, str) and len(value) <= limit and pattern.fullmatch(value):
+        return []
+    return [f"{where}: Invalid value: {value!r}: must match {pattern.pattern}, at most {limit}"]
+
+
+def pod_errors(pod: dict[str, Any]) -> list[str]:
+    """Why the API server would refuse this pod's spec (422), or this kubelet could not run
+    it."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        return [f"spec.containers: the test API runs one container, not {len(containers)}"]
+    container, policy = containers[0], spec.get("restartPolicy", "Always")
+    errors = invalid("spec.containers[0].name", container.get("name"), _DNS_LABEL, 63)
+
+    def check(ok: object, message: str) -> None:
+        if not ok:
+            errors.append(message)
+
+    check(policy == "Never", f"spec.restartPolicy: Unsupported value: {policy!r}: the test "
+          "API models 'Never' only (and Kubernetes' default is 'Always')")
+    check(not spec.get("initContainers"), "spec.initContainers: not modelled by the test API")
+    check(container.get("image"), "spec.containers[0].image: Required value")
+    check(not container.get("envFrom"), "spec.containers[0].envFrom: not modelled by the test API")
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    check(container.get("command") and all(isinstance(a, str) for a in argv),
+          "spec.containers[0].command: Required value: the test API runs it (no image)")
+    volumes = {volume.get("name"): volume for volume in spec.get("volumes") or []}
+    for name, volume in volumes.items():
+        errors += invalid("spec.volumes[].name", name, _DNS_LABEL, 63)
+        secret = volume.get("secret") or {}
+        check((volume.get("emptyDir") is not None or secret.get("secretName")) and all(
+            item.get("key") and str(item.get("path") or "/").split("/")[0]
+            and ".." not in str(item["path"]).split("/") for item in secret.get("items") or []),
+            f"spec.volumes[{name}]: the test API models emptyDir and secret volumes "
+            "(a secretName; items with a key and a relative path)")
+    for mount in container.get("volumeMounts") or []:
+        path = mount.get("mountPath")
+        check(mount.get("name") in volumes and isinstance(path, str) and path.startswith("/")
+              and path.strip("/"), f"spec.containers[0].volumeMounts[{mount.get('name')}]: "
+              "Invalid value: no such volume, or not an absolute path")
+    for var in container.get("env") or []:
+        source = var.get("valueFrom")
+        check(source is None or {"name", "key"} <= set(source.get("secretKeyRef") or {})
+              or (source.get("fieldRef") or {}).get("fieldPath") in FIELD_PATHS,
+              f"spec.containers[0].env[{var.get('name')}].valueFrom: the test API models "
+              f"secretKeyRef and fieldRef ({', '.join(sorted(FIELD_PATHS))})")
+    try:
+        requests_of(pod)
+    except ValueError as exc:
+        errors.append(f"spec.containers[0].resources: {exc}")
+    return errors
 
 
 class _Missing(Exception):
-    """A secret (or key) the pod needs is not there yet: it stays Pending and is retried."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+    """(reason, message): a secret or key the pod needs is missing; it stays Pending."""
 
 
 @dataclass
@@ -150,29 +202,25 @@ def pod_folder(workdir: Path, pod: dict[str, Any]) -> Path:
     return workdir / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
 
 
-def _conditions(scheduled: bool, ready: bool, message: str = "") -> list[dict[str, Any]]:
-    at = now()
-    if not scheduled:
+def _conditions(ready: bool, unschedulable: str = "") -> list[dict[str, str]]:
+    if unschedulable:
         return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": message, "lastTransitionTime": at}]
-    return [{"type": kind, "status": "True" if kind == "PodScheduled" or ready else "False",
-             "lastTransitionTime": at} for kind in ("PodScheduled", "Ready")]
+                 "message": unschedulable}]
+    return [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": str(ready)}]
 
 
-def _same(old: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Equal but for transition times (so a retried, unchanged status is not an event)."""
-    def strip(status: dict[str, Any]) -> list[Any]:
-        return [status.get("phase"), status.get("message"),
-                [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                 for c in status.get("conditions", [])]]
-    return strip(old) == strip(new)
+def _container_status(pod: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
+    container = pod["spec"]["containers"][0]
+    return {"name": container["name"], "image": container.get("image") or "", "imageID": "",
+            "ready": "running" in state, "started": "running" in state, "restartCount": 0,
+            "state": state}
 
 
 class Kubelet:
     """One node: binds a pending pod if the requests of the bound, unfinished pods leave room,
-    then runs its container's command in a session of its own (so its process group is the
-    container), logging to a file under the workdir. A container's other processes are killed
-    when its main process exits, as a container runtime does."""
+    then runs its container's command in a session of its own (its process group is the
+    container), logging to a file under the workdir. The container's other processes are
+    killed when its main process exits, as a container runtime does."""
 
     def __init__(self, store: ObjectStore, workdir: Path, memory_bytes: int,
                  cores: float) -> None:
@@ -181,14 +229,13 @@ class Kubelet:
         self.capacity = (memory_bytes, round(cores * 1000))
         self.stopped = False
         self.containers: dict[str, _Container] = {}  # by pod uid, until the process is reaped
+        self.logs: dict[tuple[str, str], Path] = {}  # the latest pod's log by (namespace, name)
 
     def sync(self) -> None:
         """Binds the pending pods that fit and starts the bound ones not started: after a pod
         is created, finishes or goes, and after a secret is created."""
         with self.store.cond:
-            if self.stopped:
-                return
-            pods = self.store.items("pods", None)
+            pods = [] if self.stopped else self.store.items("pods", None)
             free = list(self.capacity)
             for pod in pods:
                 if pod["spec"].get("nodeName") and pod["status"]["phase"] in {"Pending",
@@ -204,16 +251,15 @@ class Kubelet:
                              in zip(("cpu", "memory"), need[::-1], free[::-1], strict=True)
                              if n > f]
                     if short:
-                        message = f"0/1 nodes are available: {', '.join(short)}."
                         self._update(pod, {"phase": "Pending", "conditions": _conditions(
-                            False, False, message)})
+                            False, f"0/1 nodes are available: {', '.join(short)}.")})
                         continue
                     pod["spec"]["nodeName"] = NODE_NAME
                     free = [f - n for f, n in zip(free, need, strict=True)]
                 self._start(pod)
 
-    def _update(self, pod: dict[str, Any], status: dict[str, Any], force: bool = False) -> None:
-        if force or not _same(pod["status"], status):
+    def _update(self, pod: dict[str, Any], status: dict[str, Any]) -> None:
+        if pod["status"] != status:
             pod["status"] = status
             self.store.record("pods", pod, "MODIFIED")
 
@@ -221,19 +267,18 @@ class Kubelet:
         meta, container = pod["metadata"], pod["spec"]["containers"][0]
         folder = pod_folder(self.workdir, pod)
         folder.mkdir(parents=True, exist_ok=True)
-        base = {"phase": "Pending", "conditions": _conditions(True, False)}
+        base = {"phase": "Pending", "conditions": _conditions(False)}
         try:
             mounts = self._volumes(pod, folder)
             env = self._environment(pod, mounts)
         except _Missing as exc:
-            waiting = {"waiting": {"reason": exc.reason, "message": str(exc)}}
-            self._update(pod, {**base, "message": str(exc), "containerStatuses": [
-                self._container_status(pod, waiting)]})
+            waiting = {"waiting": {"reason": exc.args[0], "message": exc.args[1]}}
+            self._update(pod, {**base, "message": exc.args[1],
+                               "containerStatuses": [_container_status(pod, waiting)]})
             return
-        argv = [mounts(str(a)) for a in [*(container.get("command") or []),
-                                          *(container.get("args") or [])]]
-        workdir = container.get("workingDir")
-        started = now()
+        argv = [mounts(a) for a in [*container["command"], *(container.get("args") or [])]]
+        started, workdir = now(), container.get("workingDir")
+        self.logs[(meta["namespace"], meta["name"])] = folder / "log"
         try:
             with open(folder / "log", "ab") as log:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
@@ -244,26 +289,16 @@ class Kubelet:
             ended = {"terminated": {"exitCode": 128, "reason": "StartError", "message": str(exc),
                                     "startedAt": started, "finishedAt": now()}}
             self._update(pod, {**base, "phase": "Failed", "message": str(exc),
-                               "containerStatuses": [self._container_status(pod, ended)]}, True)
+                               "containerStatuses": [_container_status(pod, ended)]})
             return
         running = _Container(meta["uid"], meta["namespace"], meta["name"], proc, started)
         self.containers[running.uid] = running
         self._update(pod, {
-            "phase": "Running", "conditions": _conditions(True, True), "hostIP": POD_IP,
+            "phase": "Running", "conditions": _conditions(True), "hostIP": POD_IP,
             "podIP": POD_IP, "podIPs": [{"ip": POD_IP}], "startTime": started,
-            "containerStatuses": [self._container_status(
-                pod, {"running": {"startedAt": started}}, proc.pid)]}, True)
+            "containerStatuses": [_container_status(pod, {"running": {"startedAt": started}})]})
         threading.Thread(target=self._reap, args=(running,), daemon=True,
                          name=f"kubelet-{meta['name']}").start()
-
-    @staticmethod
-    def _container_status(pod: dict[str, Any], state: dict[str, Any],
-                          pid: int | None = None) -> dict[str, Any]:
-        container = pod["spec"]["containers"][0]
-        status = {"name": container["name"], "image": container.get("image") or "",
-                  "imageID": "", "ready": "running" in state, "started": "running" in state,
-                  "restartCount": 0, "state": state}
-        return {**status, "containerID": f"weir-test://{pid}"} if pid else status
 
     def _secret(self, ns: str, ref: dict[str, Any], reason: str, key: str | None = None) -> Any:
         """A secret's data (``key``'s value if given); None if it is missing and optional."""
@@ -297,7 +332,8 @@ class Kubelet:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.unlink(missing_ok=True)  # a retry after a later volume was missing
                 mode = item.get("mode", source.get("defaultMode", 0o644))
-                with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as out:
+                with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                               "wb") as out:
                     out.write(value)
                     os.fchmod(out.fileno(), mode)
         mounts = {m["mountPath"].rstrip("/"): str(paths[m["name"]] / m.get("subPath", ""))
@@ -310,23 +346,19 @@ class Kubelet:
 
     def _environment(self, pod: dict[str, Any],
                      mounts: Callable[[str], str]) -> dict[str, str]:
-        """This process's environment, then the container's envFrom and env (values with
-        their mountPaths mapped)."""
+        """This process's environment, then the container's env (values with their
+        mountPaths mapped)."""
         meta, container = pod["metadata"], pod["spec"]["containers"][0]
         fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
                   "metadata.uid": meta["uid"], "spec.nodeName": NODE_NAME,
                   "status.podIP": POD_IP, "status.hostIP": POD_IP}
         env = {**os.environ, "HOSTNAME": meta["name"]}
-        reason = "CreateContainerConfigError"
-        for source in container.get("envFrom") or []:
-            data = self._secret(meta["namespace"], source["secretRef"], reason) or {}
-            env.update({source.get("prefix", "") + k: v.decode(errors="replace")
-                        for k, v in data.items()})
         for var in container.get("env") or []:
             source = var.get("valueFrom") or {}
             if "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
-                value = self._secret(meta["namespace"], ref, reason, ref["key"])
+                value = self._secret(meta["namespace"], ref, "CreateContainerConfigError",
+                                     ref["key"])
                 if value is not None:
                     env[var["name"]] = value.decode(errors="replace")
             elif "fieldRef" in source:
@@ -338,75 +370,69 @@ class Kubelet:
     def _reap(self, running: _Container) -> None:
         """Waits for the container's main process; kills what it left in its group before
         reaping it (so the group id cannot be reused meanwhile); records how it ended."""
-        pid = running.proc.pid
         try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            os.waitid(os.P_PID, running.proc.pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass
-        kill_group(pid, signal.SIGKILL)
+        kill_group(running.proc.pid, signal.SIGKILL)
         code = running.proc.wait()
         with self.store.cond:
             self.containers.pop(running.uid, None)
             pod = self.store.get("pods", running.namespace, running.name)
             if pod is not None and pod["metadata"]["uid"] == running.uid:
                 if not running.settled:
-                    terminated: dict[str, Any] = {
-                        "exitCode": code if code >= 0 else 128 - code,
-                        "reason": "Completed" if code == 0 else "Error",
-                        "startedAt": running.started, "finishedAt": now(),
-                        "containerID": f"weir-test://{pid}"}
-                    if code < 0:
-                        terminated["signal"] = -code
-                    pod["status"] = {**pod["status"], "phase": "Succeeded" if code == 0 else
-                                     "Failed", "conditions": _conditions(True, False),
-                                     "containerStatuses": [self._container_status(
-                                         pod, {"terminated": terminated}, pid)]}
-                if running.deleting:
-                    self.store.record("pods", pod, "DELETED")
-                elif not running.settled:
-                    self.store.record("pods", pod, "MODIFIED")
+                    ended = {"exitCode": code if code >= 0 else 128 - code,
+                             "reason": "Error" if code else "Completed",
+                             "startedAt": running.started, "finishedAt": now(),
+                             **({"signal": -code} if code < 0 else {})}
+                    pod["status"] = {**pod["status"], "phase": "Failed" if code else "Succeeded",
+                                     "conditions": _conditions(False), "containerStatuses": [
+                                         _container_status(pod, {"terminated": ended})]}
+                if running.deleting or not running.settled:
+                    self.store.record("pods", pod, "DELETED" if running.deleting else "MODIFIED")
             self.sync()
         running.exited.set()
 
     def delete(self, pod: dict[str, Any], grace: int) -> dict[str, Any]:
         """Deletes a pod as the API server and kubelet do: a pod without a running process
-        goes at once; else SIGTERM to its group, SIGKILL after ``grace`` s, and the object goes
-        once the process is gone. Returns the pod with its deletionTimestamp."""
+        goes at once; else SIGTERM to its group, SIGKILL after ``grace`` s (unless it was
+        reaped by then), and the object goes once the process is gone. Returns the pod with
+        its deletionTimestamp."""
         with self.store.cond:
-            meta = pod["metadata"]
-            running = self.containers.get(meta["uid"])
-            if running is not None and running.deleting:
-                return copy.deepcopy(pod)
-            meta["deletionTimestamp"] = now()
-            meta["deletionGracePeriodSeconds"] = grace if running else 0
+            meta, running = pod["metadata"], self.containers.get(pod["metadata"]["uid"])
+            if running is None or not running.deleting:
+                meta["deletionTimestamp"] = now()
+                meta["deletionGracePeriodSeconds"] = grace if running else 0
+                self.store.record("pods", pod, "MODIFIED" if running else "DELETED")
             if running is None:
-                self.store.record("pods", pod, "DELETED")
                 self.sync()
-                return copy.deepcopy(pod)
-            running.deleting = True
-            self.store.record("pods", pod, "MODIFIED")
-            kill_group(running.proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
-            threading.Thread(target=self._kill_after, args=(running, grace), daemon=True,
-                             name=f"kubelet-grace-{meta['name']}").start()
+            elif not running.deleting:
+                running.deleting = True
+                kill_group(running.proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+                threading.Thread(target=lambda: running.exited.wait(grace) or kill_group(
+                    running.proc.pid, signal.SIGKILL), daemon=True).start()
             return copy.deepcopy(pod)
 
-    @staticmethod
-    def _kill_after(running: _Container, grace: float) -> None:
-        if not running.exited.wait(grace) and running.proc.returncode is None:
-            kill_group(running.proc.pid, signal.SIGKILL)
-
-    def end(self, pod: dict[str, Any], status: dict[str, Any] | None) -> None:
-        """Kills the pod's process group at once; the pod gets ``status`` (an eviction) or
-        goes (None: a lost node). Waits for the process to be reaped."""
+    def end(self, namespace: str, name: str, evicted: str | None) -> None:
+        """SIGKILLs the pod's process group; the pod stays as Failed, reason Evicted, with
+        message ``evicted``, or (None) goes as a lost node's pod does. Returns once the
+        process is reaped. KeyError if there is no such pod."""
         with self.store.cond:
+            pod = self.store.get("pods", namespace, name)
+            if pod is None:
+                raise KeyError(f"no pod {namespace}/{name}")
             running = self.containers.get(pod["metadata"]["uid"])
             if running is not None:
                 running.settled = True
                 kill_group(running.proc.pid, signal.SIGKILL)
-            if status is None:
+            if evicted is None:
                 self.store.record("pods", pod, "DELETED")
             else:
-                self._update(pod, status, True)
+                killed = {"terminated": {"exitCode": 137, "signal": 9, "reason": "Error",
+                                         "finishedAt": now()}}
+                self._update(pod, {**pod["status"], "phase": "Failed", "reason": "Evicted",
+                                   "message": evicted, "conditions": _conditions(False),
+                                   "containerStatuses": [_container_status(pod, killed)]})
             self.sync()
         if running is not None:
             running.exited.wait(WAIT_S)
