@@ -38,16 +38,21 @@ __all__ = [
 _LOGGER = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_WINDOW_COUNT = 120
+"""Windows an operator's window may stand still while its input has data, when its
+TIMEOUT_WINDOW_COUNT is 0 (unset): Apex's default, 1 minute of 500 ms windows..."""
+DEFAULT_BLOCKED_FLOOR_MS = 60_000
+"""... but never less than a minute: with 200 ms windows 120 are 24 s, less than a cold
+first Spark job (skipped warm-up, SPARK_WARMUP_ROWS=0) takes on a loaded 2-core machine,
+and a false alarm costs a whole recovery. A user who wants quicker detection sets it."""
 BLOCKED_CHECK_INTERVAL_MS = 1_000
-"""Windows an operator's window may stand still while its input has data (Apex's default).
-
-The operator's resolved TIMEOUT_WINDOW_COUNT attribute decides; this is the fallback for
-an operator without it. 120 x 500 ms = 1 minute.
-"""
 
 
-def timeout_window_count(op: PTOperator) -> int:
-    return int(op.attributes.get("TIMEOUT_WINDOW_COUNT", DEFAULT_TIMEOUT_WINDOW_COUNT))
+def timeout_window_count(op: PTOperator, window_ms: int) -> int:
+    """The operator's TIMEOUT_WINDOW_COUNT, or for 0 the default for ``window_ms``."""
+    count = int(op.attributes.get("TIMEOUT_WINDOW_COUNT", 0))
+    if count:
+        return count
+    return max(DEFAULT_TIMEOUT_WINDOW_COUNT, -(-DEFAULT_BLOCKED_FLOOR_MS // max(window_ms, 1)))
 
 
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
@@ -184,7 +189,7 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
         tracker = stats[op.id]
         if tracker.watermark_ms == END_OF_TIME:
             continue
-        count = timeout_window_count(op)
+        count = timeout_window_count(op, window_ms)
         since_ms = max(tracker.window_moved_ms, op.ready_ms)
         if all_ready:
             since_ms = max(since_ms, activation_ms)

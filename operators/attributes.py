@@ -205,9 +205,10 @@ _ALL = [
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,
               "AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE."),
-    Attribute("TIMEOUT_WINDOW_COUNT", _within(1, _MANY), 120, Scope.BOTH,
+    Attribute("TIMEOUT_WINDOW_COUNT", _within(0, _MANY), 0, Scope.BOTH,
               "An operator whose window has not moved for this many windows while its input "
-              "has data is blocked, and its container is restarted."),
+              "has data is blocked, and its container is restarted; 0 = 120 windows, but "
+              "at least 60 s."),
     Attribute("MAX_RESTARTS", _within(1, _MANY), 5, Scope.BOTH,
               "Restarts of an operator without a new checkpoint before the application fails."),
     Attribute("RESTART_BACKOFF_MILLIS", _within(0, _DAY_MS, " ms"), 1_000, Scope.DAG,

@@ -34,8 +34,7 @@ APP = """
     dag = Dag("kafka", CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200,
               HEARTBEAT_INTERVAL_MILLIS=200, HEARTBEAT_TIMEOUT_MILLIS=3000,
               CHECKPOINT_WINDOW_COUNT=4, STATE_DIR={state!r}, SPARK_MASTER="local[1]",
-              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8,
-              TIMEOUT_WINDOW_COUNT=300)  # a cold first Spark job on a loaded CI machine
+              SPARK_SHUFFLE_PARTITIONS=1, SPARK_WARMUP_ROWS=0, MAX_RESTARTS=8)
     source = dag.add_operator("source", KafkaSource({topic!r}, {bootstrap!r},
                                                     group_id={group!r}, stop_at="end",
                                                     value_format="utf8",

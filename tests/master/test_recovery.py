@@ -224,6 +224,22 @@ def test_liveness_by_window_timeout_blames_the_stuck_operator():
     assert cluster.app.plan.containers[C0].state == ContainerState.ACTIVE
 
 
+def test_the_default_window_timeout_is_120_windows_but_at_least_a_minute():
+    """Unset (0), 120 windows of 200 ms would be 24 s: less than a cold first Spark job
+    takes on a loaded machine; the default waits a minute."""
+    cluster = chain(STREAMING_WINDOW_SIZE_MILLIS="200", HEARTBEAT_TIMEOUT_MILLIS="600000")
+    cluster.report(SOURCE, *(window(w) for w in range(1, 11)))
+    cluster.report(RELAY, window(1))
+    cluster.report(SINK, window(1))
+    cluster.report(SOURCE, *(window(w) for w in range(11, 21)))  # data waits for the relay
+    cluster.clock.advance(59_000)
+    assert cluster.liveness() == []  # 295 windows still: not yet
+    cluster.clock.advance(2_000)
+    [loss] = cluster.liveness()
+    assert "operator 'relay1' (2) is blocked" in loss.cause
+    assert "TIMEOUT_WINDOW_COUNT=300 windows of 200 ms" in loss.cause
+
+
 def test_an_operator_held_back_by_a_slower_downstream_is_not_blamed():
     cluster = chain(relay1__TIMEOUT_WINDOW_COUNT="10")
     cluster.report(SOURCE, *(window(w) for w in range(1, 31)))
