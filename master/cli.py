@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--windows", type=int, default=10, metavar="N",
                    help="recent windows to show (default 10)")
     p = command("logs", cmd_logs, "the end of an application's container logs (the master "
-                "keeps them with --log-dir)")
+                "keeps them with --log-dir; a pod's log with --launcher kubernetes)")
     p.add_argument("app_id", metavar="APP_ID")
     p.add_argument("container_id", nargs="?", metavar="CONTAINER_ID",
                    help="only this container's (default: every container of the application)")
