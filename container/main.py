@@ -30,6 +30,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.deploy import Deployment
 from weir.container.heartbeat_loop import HeartbeatLoop
 from weir.container.lease import Lease
+from weir.container.parent_death import die_with_parent
 from weir.container.stats import ProcessStats
 from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
 from weir.operators.attributes import ATTRIBUTES, resolve
@@ -189,6 +190,7 @@ def report_exit(client: UmbilicalClient, container_id: str, reason: str) -> None
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    die_with_parent()
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
         format=f"%(asctime)s %(levelname)s container={args.container_id} %(name)s: %(message)s")

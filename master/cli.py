@@ -203,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the same DIR takes its running applications back")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     p.add_argument("--launcher", default="local", choices=launcher_names(),
-                   help="how containers start: local processes, kubernetes pods, or "
-                        "recording (start none; run them by hand)")
+                   help="how containers start: local processes, kubernetes pods, ray "
+                        "actors, or recording (start none; run them by hand)")
     k8s = p.add_argument_group("--launcher kubernetes")
     k8s.add_argument("--k8s-image", metavar="IMAGE",
                      help="the containers' image (Weir and Java in it: deploy/Dockerfile)")
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_argument("--k8s-pod-template", metavar="FILE",
                      help="a Pod manifest the pods start from (node selector, tolerations, "
                           "security context)")
+    ray = p.add_argument_group("--launcher ray")
+    ray.add_argument("--ray-address", metavar="ADDR",
+                     help="the Ray cluster (what `ray start --head` printed; default: auto)")
     _tls_options(p)
     _http_arguments(p)
     p = command("container", cmd_container,

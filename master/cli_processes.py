@@ -35,8 +35,12 @@ def _tls(args: argparse.Namespace) -> TlsFiles | None:
     return TlsFiles.from_options(args.tls_cert, args.tls_key, args.tls_ca)
 
 
-_K8S_OPTIONS = {"k8s_image": "image", "k8s_namespace": "namespace", "kubeconfig": "kubeconfig",
-                "k8s_service_account": "service_account", "k8s_pod_template": "pod_template"}
+_LAUNCHER_OPTIONS = {
+    "kubernetes": {"k8s_image": "image", "k8s_namespace": "namespace",
+                   "kubeconfig": "kubeconfig", "k8s_service_account": "service_account",
+                   "k8s_pod_template": "pod_template"},
+    "ray": {"ray_address": "address"},
+}
 
 
 def launcher_options(args: argparse.Namespace) -> dict[str, object]:
@@ -45,17 +49,19 @@ def launcher_options(args: argparse.Namespace) -> dict[str, object]:
     Raises:
         ValueError: an option of a launcher that was not chosen (it would do nothing).
     """
-    given = {option: value for option, value in vars(args).items()
-             if option in _K8S_OPTIONS and value}
-    if args.launcher == "kubernetes":
-        if not args.k8s_image:
-            raise ValueError("--launcher kubernetes needs --k8s-image IMAGE: an image with "
-                             "Weir and Java in it (deploy/Dockerfile builds one)")
-        return {_K8S_OPTIONS[option]: value for option, value in given.items()}
+    own = _LAUNCHER_OPTIONS.get(args.launcher, {})
+    others = {option for name, options in _LAUNCHER_OPTIONS.items()
+              if name != args.launcher for option in options}
+    given = [option for option in others if getattr(args, option, None)]
     if given:
-        flags = ", ".join("--" + option.replace("_", "-") for option in given)
-        raise ValueError(f"{flags} only apply to --launcher kubernetes, not "
-                         f"--launcher {args.launcher}")
+        flags = ", ".join("--" + option.replace("_", "-") for option in sorted(given))
+        raise ValueError(f"{flags} do not apply to --launcher {args.launcher}")
+    if args.launcher == "kubernetes" and not args.k8s_image:
+        raise ValueError("--launcher kubernetes needs --k8s-image IMAGE: an image with "
+                         "Weir and Java in it (deploy/Dockerfile builds one)")
+    if own:
+        return {key: value for option, key in own.items()
+                if (value := getattr(args, option, None))}
     return {"log_dir": args.log_dir} if args.launcher == "local" else {}
 
 

@@ -286,6 +286,16 @@ def _kubernetes(master_address: str, **options: Any) -> Launcher:
     return KubernetesLauncher(master_address, **options)
 
 
+def _ray(master_address: str, **options: Any) -> Launcher:
+    try:
+        from weir.master.ray_launcher import RayLauncher  # noqa: PLC0415
+    except ImportError as exc:
+        raise ValueError(f"the ray launcher needs Ray ({exc}): pip install "
+                         "'weir-streams[ray]'") from None
+    return RayLauncher(master_address, **options)
+
+
 register_launcher("local", _local)
 register_launcher("kubernetes", _kubernetes)
+register_launcher("ray", _ray)
 register_launcher("recording", RecordingLauncher)

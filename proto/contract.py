@@ -24,6 +24,7 @@ __all__ = [
     "BEARER",
     "CONTAINER_ID_ENV",
     "MASTER_FILE_ENV",
+    "PARENT_PID_ENV",
     "PINNED_SERVER_NAME",
     "SECRET_ENV",
     "TLS_CA_ENV",
@@ -45,6 +46,10 @@ master made it)."""
 CONTAINER_ID_ENV = "WEIR_CONTAINER_ID"
 """Set in every launched container's environment: its container id (what a restarted
 master checks before it adopts a process)."""
+
+PARENT_PID_ENV = "WEIR_PARENT_PID"
+"""Set by a launcher whose process holds the container (a Ray actor): the container dies
+with that process (``container.parent_death``)."""
 
 MASTER_FILE_ENV = "WEIR_MASTER_FILE"
 """Set in launched containers when the master has a state folder: its ``master.json``,

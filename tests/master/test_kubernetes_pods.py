@@ -143,15 +143,20 @@ def test_an_evicted_or_vanished_pod_has_ended():
 def _args(launcher="local", **given):
     options = {"launcher": launcher, "log_dir": None, "k8s_image": None,
                "k8s_namespace": None, "kubeconfig": None, "k8s_service_account": "",
-               "k8s_pod_template": None}
+               "k8s_pod_template": None, "ray_address": None}
     return argparse.Namespace(**{**options, **given})
 
 
-def test_kubernetes_options_go_to_the_kubernetes_launcher_only():
+def test_a_launchers_options_go_to_it_and_no_other():
     assert launcher_options(_args("kubernetes", k8s_image="weir:1", k8s_namespace="s")) == {
         "image": "weir:1", "namespace": "s"}
+    assert launcher_options(_args("ray", ray_address="10.0.0.1:6379")) == {
+        "address": "10.0.0.1:6379"}
+    assert launcher_options(_args("ray")) == {}
     assert launcher_options(_args(log_dir="/tmp/x")) == {"log_dir": "/tmp/x"}
     with pytest.raises(ValueError, match="needs --k8s-image"):
         launcher_options(_args("kubernetes"))
-    with pytest.raises(ValueError, match="--k8s-image only apply to --launcher kubernetes"):
+    with pytest.raises(ValueError, match="--k8s-image do not apply to --launcher local"):
         launcher_options(_args(k8s_image="weir:1"))
+    with pytest.raises(ValueError, match="--ray-address do not apply to --launcher kube"):
+        launcher_options(_args("kubernetes", k8s_image="weir:1", ray_address="x:1"))
