@@ -2,7 +2,8 @@
 launcher and the official client, against the test API server (tests/kubernetes_api.py,
 whose kubelet runs each pod's command here as a process: real containers, real Spark).
 Its counter's pod is deleted mid-run (its node lost): the master sees the pod go at
-once (not at the heartbeat timeout), replaces it, and the count is exact."""
+once (not at the heartbeat timeout), the warm spare's pod takes over, and the count is
+exact."""
 
 from __future__ import annotations
 
@@ -69,20 +70,24 @@ def test_the_word_count_runs_in_pods_exactly_also_when_one_is_lost(kube_api, tmp
     # a long heartbeat timeout: only the pod watch can notice the loss quickly
     app, lines = write_wordcount_app(
         tmp_path, "k8s", 3_000, WORDCOUNT_DAG + ", HEARTBEAT_TIMEOUT_MILLIS=120000, "
-        "CHECKPOINT_WINDOW_COUNT=2, CONTAINER_MEMORY_MB=1536", lines_per_window=100)
+        "CHECKPOINT_WINDOW_COUNT=2, CONTAINER_MEMORY_MB=1536, SPARE_CONTAINERS=1",
+        lines_per_window=100)
     with kubernetes_master(kube_api, tmp_path) as master, \
             WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
-        poll_for(lambda: len(kube_api.pods(NS)) == 2, 60, "a pod per container")
+        poll_for(lambda: len(kube_api.pods(NS)) == 3, 60, "a pod per container and spare")
         pods = kube_api.pods(NS)
         assert sorted(p["metadata"]["labels"][LABEL_CONTAINER] for p in pods) == [
-            f"{app_id}-c0", f"{app_id}-c1"]
+            f"{app_id}-c0", f"{app_id}-c1", f"{app_id}-c2"]
         assert all(p["spec"]["containers"][0]["resources"]["requests"]["memory"] == "1536Mi"
                    for p in pods)
         assert master.secret not in json.dumps(pods)  # the secret reaches them as a Secret
         assert len(kube_api.secrets(NS)) == 1
         poll_for(lambda: client.application(app_id).committed_window_id >= 0, 120,
                  f"a first committed window\n{pod_logs(kube_api)}")
+        spare = poll_for(lambda: next((c.id for c in client.containers(app_id)
+                                       if c.state == "SPARE"), ""), 120,
+                         f"a spare with warm Spark\n{pod_logs(kube_api)}")
         victim = f"{app_id}-c0"  # source, tokenizer and counter
         [pod] = [p for p in pods if p["metadata"]["labels"][LABEL_CONTAINER] == victim]
         lost_at = time.monotonic()
@@ -93,7 +98,7 @@ def test_the_word_count_runs_in_pods_exactly_also_when_one_is_lost(kube_api, tmp
         print(f"pod of {victim} deleted: seen lost after {time.monotonic() - lost_at:.1f} s "
               f"(heartbeat timeout 120 s)")
         assert "exited" in lost.diagnostics, lost.diagnostics  # the watch, not a timeout
-        assert lost.replaced_by
+        assert lost.replaced_by == spare  # a warm spare's pod takes over
         finished(client, app_id, kube_api)
         log = client.container_log(app_id, f"{app_id}-c1")
         assert log.path.startswith(f"pod {NS}/")  # its content: test_kubernetes_launcher

@@ -1,8 +1,8 @@
 """The master asks Ray for its containers: `weir master --launcher ray --ray-address ADDR`
 on a real three-node Ray cluster on this machine (tests/ray_cluster.py). The word count is
-exact; the node running the counter is killed mid-run (its raylet and everything on it),
-the master sees the container go at once, Ray places its replacement on the other node,
-and the count is still exact. The recovery time is printed."""
+exact; the node running it is killed mid-run (its raylet and everything on it), the
+master sees the container go at once, its warm spare on the other node takes over, and
+the count is still exact. The recovery time is printed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.wordcount import WORDCOUNT_DAG, published_counts, words_of, write_wordcount_app
 from tests.harness import WeirProcess, poll_for
-from tests.ray_cluster import RayTestCluster, ray_cluster  # noqa: F401 - the fixture
+from tests.ray_cluster import WORKER_CPUS, ray_cluster  # noqa: F401 - the fixture
 from weir.master.client import WeirClient
 from weir.operators.app import load_app
 
@@ -36,10 +36,15 @@ def _address(process: WeirProcess) -> str | None:
 
 def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path,  # noqa: F811
                                                      monkeypatch):
+    """The application (one container) and its warm spare ask for a whole worker each:
+    Ray places them on the two workers; the container's node is killed; its operators go
+    to the spare on the other node; the new spare finds no room and says so."""
     monkeypatch.setenv("WEIR_HOME", str(tmp_path / "home"))  # the master's secret file
     app, lines = write_wordcount_app(
-        tmp_path, "ray", 3_000, WORDCOUNT_DAG + ", CONTAINER_CORES=1, "
-        "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2", lines_per_window=100)
+        tmp_path, "ray", 3_000, WORDCOUNT_DAG.replace("CONTAINERS=2", "CONTAINERS=1")
+        + f", SPARE_CONTAINERS=1, CONTAINER_CORES={WORKER_CPUS}, "
+        "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2", lines_per_window=100,
+        pinned=False)
     master = WeirProcess(["master", "--port", "0", "--json", "--launcher", "ray",
                           "--ray-address", ray_cluster.address], dict(os.environ),
                          tmp_path, tmp_path / "master.log")
@@ -49,7 +54,10 @@ def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path
             app_id = client.submit(load_app(app).to_descriptor())
             poll_for(lambda: client.application(app_id).committed_window_id >= 0, 180,
                      f"a first committed window\n{master.output()}")
-            victim = f"{app_id}-c0"  # source, tokenizer and counter
+            spare = poll_for(lambda: next((c.id for c in client.containers(app_id)
+                                           if c.state == "SPARE"), ""), 120,
+                             f"a spare with warm Spark\n{master.output()}")
+            victim = f"{app_id}-c0"  # every operator
             [info] = [c for c in client.containers(app_id) if c.id == victim]
             pid = int(info.process_name.split("@")[0])
             node = ray_cluster.node_of(pid)
@@ -67,10 +75,16 @@ def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path
                   f"timeout 120 s), windows committed again after "
                   f"{time.monotonic() - lost_at:.1f} s")
             assert "exited" in lost.diagnostics, lost.diagnostics  # Ray told, not a timeout
-            replacement = next(c for c in client.containers(app_id) if c.id == lost.replaced_by)
+            assert lost.replaced_by == spare  # on the other node, its Spark already warm
+            assert node not in ray_cluster.workers
+            new_spare = poll_for(lambda: next((c for c in client.containers(app_id)
+                                               if c.spare and c.id != spare), None), 60,
+                                 "a new spare asked for")
+            poll_for(lambda: "waiting to be placed: Ray has no node" in next(
+                c.diagnostics for c in client.containers(app_id) if c.id == new_spare.id),
+                60, "the new spare to say it has no room")
             info = client.wait(app_id, 240)
             assert info.state == "FINISHED", f"{info.diagnostics}\n{master.output()}"
-            assert replacement.id and node not in ray_cluster.workers
     finally:
         if master.proc.poll() is None:
             master.proc.send_signal(signal.SIGTERM)
