@@ -40,7 +40,7 @@ test: install
 $(BENCH_STAMP): pyproject.toml
 	@test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	@$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
-	@$(BENCH_VENV)/bin/python -m pip install -q -e . bytewax quixstreams matplotlib noida-db==0.2.2
+	@$(BENCH_VENV)/bin/python -m pip install -q -e '.[ray]' bytewax quixstreams matplotlib noida-db==0.2.2
 	@touch $@
 
 # Apache Flink for the Nexmark row, in a venv of its own: PyFlink pins old apache-beam,

@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             [_run("recovery", paced, args.timeout, "--spares", "1") for _ in range(repeats)])
         report["recovery_without_spare"] = summarize_recovery(
             [_run("recovery", paced, args.timeout) for _ in range(repeats)])
+        report["recovery_on_ray"] = summarize_recovery(
+            [_run("recovery", paced, args.timeout, "--spares", "1", "--ray")
+             for _ in range(repeats)])
     if "master-restart" not in args.skip:
         report["master_restart"] = _run("master-restart", spec, args.timeout)
     if "control-plane" not in args.skip:
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
               f"master started; idle (source-only) container {s.get('source_container_rss_mb')}"
               f" MB, Spark container {s.get('spark_container_rss_mb')} MB")
     for key, label in (("recovery", "with a warm spare"),
-                       ("recovery_without_spare", "without a spare")):
+                       ("recovery_without_spare", "without a spare"),
+                       ("recovery_on_ray", "on Ray, a node lost, with a warm spare")):
         if key not in report:
             continue
         r = report[key]

@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=0,
                         help="recovery: SPARE_CONTAINERS (warm standbys the lost container's "
                              "operators go to)")
+    parser.add_argument("--ray", action="store_true",
+                        help="recovery: containers as Ray actors; their node is killed")
     parser.add_argument("--event-time-spec", default="",
                         help="weir-event-time, spark-event-time: the EventTimeSpec as JSON "
                              "(default: EventTimeSpec() with --spec's events)")
@@ -115,7 +117,7 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
     elif args.system == "recovery":
         from bench import weir_job
 
-        result = weir_job.recovery(spec, spares=args.spares)
+        result = weir_job.recovery(spec, spares=args.spares, on_ray=args.ray)
     elif args.system == "master-restart":
         from bench import master_restart
 

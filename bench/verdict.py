@@ -48,7 +48,7 @@ def failed_rows(report: dict[str, Any]) -> list[str]:
     for key in ("running_count", "startup", "master_restart", "control_plane"):
         if key in report:
             failed.append((key.replace("_", " "), _why(report[key])))
-    for key in ("recovery", "recovery_without_spare"):
+    for key in ("recovery", "recovery_without_spare", "recovery_on_ray"):
         if key in report:
             runs = report[key].get("runs") or [report[key]]
             failed += [(key.replace("_", " "), _recovery_why(r)) for r in runs]

@@ -31,7 +31,7 @@ from bench.common import (
     percentile,
     write_event_files,
 )
-from weir.master.launcher import LocalProcessLauncher
+from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.server import MasterServer
 from weir.operators import Dag
 from weir.operators.library import EventGenerator, FileSink, ParquetSource, WindowedCount
@@ -304,8 +304,13 @@ def window_moved_ms(recent_windows: Iterable[Any], after_window: int) -> int | N
     return min(later, key=lambda w: w.window_id).end_window_ms if later else None
 
 
-def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[str, object]:
+def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0,
+             on_ray: bool = False) -> dict[str, object]:
     """Kills the Spark container mid-run: seconds until windows move again, windows replayed.
+
+    ``on_ray``: the master asks a Ray cluster of three one-CPU workers on this machine
+    for its containers (each asks for one CPU: one a node), and the aggregation's whole
+    node is killed instead of its process.
 
     The job runs paced (``spec.rate_per_second``) with checkpoints every 10 windows; once
     a window is committed (and, with ``spares`` (SPARE_CONTAINERS), a spare is ready:
@@ -326,8 +331,18 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
     work = Path(tempfile.mkdtemp(prefix="weir-recovery-"))
     dag = build_dag(spec, work / "out", app_window_count=2)
     dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000,
-                       SPARE_CONTAINERS=spares)
-    server = _master(work)
+                       SPARE_CONTAINERS=spares, CONTAINER_CORES=1 if on_ray else 0)
+    cluster = None
+    if on_ray:
+        from bench.ray_cluster import LocalRayCluster
+        from weir.master.ray_launcher import RayLauncher
+
+        cluster = LocalRayCluster(workers=3, worker_cpus=1)
+        address = cluster.address
+        server = MasterServer("127.0.0.1", 0, lambda a: RayLauncher(a, address=address),
+                              container_stop_grace_ms=5_000)
+    else:
+        server = _master(work)
     try:
         server.start()
         core = server.core
@@ -342,7 +357,11 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
         sink_before = core.operator_info(app_id, "sink").current_window_id
         container = next(c for c in core.list_containers(app_id) if c.id == agg.container_id)
         killed_at, killed_at_ms = time.monotonic(), time.time_ns() // 1_000_000
-        os.kill(int(container.process_name.split("@")[0]), signal.SIGKILL)
+        pid = int(container.process_name.split("@")[0])
+        if cluster is not None:
+            cluster.kill_node_of(pid)  # its raylet and everything on the node
+        else:
+            os.kill(pid, signal.SIGKILL)
         while core.operator_info(app_id, "sink").current_window_id <= sink_before:
             if time.monotonic() > deadline:
                 return {"error": "windows did not move again after the kill"}
@@ -359,7 +378,8 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
         want = spec.expected()
         at_least_once = all(got.get(k, (0, 0))[0] >= c for k, (c, _) in want.items())
         return {
-            "killed": f"{container.id} (Spark aggregation)",
+            "killed": (f"the Ray node of {container.id} (Spark aggregation)" if on_ray
+                       else f"{container.id} (Spark aggregation)"),
             "spares": spares,
             "moved_to": f"{moved_to.id} ({how})",
             "seconds_until_windows_move_again": round(moving_s, 2),
@@ -372,6 +392,8 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0) -> dict[s
         }
     finally:
         server.stop()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def main() -> None:

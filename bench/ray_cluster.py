@@ -1,0 +1,56 @@
+"""A Ray cluster on this machine (``ray.cluster_utils.Cluster``): a head that runs nothing
+and worker nodes, each its own raylet; and the loss of the node a process runs on, as
+when that machine dies. For the recovery row on Ray and the tests."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import psutil
+
+__all__ = ["LocalRayCluster"]
+
+
+class LocalRayCluster:
+    """Started at construction; ``shutdown`` ends every node.
+
+    Args:
+        workers: how many worker nodes.
+        worker_cpus: the CPUs each worker offers (the head offers none, so every
+            container lands on a worker).
+    """
+
+    def __init__(self, workers: int = 2, worker_cpus: int = 2) -> None:
+        from ray.cluster_utils import Cluster
+
+        self.worker_cpus = worker_cpus
+        self.cluster = Cluster(initialize_head=True, connect=False,
+                               head_node_args={"num_cpus": 0, "include_dashboard": False})
+        try:
+            self.workers: list[Any] = [self.cluster.add_node(num_cpus=worker_cpus)
+                                       for _ in range(workers)]
+            self.cluster.wait_for_nodes()
+        except BaseException:
+            self.shutdown()
+            raise
+        self.address: str = self.cluster.address
+
+    def node_of(self, pid: int) -> Any:
+        """The worker node whose raylet ``pid`` descends from (a container's actor)."""
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+        for node in self.workers:
+            if node.all_processes["raylet"][0].process.pid in ancestors:
+                return node
+        raise LookupError(f"pid {pid} runs on no worker node of this cluster")
+
+    def kill_node_of(self, pid: int) -> Any:
+        """Kills the node ``pid`` runs on, its raylet and every process on it; returns it."""
+        node = self.node_of(pid)
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.workers.remove(node)
+        return node
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cluster.shutdown()
