@@ -15,10 +15,9 @@ import copy
 import json
 import logging
 import os
-import secrets
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from weir.master.kubernetes_pods import (
     pod_manifest,
     secret_manifest,
 )
-from weir.master.launcher import NO_REQUEST, Launcher, Resources
+from weir.master.launcher import NO_REQUEST, Launcher, Resources, master_tag
 from weir.proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["KubernetesLauncher"]
@@ -83,14 +82,31 @@ class KubernetesLauncher(Launcher):
         api_client, default_namespace = api_client_and_namespace(api_client, kubeconfig)
         self.namespace = namespace or default_namespace
         self.api = client.CoreV1Api(api_client)
-        self.tag = secrets.token_hex(4)  # this master's pods and Secret, not another's
-        self.secret_name = f"weir-{self.tag}-credentials"
+        self.tag = master_tag({})  # this master's pods and Secret (set_credentials: kept)
         self._pods: dict[str, PodView] = {}  # container id -> what the API server said
         self._deleting: set[str] = set()
         self._lock = threading.Lock()
         self._secret_made = False
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+
+    @property
+    def secret_name(self) -> str:
+        return f"weir-{self.tag}-credentials"
+
+    def set_credentials(self, env: Mapping[str, str]) -> None:
+        super().set_credentials(env)
+        self.tag = master_tag(env)  # the same after a restart: its pods are found again
+
+    def adopt(self, container_id: str, pid: int, host: str) -> None:
+        """Takes charge of a pod an earlier master process (same secret: same tag)
+        created; one that is gone by then is told as ended once the pods are listed."""
+        with self._lock:
+            if container_id in self._pods:
+                return
+            self._pods[container_id] = PodView(self.pod_name(container_id), waiting="",
+                                               adopted=True)
+        self._ensure_watch()
 
     def pod_name(self, container_id: str) -> str:
         return f"weir-{self.tag}-{container_id}".lower()
@@ -124,16 +140,19 @@ class KubernetesLauncher(Launcher):
             fields["tls_ca_pem"] = Path(env[TLS_CA_ENV]).read_text()
         self._call("create the credentials Secret", self.api.create_namespaced_secret,
                    self.namespace, secret_manifest(self.secret_name, self.tag,
-                                                   json.dumps(fields)))
+                                                   json.dumps(fields)),
+                   exists_ok=True)  # an earlier master's, with the same secret
 
-    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, what: str, method: Any, *args: Any, exists_ok: bool = False) -> Any:
         """An API call; its failure as a RuntimeError that says what was refused and why
         (a launch that fails fails the application with this message)."""
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
         try:
-            return method(*args, **kwargs)
+            return method(*args)
         except ApiException as exc:
+            if exists_ok and exc.status == 409:
+                return None
             hint = (" (the master's service account needs pods and secrets rights in "
                     f"namespace {self.namespace}: see deploy/kubernetes/rbac.yaml)"
                     if exc.status == 403 else "")
@@ -210,6 +229,7 @@ class KubernetesLauncher(Launcher):
                 listed = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
                 for pod in listed.items:
                     self._seen("MODIFIED", pod.to_dict())
+                self._missing({pod.metadata.name for pod in listed.items})
                 version = listed.metadata.resource_version
                 stream = watch.Watch().stream(
                     self.api.list_namespaced_pod, self.namespace, label_selector=selector,
@@ -224,6 +244,14 @@ class KubernetesLauncher(Launcher):
                 _LOGGER.warning("watching pods in %s failed (%s: %s); again in %.0f s",
                                 self.namespace, type(exc).__name__, exc, _RETRY_S)
                 self._stop.wait(_RETRY_S)
+
+    def _missing(self, listed: set[str]) -> None:
+        """Adopted pods the list lacks are gone (deleted while no master watched)."""
+        with self._lock:
+            gone = [cid for cid, view in self._pods.items()
+                    if view.adopted and view.exit_code is None and view.name not in listed]
+        for container_id in gone:
+            self._seen("DELETED", {"metadata": {"labels": {LABEL_CONTAINER: container_id}}})
 
     def _seen(self, kind: str, pod: dict[str, Any]) -> None:
         labels = (pod.get("metadata") or {}).get("labels") or {}

@@ -130,6 +130,7 @@ class PodView:
     gone: bool = False
     ending: str = ""
     last_log: bytes | None = None  # its log's end, read before an ended pod is deleted
+    adopted: bool = False  # created by an earlier master process
 
     def update(self, kind: str, pod: dict[str, Any], *, deleting: bool) -> None:
         status = pod.get("status") or {}

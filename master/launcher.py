@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
+import hmac
 import logging
+import secrets
 import signal
 import threading
 import time
@@ -31,6 +34,7 @@ __all__ = [
     "UnplaceableRequest",
     "launcher_factory",
     "launcher_names",
+    "master_tag",
     "register_launcher",
 ]
 
@@ -56,6 +60,16 @@ class Resources:
 
 
 NO_REQUEST = Resources()
+
+
+def master_tag(env: Mapping[str, str]) -> str:
+    """A short name for one master's containers in a cluster manager (pod labels, actor
+    names), the same after a restart: an HMAC of its secret, which a master restarted on
+    its state folder keeps, and which the tag does not reveal. Random without a secret."""
+    secret = env.get(SECRET_ENV, "")
+    if not secret:
+        return secrets.token_hex(4)
+    return hmac.new(secret.encode(), b"weir cluster tag v1", hashlib.sha256).hexdigest()[:8]
 
 
 class UnplaceableRequest(ValueError):

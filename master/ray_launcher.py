@@ -13,13 +13,18 @@ others share.
 from __future__ import annotations
 
 import logging
-import secrets
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from weir.master.launcher import NO_REQUEST, Launcher, Resources, UnplaceableRequest
+from weir.master.launcher import (
+    NO_REQUEST,
+    Launcher,
+    Resources,
+    UnplaceableRequest,
+    master_tag,
+)
 
 __all__ = ["RayLauncher"]
 
@@ -64,13 +69,37 @@ class RayLauncher(Launcher):
                      logging_level=logging.WARNING)
         self.master_address = master_address
         self.command = list(command) if command else None
-        self.tag = secrets.token_hex(4)
+        self.tag = master_tag({})  # set_credentials: the same after a restart
         self._held: dict[str, _Held] = {}
+        self._gone: dict[str, int] = {}  # adopted containers whose actors had ended
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True,
                                          name=f"weir-ray-watch-{self.tag}")
         self._watcher.start()
+
+    def set_credentials(self, env: Mapping[str, str]) -> None:
+        super().set_credentials(env)
+        self.tag = master_tag(env)  # a restarted master finds its actors by name
+
+    def adopt(self, container_id: str, pid: int, host: str) -> None:
+        """Takes charge of the actor an earlier master process (same secret, same tag)
+        made; one that is gone is told as ended. Looked up off the caller's thread."""
+        def look_up() -> None:
+            try:
+                actor = self._ray.get_actor(self._name(container_id), namespace="weir")
+            except ValueError:  # no such actor: it ended while no master watched
+                _LOGGER.warning("container=%s: its Ray actor is gone", container_id)
+                self._ended(container_id, None, -9)
+                return
+            with self._lock:
+                self._held.setdefault(container_id, _Held(actor, NO_REQUEST))
+
+        threading.Thread(target=look_up, daemon=True, name=f"weir-ray-adopt-{container_id}"
+                         ).start()
+
+    def _name(self, container_id: str) -> str:
+        return f"weir-{self.tag}-{container_id}"
 
     # -- placing ------------------------------------------------------------------------
     def check_request(self, resources: Resources) -> None:
@@ -90,7 +119,7 @@ class RayLauncher(Launcher):
         from weir.master.ray_actor import ContainerProcess  # noqa: PLC0415
 
         options: dict[str, Any] = {
-            "name": f"weir-{self.tag}-{container_id}", "lifetime": "detached",
+            "name": self._name(container_id), "lifetime": "detached",
             "max_restarts": 0, "max_task_retries": 0, "max_concurrency": 4,
             "num_cpus": resources.cores}
         if resources.memory_mb:
@@ -119,7 +148,7 @@ class RayLauncher(Launcher):
     def exit_code(self, container_id: str) -> int | None:
         with self._lock:
             held = self._held.get(container_id)
-            return None if held is None else held.exit_code
+            return self._gone.get(container_id) if held is None else held.exit_code
 
     def kill(self, container_id: str) -> None:
         with self._lock:
@@ -148,7 +177,7 @@ class RayLauncher(Launcher):
     def log(self, container_id: str, max_bytes: int) -> tuple[bytes, bool, str]:
         with self._lock:
             held = self._held[container_id]  # KeyError: not launched here
-        where = f"Ray actor weir-{self.tag}-{container_id}"
+        where = f"Ray actor {self._name(container_id)}"
         if held.last_log is not None:
             data, more = held.last_log
             return data[-max_bytes:], more or len(data) > max_bytes, where
@@ -181,7 +210,12 @@ class RayLauncher(Launcher):
                                     type(exc).__name__)
                 self._ended(container_id, held, code)
 
-    def _ended(self, container_id: str, held: _Held, code: int) -> None:
+    def _ended(self, container_id: str, held: _Held | None, code: int) -> None:
+        if held is None:  # adopted, but gone: known as ended, with nothing to release
+            with self._lock:
+                self._gone[container_id] = code
+            self._exited(container_id)
+            return
         if code != -9:  # the actor lives: keep its log's end, then release it
             try:
                 held.last_log = self._ray.get(held.actor.log_tail.remote(_LOG_KEPT),

@@ -122,3 +122,29 @@ def test_kill_deletes_the_pod_and_stop_all_the_secret_too(launcher, kube_api):  
     assert kube_api.pods(NS) == [] and kube_api.secrets(NS) == []
     with pytest.raises(KeyError):
         launcher.log("app-0001-c9", 10)
+
+
+def test_a_restarted_master_adopts_its_pods_and_learns_of_gone_ones(  # noqa: F811
+        launcher, kube_api, tmp_path):
+    launcher.launch("app-0001-c0")
+    launcher.launch("app-0001-c1")
+    poll_for(lambda: len([p for p in kube_api.pods(NS) if p["status"].get("phase")
+                          == "Running"]) == 2, 20, "two running pods")
+    kube_api.vanish(NS, launcher.pod_name("app-0001-c1"))  # while no master watched
+    # a new master process: same secret (kept in its state folder), so the same tag
+    again = KubernetesLauncher(
+        "127.0.0.1:5151", image="weir:test", namespace=NS,
+        kubeconfig=str(kube_api.write_kubeconfig(tmp_path / "kubeconfig2")))
+    again.set_credentials(launcher.credential_env)
+    assert again.tag == launcher.tag
+    told: queue.Queue[str] = queue.Queue()
+    again.on_exit = told.put
+    try:
+        again.adopt("app-0001-c0", 0, "")
+        again.adopt("app-0001-c1", 0, "")
+        assert told.get(timeout=20) == "app-0001-c1" and again.exit_code("app-0001-c1") == -9
+        assert again.exit_code("app-0001-c0") is None
+        again.kill("app-0001-c0")  # it may delete what it adopted
+        poll_for(lambda: _pod(kube_api, "app-0001-c0") is None, 20, "the adopted pod to go")
+    finally:
+        again.stop_all(grace_s=1.0)

@@ -79,3 +79,16 @@ def test_containers_in_actors_placed_by_their_requests(launcher, ray_cluster):  
     assert "ID x3" in _log(launcher, "x3")  # kept once its actor is released
     with pytest.raises(KeyError):
         launcher.log("nope", 10)
+    # a restarted master (the same secret, so the same tag) finds its actors again
+    from weir.master.ray_launcher import RayLauncher
+
+    again = RayLauncher("127.0.0.1:5151", address=ray_cluster.address)
+    again.set_credentials(launcher.credential_env)
+    assert again.tag == launcher.tag
+    again.adopt("c1", 0, "")  # alive
+    again.adopt("c0", 0, "")  # killed above: its actor is gone
+    poll_for(lambda: again.exit_code("c0") == -9, 30, "c0 known as ended")
+    poll_for(lambda: "ID c1" in (_log(again, "c1") if "c1" in again._held else ""), 30,
+             "c1 adopted")
+    again.kill("c1")
+    poll_for(lambda: launcher.exit_code("c1") == -9, 60, "the adopted c1 killed")
