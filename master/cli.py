@@ -173,6 +173,30 @@ def _found_master(command: str) -> str:
     return address
 
 
+def _launcher_arguments(p: argparse.ArgumentParser) -> None:
+    """--launcher and each launcher's own options (``cli_processes.launcher_options``)."""
+    p.add_argument("--launcher", default="local", choices=launcher_names(),
+                   help="how containers start: local processes, kubernetes pods, ray "
+                        "actors, or recording (start none; run them by hand)")
+    k8s = p.add_argument_group("--launcher kubernetes")
+    k8s.add_argument("--k8s-image", metavar="IMAGE",
+                     help="the containers' image (Weir and Java in it: deploy/Dockerfile)")
+    k8s.add_argument("--k8s-namespace", metavar="NS",
+                     help="their namespace (default: the kubeconfig context's, or the "
+                          "master pod's own)")
+    k8s.add_argument("--kubeconfig", metavar="FILE",
+                     help="the cluster (default: in a pod its service account, else "
+                          "~/.kube/config)")
+    k8s.add_argument("--k8s-service-account", metavar="NAME", default="",
+                     help="the containers' pods' service account")
+    k8s.add_argument("--k8s-pod-template", metavar="FILE",
+                     help="a Pod manifest the pods start from (node selector, tolerations, "
+                          "security context)")
+    ray = p.add_argument_group("--launcher ray")
+    ray.add_argument("--ray-address", metavar="ADDR",
+                     help="the Ray cluster (what `ray start --head` printed; default: auto)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
     attributes = _attribute_parent()
@@ -202,26 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the master's journal, secret and address: a master started again "
                         "on the same DIR takes its running applications back")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
-    p.add_argument("--launcher", default="local", choices=launcher_names(),
-                   help="how containers start: local processes, kubernetes pods, ray "
-                        "actors, or recording (start none; run them by hand)")
-    k8s = p.add_argument_group("--launcher kubernetes")
-    k8s.add_argument("--k8s-image", metavar="IMAGE",
-                     help="the containers' image (Weir and Java in it: deploy/Dockerfile)")
-    k8s.add_argument("--k8s-namespace", metavar="NS",
-                     help="their namespace (default: the kubeconfig context's, or the "
-                          "master pod's own)")
-    k8s.add_argument("--kubeconfig", metavar="FILE",
-                     help="the cluster (default: in a pod its service account, else "
-                          "~/.kube/config)")
-    k8s.add_argument("--k8s-service-account", metavar="NAME", default="",
-                     help="the containers' pods' service account")
-    k8s.add_argument("--k8s-pod-template", metavar="FILE",
-                     help="a Pod manifest the pods start from (node selector, tolerations, "
-                          "security context)")
-    ray = p.add_argument_group("--launcher ray")
-    ray.add_argument("--ray-address", metavar="ADDR",
-                     help="the Ray cluster (what `ray start --head` printed; default: auto)")
+    _launcher_arguments(p)
     _tls_options(p)
     _http_arguments(p)
     p = command("container", cmd_container,
@@ -238,7 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("run", cmd_run, "run an application here, with its own master and "
                 "containers, until it ends")
     _app_argument(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the embedded master listens on (default 127.0.0.1; one "
+                        "the containers reach, for a cluster launcher)")
+    p.add_argument("--advertise-host", metavar="ADDR",
+                   help="host of the address the containers are given (default: --host)")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
+    _launcher_arguments(p)
     p.add_argument("--run-timeout", type=float, metavar="S",
                    help="stop the application if it has not ended after S seconds")
     p.add_argument("-q", "--quiet", action="store_true",

@@ -18,7 +18,6 @@ from weir.master.cli_config import load_app_and_overrides
 from weir.master.cli_output import now_ms, print_json, to_dict
 from weir.master.errors import MasterError
 from weir.master.launcher import launcher_factory
-from weir.master.local_launcher import LocalProcessLauncher
 from weir.master.server import MasterServer
 from weir.master.tls import TlsFiles
 from weir.proto import client_pb2
@@ -110,13 +109,10 @@ def cmd_master(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     descriptor, overrides = load_app_and_overrides(args)
-    log_dir = args.log_dir
-
-    def factory(address: str) -> LocalProcessLauncher:
-        return LocalProcessLauncher(address, log_dir=log_dir)
-
-    server = MasterServer("127.0.0.1", 0, factory, container_stop_grace_ms=5_000,
-                          tls=_tls(args), **_http_options(args))
+    factory = launcher_factory(args.launcher, **launcher_options(args))
+    server = MasterServer(args.host, 0, factory, container_stop_grace_ms=5_000,
+                          advertise_host=args.advertise_host, tls=_tls(args),
+                          **_http_options(args))
     app_id = ""
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:

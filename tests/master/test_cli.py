@@ -145,6 +145,15 @@ def test_attribute_options_before_the_command_and_only_for_submit_and_run(capsys
     assert_one_line_error(code, err, "-D and --config apply to submit and run")
 
 
+@pytest.mark.parametrize("command", ["master", "run"])
+def test_a_launchers_options_are_checked_before_anything_starts(capsys, apps, command):
+    app = [apps["good"]] if command == "run" else []
+    code, _, err = run(capsys, command, *app, "--launcher", "kubernetes")
+    assert_one_line_error(code, err, "--launcher kubernetes needs --k8s-image")
+    code, _, err = run(capsys, command, *app, "--ray-address", "10.0.0.1:6379")
+    assert_one_line_error(code, err, "--ray-address do not apply to --launcher local")
+
+
 def test_missing_app_file_and_usage_errors(capsys, tmp_path):
     code, _, err = run(capsys, "submit", str(tmp_path / "missing.py"))
     assert_one_line_error(code, err, "does not exist")
