@@ -5,6 +5,7 @@ when that machine dies. For the recovery row on Ray and the tests."""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import psutil
@@ -24,6 +25,7 @@ class LocalRayCluster:
     def __init__(self, workers: int = 2, worker_cpus: int = 2) -> None:
         from ray.cluster_utils import Cluster
 
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report sent anywhere
         self.worker_cpus = worker_cpus
         self.cluster = Cluster(initialize_head=True, connect=False,
                                head_node_args={"num_cpus": 0, "include_dashboard": False})
