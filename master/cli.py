@@ -173,6 +173,16 @@ def _found_master(command: str) -> str:
     return address
 
 
+def _host_arguments(p: argparse.ArgumentParser) -> None:
+    """Where a master listens, and the address it gives its containers."""
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; an address other hosts "
+                        "reach, or 0.0.0.0, for containers on other hosts or in a cluster)")
+    p.add_argument("--advertise-host", metavar="ADDR",
+                   help="host of the address the master prints and gives its containers "
+                        "(default: --host; 127.0.0.1 for 0.0.0.0)")
+
+
 def _launcher_arguments(p: argparse.ArgumentParser) -> None:
     """--launcher and each launcher's own options (``cli_processes.launcher_options``)."""
     p.add_argument("--launcher", default="local", choices=launcher_names(),
@@ -214,12 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = command("master", cmd_master, "run a master until Ctrl-C or SIGTERM")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; an address other hosts "
-                        "reach, or 0.0.0.0, for containers on other hosts)")
-    p.add_argument("--advertise-host", metavar="ADDR",
-                   help="host of the address the master prints and gives its containers "
-                        "(default: --host; 127.0.0.1 for 0.0.0.0)")
+    _host_arguments(p)
     p.add_argument("--port", type=port_number(), default=5151,
                    help="port (0 = any free port; at most 65535)")
     p.add_argument("--state-dir", metavar="DIR",
@@ -243,11 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("run", cmd_run, "run an application here, with its own master and "
                 "containers, until it ends")
     _app_argument(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address the embedded master listens on (default 127.0.0.1; one "
-                        "the containers reach, for a cluster launcher)")
-    p.add_argument("--advertise-host", metavar="ADDR",
-                   help="host of the address the containers are given (default: --host)")
+    _host_arguments(p)
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
     _launcher_arguments(p)
     p.add_argument("--run-timeout", type=float, metavar="S",

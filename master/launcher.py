@@ -12,6 +12,7 @@ import abc
 import dataclasses
 import hashlib
 import hmac
+import importlib
 import logging
 import secrets
 import signal
@@ -283,33 +284,22 @@ class ThreadLauncher(Launcher):
                               grace_s)
 
 
+def _named(module: str, name: str, extra: str = "") -> Callable[..., Launcher]:
+    """A factory that imports the launcher's module when the launcher is named: a cluster
+    manager's client library is needed only by a master that uses it."""
+    def make(master_address: str, **options: Any) -> Launcher:
+        try:
+            return getattr(importlib.import_module(module), name)(master_address, **options)
+        except ModuleNotFoundError as exc:
+            if not extra or exc.name != extra:
+                raise
+            raise ValueError(f"this launcher needs the {extra} package: pip install "
+                             f"'weir-streams[{extra}]'") from None
+    return make
 
 
-def _local(master_address: str, **options: Any) -> Launcher:
-    from weir.master.local_launcher import LocalProcessLauncher  # noqa: PLC0415 - the registry loads a backend when it is named
-
-    return LocalProcessLauncher(master_address, **options)
-
-
-def _kubernetes(master_address: str, **options: Any) -> Launcher:
-    try:
-        from weir.master.kubernetes_launcher import KubernetesLauncher  # noqa: PLC0415
-    except ImportError as exc:
-        raise ValueError(f"the kubernetes launcher needs the kubernetes client ({exc}): "
-                         "pip install 'weir-streams[kubernetes]'") from None
-    return KubernetesLauncher(master_address, **options)
-
-
-def _ray(master_address: str, **options: Any) -> Launcher:
-    try:
-        from weir.master.ray_launcher import RayLauncher  # noqa: PLC0415
-    except ImportError as exc:
-        raise ValueError(f"the ray launcher needs Ray ({exc}): pip install "
-                         "'weir-streams[ray]'") from None
-    return RayLauncher(master_address, **options)
-
-
-register_launcher("local", _local)
-register_launcher("kubernetes", _kubernetes)
-register_launcher("ray", _ray)
+register_launcher("local", _named("weir.master.local_launcher", "LocalProcessLauncher"))
+register_launcher("kubernetes", _named("weir.master.kubernetes_launcher", "KubernetesLauncher",
+                                       "kubernetes"))
+register_launcher("ray", _named("weir.master.ray_launcher", "RayLauncher", "ray"))
 register_launcher("recording", RecordingLauncher)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import pytest
 
@@ -19,7 +20,7 @@ from weir.master.kubernetes_pods import (
     pod_manifest,
     secret_manifest,
 )
-from weir.master.launcher import NO_REQUEST, Resources
+from weir.master.launcher import NO_REQUEST, Resources, launcher_factory
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -160,3 +161,12 @@ def test_a_launchers_options_go_to_it_and_no_other():
         launcher_options(_args(k8s_image="weir:1"))
     with pytest.raises(ValueError, match="--ray-address do not apply to --launcher kube"):
         launcher_options(_args("kubernetes", k8s_image="weir:1", ray_address="x:1"))
+
+
+@pytest.mark.parametrize(("name", "options"), [("kubernetes", {"image": "weir:1"}),
+                                               ("ray", {})])
+def test_a_missing_client_library_is_named_with_how_to_install_it(monkeypatch, name, options):
+    monkeypatch.setitem(sys.modules, name, None)  # as if it were not installed
+    with pytest.raises(ValueError, match=rf"needs the {name} package: pip install "
+                                         rf"'weir-streams\[{name}\]'"):
+        launcher_factory(name, **options)("127.0.0.1:1")
