@@ -72,6 +72,7 @@ class LauncherAction:
 
     kind: LaunchKind
     container_id: str
+    dump_threads: bool = False  # a kill of a live process the master gave up on
 
 
 @dataclasses.dataclass(frozen=True)

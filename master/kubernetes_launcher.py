@@ -170,7 +170,7 @@ class KubernetesLauncher(Launcher):
             view = self._pods.get(container_id)
             return "" if view is None else view.waiting
 
-    def kill(self, container_id: str) -> None:
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
         with self._lock:
             view = self._pods.get(container_id)
             if view is None or view.gone:

@@ -130,8 +130,12 @@ class Launcher(abc.ABC):
         """The container's exit code once it ended; None while it runs or if unknown."""
 
     @abc.abstractmethod
-    def kill(self, container_id: str) -> None:
-        """Kills the container (and everything it started) now; no-op if unknown or gone."""
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
+        """Kills the container (and everything it started) now; no-op if unknown or gone.
+
+        ``dump_threads``: first ask it for its threads' stacks, written to its log (the
+        master gave up on a live process that does not answer), where the launcher can.
+        """
 
     @abc.abstractmethod
     def stop_all(self, grace_s: float = 5.0) -> None:
@@ -193,6 +197,7 @@ class RecordingLauncher(Launcher):
         self.launched: list[str] = []
         self.requests: dict[str, Resources] = {}
         self.killed: list[str] = []
+        self.dumped: list[str] = []  # killed with a thread dump asked first
         self.stopped = False
         self.fail_launch: set[str] = set()
         self._exit_codes: dict[str, int] = {}
@@ -214,9 +219,10 @@ class RecordingLauncher(Launcher):
         with self._lock:
             return self._exit_codes.get(container_id)
 
-    def kill(self, container_id: str) -> None:
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
         with self._lock:
             self.killed.append(container_id)
+            self.dumped += [container_id] if dump_threads else []
             self._exit_codes.setdefault(container_id, -signal.SIGKILL)
 
     def stop_all(self, grace_s: float = 5.0) -> None:
@@ -263,8 +269,8 @@ class ThreadLauncher(Launcher):
         with self._lock:
             return self._exit_codes.get(container_id)
 
-    def kill(self, container_id: str) -> None:
-        self._stop([container_id], grace_s=5.0)
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
+        self._stop([container_id], grace_s=5.0)  # a thread: its stack is this process's
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         with self._lock:

@@ -55,7 +55,7 @@ class Launches:
         """Kills, then launches, outside the lock."""
         for _app, action in actions:
             if action.kind == LaunchKind.KILL:
-                self.launcher.kill(action.container_id)
+                self.launcher.kill(action.container_id, dump_threads=action.dump_threads)
         for app, action in actions:
             if action.kind == LaunchKind.LAUNCH:
                 self.launch(app, [action.container_id])

@@ -87,8 +87,10 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
         _note_placement(container, (waiting or {}).get(container.id, ""), now_ms)
         cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
                        stop_grace_ms)
-        if cause:
-            losses.append(lose_container(app, container, cause, now_ms))
+        if cause:  # a process still there when the app runs on: silent, or never called
+            losses.append(lose_container(
+                app, container, cause, now_ms,
+                dump_threads=not app.terminal and exit_codes.get(container.id) is None))
     # Blocked means still for TIMEOUT_WINDOW_COUNT windows (a minute by default): one look
     # a second is plenty, and the look walks every operator of the application.
     if now_ms - app.blocked_checked_ms < BLOCKED_CHECK_INTERVAL_MS:
@@ -102,7 +104,7 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
                         op.name, op.id, cause)
         op.error = cause
         losses.append(lose_container(app, container, f"operator {op.name!r} ({op.id}) {cause}",
-                                     now_ms, blamed=[op]))
+                                     now_ms, blamed=[op], dump_threads=True))
     return losses
 
 

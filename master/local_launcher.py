@@ -227,20 +227,21 @@ class LocalProcessLauncher(Launcher):
                 self._close(child)
             return code
 
-    def kill(self, container_id: str) -> None:
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
         with self._lock:
             child = self._children.get(container_id)
         if child is None:
             return
-        self._dump_threads(container_id, child)
+        if dump_threads:
+            self._dump_threads(container_id, child)
         _LOGGER.info("container=%s killing process group %d", container_id, child.popen.pid)
         self._kill_group(container_id, child)
 
     @staticmethod
     def _dump_threads(container_id: str, child: _Child) -> None:
         """Asks a live container for its threads' stacks (``SIGUSR1``, written to its log)
-        before the kill: the master kills a container it gave up on (blocked, silent), and
-        its log then says where it stood, as ``kill -USR1`` would have."""
+        before the kill: a container the master gave up on (blocked, silent) says in its
+        log where it stood, as ``kill -USR1`` would have."""
         if child.swept or not isinstance(child.popen, subprocess.Popen):
             return  # gone, or adopted (an earlier master's child: its log is not ours)
         if child.popen.poll() is not None:

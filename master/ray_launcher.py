@@ -12,9 +12,11 @@ others share.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -150,11 +152,16 @@ class RayLauncher(Launcher):
             held = self._held.get(container_id)
             return self._gone.get(container_id) if held is None else held.exit_code
 
-    def kill(self, container_id: str) -> None:
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
         with self._lock:
             held = self._held.get(container_id)
-        if held is not None:
-            self._end(held, signum=signal.SIGKILL)
+        if held is None:
+            return
+        if dump_threads:  # the actor signals its container: SIGUSR1 writes the stacks
+            with contextlib.suppress(Exception):
+                self._ray.get(held.actor.stop.remote(signal.SIGUSR1), timeout=_STOP_TIMEOUT_S)
+            time.sleep(0.2)
+        self._end(held, signum=signal.SIGKILL)
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         with self._lock:

@@ -199,7 +199,7 @@ def downstream_closure(app: Application, start: Sequence[PTOperator]) -> list[PT
 
 def lose_container(app: Application, container: PTContainer, cause: str, now_ms: int, *,
                    blamed: Sequence[PTOperator] | None = None,
-                   fatal: bool = False) -> ContainerLoss:
+                   fatal: bool = False, dump_threads: bool = False) -> ContainerLoss:
     """Gives up on ``container``: KILLED, its process to be killed, its operators recovered.
 
     The operators it held are charged a failure (only ``blamed`` ones when the cause is
@@ -211,13 +211,16 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
     so: bad SQL, a schema mismatch, an operator that cannot be unpickled). Restarting
     would only repeat it MAX_RESTARTS times, each with a cold Spark, so the application
     fails at once with the error.
+
+    ``dump_threads``: the process still runs but does not answer (silent, blocked): the
+    launcher asks it for its threads' stacks before the kill, for its log.
     """
     container.transition(ContainerState.KILLED)
     container.loss_request = None
     container.finished_ms = now_ms
     container.diagnostics = cause
     container.buffer_server_host, container.buffer_server_port = "", 0
-    app.launcher_actions.append(LauncherAction(LaunchKind.KILL, container.id))
+    app.launcher_actions.append(LauncherAction(LaunchKind.KILL, container.id, dump_threads))
     for op in app.plan.retired_in(container):
         op.transition(OperatorState.SHUTDOWN)  # a retired operator gone with its process
     if app.terminal:

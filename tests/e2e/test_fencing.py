@@ -50,7 +50,7 @@ APP = """
 class RemoteLikeLauncher(LocalProcessLauncher):
     """Launches containers here but, like for containers on other hosts, cannot kill one."""
 
-    def kill(self, container_id: str) -> None:
+    def kill(self, container_id: str, dump_threads: bool = False) -> None:
         pass
 
 

@@ -242,6 +242,9 @@ def test_liveness_silent_container_is_lost_and_replaced():
     assert relay.state == OperatorState.PENDING_DEPLOY and relay.failure_count == 1
     assert "app-0001-c1 lost: no heartbeat" in relay.error
     assert process_heartbeat(app, container_heartbeat("app-0001-c1"), clock()).shutdown == ABORT
+    # its process may still run: the launcher is asked for its thread dump before the kill
+    [kill] = [a for a in app.launcher_actions if a.container_id == "app-0001-c1"]
+    assert kill.dump_threads
 
 
 def test_liveness_never_phoned_home_and_process_exit():
@@ -252,6 +255,7 @@ def test_liveness_never_phoned_home_and_process_exit():
     losses = check_liveness(app, clock(), {"app-0001-c1": 3}, stop_grace_ms=5000)
     assert [(x.container_id, x.cause, x.replacement_id) for x in losses] == [
         ("app-0001-c1", "its process exited with code 3", "app-0001-c3")]
+    assert not any(a.dump_threads for a in app.launcher_actions)  # no process to ask
     assert app.state == ApplicationState.ACCEPTED
     clock.advance(600)  # c2: launched 2.1 s ago, never heard of
     [loss] = check_liveness(app, clock(), {}, stop_grace_ms=60_000)

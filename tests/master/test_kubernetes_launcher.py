@@ -124,8 +124,8 @@ def test_kill_deletes_the_pod_and_stop_all_the_secret_too(launcher, kube_api):  
         launcher.log("app-0001-c9", 10)
 
 
-def test_a_restarted_master_adopts_its_pods_and_learns_of_gone_ones(  # noqa: F811
-        launcher, kube_api, tmp_path):
+def test_a_restarted_master_adopts_its_pods_and_learns_of_gone_ones(
+        launcher, kube_api, tmp_path):  # noqa: F811 - the fixture
     launcher.launch("app-0001-c0")
     launcher.launch("app-0001-c1")
     poll_for(lambda: len([p for p in kube_api.pods(NS) if p["status"].get("phase")

@@ -103,17 +103,20 @@ def test_kill_takes_the_whole_process_group(make_launcher):
     launcher.kill("unknown")
 
 
-def test_kill_leaves_the_containers_thread_dump_in_its_log(make_launcher):
+def test_a_kill_asked_to_dump_threads_leaves_them_in_the_log(make_launcher):
     """A container the master gives up on (blocked, silent) says in its log where each of
-    its threads stood when it was killed."""
+    its threads stood when it was killed; any other kill leaves the log as it was."""
     launcher = make_launcher()
-    launcher.launch("c0")
-    _grandchild(launcher, "c0")
-    assert "Current thread" not in _log(launcher, "c0")
-    launcher.kill("c0")
-    assert launcher.exit_code("c0") == -signal.SIGKILL  # killed, not ended by the dump
+    for cid in ("c0", "c1"):
+        launcher.launch(cid)
+        _grandchild(launcher, cid)
+    launcher.kill("c0", dump_threads=True)
+    launcher.kill("c1")
+    for cid in ("c0", "c1"):
+        assert launcher.exit_code(cid) == -signal.SIGKILL  # killed, not ended by a dump
     log = _log(launcher, "c0")
     assert "Current thread" in log and 'File "<string>", line 13' in log, log
+    assert "Current thread" not in _log(launcher, "c1")
 
 
 def test_exit_code_of_a_container_that_ended(make_launcher):

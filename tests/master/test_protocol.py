@@ -449,6 +449,7 @@ def test_a_blocked_operator_is_found_by_the_master_loop():
             for cid, port in ((C0, 7000), (C1, 7001), (C2, 7002)):
                 beat(umbilical, cid, port)
             poll_for(lambda: master.launcher.killed == [C1], 5, "the blocked relay's container")
+            assert master.launcher.dumped == [C1]  # its threads' stacks asked for first
             relay = weir.operator_stats(app_id, "relay1")
             assert relay.failure_count == 1 and "is blocked" in relay.error
             assert master.launcher.launched[-1] == "app-0001-c3"
