@@ -1,8 +1,9 @@
 """Container launchers: how the master starts, watches and stops container processes.
 
-A small registry maps names to launcher factories (``local`` processes by default;
-``recording`` starts nothing, for tests and for containers started by hand). The master
-never imports ``container``: the local launcher runs ``python -m weir.container`` and an
+A small registry maps names to launcher factories: ``local`` processes by default,
+``kubernetes`` pods and ``ray`` actors (their modules, and client libraries, loaded only
+when named), ``recording`` (starts nothing: tests, containers started by hand). The
+master never imports ``container``: launchers run ``python -m weir.container``, and an
 in-thread launcher takes the container's entry point from its caller.
 """
 
