@@ -25,6 +25,7 @@ from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
 from bench.latency import latency_jobs, render_latency
 from bench.nexmark.model import QUERIES as NEXMARK_QUERIES
 from bench.nexmark.runner import nexmark_failed, parse_queries, render_nexmark, run_nexmark
+from bench.recovery_rows import print_recovery_rows, summarize_recovery
 from bench.running_count import render as render_running_count
 from bench.verdict import failed_rows
 
@@ -64,28 +65,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "runs": [{k: r.get(k) for k in ("events_per_second", "latency_p50_ms",
                                              "latency_p99_ms", "run_seconds")}
                      for r in runs]}
-
-
-def summarize_recovery(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Repeated recoveries as one row: the median run's figures, the median seconds until
-    windows moved again with their min and max, and every run (a failed one fails the row,
-    ``bench.verdict``)."""
-    seconds = [float(r["seconds_until_windows_move_again"]) for r in runs
-               if isinstance(r.get("seconds_until_windows_move_again"), int | float)]
-    if not seconds:
-        return {**runs[0], "repeats": len(runs), "runs": runs}
-    median = statistics.median(seconds)
-    median_run = min((r for r in runs if "seconds_until_windows_move_again" in r),
-                     key=lambda r: abs(float(r["seconds_until_windows_move_again"]) - median))
-    spread = {"seconds_until_windows_move_again": [min(seconds), max(seconds)]}
-    row = {**median_run, "repeats": len(runs), "seconds_until_windows_move_again": median,
-           "spread": spread, "runs": runs}
-    seen = [float(r["seconds_until_the_master_saw_it"]) for r in runs
-            if isinstance(r.get("seconds_until_the_master_saw_it"), int | float)]
-    if seen:  # the same moment as the master heard of it, a heartbeat later
-        row["seconds_until_the_master_saw_it"] = statistics.median(seen)
-        spread["seconds_until_the_master_saw_it"] = [min(seen), max(seen)]
-    return row
 
 
 def _repeated(jobs: list[tuple[str, Any]], repeat: int) -> list[dict[str, Any]]:
@@ -418,23 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nstartup: first window result {s.get('first_result_seconds', '?')} s after the "
               f"master started; idle (source-only) container {s.get('source_container_rss_mb')}"
               f" MB, Spark container {s.get('spark_container_rss_mb')} MB")
-    for key, label in (("recovery", "with a warm spare"),
-                       ("recovery_without_spare", "without a spare"),
-                       ("recovery_on_ray", "on Ray, a node lost, with a warm spare")):
-        if key not in report:
-            continue
-        r = report[key]
-        low, high = r.get("spread", {}).get("seconds_until_windows_move_again", ["?", "?"])
-        seen_low, seen_high = r.get("spread", {}).get("seconds_until_the_master_saw_it",
-                                                      ["?", "?"])
-        print(f"recovery {label} ({r.get('repeats', 1)} runs, median): {r.get('killed', '?')} "
-              f"killed, its operators moved to {r.get('moved_to', '?')}; windows moving again "
-              f"after {r.get('seconds_until_windows_move_again', '?')} s (min-max "
-              f"{low}-{high} s; the master saw it after "
-              f"{r.get('seconds_until_the_master_saw_it', '?')} s, {seen_low}-{seen_high} s), "
-              f"{r.get('windows_replayed', '?')} windows replayed, final state "
-              f"{r.get('final_state', '?')}, every event counted at least once: "
-              f"{r.get('every_event_counted_at_least_once', '?')}")
+    print_recovery_rows(report)
     if "master_restart" in report:
         m = report["master_restart"]
         journal, back = m.get("journal", {}), m.get("restart", {})

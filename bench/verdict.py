@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.recovery_rows import ROWS as RECOVERY_ROWS
+
 __all__ = ["failed_rows"]
 
 
@@ -48,7 +50,7 @@ def failed_rows(report: dict[str, Any]) -> list[str]:
     for key in ("running_count", "startup", "master_restart", "control_plane"):
         if key in report:
             failed.append((key.replace("_", " "), _why(report[key])))
-    for key in ("recovery", "recovery_without_spare", "recovery_on_ray"):
+    for key, _ in RECOVERY_ROWS:
         if key in report:
             runs = report[key].get("runs") or [report[key]]
             failed += [(key.replace("_", " "), _recovery_why(r)) for r in runs]

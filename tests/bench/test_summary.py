@@ -81,3 +81,13 @@ def test_recovery_runs_give_the_median_and_spread_and_a_failed_run_fails_the_row
     row = summarize_recovery([recovery(0.9),
                               recovery(0.8, every_event_counted_at_least_once=False)])
     assert failed_rows({"recovery": row}) == ["recovery: not every event was counted"]
+
+
+def test_a_failed_recovery_on_ray_fails_the_bench():
+    from bench.verdict import failed_rows
+
+    ok = {"final_state": "FINISHED", "every_event_counted_at_least_once": True,
+          "seconds_until_windows_move_again": 3.8}
+    assert failed_rows({"recovery_on_ray": {"runs": [ok, ok]}}) == []
+    assert failed_rows({"recovery_on_ray": {"runs": [ok, {"error": "no spare"}]}}) == [
+        "recovery on ray: no spare"]
