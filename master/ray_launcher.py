@@ -33,6 +33,7 @@ __all__ = ["RayLauncher"]
 _LOGGER = logging.getLogger("weir.master.launcher")
 
 _POLL_S = 0.2
+_RETRY_S = 1.0
 _LOG_KEPT = 1 << 20
 _STOP_TIMEOUT_S = 5.0
 
@@ -206,7 +207,14 @@ class RayLauncher(Launcher):
             if not pending:
                 self._stop.wait(_POLL_S)
                 continue
-            ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+            try:
+                ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
+            except Exception as exc:  # noqa: BLE001 - Ray unreachable: the heartbeat
+                # timeouts still find lost containers; the watch goes on when Ray is back
+                _LOGGER.warning("watching Ray actors failed (%s: %s); again in %.0f s",
+                                type(exc).__name__, exc, _RETRY_S)
+                self._stop.wait(_RETRY_S)
+                continue
             for ref in ready:
                 container_id, held = pending[ref]
                 try:

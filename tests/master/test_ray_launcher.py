@@ -21,8 +21,10 @@ pytestmark = pytest.mark.timeout(240)
 # Stands in for `python -m weir.container`: says what it was given, waits (or exits 3).
 FAKE_CONTAINER = """
 import os, sys, time
+from weir.container.parent_death import die_with_parent
 print("SECRET", os.environ.get("WEIR_SECRET"), "ID", os.environ.get("WEIR_CONTAINER_ID"),
       "PARENT", os.environ.get("WEIR_PARENT_PID"), flush=True)
+assert die_with_parent()  # as the container does
 if sys.argv[sys.argv.index("--id") + 1].endswith("x3"):
     sys.exit(3)
 time.sleep(120)
@@ -47,6 +49,18 @@ def launcher(ray_cluster, tmp_path):  # noqa: F811 - the fixture
         ray.shutdown()
 
 
+def _container_processes(container_id: str) -> list[psutil.Process]:
+    """The live fake container processes of ``container_id``, wherever Ray runs them."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ", "status"]):
+        info = proc.info
+        if (info["status"] != psutil.STATUS_ZOMBIE
+                and "fake_container.py" in " ".join(info["cmdline"] or [])
+                and (info["environ"] or {}).get("WEIR_CONTAINER_ID") == container_id):
+            found.append(proc)
+    return found
+
+
 def _log(launcher, container_id):
     return launcher.log(container_id, 4096)[0].decode()
 
@@ -65,13 +79,10 @@ def test_containers_in_actors_placed_by_their_requests(launcher, ray_cluster):  
     launcher.launch("c2", Resources(cores=1))  # no room left
     assert "pending" in launcher.waiting("c2")
     # the container dies with its actor: no orphan process, no JVM left behind
-    pid = int(_log(launcher, "c0").split("PARENT ")[1].split()[0])
-    container = next(p for p in psutil.Process(pid).children()
-                     if "fake_container.py" in " ".join(p.cmdline()))
+    assert _container_processes("c0")
     launcher.kill("c0")
     assert told.get(timeout=60) == "c0" and launcher.exit_code("c0") == -9
-    poll_for(lambda: not container.is_running() or container.status() == "zombie", 30,
-             "the killed actor's container to end")
+    poll_for(lambda: not _container_processes("c0"), 30, "the killed actor's container to end")
     poll_for(lambda: launcher.waiting("c2") == "", 60, "c2 to be placed in the room c0 left")
     launcher.launch("x3")  # no request: it exits 3 by itself
     poll_for(lambda: launcher.exit_code("x3") is not None, 60, "x3 to end")
@@ -83,12 +94,15 @@ def test_containers_in_actors_placed_by_their_requests(launcher, ray_cluster):  
     from weir.master.ray_launcher import RayLauncher
 
     again = RayLauncher("127.0.0.1:5151", address=ray_cluster.address)
-    again.set_credentials(launcher.credential_env)
-    assert again.tag == launcher.tag
-    again.adopt("c1", 0, "")  # alive
-    again.adopt("c0", 0, "")  # killed above: its actor is gone
-    poll_for(lambda: again.exit_code("c0") == -9, 30, "c0 known as ended")
-    poll_for(lambda: "ID c1" in (_log(again, "c1") if "c1" in again._held else ""), 30,
-             "c1 adopted")
-    again.kill("c1")
-    poll_for(lambda: launcher.exit_code("c1") == -9, 60, "the adopted c1 killed")
+    try:
+        again.set_credentials(launcher.credential_env)
+        assert again.tag == launcher.tag
+        again.adopt("c1", 0, "")  # alive
+        again.adopt("c0", 0, "")  # killed above: its actor is gone
+        poll_for(lambda: again.exit_code("c0") == -9, 30, "c0 known as ended")
+        poll_for(lambda: "ID c1" in (_log(again, "c1") if "c1" in again._held else ""), 30,
+                 "c1 adopted")
+        again.kill("c1")
+        poll_for(lambda: launcher.exit_code("c1") == -9, 60, "the adopted c1 killed")
+    finally:
+        again.stop_all(grace_s=1.0)
