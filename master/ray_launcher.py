@@ -173,6 +173,9 @@ class RayLauncher(Launcher):
         for held in live:
             self._end(held, signum=signal.SIGKILL)
         self._stop.set()
+        # no thread of ours may be inside a Ray call when the process next shuts Ray down
+        # (a ray.shutdown() under a thread's ray.wait() takes the whole process with it)
+        self._watcher.join(timeout=_STOP_TIMEOUT_S)
 
     def _end(self, held: _Held, signum: int) -> None:
         """Stops the container (its process group) and releases its actor."""
