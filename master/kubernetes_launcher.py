@@ -29,7 +29,13 @@ from weir.master.kubernetes_pods import (
     pod_manifest,
     secret_manifest,
 )
-from weir.master.launcher import NO_REQUEST, Launcher, Resources, master_tag
+from weir.master.launcher import (
+    LOG_KEPT_BYTES,
+    NO_REQUEST,
+    Launcher,
+    Resources,
+    master_tag,
+)
 from weir.proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["KubernetesLauncher"]
@@ -41,8 +47,6 @@ _WATCH_TIMEOUT_S = 60
 
 _RETRY_S = 1.0
 
-_LOG_KEPT = 1 << 20
-"""How much of an ended pod's log is kept for ``weir logs`` once the pod is deleted."""
 
 
 class KubernetesLauncher(Launcher):
@@ -271,7 +275,7 @@ class KubernetesLauncher(Launcher):
                                 view.ending)
             self._exited(container_id)
             if not view.gone:  # an ended pod is released, its log kept for `weir logs`
-                view.last_log = self._read_log(view.name)[-_LOG_KEPT:]
+                view.last_log = self._read_log(view.name)[-LOG_KEPT_BYTES:]
                 with self._lock:
                     self._deleting.add(container_id)
                 self._delete_pod(view.name, grace_s=0)

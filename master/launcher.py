@@ -27,6 +27,7 @@ from weir.proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = [
     "CREDENTIAL_ENV",
+    "LOG_KEPT_BYTES",
     "NO_REQUEST",
     "Launcher",
     "LauncherFactory",
@@ -62,6 +63,10 @@ class Resources:
 
 
 NO_REQUEST = Resources()
+
+LOG_KEPT_BYTES = 1 << 20
+"""How much of an ended container's log a cluster launcher keeps for ``weir logs`` once
+it released the pod or actor that held the log."""
 
 
 def master_tag(env: Mapping[str, str]) -> str:

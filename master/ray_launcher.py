@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weir.master.launcher import (
+    LOG_KEPT_BYTES,
     NO_REQUEST,
     Launcher,
     Resources,
@@ -34,7 +35,6 @@ _LOGGER = logging.getLogger("weir.master.launcher")
 
 _POLL_S = 0.2
 _RETRY_S = 1.0
-_LOG_KEPT = 1 << 20
 _STOP_TIMEOUT_S = 5.0
 
 
@@ -236,7 +236,7 @@ class RayLauncher(Launcher):
             return
         if code != -9:  # the actor lives: keep its log's end, then release it
             try:
-                held.last_log = self._ray.get(held.actor.log_tail.remote(_LOG_KEPT),
+                held.last_log = self._ray.get(held.actor.log_tail.remote(LOG_KEPT_BYTES),
                                               timeout=10)
             except Exception:  # noqa: BLE001 - gone meanwhile
                 held.last_log = None
