@@ -1,6 +1,10 @@
 """Process stats for heartbeats: real CPU, memory and GC figures."""
 
 import gc
+import subprocess
+import sys
+
+import psutil
 
 from weir.container.stats import GcMonitor, ProcessStats
 
@@ -28,4 +32,43 @@ def test_process_sample_reports_cpu_and_memory():
         assert sample.memory_mb_free > 0
         assert stats.process_name.split("@")[0].isdigit()
     finally:
+        stats.close()
+
+
+def test_children_are_listed_again_only_after_their_ttl(monkeypatch):
+    stats = ProcessStats()
+    listed = []
+    real = psutil.Process.children
+    monkeypatch.setattr(psutil.Process, "children",
+                        lambda self, recursive=False: listed.append(1) or real(self, recursive))
+    try:
+        for _ in range(5):
+            stats.sample()
+        assert listed == []  # listed once in __init__, before the patch
+        stats._listed_s -= ProcessStats.CHILDREN_TTL_S
+        stats.sample()
+        assert listed == [1]
+    finally:
+        stats.close()
+
+
+def test_a_child_counts_in_memory_and_one_that_ended_is_dropped():
+    stats = ProcessStats()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys, time; x = bytearray(150 << 20); x[::4096] = b'1' * "
+                              "len(x[::4096]); print('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        alone = stats.sample().memory_rss_mb  # the child is not listed yet (TTL)
+        stats._listed_s -= ProcessStats.CHILDREN_TTL_S
+        with_child = stats.sample().memory_rss_mb
+        assert with_child - alone >= 140
+        child.kill()
+        child.wait(timeout=10)
+        stats.sample()  # notices the ended child, lists again at the next
+        assert stats.sample().memory_rss_mb < with_child - 100
+    finally:
+        child.kill()
+        child.wait(timeout=10)
         stats.close()
