@@ -18,7 +18,7 @@ from weir.master import liveness, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
 from weir.master.errors import FailedPrecondition, InvalidArgument
-from weir.master.launcher import Launcher, Resources, UnplaceableRequest
+from weir.master.launcher import Launcher, Resources, UnplaceableRequest, check_spark_fits
 from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
@@ -30,6 +30,7 @@ from weir.master.repartition import Repartition, repartition
 from weir.master.report_filter import bounded_text
 from weir.master.run_folders import RunFolders
 from weir.master.run_store import RunStore
+from weir.master.spares import uses_spark
 from weir.master.state_owner import new_run_id
 from weir.master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
 from weir.operators.dag import DagError, validate_descriptor
@@ -131,6 +132,7 @@ class MasterCore:
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
                 self.launcher.check_request(Resources.of(plan.attributes))
+                check_spark_fits(plan.attributes, uses_spark(dag))
                 seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
                                                          allow_dropped, manifest)
                           if manifest is not None else None)
@@ -358,9 +360,10 @@ class MasterCore:
                 live = app.plan.live_containers()
                 if not live or not self._apps.is_current(app):
                     continue
-                exit_codes, waiting = self._launches.observe(live)
-                lost = liveness.check_liveness(app, self.clock(), exit_codes,
-                                               self.stop_grace_ms, waiting)
+                seen = self._launches.observe(live)
+                lost = liveness.check_liveness(app, self.clock(), seen.exit_codes,
+                                               self.stop_grace_ms, seen.waiting,
+                                               seen.exit_reasons)
                 actions = self._launches.take(app)
                 self._persist(app)
                 if lost:

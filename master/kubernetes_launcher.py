@@ -130,6 +130,8 @@ class KubernetesLauncher(Launcher):
             self._pods[container_id] = PodView(body["metadata"]["name"])
         self._call(f"create pod for {container_id}", self.api.create_namespaced_pod,
                    self.namespace, body)
+        with self._lock:
+            self._pods[container_id].created_s = time.monotonic()
         _LOGGER.info("container=%s pod %s/%s created", container_id, self.namespace,
                      body["metadata"]["name"])
 
@@ -168,6 +170,11 @@ class KubernetesLauncher(Launcher):
         with self._lock:
             view = self._pods.get(container_id)
             return None if view is None else view.exit_code
+
+    def exit_reason(self, container_id: str) -> str:
+        with self._lock:
+            view = self._pods.get(container_id)
+            return "" if view is None or view.exit_code is None else view.ending
 
     def waiting(self, container_id: str) -> str:
         with self._lock:
@@ -230,10 +237,11 @@ class KubernetesLauncher(Launcher):
         selector = f"{LABEL_MASTER}={self.tag}"
         while not self._stop.is_set():
             try:
+                asked_s = time.monotonic()
                 listed = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
                 for pod in listed.items:
                     self._seen("MODIFIED", pod.to_dict())
-                self._missing({pod.metadata.name for pod in listed.items})
+                self._missing({pod.metadata.name for pod in listed.items}, asked_s)
                 version = listed.metadata.resource_version
                 stream = watch.Watch().stream(
                     self.api.list_namespaced_pod, self.namespace, label_selector=selector,
@@ -249,11 +257,14 @@ class KubernetesLauncher(Launcher):
                                 self.namespace, type(exc).__name__, exc, _RETRY_S)
                 self._stop.wait(_RETRY_S)
 
-    def _missing(self, listed: set[str]) -> None:
-        """Adopted pods the list lacks are gone (deleted while no master watched)."""
+    def _missing(self, listed: set[str], asked_s: float) -> None:
+        """Pods the list lacks are gone, if they existed when it was asked for: adopted
+        ones (deleted while no master watched), and those created before (deleted while
+        the watch was broken, or before it first listed: no event will tell)."""
         with self._lock:
             gone = [cid for cid, view in self._pods.items()
-                    if view.adopted and view.exit_code is None and view.name not in listed]
+                    if view.exit_code is None and view.name not in listed
+                    and (view.adopted or 0 < view.created_s < asked_s)]
         for container_id in gone:
             self._seen("DELETED", {"metadata": {"labels": {LABEL_CONTAINER: container_id}}})
 

@@ -131,6 +131,7 @@ class PodView:
     ending: str = ""
     last_log: bytes | None = None  # its log's end, read before an ended pod is deleted
     adopted: bool = False  # created by an earlier master process
+    created_s: float = 0.0  # when its create returned (monotonic); 0 = not yet, or adopted
 
     def update(self, kind: str, pod: dict[str, Any], *, deleting: bool) -> None:
         status = pod.get("status") or {}

@@ -15,6 +15,8 @@ import hashlib
 import hmac
 import importlib
 import logging
+import math
+import re
 import secrets
 import signal
 import threading
@@ -37,6 +39,7 @@ __all__ = [
     "UnplaceableRequest",
     "launcher_factory",
     "launcher_names",
+    "check_spark_fits",
     "master_tag",
     "register_launcher",
 ]
@@ -81,6 +84,28 @@ def master_tag(env: Mapping[str, str]) -> str:
 
 class UnplaceableRequest(ValueError):
     """No node of the launcher's manager could ever run a container asking for this."""
+
+
+_JVM_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024, "": 1}
+
+
+def check_spark_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
+    """Raises UnplaceableRequest when containers running Spark ask for less memory than
+    its driver takes: the heap (``SPARK_DRIVER_MEMORY``) and the JVM's own memory beside
+    it, which Spark counts as max(384 MB, 10 % of the heap) (``memoryOverhead``). Such a
+    container would be killed at its first large job, by its launcher or the kernel."""
+    memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0))
+    found = _JVM_SIZE.match(str(attributes.get("SPARK_DRIVER_MEMORY", "")))
+    if not uses_spark or not memory_mb or found is None:
+        return  # no request, or a size Spark itself will refuse with its own words
+    heap_mb = int(found.group(1)) * _MB_PER_UNIT[found.group(2).lower()]
+    needed_mb = math.ceil(heap_mb + max(384, heap_mb / 10))
+    if memory_mb < needed_mb:
+        raise UnplaceableRequest(
+            f"CONTAINER_MEMORY_MB={memory_mb} is less than Spark's driver needs "
+            f"(SPARK_DRIVER_MEMORY={attributes['SPARK_DRIVER_MEMORY']}: {needed_mb:,} MB with "
+            "the JVM's own memory): ask for more memory, or give Spark a smaller heap")
 
 
 class Launcher(abc.ABC):
@@ -134,6 +159,11 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def exit_code(self, container_id: str) -> int | None:
         """The container's exit code once it ended; None while it runs or if unknown."""
+
+    def exit_reason(self, container_id: str) -> str:
+        """Why the ended container ended, where its manager says more than its exit code
+        (killed over its memory limit, evicted); "" otherwise. Shown in its diagnostics."""
+        return ""
 
     @abc.abstractmethod
     def kill(self, container_id: str, dump_threads: bool = False) -> None:

@@ -4,6 +4,7 @@ once."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -13,11 +14,20 @@ from weir.master.application import Application, LauncherAction, LaunchKind
 from weir.master.launcher import Launcher, Resources
 from weir.master.physical_plan import ContainerState, PTContainer
 
-__all__ = ["Launches"]
+__all__ = ["Launches", "Observed"]
 
 _LOGGER = logging.getLogger("weir.master.core")
 
 Actions = list[tuple[Application, LauncherAction]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What ``Launches.observe`` found (see ``liveness.check_liveness``)."""
+
+    exit_codes: dict[str, int | None]
+    waiting: dict[str, str]
+    exit_reasons: dict[str, str]
 
 
 class Launches:
@@ -42,14 +52,16 @@ class Launches:
                 self.apps.add_container(app, action.container_id)
         return [(app, action) for action in actions]
 
-    def observe(self, containers: list[PTContainer]
-                ) -> tuple[dict[str, int | None], dict[str, str]]:
-        """What the launcher knows of ``containers``: exit codes (None while running) and,
-        for those launched but not yet placed, the manager's reason."""
+    def observe(self, containers: list[PTContainer]) -> Observed:
+        """What the launcher knows of ``containers``: exit codes (None while running) with
+        the manager's reason for an ended one, and, for those launched but not yet placed,
+        why they wait."""
         exit_codes = {c.id: self.launcher.exit_code(c.id) for c in containers}
         waiting = {c.id: reason for c in containers if c.state == ContainerState.ALLOCATED
                    and (reason := self.launcher.waiting(c.id))}
-        return exit_codes, waiting
+        reasons = {cid: reason for cid, code in exit_codes.items()
+                   if code is not None and (reason := self.launcher.exit_reason(cid))}
+        return Observed(exit_codes, waiting, reasons)
 
     def carry_out(self, actions: Actions) -> None:
         """Kills, then launches, outside the lock."""

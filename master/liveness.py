@@ -56,8 +56,8 @@ def timeout_window_count(op: PTOperator, window_ms: int) -> int:
 
 
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
-                   stop_grace_ms: int, waiting: Mapping[str, str] | None = None
-                   ) -> list[ContainerLoss]:
+                   stop_grace_ms: int, waiting: Mapping[str, str] | None = None,
+                   exit_reasons: Mapping[str, str] | None = None) -> list[ContainerLoss]:
     """The containers of ``app`` to give up on now, already marked KILLED and recovered.
 
     Once the application is terminal, containers that exited are recorded and those
@@ -71,6 +71,8 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
         waiting: container id -> why its manager has not placed it yet (launched
             containers only): shown in its diagnostics, and its heartbeat is not
             awaited before it runs.
+        exit_reasons: container id -> why it ended, where the launcher knows more than
+            its exit code (over its memory limit): part of the loss's cause.
     """
     timeout_ms = app.heartbeat_timeout_ms
     losses: list[ContainerLoss] = []
@@ -86,7 +88,7 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
             continue
         _note_placement(container, (waiting or {}).get(container.id, ""), now_ms)
         cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
-                       stop_grace_ms)
+                       stop_grace_ms, (exit_reasons or {}).get(container.id, ""))
         if cause:  # a process still there when the app runs on: silent, or never called
             losses.append(lose_container(
                 app, container, cause, now_ms,
@@ -126,7 +128,7 @@ def _note_placement(container: PTContainer, reason: str, now_ms: int) -> None:
 
 
 def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int | None,
-           timeout_ms: int, stop_grace_ms: int) -> str:
+           timeout_ms: int, stop_grace_ms: int, exit_reason: str = "") -> str:
     if app.terminal:
         if container.state == ContainerState.NEW:
             return f"never launched: the application is {app.state.value}"
@@ -139,7 +141,8 @@ def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int
     if container.state == ContainerState.NEW:
         return ""
     if exit_code is not None:
-        return f"its process exited with code {exit_code}"
+        return f"its process exited with code {exit_code}" + (
+            f": {exit_reason}" if exit_reason else "")
     if container.state == ContainerState.ACTIVE:
         silent_ms = now_ms - app.container_stats[container.id].last_heartbeat_ms
         if silent_ms > timeout_ms:

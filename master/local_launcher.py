@@ -1,5 +1,6 @@
 """The local launcher: each container a process of this machine, in its own process
-group, its log a private file; killed (after a thread dump) when the master gives up on it."""
+group, its log a private file, held to its request (``local_limits``); killed (after a
+thread dump) when the master gives up on it."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from weir.master.launcher import (
     Resources,
     UnplaceableRequest,
 )
+from weir.master.local_limits import CoreSets, MemoryGuard
 from weir.proto.contract import CONTAINER_ID_ENV
 from weir.storage.private_files import UntrustedPath, make_private_dir
 
@@ -97,6 +99,7 @@ _DUMP_WAIT_S = 0.2
 """How long a container is given to write its thread dump before it is killed."""
 
 _CAN_WATCH = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
+_CAN_PIN = hasattr(os, "sched_setaffinity")
 """Whether a thread can wait for a child's exit without reaping it (not on Windows)."""
 
 
@@ -116,6 +119,10 @@ class LocalProcessLauncher(Launcher):
             ``_open_log``); otherwise they are inherited.
         command: the program before ``--master``; ``python -m weir.container`` by default.
         env: extra environment variables for the containers.
+
+    The application's request is held to (``local_limits``): a container whose processes
+    use more than ``CONTAINER_MEMORY_MB`` is killed, its diagnostics saying so
+    (``exit_reason``), and ``CONTAINER_CORES`` pins it to that many cores, rounded up.
     """
 
     def __init__(self, master_address: str, log_dir: str | Path | None = None, *,
@@ -129,14 +136,17 @@ class LocalProcessLauncher(Launcher):
         self.env = dict(env or {})
         self._children: dict[str, _Child] = {}
         self._lock = threading.Lock()
+        self._reasons: dict[str, str] = {}
+        self._memory = MemoryGuard(self._over_memory)
+        self._cores = CoreSets() if _CAN_PIN else None
 
     def argv(self, container_id: str) -> list[str]:
         """The command line of container ``container_id``."""
         return [*self.command, "--master", self.master_address, "--id", container_id]
 
     def check_request(self, resources: Resources) -> None:
-        """Every container runs on this machine: a request larger than it is refused (a
-        smaller one is met by sharing the machine; nothing here enforces it)."""
+        """Every container runs on this machine: a request larger than it is refused, and
+        so are cores where this system cannot pin a process to them."""
         memory_mb = psutil.virtual_memory().total >> 20
         if resources.memory_mb > memory_mb:
             raise UnplaceableRequest(f"CONTAINER_MEMORY_MB={resources.memory_mb} is more than this "
@@ -149,6 +159,9 @@ class LocalProcessLauncher(Launcher):
                              f"machine's {cores} cores, and the local launcher runs every "
                              "container here: ask for fewer, or run the master with a "
                              "launcher that has bigger nodes (--launcher kubernetes)")
+        if resources.cores and self._cores is None:
+            raise UnplaceableRequest("CONTAINER_CORES is set, and the local launcher cannot pin "
+                                     "a process to cores on this system: leave it at 0 here")
 
     def launch(self, container_id: str, resources: Resources = NO_REQUEST) -> None:
         self.check_request(resources)
@@ -168,11 +181,38 @@ class LocalProcessLauncher(Launcher):
             raise
         with self._lock:
             self._children[container_id] = _Child(popen, log_file)
+            self._reasons.pop(container_id, None)
+        self._hold_to(container_id, popen.pid, resources)
         _LOGGER.info("container=%s launched: pid %d%s", container_id, popen.pid,
                      f", log {self.log_dir / (container_id + '.log')}" if self.log_dir else "")
         if _CAN_WATCH:
             threading.Thread(target=self._watch, args=(container_id, popen.pid),
                              name=f"weir-watch-{container_id}", daemon=True).start()
+
+    def _hold_to(self, container_id: str, pid: int, resources: Resources) -> None:
+        """Pins the new container to its cores and watches its memory; a pin that fails
+        kills it and fails the launch (a request is met, or refused)."""
+        if resources.cores and self._cores is not None:
+            cores = self._cores.take(resources.cores)
+            try:  # before it starts a thread or a JVM: they inherit the set
+                os.sched_setaffinity(pid, cores)
+            except OSError as exc:
+                self.kill(container_id)
+                raise OSError(exc.errno, f"could not pin container {container_id} to cores "
+                              f"{sorted(cores)} (CONTAINER_CORES={resources.cores:g}): "
+                              f"{exc.strerror}") from None
+        if resources.memory_mb:
+            self._memory.watch(container_id, pid, resources.memory_mb)
+
+    def _over_memory(self, container_id: str, reason: str) -> None:
+        _LOGGER.warning("container=%s %s", container_id, reason)
+        with self._lock:
+            self._reasons[container_id] = reason
+        self.kill(container_id)
+
+    def exit_reason(self, container_id: str) -> str:
+        with self._lock:
+            return self._reasons.get(container_id, "")
 
     def _watch(self, container_id: str, pid: int) -> None:
         """Waits for the container process to end and tells ``on_exit`` at once.
@@ -185,6 +225,7 @@ class LocalProcessLauncher(Launcher):
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass  # already reaped (a poll or a kill got there first): it ended all the same
+        self._memory.forget(container_id)
         self._exited(container_id)
 
     def adopt(self, container_id: str, pid: int, host: str) -> None:
@@ -253,6 +294,7 @@ class LocalProcessLauncher(Launcher):
         time.sleep(_DUMP_WAIT_S)  # faulthandler writes from the signal handler at once
 
     def stop_all(self, grace_s: float = 5.0) -> None:
+        self._memory.stop()
         with self._lock:
             children = dict(self._children)
         for child in children.values():

@@ -171,10 +171,13 @@ _ALL = [
               "a new spare is then started in the background."),
     Attribute("CONTAINER_MEMORY_MB", _within(0, 16 << 20, " MB"), 0, Scope.DAG,
               "Memory each container asks its cluster manager for (a Kubernetes pod's request "
-              "and limit, a Ray actor's memory); 0 = no request. A request no node can meet "
-              "is refused when the application is submitted."),
+              "and limit, a Ray actor's memory; on the local launcher a limit on the "
+              "container's processes, over which it is killed); 0 = no request. A request no "
+              "node can meet, or one below what Spark's driver needs, is refused when the "
+              "application is submitted."),
     Attribute("CONTAINER_CORES", _cores, 0.0, Scope.DAG,
-              "CPU cores each container asks its cluster manager for (0.5 = half a core); "
+              "CPU cores each container asks its cluster manager for (0.5 = half a core; "
+              "the local launcher pins the container to that many cores, rounded up); "
               "0 = no request."),
     Attribute("CONTAINER", _within(-1, MAX_COUNT - 1), -1, Scope.OPERATOR,
               "Pin the operator to container number N (0-based); -1 = placed by the master."),

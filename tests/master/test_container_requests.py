@@ -1,14 +1,21 @@
 """What a container asks its cluster manager for (CONTAINER_MEMORY_MB, CONTAINER_CORES):
-handed to the launcher with every launch, refused at submit when no node could meet it,
-and a container waiting for room shown as such instead of being given up on."""
+handed to the launcher with every launch, refused at submit when no node could meet it
+(or when Spark's driver would not fit), a container waiting for room shown as such
+instead of being given up on, and the local launcher holding containers to it."""
 
 from __future__ import annotations
 
 import os
+import queue
+import signal
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
 
+from tests.harness import poll_for
 from tests.master.fakes import ManualClock, chain_descriptor
 from tests.master.test_heartbeat import make_app
 from weir.master.core import MasterCore
@@ -16,6 +23,7 @@ from weir.master.errors import InvalidArgument
 from weir.master.launcher import RecordingLauncher, Resources, UnplaceableRequest
 from weir.master.liveness import check_liveness
 from weir.master.local_launcher import LocalProcessLauncher
+from weir.master.local_limits import MEMORY_POLL_S, CoreSets, MemoryGuard, tree_rss_bytes
 from weir.master.physical_plan import ContainerState
 
 pytestmark = pytest.mark.timeout(30)
@@ -81,3 +89,102 @@ def test_a_container_waiting_for_room_is_shown_and_not_given_up_on():
     clock.advance(1000)
     [loss] = check_liveness(app, clock(), {}, 60_000, {})
     assert loss.container_id == "app-0001-c1" and "never sent a heartbeat" in loss.cause
+
+
+def test_a_reason_the_launcher_gives_is_part_of_the_loss():
+    clock = ManualClock()
+    app = make_app(clock)
+    clock.advance(100)
+    [loss] = check_liveness(app, clock(), {"app-0001-c1": -9}, 60_000, {},
+                            {"app-0001-c1": "killed by the local launcher: over its limit"})
+    assert loss.cause == ("its process exited with code -9: killed by the local launcher: "
+                          "over its limit")
+
+
+def test_spark_containers_asking_for_less_than_the_driver_needs_are_refused_at_submit():
+    core = MasterCore(RecordingLauncher(), clock=ManualClock())
+    spark = chain_descriptor(2)
+    spark.operators[0].uses_spark = True
+    with pytest.raises(InvalidArgument, match=r"CONTAINER_MEMORY_MB=1200 .*SPARK_DRIVER_MEMORY="
+                                              r"1g: 1,408 MB"):
+        core.submit(spark, {"CONTAINER_MEMORY_MB": "1200"})  # 1 GB heap + 384 MB
+    with pytest.raises(InvalidArgument, match="SPARK_DRIVER_MEMORY=4096m: 4,506 MB"):
+        core.submit(spark, {"CONTAINER_MEMORY_MB": "4500", "SPARK_DRIVER_MEMORY": "4096m"})
+    core.submit(spark, {"CONTAINER_MEMORY_MB": "1408"})
+    core.submit(chain_descriptor(2), {"CONTAINER_MEMORY_MB": "200"})  # no Spark: no heap
+
+
+def _sleeper(tmp_path, allocate_mb: int = 0):
+    """A command standing in for `python -m weir.container`: allocates (and touches)
+    ``allocate_mb``, starts a child that holds as much, then waits to be stopped."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        f"grab = 'x = bytearray({allocate_mb} << 20); x[::4096] = b\"1\" * len(x[::4096])'\n"
+        "exec(grab)\n"
+        "child = subprocess.Popen([sys.executable, '-c', grab + '\\nimport time; "
+        "time.sleep(60)'])\n"
+        "time.sleep(60)\n")
+    return [sys.executable, str(script)]
+
+
+def test_the_local_launcher_kills_a_container_over_its_memory_and_says_why(tmp_path):
+    launcher = LocalProcessLauncher("127.0.0.1:1", command=_sleeper(tmp_path, 60))
+    told: queue.Queue[str] = queue.Queue()
+    launcher.on_exit = told.put
+    try:
+        launcher.launch("app-0001-c0", Resources(memory_mb=100))  # 2 x 60 MB + Python
+        launcher.launch("app-0001-c1", Resources(memory_mb=1000))
+        assert told.get(timeout=20) == "app-0001-c0"
+        assert launcher.exit_code("app-0001-c0") == -9
+        reason = launcher.exit_reason("app-0001-c0")
+        assert "killed by the local launcher" in reason
+        assert "over its CONTAINER_MEMORY_MB=100" in reason
+        used = int(reason.split("used ")[1].split(" MB")[0].replace(",", ""))
+        assert used > 100
+        time.sleep(2 * MEMORY_POLL_S)  # the guard has looked at c1 since
+        assert launcher.exit_code("app-0001-c1") is None
+        assert launcher.exit_reason("app-0001-c1") == ""
+    finally:
+        launcher.stop_all(grace_s=1.0)
+
+
+def test_memory_guard_sums_the_whole_process_tree(tmp_path):
+    child = subprocess.Popen(_sleeper(tmp_path, 50), start_new_session=True)
+    over: list[tuple[str, str]] = []
+    guard = MemoryGuard(lambda cid, why: over.append((cid, why)))
+    try:
+        poll_for(lambda: tree_rss_bytes(child.pid) > 100 << 20, 20, "both processes' memory")
+        assert psutil.Process(child.pid).memory_info().rss < 100 << 20  # not the parent alone
+        guard.watch("c0", child.pid, 100)
+        guard.check()
+        assert [cid for cid, _ in over] == ["c0"]
+        guard.check()  # told once, then forgotten
+        assert len(over) == 1
+    finally:
+        guard.stop()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning needs Linux and two cores")
+def test_the_local_launcher_pins_a_container_to_its_cores_in_turn(tmp_path):
+    launcher = LocalProcessLauncher("127.0.0.1:1", command=_sleeper(tmp_path))
+    try:
+        launcher.launch("app-0001-c0", Resources(cores=1))
+        launcher.launch("app-0001-c1", Resources(cores=0.5))  # rounded up to one core
+        launcher.launch("app-0001-c2")  # no request: not pinned
+        first = os.sched_getaffinity(launcher.pid("app-0001-c0"))
+        second = os.sched_getaffinity(launcher.pid("app-0001-c1"))
+        assert len(first) == len(second) == 1 and first != second
+        assert os.sched_getaffinity(launcher.pid("app-0001-c2")) == os.sched_getaffinity(0)
+    finally:
+        launcher.stop_all(grace_s=1.0)
+
+
+def test_core_sets_rotate_and_round_up():
+    cores = CoreSets([0, 1, 2])
+    assert cores.take(2) == {0, 1}
+    assert cores.take(0.5) == {2}
+    assert cores.take(8) == {0, 1, 2}

@@ -109,6 +109,23 @@ def test_a_vanished_pod_is_an_ended_container(launcher, kube_api):  # noqa: F811
     kube_api.vanish(NS, name)
     assert told.get(timeout=20) == "app-0001-c1"
     assert launcher.exit_code("app-0001-c1") == -9
+    assert "its pod was deleted" in launcher.exit_reason("app-0001-c1")
+
+
+def test_a_pod_a_relist_lacks_is_ended_if_it_existed_when_listed(launcher, kube_api):  # noqa: F811
+    """A deletion while the watch was broken sends no event: the next list tells it."""
+    told: queue.Queue[str] = queue.Queue()
+    launcher.on_exit = told.put
+    launcher.launch("app-0001-c1")
+    poll_for(lambda: _pod(kube_api, "app-0001-c1"), 20, "the pod")
+    created_s = launcher._pods["app-0001-c1"].created_s
+    assert created_s > 0
+    launcher._missing(set(), asked_s=created_s - 1)  # a list asked before the create
+    assert told.empty() and launcher.exit_code("app-0001-c1") is None
+    launcher._missing(set(), asked_s=created_s + 1)
+    assert told.get(timeout=5) == "app-0001-c1"
+    assert launcher.exit_code("app-0001-c1") == -9
+    assert "deleted" in launcher.exit_reason("app-0001-c1")
 
 
 def test_kill_deletes_the_pod_and_stop_all_the_secret_too(launcher, kube_api):  # noqa: F811

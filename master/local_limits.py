@@ -1,0 +1,117 @@
+"""What the local launcher makes of a container's request, so that it takes effect here
+too: ``CONTAINER_MEMORY_MB`` is a limit on the resident memory of the container's
+processes (Spark's JVM included), checked every second as YARN's NodeManager checks its
+containers, and a container over it is killed with the reason kept for its diagnostics;
+``CONTAINER_CORES`` pins the container to that many of this machine's cores (rounded up),
+given out in turn so that containers spread over the cores."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable
+
+import psutil
+
+__all__ = ["CoreSets", "MemoryGuard", "tree_rss_bytes"]
+
+_LOGGER = logging.getLogger("weir.master.launcher")
+
+MEMORY_POLL_S = 1.0
+"""How often the container's memory is measured (YARN's default is every 3 s)."""
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident bytes of process ``pid`` and all its descendants.
+
+    Raises:
+        psutil.NoSuchProcess: ``pid`` is gone.
+    """
+    root = psutil.Process(pid)
+    total = root.memory_info().rss
+    for child in root.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:
+            continue  # ended meanwhile
+    return total
+
+
+class MemoryGuard:
+    """Measures each watched container's process tree every ``poll_s`` and calls
+    ``over_limit(container_id, reason)`` once for one above its limit (then forgets it).
+
+    The thread starts with the first ``watch`` and ends at ``stop``; an error measuring
+    one container (other than its end) is logged and the others are still measured.
+    """
+
+    def __init__(self, over_limit: Callable[[str, str], None],
+                 poll_s: float = MEMORY_POLL_S) -> None:
+        self._over_limit = over_limit
+        self._poll_s = poll_s
+        self._watched: dict[str, tuple[int, int]] = {}  # container id -> (pid, limit MB)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, container_id: str, pid: int, limit_mb: int) -> None:
+        with self._lock:
+            self._watched[container_id] = (pid, limit_mb)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="weir-memory-guard",
+                                                daemon=True)
+                self._thread.start()
+
+    def forget(self, container_id: str) -> None:
+        with self._lock:
+            self._watched.pop(container_id, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    def check(self) -> None:
+        """One pass over the watched containers (the thread's loop; tests call it)."""
+        with self._lock:
+            watched = dict(self._watched)
+        for container_id, (pid, limit_mb) in watched.items():
+            try:
+                used = tree_rss_bytes(pid)
+            except psutil.NoSuchProcess:
+                self.forget(container_id)  # ended: its watcher tells the master
+                continue
+            except Exception:  # noqa: BLE001 - one container's error must not blind the guard
+                _LOGGER.exception("container=%s: measuring its memory failed", container_id)
+                continue
+            if used > limit_mb << 20:
+                self.forget(container_id)
+                self._over_limit(container_id, (
+                    f"killed by the local launcher: its processes used {used >> 20:,} MB of "
+                    f"memory, over its CONTAINER_MEMORY_MB={limit_mb:,}; give the "
+                    "application more (CONTAINER_MEMORY_MB), or its Spark less "
+                    "(SPARK_DRIVER_MEMORY)"))
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._poll_s):
+            self.check()
+
+
+class CoreSets:
+    """Hands out sets of this process's allowed cores, each starting where the previous
+    one ended, so that pinned containers spread over the machine."""
+
+    def __init__(self, cores: list[int] | None = None) -> None:
+        self._cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, cores: float) -> set[int]:
+        """``ceil(cores)`` cores (at most all of them)."""
+        wanted = min(len(self._cores), max(1, math.ceil(cores)))
+        with self._lock:
+            start, self._next = self._next, (self._next + wanted) % len(self._cores)
+        return {self._cores[(start + i) % len(self._cores)] for i in range(wanted)}
