@@ -15,6 +15,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.checkpoint_store import CheckpointStore, StoreCheckpointer
 from weir.container.durable_folders import DurableFolders, redeployed
 from weir.container.lease import Lease
+from weir.container.memory_shares import input_queue_bytes
 from weir.container.port_input import PortInput
 from weir.container.savepoint_parts import SavedParts, write_part
 from weir.container.stream_messages import Kind, Message
@@ -186,7 +187,8 @@ class Deployment:
             inputs = {
                 i.port_name: PortInput(
                     i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),
-                    capacity, stopped, from_window=resume, skip_to_latest=at_most_once)
+                    capacity, stopped, from_window=resume, skip_to_latest=at_most_once,
+                    max_bytes=input_queue_bytes(attributes))
                 for i in info.inputs
             }
             publishers = {  # windows after the checkpoint are published again

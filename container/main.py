@@ -30,6 +30,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.deploy import Deployment
 from weir.container.heartbeat_loop import HeartbeatLoop
 from weir.container.lease import Lease
+from weir.container.memory_shares import buffer_memory_bytes
 from weir.container.parent_death import die_with_parent
 from weir.container.stats import ProcessStats
 from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -234,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         return 1
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
-                                 tls=(identity.certificate_pem, identity.private_key_pem))
+                                 tls=(identity.certificate_pem, identity.private_key_pem),
+                                 memory_budget_bytes=buffer_memory_bytes(
+                                     {"CONTAINER_MEMORY_MB": resolve("CONTAINER_MEMORY_MB",
+                                                                     attributes)}))
     buffer_server.start()
     advertised = (advertised_host, buffer_server.address[1])
     spark = SparkSessionBridge.from_attributes(

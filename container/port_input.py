@@ -42,6 +42,8 @@ class PortInput:
             returns an iterable of messages and a function that cancels it from another
             thread.
         capacity: queue bound in messages.
+        max_bytes: queue bound in payload bytes (0: none); a message larger than it is
+            still taken when the queue is empty.
         stopped: polled while blocking, so an undeployed operator's thread exits.
         from_window: the first subscription starts after this window.
         retry_s: how long a lost upstream is waited for before the operator fails.
@@ -54,8 +56,12 @@ class PortInput:
     def __init__(self, name: str,
                  subscribe: Callable[[int], tuple[Iterable[Message], Callable[[], None]]],
                  capacity: int, stopped: threading.Event, *, from_window: int = -1,
-                 retry_s: float = 60.0, skip_to_latest: bool = False) -> None:
+                 retry_s: float = 60.0, skip_to_latest: bool = False,
+                 max_bytes: int = 0) -> None:
         self.name = name
+        self._max_bytes = max_bytes
+        self._queued_bytes = 0
+        self._room = threading.Condition()
         self._subscribe = subscribe
         self._from_window = from_window
         self._retry_s = retry_s
@@ -71,6 +77,14 @@ class PortInput:
         self._thread.start()
 
     def _put(self, item: Message | _Failure) -> bool:
+        size = item.nbytes if isinstance(item, Message) else 0
+        if self._max_bytes and size:
+            with self._room:
+                while self._queued_bytes and self._queued_bytes + size > self._max_bytes:
+                    if self._stopped.is_set():
+                        return False
+                    self._room.wait(_POLL_S)
+                self._queued_bytes += size
         while not self._stopped.is_set():
             try:
                 self._queue.put(item, timeout=_POLL_S)
@@ -149,6 +163,10 @@ class PortInput:
                 item = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
+            if self._max_bytes and isinstance(item, Message) and item.nbytes:
+                with self._room:
+                    self._queued_bytes -= item.nbytes
+                    self._room.notify()
             if isinstance(item, _Failure):
                 if isinstance(item.error, WindowGap):
                     raise item.error  # already names the port and the windows

@@ -1,7 +1,7 @@
 """What the local launcher makes of a container's request, so that it takes effect here
-too: ``CONTAINER_MEMORY_MB`` is a limit on the resident memory of the container's
-processes (Spark's JVM included), checked every second as YARN's NodeManager checks its
-containers, and a container over it is killed with the reason kept for its diagnostics;
+too: ``CONTAINER_MEMORY_MB`` is a limit on the memory of the container's processes
+(Spark's JVM included), checked every second as YARN's NodeManager checks its containers,
+and a container over it is killed with the reason kept for its diagnostics;
 ``CONTAINER_CORES`` pins the container to that many of this machine's cores (rounded up),
 given out in turn so that containers spread over the cores."""
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import psutil
 
-__all__ = ["CoreSets", "MemoryGuard", "tree_rss_bytes"]
+__all__ = ["CoreSets", "MemoryGuard", "tree_memory_bytes"]
 
 _LOGGER = logging.getLogger("weir.master.launcher")
 
@@ -23,17 +23,25 @@ MEMORY_POLL_S = 1.0
 """How often the container's memory is measured (YARN's default is every 3 s)."""
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of process ``pid`` and all its descendants.
+def _own_bytes(process: psutil.Process) -> int:
+    info = process.memory_info()
+    return info.rss - getattr(info, "shared", 0)
+
+
+def tree_memory_bytes(pid: int) -> int:
+    """The memory process ``pid`` and all its descendants hold: resident pages not backed
+    by a file (RSS less its shared pages), which the kernel cannot drop under pressure.
+    Mapped files (libraries, spill files the buffer server serves from a memory map) are
+    left out: counting them, as plain RSS does, would kill a container for its cache.
 
     Raises:
         psutil.NoSuchProcess: ``pid`` is gone.
     """
     root = psutil.Process(pid)
-    total = root.memory_info().rss
+    total = _own_bytes(root)
     for child in root.children(recursive=True):
         try:
-            total += child.memory_info().rss
+            total += _own_bytes(child)
         except psutil.Error:
             continue  # ended meanwhile
     return total
@@ -80,7 +88,7 @@ class MemoryGuard:
             watched = dict(self._watched)
         for container_id, (pid, limit_mb) in watched.items():
             try:
-                used = tree_rss_bytes(pid)
+                used = tree_memory_bytes(pid)
             except psutil.NoSuchProcess:
                 self.forget(container_id)  # ended: its watcher tells the master
                 continue

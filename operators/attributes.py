@@ -172,7 +172,9 @@ _ALL = [
     Attribute("CONTAINER_MEMORY_MB", _within(0, 16 << 20, " MB"), 0, Scope.DAG,
               "Memory each container asks its cluster manager for (a Kubernetes pod's request "
               "and limit, a Ray actor's memory; on the local launcher a limit on the "
-              "container's processes, over which it is killed); 0 = no request. A request no "
+              "container's processes, over which it is killed). A container keeps its "
+              "buffers inside it (the buffer server spills past a quarter, an input port "
+              "queues at most a sixteenth). 0 = no request. A request no "
               "node can meet, or one below what Spark's driver needs, is refused when the "
               "application is submitted."),
     Attribute("CONTAINER_CORES", _cores, 0.0, Scope.DAG,

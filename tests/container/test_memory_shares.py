@@ -1,0 +1,59 @@
+"""A container keeps its buffers inside CONTAINER_MEMORY_MB: the buffer server spills past
+a quarter of it, and each input port queues at most a sixteenth of it in payload bytes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from weir.container.buffer_server import MEMORY_BUDGET_BYTES
+from weir.container.memory_shares import buffer_memory_bytes, input_queue_bytes
+from weir.container.port_input import PortInput
+from weir.container.stream_messages import Kind, Message
+
+
+def test_the_shares_follow_the_limit_and_keep_the_defaults_without_one():
+    assert buffer_memory_bytes({}) == MEMORY_BUDGET_BYTES
+    assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 384}) == 96 << 20
+    assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 8192}) == MEMORY_BUDGET_BYTES
+    assert input_queue_bytes({}) == 0
+    assert input_queue_bytes({"CONTAINER_MEMORY_MB": 384}) == 24 << 20
+
+
+def _data(size: int) -> Message:
+    return Message(Kind.DATA, 1, payload=b"x" * size, rows=1)
+
+
+def test_an_input_port_queues_no_more_payload_bytes_than_its_bound():
+    stopped = threading.Event()
+    messages = [Message(Kind.BEGIN_WINDOW, 1), *[_data(1000) for _ in range(6)],
+                Message(Kind.END_WINDOW, 1), Message(Kind.END_STREAM, -1)]
+    port = PortInput("input", lambda _w: (iter(messages), lambda: None), 100, stopped,
+                     max_bytes=2500)
+    port.start()
+    try:
+        time.sleep(0.3)  # the pump has run as far as the bound lets it
+        assert port.queue_size == 3  # BEGIN_WINDOW and two of 1,000 bytes: a third is over
+        assert port.get().kind == Kind.BEGIN_WINDOW
+        port.get()  # one of the two goes: room for one more
+        time.sleep(0.3)
+        assert port.queue_size == 2
+        got = [port.get() for _ in range(7)]
+        assert [m.kind for m in got[-2:]] == [Kind.END_WINDOW, Kind.END_STREAM]
+    finally:
+        stopped.set()
+        port.close()
+
+
+def test_a_message_larger_than_the_bound_still_passes_alone():
+    stopped = threading.Event()
+    messages = [_data(5000), _data(5000), Message(Kind.END_STREAM, -1)]
+    port = PortInput("input", lambda _w: (iter(messages), lambda: None), 100, stopped,
+                     max_bytes=1000)
+    port.start()
+    try:
+        assert port.get().nbytes == 5000 and port.get().nbytes == 5000
+        assert port.get().kind == Kind.END_STREAM
+    finally:
+        stopped.set()
+        port.close()
