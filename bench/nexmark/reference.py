@@ -32,6 +32,7 @@ CANONICAL: dict[str, pa.Schema] = {
                      ("date_time", _I64), ("extra", _STR)]),
     "q2": pa.schema([("auction", _I64), ("price", _I64)]),
     "q3": pa.schema([("name", _STR), ("city", _STR), ("state", _STR), ("id", _I64)]),
+    "q4": pa.schema([("category", _I64), ("auctions", _I64), ("avg_price", pa.float64())]),
     "q5": pa.schema([("auction", _I64), ("num", _I64), ("window_start", _I64)]),
     "q7": pa.schema([("window_start", _I64), ("maxprice", _I64)]),
     "q8": pa.schema([("id", _I64), ("name", _STR), ("window_start", _I64)]),
@@ -160,6 +161,15 @@ def _q9(auctions: pa.Table, bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
     return ranked.filter(pa.array(first)).select(CANONICAL["q9"].names)
 
 
+def _q4(auctions: pa.Table, bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
+    """Per category, the average of its auctions' winning prices (q9's winners)."""
+    winners = _q9(auctions, bids, spec)
+    sums = winners.group_by("category").aggregate([("price", "sum"), ("price", "count")])
+    total, count = sums["price_sum"].to_numpy(), sums["price_count"].to_numpy()
+    return pa.table({"category": sums["category"], "auctions": count,
+                     "avg_price": total / count})
+
+
 def _q18(bids: pa.Table, spec: NexmarkSpec) -> pa.Table:
     """Each bidder's first bid on each auction, as the pair."""
     return bids.select(["bidder", "auction"]).group_by(["bidder", "auction"]).aggregate([])
@@ -212,7 +222,7 @@ def answer(query: str, events: Mapping[str, pa.Table], spec: NexmarkSpec) -> pa.
     """The query's canonical answer over ``events`` (kind -> table), sorted."""
     if query not in QUERIES:
         raise ValueError(f"unknown query {query!r}; one of {', '.join(QUERIES)}")
-    two = {"q3": _q3, "q8": _q8, "q9": _q9, "q20": _q20}
+    two = {"q3": _q3, "q4": _q4, "q8": _q8, "q9": _q9, "q20": _q20}
     if query in two:
         result = two[query](*(events[kind] for kind in inputs_of(query)), spec)
     else:

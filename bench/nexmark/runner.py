@@ -30,7 +30,7 @@ WEIR, SPARK, FLINK = SYSTEMS
 STREAMING_WINDOW_MS = 500
 
 PUBLISHED_FLINK_PER_CORE = {"q0": 155_020, "q1": 157_940, "q2": 175_210, "q3": 152_120,
-                            "q5": 22_140, "q7": 12_330, "q8": 146_140, "q9": 14_240,
+                            "q4": 34_330, "q5": 22_140, "q7": 12_330, "q8": 146_140, "q9": 14_240,
                             "q11": 39_700, "q18": 53_700, "q19": 44_040, "q20": 18_980}
 """Flink's published throughput per core (nexmark/nexmark's README: Flink 1.13, 8
 TaskManagers of one slot, 100 M events). Its q7 is the join form, heavier than the max

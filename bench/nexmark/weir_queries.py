@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from bench.common import JobResult
 from bench.nexmark import compare
+from bench.nexmark.category_average import CategoryAverage
 from bench.nexmark.generator import parquet_dir
 from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec, inputs_of
 from bench.nexmark.reference import answer, read_events
@@ -54,6 +55,8 @@ READ_COLUMNS: dict[tuple[str, str], list[str]] = {
     ("q7", BID): ["price", "date_time"],
     ("q8", PERSON): ["id", "name", "date_time"],
     ("q8", AUCTION): ["seller", "date_time"],
+    ("q4", AUCTION): ["id", "seller", "category", "date_time", "expires"],
+    ("q4", BID): ["auction", "bidder", "price", "date_time"],
     ("q9", AUCTION): ["id", "seller", "category", "date_time", "expires"],
     ("q9", BID): ["auction", "bidder", "price", "date_time"],
     ("q11", BID): ["bidder", "date_time"],
@@ -67,7 +70,7 @@ READ_COLUMNS: dict[tuple[str, str], list[str]] = {
 knows the query writes it; Spark's and Flink's planners prune the same columns by
 themselves. q0 reads every column."""
 
-TIMED = ("q5", "q7", "q8", "q9", "q11", "q18", "q19")
+TIMED = ("q4", "q5", "q7", "q8", "q9", "q11", "q18", "q19")
 """The queries on event time: their sources stamp it (``EVENT_TIME_COLUMN``)."""
 
 JOIN_TTL_MS = 3_600_000
@@ -143,7 +146,7 @@ def _joined(query: str, spec: NexmarkSpec) -> tuple[Any, str | None, str | None]
     if query == "q8":
         return WindowJoin("id", "date_time", size_ms=spec.window_ms,
                           right_keys="seller"), None, None
-    if query == "q9":
+    if query in ("q4", "q9"):
         return WinningBids(), None, None
     if query == "q20":
         return (RegularJoin("auction", ttl_millis=JOIN_TTL_MS),
@@ -183,8 +186,8 @@ def build_dag(query: str, spec: NexmarkSpec, data: Path, out_dir: Path,
                 dag.add_stream(f"into-{name}", upstream, step.input)
                 upstream = step.output
             dag.add_stream(f"into-{port}", upstream, getattr(node, port))
-        ops = [("both", SparkSql("SELECT DISTINCT id, name, window_start FROM input"))] \
-            if query == "q8" else []
+        ops = {"q8": [("both", SparkSql("SELECT DISTINCT id, name, window_start FROM input"))],
+               "q4": [("average", CategoryAverage())]}.get(query, [])
         upstream = node.output
     for name, op in ops:
         node = dag.add_operator(name, op, CONTAINER=1, QUEUE_CAPACITY=256)

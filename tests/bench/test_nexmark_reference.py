@@ -154,7 +154,7 @@ def _auctions(*rows: tuple[int, int, int, int, int]) -> pa.Table:
                     schema=SCHEMAS[AUCTION])
 
 
-def test_q3_q9_q18_q19_q20_on_rows_checked_by_hand() -> None:
+def test_q3_q4_q9_q18_q19_q20_on_rows_checked_by_hand() -> None:
     persons = pa.table({"id": [1, 2], "name": ["Ann", "Bob"], "email_address": ["e", "e"],
                         "credit_card": ["c", "c"], "city": ["Bend", "Kent"],
                         "state": ["OR", "WA"], "date_time": pa.array([T0, T0]).cast(
@@ -168,6 +168,7 @@ def test_q3_q9_q18_q19_q20_on_rows_checked_by_hand() -> None:
     assert _rows(answer("q9", events, SPEC)) == [  # 99 came after 50 expired; 9 at 15 first
         (50, 1, 10, T0 + 100, 9, T0 + 15), (51, 2, 10, T0 + 100, 3, T0 + 50),
         (52, 1, 11, T0 + 100, 4, T0 + 60)]
+    assert _rows(answer("q4", events, SPEC)) == [(10, 2, 6.0), (11, 1, 4.0)]  # (9 + 3) / 2
     assert _rows(answer("q18", events, SPEC)) == [(7, 50), (7, 51), (7, 52), (8, 50), (9, 50)]
     top = SPEC.top_n
     assert top == 10 and _rows(answer("q19", events, SPEC)) == [
