@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 import cloudpickle
+import pyarrow as pa
 
 from weir.container.buffer_client import Subscription
 from weir.container.buffer_server import BufferServer
@@ -79,6 +80,12 @@ def partition_filter(info: plan_pb2.InputDeployInfo) -> PartitionFilter | None:
                                frozenset(info.partition_keys))
     except ValueError as exc:
         raise DeployError(f"input {info.port_name!r}: {exc}", fatal=True) from None
+
+
+def _stream_schemas(info: plan_pb2.OperatorDeployInfo) -> dict[str, pa.Schema]:
+    """The schemas the master says the operator's input streams carry (known at submit)."""
+    return {i.port_name: pa.ipc.read_schema(pa.py_buffer(i.stream_schema))
+            for i in info.inputs if i.stream_schema}
 
 
 def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
@@ -178,7 +185,8 @@ class Deployment:
                                       generation=info.generation,
                                       redeployed=redeployed(info.first_generation,
                                                             info.generation),
-                                      fence_check=fence.check)
+                                      fence_check=fence.check,
+                                      input_schemas=_stream_schemas(info))
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise

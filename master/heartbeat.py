@@ -344,6 +344,7 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
         first_generation=app.plan.first_generation)
     if op.seed is not None:
         info.seed.CopyFrom(_seed_info(op.seed))
+    streamed = _stream_schemas(app, op)
     for link in op.inputs:
         upstream = app.plan.operators[link.source_operator_id]
         container = app.plan.containers[upstream.container_id]
@@ -352,7 +353,8 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             source_node_id=link.source_operator_id, source_port_name=link.source_port_name,
             buffer_server_host=container.buffer_server_host,
             buffer_server_port=container.buffer_server_port,
-            source_generation=upstream.generation)
+            source_generation=upstream.generation,
+            stream_schema=streamed.get(link.port_name, b""))
         if link.partition is not None:  # this partition's share: the buffer server filters
             link_info.partition_key_column = link.partition.column
             link_info.partition_mask = link.partition.mask
@@ -367,6 +369,17 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
             port_name=link.port_name, declared_stream_id=link.stream_name,
             buffer_server_host=own.buffer_server_host, buffer_server_port=own.buffer_server_port)
     return info
+
+
+def _stream_schemas(app: Application, op: PTOperator) -> dict[str, bytes]:
+    """What the streams into ``op``'s inputs are known to carry (the DAG's
+    ``stream_schema``); nothing for a unifier, whose inputs are its operator's partitions."""
+    for described in app.dag.operators:
+        if described.name == (op.logical_name or op.name) \
+                and described.class_name == op.class_name:
+            return {port.name: port.stream_schema for port in described.inputs
+                    if port.stream_schema}
+    return {}
 
 
 def _seed_info(seed: StateSeed) -> plan_pb2.StateSeed:

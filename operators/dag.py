@@ -121,8 +121,12 @@ class Dag:
         validate_descriptor(self.to_descriptor(with_payload=False))
 
     def to_descriptor(self, *, with_payload: bool = True) -> plan_pb2.DagDescriptor:
-        """The DAG as a protocol message; ``with_payload`` pickles the operator instances."""
-        self._check_columns()
+        """The DAG as a protocol message; ``with_payload`` pickles the operator instances.
+
+        An input fed by a source that knows what it emits (a ``ParquetSource``'s files)
+        carries that schema (``stream_schema``): its operator can prepare for it before
+        the first batch (a ``SparkSql`` warms its own query)."""
+        streamed = self._check_columns()
         descriptor = plan_pb2.DagDescriptor(name=self.name, attributes=self.attributes)
         for name, operator in self._operators.items():
             cls = type(operator)
@@ -138,7 +142,8 @@ class Dag:
             )
             for port_name, port in cls.input_ports().items():
                 op.inputs.add(name=port_name, optional=port.optional,
-                              schema=_schema_bytes(port.schema))
+                              schema=_schema_bytes(port.schema),
+                              stream_schema=_schema_bytes(streamed.get((name, port_name))))
             for port_name, port in cls.output_ports().items():
                 op.outputs.add(name=port_name, optional=port.optional,
                                schema=_schema_bytes(port.schema))
@@ -173,8 +178,9 @@ class Dag:
         return descriptor
 
     # -- helpers -----------------------------------------------------------------
-    def _check_columns(self) -> None:
-        """The columns sources' readers name, against what the sources emit (if known)."""
+    def _check_columns(self) -> dict[tuple[str, str], pa.Schema]:
+        """The columns sources' readers name, against what the sources emit (if known);
+        returns the schema each reader's port gets, where known: (operator, port) ->."""
         name_of = {id(op): name for name, op in self._operators.items()}
         readers: dict[str, list[tuple[str, str]]] = {}
         for source, sinks in self._streams.values():
@@ -185,6 +191,8 @@ class Dag:
         sources = {name: emitted_schema(op) for name, op in self._operators.items()
                    if isinstance(op, InputOperator) and name in readers}
         check_columns(sources, readers, self._operator_attributes, self._operators)
+        return {reader: schema for name, schema in sources.items() if schema is not None
+                for reader in readers[name]}
 
 
     def _operator_name(self, port: BoundPort) -> str:

@@ -124,6 +124,8 @@ class OperatorContext:
         redeployed: an earlier deployment of this operator ran in this run (a recovery).
         fence_check: raises ``storage.Fenced`` once a newer deployment of the
             operator took over; ``check_fence`` calls it (None: never fenced).
+        input_schemas: the schema of the stream into each input port, where it was known
+            before anything ran (a source's files): for preparing before the first batch.
     """
 
     name: str
@@ -138,6 +140,7 @@ class OperatorContext:
     generation: int = 0
     redeployed: bool = False
     fence_check: Callable[[], None] | None = dataclasses.field(default=None, repr=False)
+    input_schemas: Mapping[str, pa.Schema] = dataclasses.field(default_factory=dict)
     _crash_points: CrashPoints | None = dataclasses.field(default=None, repr=False)
 
     @property

@@ -17,12 +17,21 @@ from weir.operators.operator import Operator, OperatorContext, SparkBridge, with
 from weir.operators.ports import InputPort, OutputPort, SchemaMismatch, conform
 from weir.operators.spark_costs import JobCosts
 from weir.operators.spark_dead_letters import is_spark_record_error, set_aside_bad_rows
-from weir.operators.spark_passthrough import PassThrough, plan_pass_through
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkOperator", "SparkOperatorError", "SparkSchemaMismatch", "SparkSql"]
+__all__ = ["SparkOperator", "SparkOperatorError", "SparkSchemaMismatch"]
+
+
+def __getattr__(name: str) -> Any:
+    """``SparkSql`` lives in ``operators.spark_sql``; it is found here too, where it was
+    first (imports, and operators pickled by earlier versions)."""
+    if name == "SparkSql":
+        from weir.operators.spark_sql import SparkSql
+
+        return SparkSql
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -236,6 +245,24 @@ class SparkOperator(Operator):
                     if table.num_rows:
                         getattr(self, port).emit(table)
 
+    def rehearse(self, rows: dict[str, pa.RecordBatch]) -> None:
+        """Runs one window's job over ``rows`` (by input port) and throws its results
+        away: nothing is emitted, counted in ``spark_costs`` or kept. For warming the
+        job's own code before the first window (``SparkSql`` does, see ``setup``)."""
+        costs, self._costs = self._costs, JobCosts()
+        try:
+            self.begin_window(-1)
+            for port, batch in rows.items():
+                self.process(port, batch)
+            inputs, self._inputs = self._inputs, {}
+            try:
+                self._run_job(self.spark, -1, inputs, self._costs, emit=False)
+            finally:
+                for window_input in inputs.values():
+                    window_input.discard()
+        finally:
+            self._costs, self._inputs, self._window_rows = costs, {}, {}
+
     def teardown(self) -> None:
         self._sql_session = None
         for window_input in self._inputs.values():
@@ -321,93 +348,6 @@ class SparkOperator(Operator):
         for name in self._TRANSIENT:
             state.pop(name, None)
         return state
-
-
-class SparkSql(SparkOperator):
-    """A Spark operator given as one SQL query over its input ports.
-
-    Each input port is a temporary view named like the port (``input`` by default); the
-    named parameter ``:window_id`` is the application window's id. Each ``SparkSql`` gets
-    its own Spark session, so views of two operators never meet. A query Spark cannot
-    analyse (an unknown column, a syntax error) fails the application at its first window,
-    with Spark's message: a restart would only fail the same way.
-
-    Args:
-        query: a Spark SQL query.
-        output_schema: cast the results to this schema (stable column types).
-
-    Example:
-        >>> op = SparkSql("SELECT word, count(*) AS n FROM input GROUP BY word")
-        >>> op.query.split()[0]
-        'SELECT'
-    """
-
-    def __init__(self, query: str, output_schema: pa.Schema | None = None) -> None:
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError("SparkSql needs a non-empty SQL query, e.g. 'SELECT * FROM input'")
-        self.query = query
-        self._output_schema = output_schema
-        self._sql_session: SparkSession | None = None
-
-    def output_schema(self, port: str) -> pa.Schema | None:
-        if self._output_schema is not None:
-            return self._output_schema
-        return super().output_schema(port)
-
-    def dataframe_session(self) -> SparkSession:
-        session = self._sql_session
-        if session is None:
-            session = self._sql_session = self.spark.session.newSession()
-        return session
-
-    # a projection or filter: the columns it copies bypass Spark (``spark_passthrough``)
-    _pass_through: PassThrough | None = None
-    _planned = False
-    _through_rows: ClassVar[list[pa.RecordBatch]] = []  # (replaced per window)
-    _through_count = 0  # their rows
-    NON_STATE: ClassVar[tuple[str, ...]] = (*SparkOperator.NON_STATE, "_pass_through",
-                                            "_planned", "_through_rows", "_through_count")
-    _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
-
-    def begin_window(self, window_id: int) -> None:
-        super().begin_window(window_id)
-        self._through_rows, self._through_count = [], 0
-
-    def _spark_rows(self, port: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """With a pass-through, the needed columns and the rows' numbers; the batch is
-        kept whole for ``collected``."""
-        through = self._pass_through
-        if through is None:
-            return batch
-        narrow = through.narrow(batch, self._through_count)
-        self._through_rows.append(batch)
-        self._through_count += batch.num_rows
-        return narrow
-
-    def transform(self, inputs: dict[str, DataFrame], window_id: int) -> DataFrame:
-        session = self.dataframe_session()
-        through = self._pass_through
-        for port, df in inputs.items():
-            (df if through is None else through.view(df)).createOrReplaceTempView(port)
-        args = {"window_id": window_id} if ":window_id" in self.query else None
-        result = session.sql(self.query, args=args)
-        if not self._planned:  # once per deployment, from the first window's plan
-            self._planned = True
-            schema = self._input_schemas.get(next(iter(inputs), ""))
-            if len(inputs) == 1 and schema is not None and self._dead_letters is None:
-                self._pass_through = plan_pass_through(result, next(iter(inputs.values())),
-                                                       schema)
-        return result
-
-    def collected(self, port: str, table: pa.Table) -> pa.Table:
-        rows, self._through_rows = self._through_rows, []
-        if self._pass_through is None or not rows:
-            return table
-        return self._pass_through.restore(table, pa.Table.from_batches(rows))
-
-    def teardown(self) -> None:
-        self._through_rows = []
-        super().teardown()
 
 
 def _conform(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:

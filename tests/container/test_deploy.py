@@ -4,14 +4,16 @@ partitioned inputs, and generations replacing one another."""
 from pathlib import Path
 
 import cloudpickle
+import pyarrow as pa
 import pytest
 
 from tests.harness import poll_for
 from weir.container.buffer_server import BufferServer
 from weir.container.deploy import DeployError, Deployment, partition_filter, stream_id
 from weir.container.stream_messages import Kind
-from weir.operators.operator import InputOperator
+from weir.operators.operator import InputOperator, Operator
 from weir.operators.partitioning import PartitionFilter
+from weir.operators.ports import InputPort
 from weir.proto import plan_pb2
 
 
@@ -214,4 +216,28 @@ def test_a_redeploy_gives_up_on_a_setup_that_never_ends_naming_where_it_is(tmp_p
             deployment.deploy(idle_info(2))
     finally:
         release.touch()
+        deployment.stop_all()
+
+
+class Reader(Operator):
+    """An operator with one input, which never gets anything here."""
+
+    input = InputPort()
+
+
+def test_the_schemas_the_master_knew_reach_the_operators_context(tmp_path):
+    schema = pa.schema([("a", pa.int64())])
+    info = plan_pb2.OperatorDeployInfo(
+        id=6, name="reader", type=plan_pb2.OPERATOR_TYPE_GENERIC, class_name="Reader",
+        payload=cloudpickle.dumps(Reader()), generation=1, first_generation=1,
+        inputs=[plan_pb2.InputDeployInfo(
+            port_name="input", declared_stream_id="s", source_node_id=5,
+            source_port_name="output", buffer_server_host="127.0.0.1", buffer_server_port=1,
+            stream_schema=schema.serialize().to_pybytes())])
+    deployment = Deployment("app-0002", "app-0002-c0", BufferServer(), None, 0,  # type: ignore[arg-type]
+                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None)
+    try:
+        deployment.deploy(info)
+        assert deployment.runners[6].context.input_schemas == {"input": schema}
+    finally:
         deployment.stop_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from tests.master.cluster import Cluster
@@ -312,3 +313,18 @@ def test_inputs_are_activated_only_once_every_operator_is_ready():
     assert not beat("app-0001-c0", 1, True).activate_request
     assert not beat("app-0001-c2", 3, True).activate_request  # no input operator there
     assert list(beat("app-0001-c0", 1, True).activate_request) == [1]
+
+
+def test_deploy_info_carries_the_schema_the_dag_knew_for_an_input_stream():
+    clock = ManualClock()
+    app = make_app(clock)
+    activate_all(app, clock)
+    schema = pa.schema([("word", pa.string())])
+    relay = next(op for op in app.dag.operators if op.class_name.endswith("Relay"))
+    relay.inputs[0].stream_schema = schema.serialize().to_pybytes()
+    [info] = process_heartbeat(app, container_heartbeat("app-0001-c1", port=7001),
+                               clock()).deploy_request
+    [link] = info.inputs
+    assert pa.ipc.read_schema(pa.py_buffer(link.stream_schema)) == schema
+    [sink] = [i for i in app.dag.operators if i.name != relay.name and i.inputs]
+    assert not sink.inputs[0].stream_schema  # none known: none sent

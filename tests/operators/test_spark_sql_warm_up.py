@@ -1,0 +1,116 @@
+"""SparkSql warms its own query before its first window when its input's schema is known
+(the master tells it a source's; or the port declares one): twice, over sample rows of
+that schema, the second time in the pass-through's narrow shape. Nothing of it is
+emitted, counted or kept, and a query that fails on the sample rows is left to the real
+windows."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tests.operators.test_spark import Emitted
+from tests.operators.test_spark_passthrough import SCHEMA, bids
+from weir.operators import Dag
+from weir.operators.library import ParquetSource
+from weir.operators.operator import OperatorContext
+from weir.operators.spark_sql import SparkSql, sample_rows
+from weir.operators.windows import make_window_id
+
+QUERY = "SELECT auction, bidder, 2 * price AS price, date_time, extra FROM input"
+
+
+class Counting:
+    """The session bridge, with its warm-up rows set, counting jobs and handed inputs."""
+
+    def __init__(self, bridge: Any, warmup_rows: int) -> None:
+        self.bridge, self.warmup_rows = bridge, warmup_rows
+        self.jobs = 0
+        self.handed: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bridge, name)
+
+    def window_input(self, schema: pa.Schema) -> Any:
+        self.handed.append(list(schema.names))
+        return self.bridge.window_input(schema)
+
+    def to_arrow(self, df: Any) -> pa.Table:
+        self.jobs += 1
+        return self.bridge.to_arrow(df)
+
+
+def _start(op: SparkSql, spark: Any, schemas: dict[str, pa.Schema]) -> Emitted:
+    emitted = Emitted()
+    op.connect_outputs(emitted)
+    op.setup(OperatorContext(name="q", operator_id=1, container_id="c0", attributes={},
+                             spark=spark, input_schemas=schemas))
+    return emitted
+
+
+def test_a_known_input_schema_warms_the_query_twice_and_leaves_nothing(bridge):
+    spark = Counting(bridge, warmup_rows=500)
+    op = SparkSql(QUERY)
+    emitted = _start(op, spark, {"input": SCHEMA})
+    assert spark.jobs == 2
+    assert spark.handed == [SCHEMA.names, ["price", "auction"]]  # then narrow: planned
+    assert emitted.batches.get("output", []) == []
+    assert op.spark_costs() == {} or op.spark_costs()["jobs"] == 0
+    assert op._input_schemas == {} and not op._planned
+    op.begin_window(make_window_id(1_700_000_000, 0))
+    op.process("input", bids(0))
+    op.end_window()
+    [out] = emitted.batches["output"]
+    assert out.column("price").to_pylist() == [2 * p for p in bids(0).column("price")
+                                                .to_pylist()]
+    assert op.spark_costs()["jobs"] == 1
+
+
+def test_no_warm_up_without_a_known_schema_or_with_warm_up_rows_off(bridge):
+    unknown = Counting(bridge, warmup_rows=500)
+    _start(SparkSql(QUERY), unknown, {})
+    off = Counting(bridge, warmup_rows=0)
+    _start(SparkSql(QUERY), off, {"input": SCHEMA})
+    assert unknown.jobs == off.jobs == 0
+
+
+def test_a_query_failing_on_the_sample_rows_is_left_to_the_real_windows(bridge, caplog):
+    caplog.set_level(logging.INFO, logger="weir.operators.spark")
+    spark = Counting(bridge, warmup_rows=100)
+    op = SparkSql("SELECT auction, 1000 DIV (price - 1) AS q FROM input")  # price 1: / 0
+    emitted = _start(op, spark, {"input": SCHEMA})
+    assert spark.jobs >= 1 and "could not be warmed" in caplog.text
+    op.begin_window(make_window_id(1_700_000_000, 0))
+    op.process("input", bids(0))  # prices from 100: no zero
+    op.end_window()
+    [out] = emitted.batches["output"]
+    assert out.num_rows == bids(0).num_rows
+
+
+def test_sample_rows_fit_every_column_type():
+    schema = pa.schema([("i", pa.int32()), ("f", pa.float64()), ("d", pa.decimal128(10, 2)),
+                        ("t", pa.timestamp("ms", tz="UTC")), ("s", pa.string()),
+                        ("b", pa.bool_()), ("l", pa.list_(pa.int64()))])
+    rows = sample_rows(schema, 1000)
+    assert rows.schema == schema and rows.num_rows == 1000
+    assert rows.column("i").to_pylist()[:3] == [1, 2, 3]
+    assert rows.column("s").to_pylist()[996:998] == ["997", "1"]
+    assert rows.column("l").null_count == 1000
+
+
+def test_a_parquet_sources_schema_travels_with_its_readers_input(tmp_path):
+    pq.write_table(pa.table({"a": [1], "b": ["x"], "c": [1.0]}), tmp_path / "p.parquet")
+    dag = Dag("schemas")
+    source = dag.add_operator("source", ParquetSource(str(tmp_path), columns=["a", "b"]))
+    first = dag.add_operator("first", SparkSql("SELECT a FROM input"))
+    second = dag.add_operator("second", SparkSql("SELECT a FROM input"))
+    dag.add_stream("s", source.output, first.input)
+    dag.add_stream("t", first.output, second.input)
+    described = {op.name: op for op in dag.to_descriptor().operators}
+    [fed] = described["first"].inputs
+    assert pa.ipc.read_schema(pa.py_buffer(fed.stream_schema)).names == ["a", "b"]
+    [later] = described["second"].inputs  # what `first` computes is not known before
+    assert later.stream_schema == b""
