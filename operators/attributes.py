@@ -190,7 +190,9 @@ _ALL = [
     Attribute("SPARK_DRIVER_MEMORY", _text, "1g", Scope.DAG, "spark.driver.memory."),
     Attribute("SPARK_WARMUP_ROWS", _within(0, 100 * _MANY), 200_000, Scope.DAG,
               "Rows of the aggregations a Spark container runs before its sources start, "
-              "until their time settles: the JIT is warm before the first window. 0 = "
+              "until their time settles: the JIT is warm before the first window (a "
+              "SparkSql fed by a source whose files give its schema also runs its own "
+              "query twice, over at most this many sample rows). 0 = "
               "none: the session only starts (short jobs, tests: the first windows pay "
               "the cold JIT instead)."),
     Attribute("SPARK_DRIVER_HOST", _text, "", Scope.DAG,
