@@ -363,7 +363,7 @@ class MasterCore:
                 seen = self._launches.observe(live)
                 lost = liveness.check_liveness(app, self.clock(), seen.exit_codes,
                                                self.stop_grace_ms, seen.waiting,
-                                               seen.exit_reasons)
+                                               seen.exit_reasons, trouble=seen.trouble)
                 actions = self._launches.take(app)
                 self._persist(app)
                 if lost:

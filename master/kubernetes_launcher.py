@@ -219,6 +219,11 @@ class KubernetesLauncher(Launcher):
             if exc.status != 404:  # already gone is what was wanted
                 _LOGGER.error("could not delete %s/%s: %s %s", self.namespace, name,
                               exc.status, _message(exc))
+        except Exception as exc:  # noqa: BLE001 - the API server unreachable: say what is left
+            _LOGGER.error("could not reach the API server to delete %s/%s (%s: %s); it is "
+                          "left: delete it with kubectl -n %s delete", self.namespace, name,
+                          type(exc).__name__, " ".join(str(exc).split())[:200],
+                          self.namespace)
 
     # -- watching ------------------------------------------------------------------------
     def _ensure_watch(self) -> None:
@@ -242,6 +247,7 @@ class KubernetesLauncher(Launcher):
                 for pod in listed.items:
                     self._seen("MODIFIED", pod.to_dict())
                 self._missing({pod.metadata.name for pod in listed.items}, asked_s)
+                self._watch_ok()
                 version = listed.metadata.resource_version
                 stream = watch.Watch().stream(
                     self.api.list_namespaced_pod, self.namespace, label_selector=selector,
@@ -253,6 +259,7 @@ class KubernetesLauncher(Launcher):
                         break  # 410: too old a version; list again
                     self._seen(event["type"], event["object"].to_dict())
             except Exception as exc:  # noqa: BLE001 - the watch must outlive API hiccups
+                self._watch_failed(f"watching pods in namespace {self.namespace}", exc)
                 _LOGGER.warning("watching pods in %s failed (%s: %s); again in %.0f s",
                                 self.namespace, type(exc).__name__, exc, _RETRY_S)
                 self._stop.wait(_RETRY_S)

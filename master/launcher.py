@@ -182,6 +182,27 @@ class Launcher(abc.ABC):
         a launcher that cannot reach it leaves it to the heartbeat timeout."""
         return None
 
+    _trouble = ""
+    _trouble_since = 0.0
+
+    def trouble(self) -> str:
+        """What keeps the launcher from following its containers now (its watch of the
+        cluster manager failing), since when; "" while it follows them. The master shows
+        it in each live container's diagnostics: an exit may go unseen meanwhile (the
+        heartbeat timeout still finds a lost container)."""
+        return self._trouble
+
+    def _watch_failed(self, what: str, exc: BaseException) -> None:
+        """Records that the watch (``what``) failed with ``exc`` (see ``trouble``)."""
+        if not self._trouble:
+            self._trouble_since = time.time()
+        since = time.strftime("%H:%M:%S", time.localtime(self._trouble_since))
+        detail = " ".join(str(exc).split())[:300]
+        self._trouble = f"{what} fails since {since}: {type(exc).__name__}: {detail}"
+
+    def _watch_ok(self) -> None:
+        self._trouble = ""
+
     def _exited(self, container_id: str) -> None:
         """Tells ``on_exit`` that the container ended; a listener that raises is logged, it
         must not end the thread that watches (the liveness passes still find the exit)."""

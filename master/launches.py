@@ -28,6 +28,7 @@ class Observed:
     exit_codes: dict[str, int | None]
     waiting: dict[str, str]
     exit_reasons: dict[str, str]
+    trouble: str = ""  # the launcher's (``Launcher.trouble``)
 
 
 class Launches:
@@ -61,7 +62,7 @@ class Launches:
                    and (reason := self.launcher.waiting(c.id))}
         reasons = {cid: reason for cid, code in exit_codes.items()
                    if code is not None and (reason := self.launcher.exit_reason(cid))}
-        return Observed(exit_codes, waiting, reasons)
+        return Observed(exit_codes, waiting, reasons, self.launcher.trouble())
 
     def carry_out(self, actions: Actions) -> None:
         """Kills, then launches, outside the lock."""

@@ -57,7 +57,8 @@ def timeout_window_count(op: PTOperator, window_ms: int) -> int:
 
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
                    stop_grace_ms: int, waiting: Mapping[str, str] | None = None,
-                   exit_reasons: Mapping[str, str] | None = None) -> list[ContainerLoss]:
+                   exit_reasons: Mapping[str, str] | None = None, *,
+                   trouble: str = "") -> list[ContainerLoss]:
     """The containers of ``app`` to give up on now, already marked KILLED and recovered.
 
     Once the application is terminal, containers that exited are recorded and those
@@ -73,6 +74,8 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
             awaited before it runs.
         exit_reasons: container id -> why it ended, where the launcher knows more than
             its exit code (over its memory limit): part of the loss's cause.
+        trouble: what keeps the launcher from following its containers (its watch
+            failing): shown in each live container's diagnostics until it ends.
     """
     timeout_ms = app.heartbeat_timeout_ms
     losses: list[ContainerLoss] = []
@@ -87,6 +90,7 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
                                          fatal=request.fatal))
             continue
         _note_placement(container, (waiting or {}).get(container.id, ""), now_ms)
+        _note_trouble(container, trouble)
         cause = _cause(app, container, now_ms, exit_codes.get(container.id), timeout_ms,
                        stop_grace_ms, (exit_reasons or {}).get(container.id, ""))
         if cause:  # a process still there when the app runs on: silent, or never called
@@ -124,6 +128,18 @@ def _note_placement(container: PTContainer, reason: str, now_ms: int) -> None:
         container.diagnostics = WAITING_FOR_PLACEMENT + reason
         container.allocated_ms = now_ms
     elif container.diagnostics.startswith(WAITING_FOR_PLACEMENT):
+        container.diagnostics = ""
+
+
+LAUNCHER_TROUBLE = "its launcher cannot follow it: "
+
+
+def _note_trouble(container: PTContainer, trouble: str) -> None:
+    """A launcher that cannot watch its cluster manager says so on every live container
+    (an exit may go unseen until the heartbeat timeout), until it can again."""
+    if trouble:
+        container.diagnostics = LAUNCHER_TROUBLE + trouble
+    elif container.diagnostics.startswith(LAUNCHER_TROUBLE):
         container.diagnostics = ""
 
 

@@ -214,10 +214,12 @@ class RayLauncher(Launcher):
                 ready, _ = self._ray.wait(list(pending), num_returns=1, timeout=_POLL_S)
             except Exception as exc:  # noqa: BLE001 - Ray unreachable: the heartbeat
                 # timeouts still find lost containers; the watch goes on when Ray is back
+                self._watch_failed("watching Ray actors", exc)
                 _LOGGER.warning("watching Ray actors failed (%s: %s); again in %.0f s",
                                 type(exc).__name__, exc, _RETRY_S)
                 self._stop.wait(_RETRY_S)
                 continue
+            self._watch_ok()
             for ref in ready:
                 container_id, held = pending[ref]
                 try:

@@ -189,3 +189,28 @@ def test_core_sets_rotate_and_round_up():
     assert cores.take(2) == {0, 1}
     assert cores.take(0.5) == {2}
     assert cores.take(8) == {0, 1, 2}
+
+
+def test_a_launcher_that_cannot_follow_its_containers_says_so_on_each_until_it_can():
+    clock = ManualClock()
+    app = make_app(clock)
+    trouble = "watching pods in namespace weir fails since 12:00:00: ApiException: (403)"
+    check_liveness(app, clock(), {}, 60_000, {}, {}, trouble=trouble)
+    live = [c for c in app.plan.containers.values() if c.state != ContainerState.KILLED]
+    assert live and all(c.diagnostics == f"its launcher cannot follow it: {trouble}"
+                        for c in live)
+    check_liveness(app, clock(), {}, 60_000, {}, {})
+    assert all(c.diagnostics == "" for c in live)
+
+
+def test_the_launchers_trouble_names_the_watch_the_error_and_since_when():
+    launcher = RecordingLauncher()
+    assert launcher.trouble() == ""
+    launcher._watch_failed("watching Ray actors", ConnectionError("no\n  route"))
+    first = launcher.trouble()
+    assert first.startswith("watching Ray actors fails since ")
+    assert first.endswith(": ConnectionError: no route")
+    launcher._watch_failed("watching Ray actors", TimeoutError("again"))
+    assert launcher.trouble().split(": ")[0] == first.split(": ")[0]  # the first failure's
+    launcher._watch_ok()
+    assert launcher.trouble() == ""

@@ -165,3 +165,12 @@ def test_a_restarted_master_adopts_its_pods_and_learns_of_gone_ones(
         poll_for(lambda: _pod(kube_api, "app-0001-c0") is None, 20, "the adopted pod to go")
     finally:
         again.stop_all(grace_s=1.0)
+
+
+def test_a_watch_that_fails_is_the_launchers_trouble(launcher, kube_api):  # noqa: F811
+    launcher.launch("app-0001-c0")
+    poll_for(lambda: _pod(kube_api, "app-0001-c0"), 20, "the pod")
+    assert launcher.trouble() == ""
+    kube_api.stop()  # the API server goes away: the watch breaks and cannot list again
+    trouble = poll_for(launcher.trouble, 30, "the watch's failure")
+    assert trouble.startswith(f"watching pods in namespace {NS} fails since ")
