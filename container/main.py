@@ -30,7 +30,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.deploy import Deployment
 from weir.container.heartbeat_loop import HeartbeatLoop
 from weir.container.lease import Lease
-from weir.container.memory_shares import buffer_memory_bytes
+from weir.container.memory_shares import buffer_memory_bytes, use_returning_pool
 from weir.container.parent_death import die_with_parent
 from weir.container.stats import ProcessStats
 from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -234,11 +234,11 @@ def main(argv: list[str] | None = None) -> int:
               "buffer server (is it an older Weir?)", file=sys.stderr)
         client.close()
         return 1
+    limit = {"CONTAINER_MEMORY_MB": resolve("CONTAINER_MEMORY_MB", attributes)}
+    use_returning_pool(limit)
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
                                  tls=(identity.certificate_pem, identity.private_key_pem),
-                                 memory_budget_bytes=buffer_memory_bytes(
-                                     {"CONTAINER_MEMORY_MB": resolve("CONTAINER_MEMORY_MB",
-                                                                     attributes)}))
+                                 memory_budget_bytes=buffer_memory_bytes(limit))
     buffer_server.start()
     advertised = (advertised_host, buffer_server.address[1])
     spark = SparkSessionBridge.from_attributes(

@@ -7,7 +7,11 @@ import threading
 import time
 
 from weir.container.buffer_server import MEMORY_BUDGET_BYTES
-from weir.container.memory_shares import buffer_memory_bytes, input_queue_bytes
+from weir.container.memory_shares import (
+    buffer_memory_bytes,
+    input_queue_bytes,
+    use_returning_pool,
+)
 from weir.container.port_input import PortInput
 from weir.container.stream_messages import Kind, Message
 
@@ -57,3 +61,14 @@ def test_a_message_larger_than_the_bound_still_passes_alone():
     finally:
         stopped.set()
         port.close()
+
+
+def test_with_a_limit_arrow_allocates_from_a_pool_that_returns_memory():
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    try:
+        assert use_returning_pool({}) == before.backend_name  # no limit: left alone
+        assert use_returning_pool({"CONTAINER_MEMORY_MB": 600}) in ("jemalloc", "system")
+    finally:
+        pa.set_memory_pool(before)
