@@ -3,8 +3,9 @@ launcher holds it to (the local launcher kills a container over it; Kubernetes d
 the buffer server keeps at most a quarter of it in memory before it spills to disk, and
 each input port queues at most a sixteenth, and Arrow allocates from jemalloc, which
 hands freed memory back to the system within a second, rather than mimalloc, which keeps
-it: a join's container moving 4 KB rows held 440-510 MB with mimalloc and about 320 MB
-with jemalloc or the system's allocator (single runs). Without a limit, the fixed
+more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_memory``)
+peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
+with occasional spikes to 510-530 MB whose cause is not found yet. Without a limit, the fixed
 defaults hold (the buffer server's 256 MB, ``QUEUE_CAPACITY`` messages per port whatever
 their size, Arrow's default pool)."""
 
