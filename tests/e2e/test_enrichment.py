@@ -31,7 +31,7 @@ from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(420)
 
-WINDOW_ROWS, KEYS, EPOCHS = 150, 120, 24
+WINDOW_ROWS, KEYS, EPOCHS = 150, 120, 14
 CHANGES, LOOKUPS = 2 * WINDOW_ROWS, 6 * WINDOW_ROWS
 
 SETTINGS = """CONTAINERS=3, STREAMING_WINDOW_SIZE_MILLIS=200, HEARTBEAT_INTERVAL_MILLIS=200,
@@ -188,7 +188,7 @@ def products(postgres_dsn: str):
 def test_lookup_join_is_exact_after_sigkills_of_its_container(master, tmp_path,
                                                               postgres_dsn, products):
     rng, note = chaos_seed()
-    orders = [{"order": i, "product": rng.randrange(KEYS)} for i in range(20_000)]
+    orders = [{"order": i, "product": rng.randrange(KEYS)} for i in range(12_000)]
     _write_parquet(tmp_path / "inbox", orders)
     _run(master, tmp_path, LOOKUP_APP.format(
         settings=SETTINGS.format(state=str(tmp_path / "state")), inbox=str(tmp_path / "inbox"),
