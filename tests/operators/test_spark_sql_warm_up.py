@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.operators.test_spark import Emitted
-from tests.operators.test_spark_passthrough import SCHEMA, bids
+from tests.operators.test_spark_passthrough import SCHEMA, Recording, bids
 from weir.operators import Dag
 from weir.operators.library import ParquetSource
 from weir.operators.operator import OperatorContext
@@ -23,20 +23,13 @@ from weir.operators.windows import make_window_id
 QUERY = "SELECT auction, bidder, 2 * price AS price, date_time, extra FROM input"
 
 
-class Counting:
-    """The session bridge, with its warm-up rows set, counting jobs and handed inputs."""
+class Counting(Recording):
+    """The recording bridge, with its warm-up rows set, also counting jobs."""
 
     def __init__(self, bridge: Any, warmup_rows: int) -> None:
-        self.bridge, self.warmup_rows = bridge, warmup_rows
+        super().__init__(bridge)
+        self.warmup_rows = warmup_rows
         self.jobs = 0
-        self.handed: list[list[str]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.bridge, name)
-
-    def window_input(self, schema: pa.Schema) -> Any:
-        self.handed.append(list(schema.names))
-        return self.bridge.window_input(schema)
 
     def to_arrow(self, df: Any) -> pa.Table:
         self.jobs += 1
