@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.nexmark import weir_queries
 from bench.nexmark.generator import write_files
 from bench.nexmark.model import NexmarkSpec
@@ -29,3 +31,20 @@ def test_q2_on_weir_equals_the_reference(tmp_path: Path) -> None:
     assert result.correct
     assert result.seconds > 0 and result.latencies_ms  # windows timed from the master's stats
     assert result.extra["breakdown"]["jobs"] >= 1  # the SparkSql operator's cost breakdown
+
+
+@pytest.mark.parametrize("query", ["q4", "q18", "q19"])
+def test_keyed_queries_on_weir_equal_the_reference(tmp_path: Path, query: str) -> None:
+    """``Deduplicate`` (q18), ``TopN`` (q19) and two ``KeyedProcess`` operators (q4: the
+    winning bids, then their average per category) in real containers, on event time."""
+    spec = NexmarkSpec(events=30_000, events_per_file=5_000)
+    data = tmp_path / "data"
+    write_files(spec, data, csv=False)
+    expected = answer(query, read_events(data), spec)
+    assert expected.num_rows > 1
+
+    result = weir_queries.run(query, spec, data, events_per_second=20_000,
+                              work=tmp_path / "work", timeout_s=240, spark=SMALL_SPARK)
+
+    assert result.detail == f"{expected.num_rows:,} rows, exact"
+    assert result.correct
