@@ -77,7 +77,7 @@ def test_bad_sql_fails_the_run_in_one_attempt_with_sparks_message(run_dag):
         assert_failed_in_one_attempt(client, app_id, info, "sql", master)
         # one line, with where the operator called it
         assert "AnalysisException: [UNRESOLVED_COLUMN" in info.diagnostics, info.diagnostics
-        assert "(at spark.py:" in info.diagnostics and "in transform)" in info.diagnostics
+        assert "(at spark_sql.py:" in info.diagnostics and "in transform)" in info.diagnostics
         # the container log has the whole Python traceback, the plan included
         logs = container_logs(master)
         assert "Traceback (most recent call last)" in logs and "in transform" in logs, logs
