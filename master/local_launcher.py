@@ -99,8 +99,10 @@ _DUMP_WAIT_S = 0.2
 """How long a container is given to write its thread dump before it is killed."""
 
 _CAN_WATCH = hasattr(os, "waitid") and hasattr(os, "WNOWAIT")
-_CAN_PIN = hasattr(os, "sched_setaffinity")
 """Whether a thread can wait for a child's exit without reaping it (not on Windows)."""
+
+_CAN_PIN = hasattr(os, "sched_setaffinity")
+"""Whether a process can be pinned to cores (Linux)."""
 
 
 class LocalProcessLauncher(Launcher):
