@@ -72,7 +72,8 @@ class ProcessStats:
         self._gc = GcMonitor()
         self._children: list[psutil.Process] = []
         self._listed_s = -self.CHILDREN_TTL_S
-        self._last_cpu_s, _ = self._measure()
+        self._seen: set[int] = set()
+        self._last_cpu_s, _, _ = self._measure()
         self._last_wall_s = time.monotonic()
         self.pid, self.host = os.getpid(), socket.gethostname()
         self.process_name = f"{self.pid}@{self.host}"
@@ -87,9 +88,12 @@ class ProcessStats:
                 self._children = []
         return [self._process, *self._children]
 
-    def _measure(self) -> tuple[float, int]:
-        """CPU seconds and resident bytes of the tree, in one pass."""
-        cpu_s, rss = 0.0, 0
+    def _measure(self) -> tuple[float, float, int]:
+        """CPU seconds of the tree, of its processes not seen before (their CPU until now
+        is not this interval's: a JVM found up to ``CHILDREN_TTL_S`` after it started),
+        and resident bytes, in one pass."""
+        cpu_s, new_s, rss = 0.0, 0.0, 0
+        seen = set()
         for proc in self._tree():
             try:
                 with proc.oneshot():
@@ -99,15 +103,19 @@ class ProcessStats:
                 if proc is not self._process:
                     self._listed_s = -self.CHILDREN_TTL_S  # one ended: list again next time
                 continue
+            seen.add(proc.pid)
             cpu_s += times.user + times.system
-        return cpu_s, rss
+            if proc.pid not in self._seen:
+                new_s += times.user + times.system
+        self._seen = seen
+        return cpu_s, new_s, rss
 
     def sample(self) -> ProcessSample:
         """CPU since the previous sample (100 = one core busy), memory now, GC totals."""
-        (cpu_s, rss), wall_s = self._measure(), time.monotonic()
+        (cpu_s, new_s, rss), wall_s = self._measure(), time.monotonic()
         elapsed = max(wall_s - self._last_wall_s, 1e-6)
         # A child that exited takes its CPU with it; never report a negative figure.
-        cpu_percent = max(0.0, 100.0 * (cpu_s - self._last_cpu_s) / elapsed)
+        cpu_percent = max(0.0, 100.0 * (cpu_s - new_s - self._last_cpu_s) / elapsed)
         self._last_cpu_s, self._last_wall_s = cpu_s, wall_s
         return ProcessSample(
             cpu_percent=round(cpu_percent, 1),

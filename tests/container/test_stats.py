@@ -3,6 +3,7 @@
 import gc
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -68,6 +69,30 @@ def test_a_child_counts_in_memory_and_one_that_ended_is_dropped():
         child.wait(timeout=10)
         stats.sample()  # notices the ended child, lists again at the next
         assert stats.sample().memory_rss_mb < with_child - 100
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        stats.close()
+
+
+def test_a_child_found_late_brings_no_cpu_from_before_it_was_found():
+    """A JVM listed up to CHILDREN_TTL_S after it started: what it used until then is not
+    the interval's (it would show as a burst of several cores)."""
+    stats = ProcessStats()
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend = time.process_time() + 1.0\n"
+                              "while time.process_time() < end: pass\n"
+                              "print('burnt', flush=True)\ntime.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "burnt"
+        burnt = sum(psutil.Process(child.pid).cpu_times()[:2])
+        assert burnt >= 1.0
+        stats.sample()
+        time.sleep(0.5)  # an interval long enough that the listing's own CPU is small in it
+        stats._listed_s -= ProcessStats.CHILDREN_TTL_S  # listed now, a second late
+        found = stats.sample()
+        assert found.cpu_percent < 50, found  # not its second of CPU in this interval
     finally:
         child.kill()
         child.wait(timeout=10)
