@@ -82,12 +82,6 @@ def partition_filter(info: plan_pb2.InputDeployInfo) -> PartitionFilter | None:
         raise DeployError(f"input {info.port_name!r}: {exc}", fatal=True) from None
 
 
-def _stream_schemas(info: plan_pb2.OperatorDeployInfo) -> dict[str, pa.Schema]:
-    """The schemas the master says the operator's input streams carry (known at submit)."""
-    return {i.port_name: pa.ipc.read_schema(pa.py_buffer(i.stream_schema))
-            for i in info.inputs if i.stream_schema}
-
-
 def _typed_attributes(text: dict[str, str]) -> dict[str, object]:
     typed: dict[str, object] = {}
     for name, value in text.items():
@@ -186,7 +180,10 @@ class Deployment:
                                       redeployed=redeployed(info.first_generation,
                                                             info.generation),
                                       fence_check=fence.check,
-                                      input_schemas=_stream_schemas(info))
+                                      input_schemas={  # known at submit (the DAG's)
+                                          i.port_name: pa.ipc.read_schema(pa.py_buffer(
+                                              i.stream_schema))
+                                          for i in info.inputs if i.stream_schema})
             stopped = threading.Event()
             capacity = int(attributes.get("QUEUE_CAPACITY", 64))
             # AT_MOST_ONCE skips what it missed (and never takes a window twice); otherwise

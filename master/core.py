@@ -18,7 +18,7 @@ from weir.master import liveness, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
 from weir.master.errors import FailedPrecondition, InvalidArgument
-from weir.master.launcher import Launcher, Resources, UnplaceableRequest, check_spark_fits
+from weir.master.launcher import Launcher, UnplaceableRequest
 from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
@@ -30,7 +30,6 @@ from weir.master.repartition import Repartition, repartition
 from weir.master.report_filter import bounded_text
 from weir.master.run_folders import RunFolders
 from weir.master.run_store import RunStore
-from weir.master.spares import uses_spark
 from weir.master.state_owner import new_run_id
 from weir.master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
 from weir.operators.dag import DagError, validate_descriptor
@@ -127,12 +126,10 @@ class MasterCore:
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self.release_ended_runs(all_stopped=False)  # one that ended a moment ago is free now
         with self._lock:
-            app_id = self._apps.next_id()
-            run_id = new_run_id()
+            app_id, run_id = self._apps.next_id(), new_run_id()
             try:
                 plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
-                self.launcher.check_request(Resources.of(plan.attributes))
-                check_spark_fits(plan.attributes, uses_spark(dag))
+                self._launches.check_request(plan.attributes, dag)
                 seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
                                                          allow_dropped, manifest)
                           if manifest is not None else None)
@@ -361,9 +358,9 @@ class MasterCore:
                 if not live or not self._apps.is_current(app):
                     continue
                 seen = self._launches.observe(live)
-                lost = liveness.check_liveness(app, self.clock(), seen.exit_codes,
-                                               self.stop_grace_ms, seen.waiting,
-                                               seen.exit_reasons, trouble=seen.trouble)
+                lost = liveness.check_liveness(
+                    app, self.clock(), seen.exit_codes, self.stop_grace_ms, seen.waiting,
+                    seen.exit_reasons, trouble=seen.trouble)
                 actions = self._launches.take(app)
                 self._persist(app)
                 if lost:

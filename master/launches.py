@@ -8,11 +8,14 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, LauncherAction, LaunchKind
-from weir.master.launcher import Launcher, Resources
+from weir.master.launcher import Launcher, Resources, check_spark_fits
 from weir.master.physical_plan import ContainerState, PTContainer
+from weir.master.spares import uses_spark
+from weir.proto import plan_pb2
 
 __all__ = ["Launches", "Observed"]
 
@@ -52,6 +55,12 @@ class Launches:
             if action.kind == LaunchKind.LAUNCH:
                 self.apps.add_container(app, action.container_id)
         return [(app, action) for action in actions]
+
+    def check_request(self, attributes: dict[str, Any], dag: plan_pb2.DagDescriptor) -> None:
+        """Raises UnplaceableRequest for an application whose containers could never run:
+        no node of the launcher's manager meets the request, or Spark would not fit."""
+        self.launcher.check_request(Resources.of(attributes))
+        check_spark_fits(attributes, uses_spark(dag))
 
     def observe(self, containers: list[PTContainer]) -> Observed:
         """What the launcher knows of ``containers``: exit codes (None while running) with
