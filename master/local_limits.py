@@ -51,8 +51,9 @@ class MemoryGuard:
     """Measures each watched container's process tree every ``poll_s`` and calls
     ``over_limit(container_id, reason)`` once for one above its limit (then forgets it).
 
-    The thread starts with the first ``watch`` and ends at ``stop``; an error measuring
-    one container (other than its end) is logged and the others are still measured.
+    The thread starts with the first ``watch`` and ends at ``stop``. An error measuring
+    or killing one container (other than its end) is logged and the others are still
+    measured; the thread itself never ends on an error, so no limit silently lapses.
     """
 
     def __init__(self, over_limit: Callable[[str, str], None],
@@ -96,12 +97,21 @@ class MemoryGuard:
                 _LOGGER.exception("container=%s: measuring its memory failed", container_id)
                 continue
             if used > limit_mb << 20:
-                self.forget(container_id)
-                self._over_limit(container_id, (
-                    f"killed by the local launcher: its processes used {used >> 20:,} MB of "
-                    f"memory, over its CONTAINER_MEMORY_MB={limit_mb:,}; give the "
-                    "application more (CONTAINER_MEMORY_MB), or its Spark less "
-                    "(SPARK_DRIVER_MEMORY)"))
+                self._tell(container_id, pid, used, limit_mb)
+
+    def _tell(self, container_id: str, pid: int, used: int, limit_mb: int) -> None:
+        """Forgets the container and tells ``over_limit``; if that fails, it is logged and
+        the container watched again, to be told at the next pass."""
+        self.forget(container_id)
+        try:
+            self._over_limit(container_id, (
+                f"killed by the local launcher: its processes used {used >> 20:,} MB of "
+                f"memory, over its CONTAINER_MEMORY_MB={limit_mb:,}; give the application "
+                "more (CONTAINER_MEMORY_MB), or its Spark less (SPARK_DRIVER_MEMORY)"))
+        except Exception:  # noqa: BLE001 - the guard must go on; the next pass tries again
+            _LOGGER.exception("container=%s: acting on its memory limit failed", container_id)
+            with self._lock:
+                self._watched.setdefault(container_id, (pid, limit_mb))
 
     def _run(self) -> None:
         while not self._stopped.wait(self._poll_s):

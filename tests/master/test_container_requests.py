@@ -214,3 +214,25 @@ def test_the_launchers_trouble_names_the_watch_the_error_and_since_when():
     assert launcher.trouble().split(": ")[0] == first.split(": ")[0]  # the first failure's
     launcher._watch_ok()
     assert launcher.trouble() == ""
+
+
+def test_a_failure_to_act_on_a_limit_is_tried_again_and_never_blinds_the_guard(tmp_path):
+    child = subprocess.Popen(_sleeper(tmp_path, 50), start_new_session=True)
+    calls: list[str] = []
+
+    def over_limit(cid: str, why: str) -> None:
+        calls.append(cid)
+        if len(calls) == 1:
+            raise OSError("the kill failed")
+
+    guard = MemoryGuard(over_limit)
+    try:
+        poll_for(lambda: tree_memory_bytes(child.pid) > 100 << 20, 20, "the memory")
+        guard.watch("c0", child.pid, 100)
+        guard.check()  # raises inside: logged, the container watched again
+        guard.check()
+        assert calls == ["c0", "c0"]
+    finally:
+        guard.stop()
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
