@@ -60,7 +60,8 @@ class ProcessStats:
 
     The children are listed again only every ``CHILDREN_TTL_S``: listing them walks every
     process of the machine (psutil reads all of ``/proc``), twice a heartbeat: it cost a
-    container busy with Nexmark's q1 about 8 % of a core (py-spy, 41 of 1,025 samples),
+    container busy with Nexmark's q1 about 8 % of a core (one 10 s py-spy profile, 41 of
+    1,025 samples),
     for a tree that changes once, when Spark starts. A child that ended is noticed at the
     next sample, which lists them again.
     """

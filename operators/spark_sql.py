@@ -4,7 +4,7 @@ When its input's schema is known before the first batch (a source's files, told 
 master; or the port's declared schema), ``setup`` runs the query twice over rows of that
 schema, after the container's generic warm-up: Spark compiles the plan's code and the
 JIT its loops then, not in the first windows. Measured on Nexmark's q1 (920,000 bids a
-window, ``0.908 * price``, 2 cores): the first three windows' jobs took 5.6, 3.2 and
+window, ``0.908 * price``, 2 cores, one run): the first three windows' jobs took 5.6, 3.2 and
 2.0 s of the JVM's CPU and the later ones 1.3-1.5 s, where the generic warm-up (a keyed
 count) had run before them.
 """

@@ -13,17 +13,13 @@ import collections
 import json
 import os
 import random
-import textwrap
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
-from tests.e2e.test_recovery import wait_finished
-from weir.master.client import WeirClient
-from weir.operators.app import load_app
+from tests.e2e.test_exactly_once import chaos_seed, run_killing
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -94,16 +90,9 @@ def test_deduplicate_and_top_n_are_exact_after_sigkills_of_their_container(maste
     ranked = collections.Counter(
         (auction, start, rank + 1, bid) for (auction, start), bids in windows.items()
         for rank, (_, bid) in enumerate(sorted(bids, reverse=True)[:TOP]))
-    app = tmp_path / "app.py"
-    app.write_text(textwrap.dedent(APP.format(
+    run_killing(master, tmp_path / "app.py", APP.format(
         state=str(tmp_path / "state"), inbox=str(tmp_path / "inbox"), top=TOP, size=SIZE_MS,
-        root=str(tmp_path / "out"))))
-    with WeirClient(master.address) as client:
-        app_id = client.submit(load_app(app).to_descriptor())
-        kills = kill_operators_container(master, client, app_id, "first", rng, note,
-                                         max_pause_s=1.5)
-        wait_finished(client, master, app_id, timeout_s=240)
-    assert kills >= 1, f"the run ended before a kill; {note}"
+        root=str(tmp_path / "out")), "first", rng, note)
     out = tmp_path / "out"
     got = {name: collections.Counter(r["bid"] for r in _written(out / name))
            for name in ("unique", "repeats")}

@@ -15,7 +15,6 @@ import collections
 import json
 import os
 import random
-import textwrap
 import uuid
 from pathlib import Path
 
@@ -24,10 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e.test_exactly_once import chaos_seed, kill_operators_container
-from tests.e2e.test_recovery import wait_finished
-from weir.master.client import WeirClient
-from weir.operators.app import load_app
+from tests.e2e.test_exactly_once import chaos_seed, run_killing
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -138,17 +134,6 @@ def _written(folder: Path) -> list[dict]:
             for line in file.read_text().splitlines()]
 
 
-def _run(master, tmp_path: Path, app_text: str, rng: random.Random, note: str) -> None:
-    app = tmp_path / "app.py"
-    app.write_text(textwrap.dedent(app_text))
-    with WeirClient(master.address) as client:
-        app_id = client.submit(load_app(app).to_descriptor())
-        kills = kill_operators_container(master, client, app_id, "join", rng, note,
-                                         max_pause_s=1.5)
-        wait_finished(client, master, app_id, timeout_s=240)
-    assert kills >= 1, f"the run ended before a kill; {note}"
-
-
 def _check(got: collections.Counter, expected: collections.Counter, what: str,
            note: str) -> None:
     assert got == expected, (
@@ -161,10 +146,10 @@ def test_table_join_is_exact_after_sigkills_of_its_container(master, tmp_path):
     rng, note = chaos_seed()
     rows, joined, missed = changelog_and_lookups(rng)
     _write_parquet(tmp_path / "inbox", rows)
-    _run(master, tmp_path, TABLE_APP.format(
+    run_killing(master, tmp_path / "app.py", TABLE_APP.format(
         settings=SETTINGS.format(state=str(tmp_path / "state")), inbox=str(tmp_path / "inbox"),
         rows=WINDOW_ROWS, half=WINDOW_ROWS // 2, out=str(tmp_path / "out"),
-        missed=str(tmp_path / "missed")), rng, note)
+        missed=str(tmp_path / "missed")), "join", rng, note)
     _check(collections.Counter((r["order"], r["product"], r["name"])
                                for r in _written(tmp_path / "out")), joined, "joined", note)
     _check(collections.Counter((r["order"], r["product"]) for r in _written(
@@ -190,10 +175,10 @@ def test_lookup_join_is_exact_after_sigkills_of_its_container(master, tmp_path,
     rng, note = chaos_seed()
     orders = [{"order": i, "product": rng.randrange(KEYS)} for i in range(12_000)]
     _write_parquet(tmp_path / "inbox", orders)
-    _run(master, tmp_path, LOOKUP_APP.format(
+    run_killing(master, tmp_path / "app.py", LOOKUP_APP.format(
         settings=SETTINGS.format(state=str(tmp_path / "state")), inbox=str(tmp_path / "inbox"),
         rows=WINDOW_ROWS, half=WINDOW_ROWS // 2, dsn=postgres_dsn, table=products,
-        out=str(tmp_path / "out"), missed=str(tmp_path / "missed")), rng, note)
+        out=str(tmp_path / "out"), missed=str(tmp_path / "missed")), "join", rng, note)
     _check(collections.Counter((r["order"], r["product"], r["name"])
                                for r in _written(tmp_path / "out")),
            collections.Counter((o["order"], o["product"], f"product {o['product']}")

@@ -139,6 +139,20 @@ def kill_operators_container(master, client: WeirClient, app_id: str, operator: 
     return kills
 
 
+def run_killing(master, app_file: Path, app_text: str, operator: str, rng: random.Random,
+                note: str) -> None:
+    """Writes and submits the application, SIGKILLs ``operator``'s container at random
+    moments (``kill_operators_container``) and waits for it to finish; at least one
+    kill must have landed."""
+    app_file.write_text(textwrap.dedent(app_text))
+    with WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app_file).to_descriptor())
+        kills = kill_operators_container(master, client, app_id, operator, rng, note,
+                                         max_pause_s=1.5)
+        wait_finished(client, master, app_id, timeout_s=240)
+    assert kills >= 1, f"the run ended before a kill; {note}"
+
+
 def kill_randomly(master, client: WeirClient, app_id: str, note: str,
                   rng: random.Random) -> list[str]:
     """SIGKILLs three random live containers at random moments, each once the application
