@@ -72,7 +72,8 @@ class StoreBacked:
             share = handle.seed.share
             cut = PartitionFilter.from_json(share) if share is not None else None
             pick = None if cut is None else (owns(cut) if owns is not None else cut.owns)
-            store.seed_from(handle.seed.sources, pick)
+            store.seed_from(handle.seed.sources, pick)  # once: a redeploy finds it seeded
+            store.restore_to(handle.applied)  # and undoes the windows it applied since
         elif context.recovered_window < 0:
             store.reset()  # fresh: nothing of an earlier run counts
         else:

@@ -241,6 +241,33 @@ def test_a_new_partition_takes_its_keys_state_and_timers_out_of_the_old_stores(t
         op.teardown()
 
 
+def test_a_new_partition_redeployed_before_its_first_checkpoint_replays_from_its_seed(
+        tmp_path):
+    """A container holding a new partition dies after it applied windows but before it
+    checkpointed: the redeploy restores the seed handle, so the store must undo those
+    windows (it is seeded already) for the replay to apply them again."""
+    from weir.runtime.operator_state import capture, restore
+
+    old = Totals(keys="user")
+    old.setup(_context(tmp_path / "old"))
+    old.store.put(5, [(state_row(("a",)), pickle.dumps({"total": 1}), True)])
+    old.store_applied(5)
+    first = Totals(keys="user").repartitioned([old], None)
+    saved = capture(first)  # its initial checkpoint: the seed handle
+    first.setup(_context(tmp_path / "new", window=5))
+    first.store.put(6, [(state_row(("a",)), pickle.dumps({"total": 2}), True)])
+    first.store_applied(6)
+    first.teardown()  # the container is killed here
+
+    again = restore(Totals(keys="user"), saved)
+    again.setup(_context(tmp_path / "new", window=5))
+    assert again.store.applied == 5
+    assert [pickle.loads(v) for _, v in again.store.scan(b"", b"\xff")] == [{"total": 1}]
+    again.store.put(6, [(state_row(("a",)), pickle.dumps({"total": 2}), True)])  # the replay
+    again.teardown()
+    old.teardown()
+
+
 def test_split_late_keeps_rows_on_time_and_says_why_the_others_are_late():
     from weir.operators.watermarks import split_late
 
