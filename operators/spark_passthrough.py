@@ -10,6 +10,11 @@ input (no aggregation, join, window, sort or limit), Spark gets only the columns
 query computes with; each column passed through reaches Spark as nulls, except one
 integer column that carries the rows' numbers, and Arrow puts the real values back in
 the result by those numbers. Spark still evaluates every expression and condition.
+
+Nor does Spark send the copied columns back: its result holds the computed columns (and
+the carrier), and the copies go in by name, in the query's column order. Measured on q1's
+shape (920,000 rows, two warm rounds of five): the job's JVM CPU was 1.28 s with the four
+null columns going back as Arrow, 0.89 s without.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ class PassThrough:
     ``copied``: output column -> the input column it is a copy of; ``carrier``: the input
     column (one of those) that carries row numbers, or None when nothing filters the rows
     (the output's rows are then the input's, in order); ``needed``: the input columns
-    the query computes with.
+    the query computes with; ``output``: the query's result as Arrow (``toArrow``'s types).
     """
 
     schema: pa.Schema
@@ -43,6 +48,7 @@ class PassThrough:
     copied: dict[str, str]
     carrier: str | None
     needed: tuple[str, ...]
+    output: pa.Schema
 
     def narrow(self, batch: pa.RecordBatch, first_row: int) -> pa.RecordBatch:
         """What Spark gets of ``batch``: the needed columns and the rows' numbers."""
@@ -64,9 +70,20 @@ class PassThrough:
             else F.lit(None).cast(self.spark_types[name]).alias(name)
             for name in self.schema.names])
 
+    def trim(self, result: DataFrame) -> DataFrame:
+        """The query's result less the columns it copies (but the carrier's): Spark
+        computes and sends back only what ``restore`` cannot put back itself."""
+        from pyspark.sql import functions as F  # noqa: N812 - the usual name
+
+        carrier = self._carrier_output() if self.carrier is not None else None
+        return result.select(*[F.col("`" + name.replace("`", "``") + "`")
+                               for name in self.output.names
+                               if name not in self.copied or name == carrier])
+
     def restore(self, result: pa.Table, rows: pa.Table) -> pa.Table:
-        """``result`` with its copied columns taken from ``rows`` (the window's input, in
-        arrival order), cast to the types Spark gave them."""
+        """The query's whole result from ``trim``'s: the copied columns taken from
+        ``rows`` (the window's input, in arrival order), cast to the types Spark gives
+        them, in the query's column order."""
         if self.carrier is not None:
             index: Any = result.column(self._carrier_output()).combine_chunks()
             if len(index) == rows.num_rows and index.null_count == 0 and np.array_equal(
@@ -77,13 +94,16 @@ class PassThrough:
         else:
             raise RuntimeError(f"a projection returned {result.num_rows} rows of "
                                f"{rows.num_rows}: it cannot have filtered")
-        for output, source in self.copied.items():
-            position = result.schema.get_field_index(output)
+        columns = []
+        for field in self.output:
+            source = self.copied.get(field.name)
+            if source is None:
+                columns.append(result.column(field.name))
+                continue
             values = rows.column(source)
             values = values if index is None else values.take(index)
-            result = result.set_column(position, result.schema.field(position),
-                                       values.cast(result.schema.field(position).type))
-        return result
+            columns.append(values.cast(field.type))
+        return pa.Table.from_arrays(columns, schema=self.output)
 
     def _carrier_output(self) -> str:
         return next(out for out, source in self.copied.items() if source == self.carrier)
@@ -136,7 +156,16 @@ def plan_pass_through(result: DataFrame, source: DataFrame, schema: pa.Schema
     if not needed and carrier is None:
         return None  # no column left to count the rows Spark gets
     types = {field.name: field.dataType.simpleString() for field in source.schema.fields}
-    return PassThrough(schema, types, copied, carrier, needed)
+    return PassThrough(schema, types, copied, carrier, needed, arrow_schema(result))
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The schema ``df.toArrow()`` gives, without running a job (as ``toArrow`` makes it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false")
+    return to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True,
+                           timezone="UTC", prefers_large_types=large == "true")
 
 
 def _attribute_of(expression: Any, inputs: dict[int, str]) -> str | None:

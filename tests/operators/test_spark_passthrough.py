@@ -1,6 +1,7 @@
 """SparkSql's projections and filters: the columns they copy bypass Spark, and the results
 are what Spark alone gives, window after window (the first window plans, the next ones
-hand Spark only the columns the query computes with)."""
+hand Spark only the columns the query computes with, and Spark sends back only those it
+computed)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,18 @@ SCHEMA = pa.schema([("auction", pa.int64()), ("bidder", pa.int64()), ("price", p
 
 
 class Recording:
-    """A bridge that records the columns of every window input Spark is handed."""
+    """A bridge that records the columns of every window input Spark is handed, and of
+    every result it sends back."""
 
     def __init__(self, bridge: SparkSessionBridge) -> None:
         self.bridge = bridge
         self.handed: list[list[str]] = []
+        self.returned: list[list[str]] = []
+
+    def to_arrow(self, df: Any) -> pa.Table:
+        table = self.bridge.to_arrow(df)
+        self.returned.append(table.column_names)
+        return table
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.bridge, name)
@@ -62,24 +70,29 @@ def run(bridge: Any, query: str, windows: int = 3, plan: bool = True
     return op, out
 
 
-@pytest.mark.parametrize(("query", "needed", "carrier"), [
+@pytest.mark.parametrize(("query", "needed", "carrier", "computed"), [
     ("SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM input",
-     ("price",), "auction"),
-    ("SELECT auction, price FROM input WHERE auction % 3 = 0", ("auction",), "price"),
+     ("price",), "auction", ["auction", "price"]),
+    ("SELECT auction, price FROM input WHERE auction % 3 = 0", ("auction",), "price",
+     ["auction", "price"]),
     ("SELECT bidder AS who, extra, price FROM input WHERE price > 120 AND length(extra) > 0",
-     ("price", "extra"), "bidder"),
-    ("SELECT * FROM input WHERE bidder % 2 = 1", ("bidder",), "auction"),
+     ("price", "extra"), "bidder", ["who", "extra", "price"]),
+    ("SELECT * FROM input WHERE bidder % 2 = 1", ("bidder",), "auction",
+     ["auction", "bidder"]),
 ], ids=["map", "filter", "alias", "star"])
 def test_copied_columns_bypass_spark_and_the_results_stay_the_same(
-        bridge: SparkSessionBridge, query: str, needed: tuple[str, ...], carrier: str) -> None:
+        bridge: SparkSessionBridge, query: str, needed: tuple[str, ...], carrier: str,
+        computed: list[str]) -> None:
     recording = Recording(bridge)
     op, through = run(recording, query)
     _, plain = run(bridge, query, plan=False)
     assert op._pass_through is not None
     assert (op._pass_through.needed, op._pass_through.carrier) == (needed, carrier)
     # the first window plans with every column; the next ones hand Spark only the
-    # needed columns and the carrier of the rows' numbers
+    # needed columns and the carrier of the rows' numbers, and get back only the columns
+    # Spark computes (and the carrier's numbers)
     assert recording.handed == [SCHEMA.names, [*needed, carrier], [*needed, carrier]]
+    assert recording.returned[1:] == [computed, computed]
     for got, expected in zip(through, plain, strict=True):
         assert got.schema == expected.schema
         assert got.to_pylist() == expected.to_pylist()
@@ -112,11 +125,14 @@ def test_every_row_in_order_is_put_back_without_a_copy() -> None:
     from weir.operators.spark_passthrough import PassThrough
 
     rows = pa.Table.from_batches([bids(0)])
+    output = SCHEMA.remove(SCHEMA.get_field_index("bidder"))
     through = PassThrough(SCHEMA, {}, {"auction": "auction", "extra": "extra"}, "auction",
-                          ("price",))
+                          ("price",), output)
     spark_result = pa.table({"auction": pa.array(range(rows.num_rows), pa.int64()),
-                             "extra": pa.nulls(rows.num_rows, pa.string())})
+                             "price": rows.column("price"), "date_time": rows.column(
+                                 "date_time")})
     restored = through.restore(spark_result, rows)
+    assert restored.schema == output  # the query's columns, in its order
     assert restored.column("extra").chunk(0).buffers()[2].address == \
         rows.column("extra").chunk(0).buffers()[2].address
     assert restored.column("auction").to_pylist() == rows.column("auction").to_pylist()

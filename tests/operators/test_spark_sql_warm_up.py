@@ -1,8 +1,8 @@
 """SparkSql warms its own query before its first window when its input's schema is known
 (the master tells it a source's; or the port declares one): twice, over sample rows of
-that schema, the second time in the pass-through's narrow shape. Nothing of it is
-emitted, counted or kept, and a query that fails on the sample rows is left to the real
-windows."""
+that schema, the second time in the pass-through's narrow shape, which the real windows
+keep while their rows have that schema. Nothing of it is emitted or counted, and a query
+that fails on the sample rows is left to the real windows."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.operators.test_spark import Emitted
-from tests.operators.test_spark_passthrough import SCHEMA, Recording, bids
+from tests.operators.test_spark_passthrough import SCHEMA, Recording, bids, run
 from weir.operators import Dag
 from weir.operators.library import ParquetSource
 from weir.operators.operator import OperatorContext
@@ -44,7 +44,8 @@ def _start(op: SparkSql, spark: Any, schemas: dict[str, pa.Schema]) -> Emitted:
     return emitted
 
 
-def test_a_known_input_schema_warms_the_query_twice_and_leaves_nothing(bridge):
+def test_a_known_input_schema_warms_the_query_twice_and_its_first_window_runs_narrow(
+        bridge):
     spark = Counting(bridge, warmup_rows=500)
     op = SparkSql(QUERY)
     emitted = _start(op, spark, {"input": SCHEMA})
@@ -52,14 +53,32 @@ def test_a_known_input_schema_warms_the_query_twice_and_leaves_nothing(bridge):
     assert spark.handed == [SCHEMA.names, ["price", "auction"]]  # then narrow: planned
     assert emitted.batches.get("output", []) == []
     assert op.spark_costs() == {} or op.spark_costs()["jobs"] == 0
-    assert op._input_schemas == {} and not op._planned
+    assert op._input_schemas == {}
     op.begin_window(make_window_id(1_700_000_000, 0))
     op.process("input", bids(0))
     op.end_window()
+    assert spark.handed[2] == ["price", "auction"]  # the warm-up's plan, not a wide window
+    [out] = emitted.batches["output"]
+    _, [plain] = run(bridge, QUERY, windows=1, plan=False)  # Spark with every column
+    assert out.schema == plain.schema
+    assert out.column("price").to_pylist() == [2 * p for p in bids(0).column("price")
+                                                .to_pylist()]
+    assert out.column("extra").to_pylist() == bids(0).column("extra").to_pylist()
+    assert op.spark_costs()["jobs"] == 1
+
+
+def test_real_rows_of_another_schema_than_the_warmed_one_plan_again(bridge):
+    spark = Counting(bridge, warmup_rows=500)
+    op = SparkSql(QUERY)
+    told = SCHEMA.set(2, pa.field("price", pa.int32()))  # the rows will say int64
+    emitted = _start(op, spark, {"input": told})
+    op.begin_window(make_window_id(1_700_000_000, 0))
+    op.process("input", bids(0))
+    op.end_window()
+    assert spark.handed[2] == SCHEMA.names  # planned on its own rows, so every column
     [out] = emitted.batches["output"]
     assert out.column("price").to_pylist() == [2 * p for p in bids(0).column("price")
                                                 .to_pylist()]
-    assert op.spark_costs()["jobs"] == 1
 
 
 def test_no_warm_up_without_a_known_schema_or_with_warm_up_rows_off(bridge):
