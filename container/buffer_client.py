@@ -21,23 +21,17 @@ from weir.container.stream_messages import (
     WINDOW_GAP_ERROR,
     Kind,
     Message,
+    PartitionKeyMissing,
     WindowGap,
     from_envelope,
 )
 from weir.operators.partitioning import PartitionFilter
-from weir.operators.ports import SchemaMismatch
 from weir.proto.contract import AUTH_HEADER, BEARER, pinned_server_name
 
 __all__ = ["BufferServerUnavailable", "PartitionKeyMissing", "Subscription", "subscribe"]
 
 
-class PartitionKeyMissing(SchemaMismatch):
-    """The stream's batches lack the subscriber's partition key column (or it cannot be
-    hashed): every retry would fail the same way, so the operator fails at once (fatal)."""
-
 _LOGGER = logging.getLogger(__name__)
-
-
 
 class BufferServerUnavailable(ConnectionError):
     """The buffer server cannot be reached, or went away before the stream's END_STREAM."""

@@ -1,7 +1,8 @@
 """The buffer server: keeps each output stream's windows so downstream inputs can pull and replay.
 
 One per container. Publishers live in the same process and append messages directly
-(``BufferServer.publisher``); subscribers, local or remote, pull over Arrow Flight with
+(``BufferServer.publisher``); subscribers in this container read them directly too
+(``messages``, ``container.local_subscription``), others pull over Arrow Flight with
 ``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``, plus ``"partition":
 {"column", "mask", "keys"}`` for one partition of a partitioned operator: that
 subscriber gets only its rows of each DATA batch (``operators.partitioning``; markers pass
@@ -29,11 +30,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.flight as flight
 
 from weir.container.flight_service import FlightService, filtered
 from weir.container.publisher import PublishAborted, Publisher
@@ -48,13 +46,7 @@ from weir.container.retained_stream import (
     StreamStats,
 )
 from weir.container.spill import Budget, SpillStore, read_block
-from weir.container.stream_messages import (
-    WINDOW_GAP_ERROR,
-    Kind,
-    Message,
-    WindowGap,
-    to_envelope,
-)
+from weir.container.stream_messages import Kind, Message, WindowGap
 from weir.operators.partitioning import PartitionFilter
 
 __all__ = [
@@ -397,13 +389,21 @@ class BufferServer:
             self._budget.blocks_read += 1
         return rows
 
-    def serve(self, context: flight.ServerCallContext, stream_id: str,
-              from_window: int, partition: PartitionFilter | None = None, *,
-              latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]:
-        """One subscription: envelope batches until END_STREAM, cancellation or close.
+    def messages(self, stream_id: str, from_window: int,
+                 partition: PartitionFilter | None = None, *, latest: bool = False,
+                 generation: int = 0, cancelled: Callable[[], bool] = lambda: False,
+                 who: str = "a subscriber in this process") -> Iterator[list[Message]]:
+        """One subscription's messages, a list at a time (up to an envelope's bytes),
+        until END_STREAM, ``cancelled()`` (checked while waiting) or close: what the
+        Flight face sends (``flight_service``), and what a subscriber here reads as it is.
 
         ``partition`` keeps only its rows of every DATA batch, filtered outside the
-        stream's lock (publishing goes on meanwhile)."""
+        stream's lock (publishing goes on meanwhile).
+
+        Raises:
+            WindowGap: the stream does not hold every window after ``from_window``.
+            PartitionKeyMissing: a batch cannot be split by the partition's column.
+        """
         stream = self._stream(stream_id)  # a subscriber may come before its publisher
         cursor = Cursor(from_window, latest=latest, generation=generation)
         loaded: dict[Block, list[Message]] = {}  # the spilled block being read, if any
@@ -419,13 +419,13 @@ class BufferServer:
                             messages, needed = stream.take(cursor, self._max_envelope_bytes,
                                                            loaded)
                         except WindowGap as exc:
-                            _LOGGER.warning("subscriber %s: %s", context.peer(), exc)
-                            raise flight.FlightServerError(f"{WINDOW_GAP_ERROR} {exc}") from exc
+                            _LOGGER.warning("subscriber %s: %s", who, exc)
+                            raise
                         if loaded and cursor.seq is not None and cursor.seq >= stream.first_seq:
                             loaded = {}  # past the spilled part: let the block go
                         if messages or needed is not None:
                             break
-                        if context.is_cancelled():
+                        if cancelled():
                             _LOGGER.debug("subscriber of %s cancelled", stream_id)
                             return
                         stream.idle_subscribers += 1
@@ -441,7 +441,7 @@ class BufferServer:
                     messages = filtered(messages, partition)
                     if not messages:
                         continue
-                yield to_envelope(messages)
+                yield messages
                 if messages[-1].kind == Kind.END_STREAM:
                     _LOGGER.debug("subscriber of %s reached END_STREAM", stream_id)
                     return

@@ -11,15 +11,14 @@ from collections.abc import Callable, Iterable
 import cloudpickle
 import pyarrow as pa
 
-from weir.container.buffer_client import Subscription
 from weir.container.buffer_server import BufferServer
 from weir.container.checkpoint_store import CheckpointStore, StoreCheckpointer
 from weir.container.durable_folders import DurableFolders, redeployed
+from weir.container.input_subscriptions import stream_id, subscriber
 from weir.container.lease import Lease
 from weir.container.memory_shares import input_queue_bytes
 from weir.container.port_input import PortInput
 from weir.container.savepoint_parts import SavedParts, write_part
-from weir.container.stream_messages import Kind, Message
 from weir.container.window_loop import OperatorRunner
 from weir.operators.attributes import ATTRIBUTES, ProcessingMode
 from weir.operators.keyed_state import RepartitionError
@@ -59,11 +58,6 @@ class DeployError(RuntimeError):
     def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message)
         self.fatal = fatal
-
-
-def stream_id(operator_id: int, port_name: str) -> str:
-    """The buffer-server identifier of an output port: ``<operator id>.<port>``."""
-    return f"{operator_id}.{port_name}"
 
 
 def partition_filter(info: plan_pb2.InputDeployInfo) -> PartitionFilter | None:
@@ -109,6 +103,8 @@ class Deployment:
         secret: the master's secret, which other containers' buffer servers want.
         tls_root_certs: subscribe over TLS trusting these PEM certificates.
         lease: the container's lease, which every operator holds to act.
+        advertised: where the master was told ``buffer_server`` serves (default: where
+            it listens): an input whose upstream publishes there reads it directly.
         undeploy_wait_s, redeploy_wait_s: how long an undeploy waits for an operator's
             thread to exit, and how much longer a new deployment of it then waits.
     """
@@ -119,8 +115,10 @@ class Deployment:
                  secret: str | None = None, tls_root_certs: bytes | None = None,
                  lease: Lease | None = None, undeploy_wait_s: float = UNDEPLOY_WAIT_S,
                  redeploy_wait_s: float = REDEPLOY_WAIT_S,
-                 setup_wait_s: float = SETUP_WAIT_S) -> None:
+                 setup_wait_s: float = SETUP_WAIT_S,
+                 advertised: tuple[str, int] | None = None) -> None:
         self.container_id = container_id
+        self.advertised = advertised
         self.undeploy_wait_s = undeploy_wait_s
         self.redeploy_wait_s = redeploy_wait_s
         self.setup_wait_s = setup_wait_s
@@ -191,7 +189,10 @@ class Deployment:
             at_most_once = attributes.get("PROCESSING_MODE") == ProcessingMode.AT_MOST_ONCE
             inputs = {
                 i.port_name: PortInput(
-                    i.port_name, self._subscriber(i, self.secret, self.tls_root_certs),
+                    i.port_name, subscriber(i, partition_filter(i), self.buffer_server,
+                                           self.advertised or self.buffer_server.address,
+                                           secret=self.secret,
+                                           tls_root_certs=self.tls_root_certs),
                     capacity, stopped, from_window=resume, skip_to_latest=at_most_once,
                     max_bytes=input_queue_bytes(attributes))
                 for i in info.inputs
@@ -314,23 +315,6 @@ class Deployment:
                 self.store.delete(operator_id)
             except OSError as exc:  # another container deleted it meanwhile, or storage
                 _LOGGER.debug("checkpoints of retired operator %d: %s", operator_id, exc)
-
-    @staticmethod
-    def _subscriber(info: plan_pb2.InputDeployInfo, secret: str | None = None,
-                    tls_root_certs: bytes | None = None):
-        ended = info.upstream_end_window if info.HasField("upstream_end_window") else None
-        partition = partition_filter(info)
-
-        def subscribe(from_window: int, latest: bool = False):
-            if ended is not None:  # the upstream finished before our checkpoint: just end
-                return iter([Message(Kind.END_STREAM, ended)]), lambda: None
-            subscription = Subscription(info.buffer_server_host, info.buffer_server_port,
-                                        stream_id(info.source_node_id, info.source_port_name),
-                                        from_window=from_window, secret=secret,
-                                        tls_root_certs=tls_root_certs, partition=partition,
-                                        latest=latest, generation=info.source_generation)
-            return subscription, subscription.close
-        return subscribe
 
     def deploy_failed(self, info: plan_pb2.OperatorDeployInfo, error: DeployError) -> None:
         """Reports ``info``'s operator FAILED and fatal in the heartbeats from now on.

@@ -4,17 +4,27 @@ must carry the master's secret (inside TLS in a container)."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from weir.container.stream_messages import ENVELOPE_SCHEMA, PARTITION_FILTER_ERROR, Kind, Message
+from weir.container.stream_messages import (
+    ENVELOPE_SCHEMA,
+    PARTITION_FILTER_ERROR,
+    WINDOW_GAP_ERROR,
+    Kind,
+    Message,
+    PartitionKeyMissing,
+    WindowGap,
+    to_envelope,
+)
 from weir.operators.partitioning import PartitionFilter
 from weir.proto.contract import AUTH_HEADER, BEARER
 
@@ -24,9 +34,10 @@ __all__ = ["FlightService", "SecretCheck", "Streams", "filtered", "parse_ticket"
 class Streams(Protocol):
     """What the Flight face serves: the buffer server's subscriptions."""
 
-    def serve(self, context: flight.ServerCallContext, stream_id: str,
-              from_window: int, partition: PartitionFilter | None = None, *,
-              latest: bool = False, generation: int = 0) -> Iterator[pa.RecordBatch]: ...
+    def messages(self, stream_id: str, from_window: int,
+                 partition: PartitionFilter | None = None, *, latest: bool = False,
+                 generation: int = 0, cancelled: Callable[[], bool] = ...,
+                 who: str = ...) -> Iterator[list[Message]]: ...
 
 _LOGGER = logging.getLogger("weir.container.buffer_server")
 
@@ -62,10 +73,23 @@ class FlightService(flight.FlightServerBase):
         _LOGGER.debug("subscriber %s: stream %s from window %d%s%s", context.peer(), stream_id,
                       from_window, " or the latest" if latest else "",
                       f", partition {partition}" if partition else "")
-        return flight.GeneratorStream(
-            ENVELOPE_SCHEMA,
-            self._owner.serve(context, stream_id, from_window, partition, latest=latest,
-                               generation=generation))
+        messages = self._owner.messages(stream_id, from_window, partition, latest=latest,
+                                        generation=generation, cancelled=context.is_cancelled,
+                                        who=context.peer())
+        return flight.GeneratorStream(ENVELOPE_SCHEMA, _envelopes(messages))
+
+
+def _envelopes(messages: Iterator[list[Message]]) -> Iterator[pa.RecordBatch]:
+    """A subscription's messages as envelope batches; its errors as Flight errors the
+    subscriber tells apart (``container.buffer_client``)."""
+    with contextlib.closing(messages):
+        try:
+            for some in messages:
+                yield to_envelope(some)
+        except WindowGap as exc:
+            raise flight.FlightServerError(f"{WINDOW_GAP_ERROR} {exc}") from exc
+        except PartitionKeyMissing as exc:
+            raise flight.FlightServerError(str(exc)) from exc
 
 
 def parse_ticket(raw: bytes) -> tuple[str, int, PartitionFilter | None, bool, int]:
@@ -100,7 +124,7 @@ def filtered(messages: list[Message], partition: PartitionFilter) -> list[Messag
             batch = batch.filter(pa.array(partition.owns_buckets(buckets(message, batch,
                                                                           partition))))
         except (KeyError, TypeError) as exc:
-            raise flight.FlightServerError(f"{PARTITION_FILTER_ERROR} {exc}") from exc
+            raise PartitionKeyMissing(f"{PARTITION_FILTER_ERROR} {exc}") from exc
         if batch.num_rows:
             out.append(Message.data(message.window_id, batch))
     return out

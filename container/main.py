@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                             context.start_window_millis, attributes,
                             on_change=lambda: loop.wake() if loop else None,
                             secret=credentials.secret,
-                            tls_root_certs=credentials.tls_root_certs, lease=lease)
+                            tls_root_certs=credentials.tls_root_certs, lease=lease,
+                            advertised=advertised)
     loop = HeartbeatLoop(args.container_id, client, deployment, process_stats,
                          advertised, context.heartbeat_interval_millis, lease,
                          spare_interval_ms=context.spare_heartbeat_interval_millis

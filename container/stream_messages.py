@@ -16,11 +16,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from weir.operators.ports import SchemaMismatch
 from weir.operators.watermarks import NO_WATERMARK
 
 __all__ = [
     "ENVELOPE_SCHEMA",
     "PARTITION_FILTER_ERROR",
+    "PartitionKeyMissing",
     "WINDOW_GAP_ERROR",
     "WindowGap",
     "Kind",
@@ -74,6 +76,11 @@ class Message:
         if self.kind != Kind.DATA or self.payload is None:
             raise ValueError(f"a {self.kind.name} message carries no batch")
         return decode_batch(self.payload)
+
+
+class PartitionKeyMissing(SchemaMismatch):
+    """The stream's batches lack the subscriber's partition key column (or it cannot be
+    hashed): every retry would fail the same way, so the operator fails at once (fatal)."""
 
 
 PARTITION_FILTER_ERROR = "partition filter:"

@@ -10,6 +10,7 @@ import pytest
 from tests.harness import poll_for
 from weir.container.buffer_server import BufferServer
 from weir.container.deploy import DeployError, Deployment, partition_filter, stream_id
+from weir.container.input_subscriptions import subscriber
 from weir.container.stream_messages import Kind
 from weir.operators.operator import InputOperator, Operator
 from weir.operators.partitioning import PartitionFilter
@@ -21,7 +22,7 @@ def test_input_of_an_ended_upstream_just_ends_without_subscribing():
     info = plan_pb2.InputDeployInfo(port_name="input", source_node_id=4,
                                     source_port_name="output",
                                     upstream_end_window=7)
-    messages, cancel = Deployment._subscriber(info)(3)  # no buffer server is running
+    messages, cancel = subscriber(info, None, None, ("", 0))(3)  # no buffer server at all
     assert [(m.kind, m.window_id) for m in messages] == [(Kind.END_STREAM, 7)]
     cancel()
 
@@ -35,7 +36,7 @@ def test_a_partitioned_input_subscribes_with_its_buckets_only():
                                     source_port_name="output", buffer_server_host="127.0.0.1",
                                     buffer_server_port=1, partition_key_column="word",
                                     partition_mask=63, partition_keys=[1, 4])
-    subscription, cancel = Deployment._subscriber(info)(3)
+    subscription, cancel = subscriber(info, partition_filter(info), None, ("", 0))(3)
     assert subscription.partition == PartitionFilter("word", 63, frozenset({1, 4}))
     cancel()
     assert partition_filter(plan_pb2.InputDeployInfo(port_name="input")) is None
@@ -234,10 +235,11 @@ def test_the_schemas_the_master_knew_reach_the_operators_context(tmp_path):
             port_name="input", declared_stream_id="s", source_node_id=5,
             source_port_name="output", buffer_server_host="127.0.0.1", buffer_server_port=1,
             stream_schema=schema.serialize().to_pybytes())])
-    deployment = Deployment("app-0002", "app-0002-c0", BufferServer(), None, 0,  # type: ignore[arg-type]
-                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None)
-    try:
-        deployment.deploy(info)
-        assert deployment.runners[6].context.input_schemas == {"input": schema}
-    finally:
-        deployment.stop_all()
+    with BufferServer() as server:
+        deployment = Deployment("app-0002", "app-0002-c0", server, None, 0,  # type: ignore[arg-type]
+                                {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None)
+        try:
+            deployment.deploy(info)
+            assert deployment.runners[6].context.input_schemas == {"input": schema}
+        finally:
+            deployment.stop_all()
