@@ -28,7 +28,8 @@ from weir.container.stream_messages import (
 from weir.operators.partitioning import PartitionFilter
 from weir.proto.contract import AUTH_HEADER, BEARER, pinned_server_name
 
-__all__ = ["BufferServerUnavailable", "PartitionKeyMissing", "Subscription", "subscribe"]
+__all__ = ["BufferServerUnavailable", "IteratedOnce", "PartitionKeyMissing", "Subscription",
+           "subscribe"]
 
 
 _LOGGER = logging.getLogger(__name__)
@@ -42,7 +43,35 @@ def _reason(exc: BaseException) -> str:
     return str(exc).split(". gRPC client debug context", 1)[0]
 
 
-class Subscription:
+class IteratedOnce:
+    """A subscription's life: iterated once, from one thread (``_messages``); ``close``
+    from any thread ends it quietly."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Message]:
+        with self._lock:
+            if self._started:
+                raise RuntimeError(f"{self!r} can be iterated only once")
+            self._started = True
+        return self._messages()
+
+    def _messages(self) -> Iterator[Message]:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+
+class Subscription(IteratedOnce):
     """One subscription to ``stream_id`` on the buffer server at ``host:port``.
 
     Iterate it once (from one thread); the call opens on the first ``next()``, which is
@@ -81,25 +110,12 @@ class Subscription:
         self.messages_received = 0
         self.bytes_received = 0
         self.envelopes_received = 0
-        self._lock = threading.Lock()
+        super().__init__()
         self._reader: flight.FlightStreamReader | None = None
-        self._started = False
-        self._closed = False
 
     def __repr__(self) -> str:
         return (f"Subscription({self.host}:{self.port}, {self.stream_id!r}, "
                 f"from_window={self.from_window})")
-
-    def __iter__(self) -> Iterator[Message]:
-        with self._lock:
-            if self._started:
-                raise RuntimeError(f"{self!r} can be iterated only once")
-            self._started = True
-        return self._messages()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def close(self) -> None:
         """Cancels the subscription; an iteration blocked in another thread ends quietly."""

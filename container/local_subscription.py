@@ -11,11 +11,10 @@ rows, 366 MB of payload): reading them over Flight took 0.87 s of CPU.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from weir.container.buffer_client import BufferServerUnavailable
+from weir.container.buffer_client import BufferServerUnavailable, IteratedOnce
 from weir.container.stream_messages import Kind, Message
 from weir.operators.partitioning import PartitionFilter
 
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalSubscription"]
 
 
-class LocalSubscription:
+class LocalSubscription(IteratedOnce):
     """``Subscription``'s interface over this process's buffer server.
 
     Iterate it once (from one thread); ``close()`` from any thread ends the iteration
@@ -40,6 +39,7 @@ class LocalSubscription:
     def __init__(self, server: BufferServer, stream_id: str, from_window: int = -1, *,
                  partition: PartitionFilter | None = None, latest: bool = False,
                  generation: int = 0) -> None:
+        super().__init__()
         self.server = server
         self.stream_id = stream_id
         self.from_window = from_window
@@ -48,26 +48,9 @@ class LocalSubscription:
         self.generation = generation
         self.messages_received = 0
         self.bytes_received = 0
-        self._lock = threading.Lock()
-        self._started = False
-        self._closed = False
 
     def __repr__(self) -> str:
         return f"LocalSubscription({self.stream_id!r}, from_window={self.from_window})"
-
-    def __iter__(self) -> Iterator[Message]:
-        with self._lock:
-            if self._started:
-                raise RuntimeError(f"{self!r} can be iterated only once")
-            self._started = True
-        return self._messages()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        self._closed = True
 
     def _messages(self) -> Iterator[Message]:
         stream = self.server.messages(self.stream_id, self.from_window, self.partition,
