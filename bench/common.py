@@ -249,14 +249,21 @@ def run_json_subprocess(system: str, argv: list[str], timeout_s: float) -> dict[
 
 
 def render_breakdown(costs: dict[str, Any]) -> str:
-    """One line: where a window's time went (per Spark job, means) and CPU per process."""
+    """One line: where a window's time went (per Spark job, or per window of an operator
+    that runs none; means) and CPU per process."""
     parts = [f"{name} {costs[key]:,.0f} ms" for key, name in (
         ("write_ms", "input written as it arrived"), ("handoff_ms", "handoff"),
         ("job_ms", "Spark job + result to Arrow"), ("emit_ms", "emit"),
-        ("sink_write_ms", "sink write"), ("waiting_ms", "waiting (in transit, queued)"))
+        ("operator_cpu_ms", "the operator's CPU"), ("sink_write_ms", "sink write"),
+        ("waiting_ms", "waiting (in transit, queued)"))
         if key in costs]
     cpu = ", ".join(f"{role} {seconds:.1f}" for role, seconds in
                     costs.get("cpu_seconds", {}).items())
-    return (f"per job of {costs.get('rows_per_job', 0):,} rows (p50 latency "
-            f"{costs.get('latency_p50_ms', 0):,.0f} ms): " + "; ".join(parts)
-            + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")
+    if "jobs" in costs:
+        unit = f"per job of {costs.get('rows_per_job', 0):,} rows"
+    elif "windows" in costs:
+        unit = f"per window of {costs.get('rows_per_window', 0):,} rows into the operator"
+    else:
+        unit = "per window"
+    return (f"{unit} (p50 latency {costs.get('latency_p50_ms', 0):,.0f} ms): "
+            + "; ".join(parts) + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")

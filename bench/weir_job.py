@@ -129,6 +129,7 @@ class _Windows:
         self.operators = operators
         self.end_ms: dict[str, dict[int, int]] = defaultdict(dict)
         self.processed: dict[str, dict[int, int]] = defaultdict(dict)
+        self.cpu_ns: dict[str, dict[int, int]] = defaultdict(dict)  # the operator's thread
         self.metrics: dict[str, dict[str, float]] = defaultdict(dict)
         self.cpu = CpuMeter()
 
@@ -138,6 +139,7 @@ class _Windows:
             for w in info.recent_windows:
                 self.end_ms[name][w.window_id] = w.end_window_ms
                 self.processed[name][w.window_id] = w.tuples_processed
+                self.cpu_ns[name][w.window_id] = w.cpu_time_ns
                 if w.metrics:
                     self.metrics[name] = dict(w.metrics)
         if self.end_ms["events"]:  # the sources run: the timed part
@@ -187,10 +189,12 @@ def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
     Per Spark job (means): ``write_ms`` (the input written for Spark as it arrived,
     overlapped with the waiting), ``handoff_ms`` (the rest, at the window's end),
     ``job_ms`` (the transform, run by Spark, and its result back as Arrow), ``emit_ms``
-    (the result out on the port); per sink file, ``sink_write_ms``. ``waiting_ms`` is
-    the median window latency minus those: input in transit and queued (behind the
-    previous job) before its job starts. ``cpu_seconds``: per process, during the timed
-    part (sources running).
+    (the result out on the port). An aggregation that runs no Spark job (a join, a
+    ``KeyedProcess``, ``TopN``) gives instead, per streaming window with input,
+    ``operator_cpu_ms`` (its thread's CPU: the window's work) and ``rows_per_window``.
+    Per sink file, ``sink_write_ms``. ``waiting_ms`` is the median window latency minus
+    those: input in transit and queued (behind the previous window's work) before its
+    work starts. ``cpu_seconds``: per process, during the timed part (sources running).
     """
     spark = windows.metrics.get("aggregate", {})
     sink = windows.metrics.get("sink", {})
@@ -201,11 +205,21 @@ def breakdown(windows: _Windows, latencies: list[float]) -> dict[str, object]:
             figures[f"{phase}_ms"] = round(spark.get(f"spark[{phase}_ms]", 0.0) / jobs, 1)
         figures["rows_per_job"] = round(spark.get("spark[rows_in]", 0.0) / jobs)
         figures["jobs"] = int(jobs)
+    else:
+        rows = windows.processed.get("aggregate", {})
+        busy = [w for w, n in rows.items() if n > 0]
+        if busy:
+            cpu_ns = windows.cpu_ns.get("aggregate", {})
+            figures["operator_cpu_ms"] = round(
+                sum(cpu_ns.get(w, 0) for w in busy) / len(busy) / 1e6, 1)
+            figures["rows_per_window"] = round(sum(rows[w] for w in busy) / len(busy))
+            figures["windows"] = len(busy)
     if sink.get("files_written"):
         figures["sink_write_ms"] = round(sink.get("write_ms", 0.0) / sink["files_written"], 1)
-    if latencies and jobs:
+    if latencies:
         spent = sum(float(figures.get(k, 0.0))  # type: ignore[arg-type]
-                    for k in ("handoff_ms", "job_ms", "emit_ms", "sink_write_ms"))
+                    for k in ("handoff_ms", "job_ms", "emit_ms", "operator_cpu_ms",
+                              "sink_write_ms"))
         figures["latency_p50_ms"] = percentile(latencies, 50)
         figures["waiting_ms"] = round(max(0.0, percentile(latencies, 50) - spent), 1)
     figures["cpu_seconds"] = windows.cpu.seconds()

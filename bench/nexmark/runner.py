@@ -180,7 +180,7 @@ def render_nexmark(section: dict[str, Any]) -> str:
             if not r.get("correct"):
                 lines.append(f"  {query} {r['system']}: {r.get('detail', '')}")
             costs = r.get("extra", {}).get("breakdown")
-            if mine and r.get("correct") and costs and costs.get("jobs"):
+            if mine and r.get("correct") and costs:
                 lines.append(f"  {query} weir: {render_breakdown(costs)}")
     spec = section.get("spec", {})
     head = (f"nexmark: {spec.get('events', 0):,} events (persons, auctions, bids 1:3:46; "

@@ -35,7 +35,10 @@ def fake_runs(monkeypatch):
                 "latencies_ms": [100.0] if system != "flink" else [],
                 "latency_p50_ms": 100.0, "latency_p99_ms": 200.0, "peak_rss_mb": 10.0,
                 "extra": {"breakdown": {"jobs": 3, "rows_per_job": 1000, "job_ms": 50.0,
-                                        "cpu_seconds": {}, "timed_seconds": 1.0}}
+                                        "cpu_seconds": {}, "timed_seconds": 1.0}
+                          if query != "q7" else  # an operator that runs no Spark job
+                          {"windows": 3, "rows_per_window": 500, "operator_cpu_ms": 9.0,
+                           "cpu_seconds": {}, "timed_seconds": 1.0}}
                 if system == "weir" else {}}
 
     monkeypatch.setattr(runner, "_run_one", fake)
@@ -66,7 +69,20 @@ def test_the_table_gives_weir_as_ratios_and_each_wrong_run_as_failed(fake_runs):
     assert q1_flink.split()[5:7] == ["600,000", "157,940"]  # beside the published figure
     assert "q7 flink: WRONG: 3 rows, 4 expected" in table
     assert "q1 weir: per job of 1,000 rows" in table  # the breakdown line
+    assert "q7 weir: per window of 500 rows into the operator" in table  # no Spark job
     assert runner.nexmark_failed(section) == ["nexmark q7 flink: WRONG: 3 rows, 4 expected"]
+
+
+def test_a_breakdown_without_spark_jobs_gives_the_operators_cpu_per_window():
+    from bench.common import render_breakdown
+
+    line = render_breakdown({"windows": 4, "rows_per_window": 1200, "operator_cpu_ms": 35.0,
+                             "sink_write_ms": 5.0, "waiting_ms": 60.0, "latency_p50_ms": 100,
+                             "cpu_seconds": {"c0 python": 1.5}, "timed_seconds": 2.0})
+    assert line.startswith("per window of 1,200 rows into the operator (p50 latency 100 ms)")
+    assert "the operator's CPU 35 ms; sink write 5 ms; waiting" in line
+    assert render_breakdown({"sink_write_ms": 5.0, "cpu_seconds": {},
+                             "timed_seconds": 1.0}).startswith("per window (")
 
 
 def test_the_command_prints_failed_and_exits_non_zero_on_a_wrong_run(fake_runs, capsys,

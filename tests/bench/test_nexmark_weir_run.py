@@ -48,3 +48,6 @@ def test_keyed_queries_on_weir_equal_the_reference(tmp_path: Path, query: str) -
 
     assert result.detail == f"{expected.num_rows:,} rows, exact"
     assert result.correct
+    costs = result.extra["breakdown"]  # no Spark job: the operator's thread, per window
+    assert "jobs" not in costs and costs["windows"] >= 1 and costs["rows_per_window"] > 0
+    assert "operator_cpu_ms" in costs and "waiting_ms" in costs
