@@ -91,8 +91,8 @@ class SparkSql(SparkOperator):
 
         The pass-through planned on those rows stays for the real windows while their
         rows have the same schema: planned again on the first real window, that window
-        would hand Spark every column, on code the warm-up did not run (measured on q1,
-        920,000 bids: 6.5 s of the JVM's CPU for that window, against 1.0-1.5 s for the
+        would hand Spark every column, on code the warm-up did not run (q1, 920,000 bids,
+        one in-process run: 6.5 s of the JVM's CPU for that window, 1.0-1.5 s for the
         narrow ones)."""
         rows = min(int(getattr(self.spark, "warmup_rows", 0)), _WARM_ROWS_MAX)
         schemas = {port: spec.schema or context.input_schemas.get(port)
