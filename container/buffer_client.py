@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pyarrow.flight as flight
 
@@ -46,6 +47,9 @@ def _reason(exc: BaseException) -> str:
 class IteratedOnce:
     """A subscription's life: iterated once, from one thread (``_messages``); ``close``
     from any thread ends it quietly."""
+
+    #: how it reads, reported in the input port's stats: "local" or "flight"
+    transport: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -91,6 +95,8 @@ class Subscription(IteratedOnce):
         pyarrow.flight.FlightUnauthenticatedError: the server refused the secret.
         WindowGap: the stream does not hold every window after ``from_window``.
     """
+
+    transport = "flight"
 
     def __init__(self, host: str, port: int, stream_id: str, from_window: int = -1,
                  timeout_s: float | None = None, *, secret: str | None = None,

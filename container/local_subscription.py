@@ -36,6 +36,8 @@ class LocalSubscription(IteratedOnce):
         PartitionKeyMissing: a batch cannot be split by ``partition``'s column.
     """
 
+    transport = "local"
+
     def __init__(self, server: BufferServer, stream_id: str, from_window: int = -1, *,
                  partition: PartitionFilter | None = None, latest: bool = False,
                  generation: int = 0) -> None:

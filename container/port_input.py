@@ -69,6 +69,9 @@ class PortInput:
         self._queue: queue.Queue[Message | _Failure] = queue.Queue(maxsize=capacity)
         self._stopped = stopped
         self._head: Message | None = None
+        #: how the current subscription reads (the subscription's ``transport``: "local"
+        #: or "flight"); "" before the first one, or when the upstream had already ended
+        self.transport = ""
         self._cancel: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._pump, name=f"subscriber-{name}",
                                         daemon=True)
@@ -110,6 +113,7 @@ class PortInput:
                 latest = self._skip_to_latest and last_ended is None
                 messages, self._cancel = (self._subscribe(from_window, latest=True) if latest
                                           else self._subscribe(from_window))
+                self.transport = getattr(messages, "transport", "")
                 for message in messages:
                     if skip:  # already delivered before the connection broke
                         skip -= 1

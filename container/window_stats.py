@@ -43,7 +43,8 @@ class WindowStats:
             stats.metrics[METRIC] = engine.dead_letters.count
         for port, count in engine.rows_in.items():
             stats.input_ports.add(id=port, tuple_count=count, end_window_timestamp=now,
-                                  queue_size=self.inputs[port].queue_size)
+                                  queue_size=self.inputs[port].queue_size,
+                                  transport=self.inputs[port].transport)
         for port, count in engine.rows_out.items():
             published = self.publishers[port].bytes_published
             stats.output_ports.add(id=port, tuple_count=count, end_window_timestamp=now,

@@ -22,11 +22,14 @@ from typing import NamedTuple
 from weir.proto import umbilical_pb2
 
 __all__ = ["MAX_ERROR_CHARS", "MAX_METRIC_NAME_CHARS", "MAX_METRICS", "PortFigures",
-           "ReportedCheckpoint", "ReportedWindow", "bounded_text", "read_windows"]
+           "ReportedCheckpoint", "ReportedWindow", "TRANSPORTS", "bounded_text", "read_windows"]
 
-PortFigures = tuple[str, int, int, int, int]
-"""One port in one window: (name, tuples, buffer-server bytes, END_WINDOW ms, queue size);
-a plain tuple, as a report has a few per window."""
+PortFigures = tuple[str, int, int, int, int, str]
+"""One port in one window: (name, tuples, buffer-server bytes, END_WINDOW ms, queue size,
+transport); a plain tuple, as a report has a few per window."""
+
+TRANSPORTS = frozenset({"local", "flight"})
+"""How an input reads its upstream (``PortStats.transport``); another value reads as ""."""
 
 
 class ReportedCheckpoint(NamedTuple):
@@ -117,7 +120,8 @@ def _read_ports(ports: Iterable[umbilical_pb2.PortStats], declared: frozenset[st
     for port in ports:
         if port.id in declared:
             read.append((port.id, port.tuple_count, port.buffer_server_bytes,
-                         port.end_window_timestamp, port.queue_size))
+                         port.end_window_timestamp, port.queue_size,
+                         port.transport if port.transport in TRANSPORTS else ""))
         else:
             unknown.append(f"{kind} {port.id[:40]!r}")
     return read

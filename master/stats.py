@@ -90,6 +90,8 @@ class PortTotals:
     total_tuples: int = 0
     buffer_server_bytes: int = 0
     queue_size: int = 0
+    #: an input's last reported transport: "local" (upstream in its container) or "flight"
+    transport: str = ""
     #: per recent window: (END_WINDOW ms, tuples, buffer-server bytes); one small tuple
     #: a window, as the master keeps one ring per port of every operator
     recent: collections.deque[tuple[int, int, int]] = dataclasses.field(
@@ -186,11 +188,13 @@ class OperatorStatsTracker:
         and the latest END_WINDOW over them."""
         ports = self.ports
         tuples = end_ms = 0
-        for name, count, sent, end, queue in figures:
+        for name, count, sent, end, queue, transport in figures:
             totals = ports.get((kind, name)) or self._port(kind, name)
             totals.total_tuples += count
             totals.buffer_server_bytes += sent
             totals.queue_size = queue
+            if transport:
+                totals.transport = transport
             totals.recent.append((end, count, sent))
             tuples += count
             if end > end_ms:

@@ -256,10 +256,12 @@ def operator_details(op: client_pb2.OperatorInfo, now_ms: int, windows: int = 10
     parts = ["\n".join(f"{name + ':':<{width + 1}} {value}" for name, value in fields)]
     if op.ports:
         parts.append(render_table(
-            ["PORT", "TYPE", "TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "BYTES/S", "QUEUE"],
+            ["PORT", "TYPE", "TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "BYTES/S", "QUEUE",
+             "READS"],
             [[p.name, p.type, format_count(p.total_tuples), format_rate(p.tuples_per_second),
               format_count(p.buffer_server_bytes),
-              format_bytes_rate(p.buffer_server_bytes_per_second), str(p.queue_size)]
+              format_bytes_rate(p.buffer_server_bytes_per_second), str(p.queue_size),
+              p.transport or "-"]
              for p in op.ports],
             right={"TUPLES", "TUPLES/S", "BUFFER SERVER BYTES", "BYTES/S", "QUEUE"}))
     recent = list(op.recent_windows)[-windows:] if windows > 0 else []

@@ -278,7 +278,8 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         info.ports.add(name=name, type=kind, total_tuples=port.total_tuples,
                        tuples_per_second=tuples_per_second,
                        buffer_server_bytes=port.buffer_server_bytes, queue_size=port.queue_size,
-                       buffer_server_bytes_per_second=bytes_per_second)
+                       buffer_server_bytes_per_second=bytes_per_second,
+                       transport=port.transport)
     if with_windows:
         upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
         for window in tracker.recent:

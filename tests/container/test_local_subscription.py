@@ -26,6 +26,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.flight_service import FlightService
 from weir.container.input_subscriptions import subscriber
 from weir.container.local_subscription import LocalSubscription
+from weir.container.port_input import PortInput
 from weir.container.stream_messages import Kind, Message, PartitionKeyMissing, WindowGap
 from weir.operators.partitioning import PartitionFilter
 from weir.proto import plan_pb2
@@ -160,3 +161,25 @@ def test_an_input_reads_its_own_containers_stream_directly_and_others_over_fligh
             assert isinstance(messages, kind)
             assert _shape(list(messages)) == _expected([1]) + [(Kind.END_STREAM, 1)]
             cancel()
+
+
+def test_an_input_port_reports_the_transport_its_subscription_takes():
+    with BufferServer() as srv, BufferServer() as other:
+        for each in (srv, other):
+            pub = each.publisher("4.output")
+            _publish_window(pub, 1)
+            pub.end_stream()
+        for address, transport in ((srv.address, "local"), (other.address, "flight")):
+            info = plan_pb2.InputDeployInfo(
+                port_name="input", source_node_id=4, source_port_name="output",
+                buffer_server_host=address[0], buffer_server_port=address[1])
+            stopped = threading.Event()
+            port = PortInput("input", subscriber(info, None, srv, srv.address), 8, stopped)
+            assert port.transport == ""  # nothing subscribed yet
+            port.start()
+            try:
+                kinds = [port.get().kind for _ in range(len(_expected([1])) + 1)]
+                assert kinds[-1] == Kind.END_STREAM
+                assert port.transport == transport
+            finally:
+                stopped.set()

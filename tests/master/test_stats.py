@@ -35,6 +35,19 @@ def test_totals_ports_and_ring():
     assert round(tracker.tuples_emitted_per_second, 6) == 10.0
 
 
+def test_an_inputs_transport_is_its_last_reported_one_and_an_unknown_one_is_left_blank():
+    tracker = OperatorStatsTracker()
+    sent = [window(1), window(2), window(3), window(4)]
+    for stats, transport in zip(sent, ("local", "", "flight", "carrier-pigeon"), strict=True):
+        stats.input_ports[0].transport = transport
+    windows = reported(operator_report(1, windows=sent))
+    assert [w.inputs[0][5] for w in windows] == ["local", "", "flight", ""]
+    tracker.record(windows[:2], now_ms=T)
+    assert tracker.ports[("input", "input")].transport == "local"  # "" keeps the last one
+    tracker.record(windows[2:], now_ms=T)
+    assert tracker.ports[("input", "input")].transport == "flight"
+
+
 def test_the_window_history_is_left_out_of_the_garbage_collectors_walks():
     """A master with 10,000 operators keeps a million recent windows: were they objects
     the collector walks, each full collection would pause every heartbeat."""
