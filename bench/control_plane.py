@@ -9,454 +9,27 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
 import pstats
-import random
-import selectors
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import grpc
 import psutil
 
 from bench.common import PeakMemory, percentile
-from weir.master import auth
+from bench.master_process import MasterProcess, master_process
+from bench.played_containers import WINDOW_MS, LoadGenerator, PlayedContainer, chain_dag
 from weir.master.client import WeirClient
-from weir.master.rpc import GRPC_OPTIONS
-from weir.operators import Dag, InputOperator, InputPort, Operator, OutputPort
-from weir.operators.windows import make_window_id
-from weir.proto import plan_pb2, umbilical_pb2, umbilical_pb2_grpc
-from weir.proto.contract import bearer_metadata, grpc_tls_options, pinned_server_name
+from weir.proto import plan_pb2
 
-__all__ = ["BenchRelay", "BenchSource", "main", "run"]
+__all__ = ["main", "run"]
 
 _LOGGER = logging.getLogger(__name__)
 
-_ROOT = Path(__file__).resolve().parents[1]
-_HOST = "127.0.0.1"
-_WINDOW_MS = 500  # STREAMING_WINDOW_SIZE_MILLIS of the benchmark's applications
-_ROWS_PER_WINDOW = 1_000
-_EARLY_HEARTBEAT_S = 0.05  # what a real container waits when the master has more to say
-_HAS_READY = "ready" in umbilical_pb2.OperatorHeartbeat.DESCRIPTOR.fields_by_name
-_ABORT = umbilical_pb2.SHUTDOWN_TYPE_ABORT
 
-# Runs `weir master` instrumented: argv[1], if not empty, receives cProfile stats of every
-# thread (cProfile alone sees only the main thread, where the master does nothing), on each
-# thread's CPU clock so that waits (queues, locks, the GIL) count for nothing, and calls
-# only once they returned (a blocked worker's pending call is left out); argv[2], if
-# not empty, receives every garbage collection as JSON [epoch s, generation, pause s].
-_INSTRUMENTED_MASTER = """
-import cProfile, gc, json, pstats, sys, threading, time
-profile_path, gc_path = sys.argv[1], sys.argv[2]
-profiles, collections, started = [], [], [0.0]
-def _start(*_):
-    profile = cProfile.Profile(time.thread_time)
-    profiles.append(profile)
-    profile.enable()
-def _collected(phase, info):
-    if phase == "start":
-        started[0] = time.perf_counter()
-    else:
-        collections.append((time.time(), info["generation"], time.perf_counter() - started[0]))
-if profile_path:
-    threading.setprofile(_start)
-if gc_path:
-    gc.callbacks.append(_collected)
-from weir.master.cli import main
-try:
-    code = main(sys.argv[3:])
-finally:
-    threading.setprofile(None)
-    class Completed:  # calls still running in other threads would get bogus times
-        def __init__(self, profile):
-            self.profile = profile
-        def create_stats(self):
-            self.profile.snapshot_stats()
-            self.stats = self.profile.stats
-    total = None
-    for profile in profiles:
-        try:
-            stats = pstats.Stats(Completed(profile))
-        except TypeError:
-            continue
-        total = stats if total is None else total.add(stats)
-    if total is not None:
-        total.dump_stats(profile_path)
-    if gc_path:
-        with open(gc_path, "w") as file:
-            json.dump(collections, file)
-sys.exit(code)
-"""
-
-
-class BenchSource(InputOperator):
-    """A source that is never run: the benchmark's containers only pretend to run it."""
-
-    output = OutputPort()
-
-    def emit_tuples(self) -> bool:
-        return True
-
-
-class BenchRelay(Operator):
-    """A pass-through operator, never run either."""
-
-    input = InputPort()
-    output = OutputPort()
-
-
-def _dag(name: str, containers: int, operators_per_container: int, interval_ms: int,
-         timeout_ms: int) -> plan_pb2.DagDescriptor:
-    """A chain of ``containers * operators_per_container`` operators over ``containers``."""
-    dag = Dag(name, CONTAINERS=containers, HEARTBEAT_INTERVAL_MILLIS=interval_ms,
-              HEARTBEAT_TIMEOUT_MILLIS=timeout_ms, STREAMING_WINDOW_SIZE_MILLIS=_WINDOW_MS)
-    previous = dag.add_operator("op0000", BenchSource())
-    for number in range(1, containers * operators_per_container):
-        current = dag.add_operator(f"op{number:04d}", BenchRelay())
-        dag.add_stream(f"s{number:04d}", previous.output, current.input)
-        previous = current
-    return dag.to_descriptor()
-
-
-# -- the master under test ----------------------------------------------------------------
-@dataclasses.dataclass
-class _Master:
-    popen: subprocess.Popen[bytes]
-    address: str
-    stderr: IO[bytes]
-    process: psutil.Process
-
-    def stderr_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError, ValueError):
-            self.stderr.flush()
-            self.stderr.seek(0)
-            return "\n".join(self.stderr.read().decode(errors="replace").splitlines()[-lines:])
-        return ""
-
-
-@contextlib.contextmanager
-def _master(profile_path: str | None, gc_path: str | None,
-            start_timeout_s: float = 30.0) -> Iterator[_Master]:
-    """A `weir master --launcher recording` subprocess on 127.0.0.1; always stopped after.
-
-    Plain ``python -m weir`` unless asked to profile it or to log its collections.
-    """
-    args = ["master", "--host", _HOST, "--port", "0", "--launcher", "recording"]
-    argv = [sys.executable, "-m", "weir", *args]
-    if profile_path or gc_path:
-        argv = [sys.executable, "-c", _INSTRUMENTED_MASTER, profile_path or "", gc_path or "",
-                *args]
-    env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy",
-                                                                    "all_proxy", "grpc_proxy")}
-    with tempfile.TemporaryFile() as stderr:
-        popen = subprocess.Popen(argv, cwd=_ROOT, env=env, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=stderr)
-        try:
-            address = _read_address(popen, start_timeout_s)
-            master = _Master(popen, address, stderr, psutil.Process(popen.pid))
-            if not address.startswith(f"{_HOST}:"):
-                raise RuntimeError(f"the master listens on {address}, not on {_HOST}")
-            yield master
-        except BaseException:
-            if popen.poll() is not None:
-                stderr.seek(0)
-                _LOGGER.error("master exited with %s: %s", popen.returncode,
-                              stderr.read().decode(errors="replace")[-2000:])
-            raise
-        finally:
-            _stop(popen, grace_s=30.0 if profile_path else 10.0)
-
-
-def _read_address(popen: subprocess.Popen[bytes], timeout_s: float) -> str:
-    """The first line the master prints: its bound ``host:port``."""
-    assert popen.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(popen.stdout, selectors.EVENT_READ)
-        while b"\n" not in data:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the master printed no address within {timeout_s:g} s")
-            if not selector.select(min(left, 0.5)):
-                if popen.poll() is not None:
-                    raise RuntimeError(f"the master exited with code {popen.returncode}")
-                continue
-            chunk = os.read(popen.stdout.fileno(), 4096)
-            if not chunk:
-                raise RuntimeError(f"the master exited with code {popen.wait(5.0)}")
-            data += chunk
-    return data.split(b"\n", 1)[0].decode().strip()
-
-
-def _stop(popen: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``; never waits unbounded."""
-    try:
-        if popen.poll() is None:
-            popen.terminate()
-            try:
-                popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                _LOGGER.warning("master pid %d ignored SIGTERM for %.0f s; killing it",
-                                popen.pid, grace_s)
-                popen.kill()
-                popen.wait(5.0)
-    finally:
-        if popen.stdout is not None:
-            popen.stdout.close()
-
-
-# -- the containers, played -----------------------------------------------------------------
-class _Container:
-    """One played container: what it tells the master and the operators it was given."""
-
-    def __init__(self, container_id: str, index: int, windows_per_heartbeat: int,
-                 memory_mb_free: int) -> None:
-        self.id = container_id
-        self.index = index
-        self.windows_per_heartbeat = windows_per_heartbeat
-        self.port = 20_000 + index % 40_000
-        self.process_name = f"{100_000 + index}@{socket.gethostname()}"
-        self.rng = random.Random(index)
-        self.memory_mb_free = memory_mb_free
-        self.gc_count = 0
-        self.gc_time_ms = 0
-        self.interval_ms = 0
-        self.start_window_millis = 0
-        self.base_seconds = 0
-        self.checkpoint_window_count = 20
-        self.next_window = 0
-        # (node id, is input, has an output), deployed
-        self.operators: list[tuple[int, bool, bool]] = []
-        self.deployed_at = 0.0
-        self._message: umbilical_pb2.ContainerHeartbeat | None = None
-        self._slots: list[_Slot] = []
-        self.last_sent = 0.0
-        self.max_gap_s = 0.0
-
-    def init(self, context: umbilical_pb2.StreamingContainerContext) -> None:
-        self.interval_ms = context.heartbeat_interval_millis
-        self.start_window_millis = context.start_window_millis
-        self.base_seconds = context.start_window_millis // 1000
-        self.checkpoint_window_count = max(1, context.checkpoint_window_count)
-
-    def deploy(self, infos: Iterable[plan_pb2.OperatorDeployInfo], now_ms: int,
-               at: float) -> None:
-        """Takes the deploy requests: from the next heartbeat on, they are reported ACTIVE."""
-        known = {node_id for node_id, *_ in self.operators}
-        for info in infos:
-            if info.id not in known:
-                self.operators.append((info.id, info.type == plan_pb2.OPERATOR_TYPE_INPUT,
-                                       bool(info.outputs)))
-        self.operators.sort()
-        self._message = None  # reshaped for the operators at the next heartbeat
-        if not self.next_window:
-            self.next_window = max(1, (now_ms - self.start_window_millis) // _WINDOW_MS)
-        self.deployed_at = self.deployed_at or at
-
-    def undeploy(self, node_ids: Iterable[int]) -> None:
-        """Stops reporting ``node_ids``."""
-        gone = set(node_ids)
-        self.operators = [op for op in self.operators if op[0] not in gone]
-        self._message = None
-
-    def heartbeat(self, now_ms: int) -> umbilical_pb2.ContainerHeartbeat:
-        """The next heartbeat: process figures and, per operator, the windows since the last
-        (with a checkpoint every CHECKPOINT_WINDOW_COUNT windows, as a real container).
-
-        One message per container, its numbers updated in place: building ~60 messages
-        afresh took ~160 us, on the event loop that also times every round trip, so the
-        generator's own cost showed up in the master's figures. The message is sent (and
-        serialized) before the next heartbeat of the same container changes it.
-        """
-        rng = self.rng
-        self.gc_count += rng.randint(0, 3)
-        self.gc_time_ms += rng.randint(0, 2)
-        if self._message is None:
-            self._message, self._slots = self._new_message()
-        message = self._message
-        message.memory_mb_free = self.memory_mb_free - rng.randint(0, 64)
-        message.gc_collection_time_ms = self.gc_time_ms
-        message.gc_collection_count = self.gc_count
-        message.sent_tms = now_ms
-        message.cpu_percent = round(rng.uniform(5.0, 40.0), 1)
-        message.memory_rss_mb = 180 + rng.randint(0, 40)
-        if not self.operators:
-            return message
-        first = self.next_window
-        self.next_window += self.windows_per_heartbeat
-        start_ms, every = self.start_window_millis, self.checkpoint_window_count
-        for position, (report, windows) in enumerate(self._slots):
-            report.generated_tms = now_ms
-            for counter, (window, inputs, outputs) in enumerate(windows, first):
-                end_ms = start_ms + (counter + 1) * _WINDOW_MS + position
-                rows = _ROWS_PER_WINDOW + (counter * 7 + position * 13) % 101 - 50
-                window_id = make_window_id(self.base_seconds, counter)
-                window.window_id = window_id
-                window.cpu_time_used_ns = 200_000 + (counter * 7_919 + position) % 1_800_000
-                if inputs is not None:
-                    inputs.tuple_count, inputs.end_window_timestamp = rows, end_ms
-                    inputs.buffer_server_bytes, inputs.queue_size = rows * 24, counter % 4
-                if outputs is not None:
-                    outputs.tuple_count, outputs.end_window_timestamp = rows, end_ms
-                    outputs.buffer_server_bytes = rows * 24
-                if (counter + 1) % every == 0:
-                    window.checkpoint.window_id = window_id
-                    window.checkpoint.application_window_count = 1
-                    window.checkpoint.checkpoint_window_count = every
-                    window.checkpoint_stats.checkpoint_start_time = end_ms
-                    window.checkpoint_stats.checkpoint_time_ms = 1 + counter % 20
-                elif window.HasField("checkpoint"):  # this slot's previous window had one
-                    window.ClearField("checkpoint")
-                    window.ClearField("checkpoint_stats")
-        return message
-
-    def _new_message(self) -> tuple[umbilical_pb2.ContainerHeartbeat, list[_Slot]]:
-        """The container's message, shaped for its operators, and where each operator's
-        and window's numbers go (kept: walking a message's repeated fields costs more
-        than setting its numbers)."""
-        message = umbilical_pb2.ContainerHeartbeat(
-            container_id=self.id, buffer_server_host=_HOST, buffer_server_port=self.port,
-            jvm_name=self.process_name, pid=100_000 + self.index, host=socket.gethostname())
-        message.stats.id = self.id
-        extra = {"ready": True} if _HAS_READY else {}
-        slots: list[_Slot] = []
-        for node_id, is_input, has_output in self.operators:
-            report = message.stats.operators.add(
-                node_id=node_id, interval_ms=self.interval_ms,
-                state=umbilical_pb2.OPERATOR_STATE_ACTIVE, **extra)
-            windows = []
-            for _ in range(self.windows_per_heartbeat):
-                window = report.window_stats.add()
-                windows.append((window,
-                                None if is_input else window.input_ports.add(id="input"),
-                                window.output_ports.add(id="output") if has_output else None))
-            slots.append((report, windows))
-        return message, slots
-
-
-_Slot = tuple[umbilical_pb2.OperatorHeartbeat,
-              list[tuple[umbilical_pb2.OperatorStats, umbilical_pb2.PortStats | None,
-                         umbilical_pb2.PortStats | None]]]
-"""One operator's report in a played container's message, and its windows' ports."""
-
-
-@dataclasses.dataclass
-class _Tally:
-    """What the load generator saw, for heartbeats sent in the measured period."""
-
-    measure_from: float = math.inf
-    measure_to: float = math.inf
-    sent: int = 0
-    answered: int = 0
-    measured: int = 0
-    rtts_s: list[float] = dataclasses.field(default_factory=list)
-    lags_s: list[float] = dataclasses.field(default_factory=list)
-    errors: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    measured_errors: int = 0
-    aborts: int = 0
-
-    def in_period(self, at: float) -> bool:
-        return self.measure_from <= at < self.measure_to
-
-
-class _LoadGenerator:
-    """Plays every container from this process's event loop over a few channels."""
-
-    def __init__(self, address: str, containers: list[_Container], interval_s: float,
-                 channels: int, rpc_timeout_s: float) -> None:
-        self.address = address
-        self.containers = containers
-        self.interval_s = interval_s
-        self.rpc_timeout_s = rpc_timeout_s
-        # the master this bench starts wrote its secret file: play containers that know it
-        credentials = auth.client_credentials(address)
-        roots = credentials.require_roots(address)
-        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
-                   *grpc_tls_options(pinned_server_name(roots))]
-        self.channels = [grpc.aio.secure_channel(
-            address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
-            for _ in range(max(1, channels))]
-        self.stubs = [umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
-                      for channel in self.channels]
-        self.metadata = bearer_metadata(credentials.secret)
-        self.tally = _Tally()
-        self.started = 0.0
-
-    def _stub(self, container: _Container) -> umbilical_pb2_grpc.StreamingContainerUmbilicalStub:
-        return self.stubs[container.index % len(self.stubs)]
-
-    async def init_all(self, concurrency: int = 64) -> None:
-        """GetInitContext for every container (raises on the first failure)."""
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(container: _Container) -> None:
-            async with gate:
-                context = await self._stub(container).GetInitContext(
-                    umbilical_pb2.GetInitContextRequest(container_id=container.id),
-                    timeout=self.rpc_timeout_s, metadata=self.metadata)
-            container.init(context)
-
-        await asyncio.gather(*(one(c) for c in self.containers))
-
-    async def play(self, container: _Container, first_at: float) -> None:
-        """Heartbeats every interval from ``first_at`` until cancelled or told ABORT."""
-        loop = asyncio.get_running_loop()
-        stub, tally, interval = self._stub(container), self.tally, self.interval_s
-        due = first_at
-        while True:
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent = loop.time()
-            if container.last_sent and tally.in_period(sent):
-                container.max_gap_s = max(container.max_gap_s, sent - container.last_sent)
-            container.last_sent = sent
-            request = container.heartbeat(time.time_ns() // 1_000_000)
-            tally.sent += 1
-            start = time.perf_counter()
-            try:
-                response = await stub.ProcessHeartbeat(request, timeout=self.rpc_timeout_s,
-                                                       metadata=self.metadata)
-            except grpc.aio.AioRpcError as exc:
-                tally.errors[exc.code().name] += 1
-                tally.measured_errors += tally.in_period(sent)
-                due = max(due + interval, loop.time())
-                continue
-            rtt = time.perf_counter() - start
-            tally.answered += 1
-            if tally.in_period(sent):
-                tally.measured += 1
-                tally.rtts_s.append(rtt)
-                tally.lags_s.append(sent - due)
-            if response.shutdown == _ABORT:
-                tally.aborts += 1
-                if tally.aborts <= 3:
-                    _LOGGER.warning("container %s: the master answered ABORT", container.id)
-                return  # a real container exits
-            if response.undeploy_request:
-                container.undeploy(response.undeploy_request)
-            if response.deploy_request:
-                container.deploy(response.deploy_request, time.time_ns() // 1_000_000,
-                                 loop.time() - self.started)
-            if response.deploy_request or response.has_pending_requests:  # as a real one
-                due = loop.time() + _EARLY_HEARTBEAT_S
-            else:
-                due = max(due + interval, loop.time())
-
-    async def close(self) -> None:
-        for channel in self.channels:
-            await channel.close(grace=None)
-
-
-# -- the run ------------------------------------------------------------------------------------
 def _cpu_s(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
@@ -504,20 +77,20 @@ class _Settings:
         return max(1, round(self.interval_s * 1000))
 
 
-def _submit(address: str, settings: _Settings) -> list[_Container]:
+def _submit(address: str, settings: _Settings) -> list[PlayedContainer]:
     """Submits the applications; returns their containers in launch order (an app's together)."""
     containers, per_app = settings.containers, settings.containers_per_app
     operators_per_container, interval_ms = settings.operators_per_container, settings.interval_ms
     sizes = [per_app] * (containers // per_app) + ([containers % per_app]
                                                     if containers % per_app else [])
     descriptors: dict[int, plan_pb2.DagDescriptor] = {}
-    windows = max(1, round(interval_ms / _WINDOW_MS))
+    windows = max(1, round(interval_ms / WINDOW_MS))
     free_mb = psutil.virtual_memory().available // (1024 * 1024)
-    played: list[_Container] = []
+    played: list[PlayedContainer] = []
     with WeirClient(address, timeout_s=60.0) as client:
         for size in sizes:
             if size not in descriptors:
-                descriptors[size] = _dag("bench-control-plane", size, operators_per_container,
+                descriptors[size] = chain_dag("bench-control-plane", size, operators_per_container,
                                          interval_ms, settings.heartbeat_timeout_ms)
             app_id = client.submit(descriptors[size])
             planned = client.containers(app_id)
@@ -527,16 +100,16 @@ def _submit(address: str, settings: _Settings) -> list[_Container]:
                                    f"{[len(c.operator_ids) for c in planned]} operators, "
                                    f"expected {size} of {operators_per_container}")
             for info in sorted(planned, key=lambda c: int(c.id.rsplit("-c", 1)[1])):
-                played.append(_Container(info.id, len(played), windows, free_mb))
+                played.append(PlayedContainer(info.id, len(played), windows, free_mb))
     return played
 
 
-async def _drive(master: _Master, played: list[_Container], settings: _Settings
+async def _drive(master: MasterProcess, played: list[PlayedContainer], settings: _Settings
                  ) -> dict[str, Any]:
     """Plays the containers for ``duration_s``; measures after ``warmup_s``."""
     loop = asyncio.get_running_loop()
     interval_s, duration_s = settings.interval_s, settings.duration_s
-    generator = _LoadGenerator(master.address, played, interval_s, settings.channels,
+    generator = LoadGenerator(master.address, played, interval_s, settings.channels,
                                settings.rpc_timeout_s)
     own = psutil.Process()
     tasks: list[asyncio.Task[None]] = []
@@ -715,7 +288,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         "containers_per_app": containers_per_app, "interval_s": interval_s,
         "duration_s": duration_s, "warmup_s": warmup_s,
         "heartbeat_timeout_ms": heartbeat_timeout_ms, "channels": channels,
-        "windows_per_heartbeat": max(1, round(interval_s * 1000 / _WINDOW_MS)),
+        "windows_per_heartbeat": max(1, round(interval_s * 1000 / WINDOW_MS)),
         "profiled": bool(profile_path), "cpus": os.cpu_count(),
     }
     gc_path = ""
@@ -745,7 +318,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
 def _measure(settings: _Settings) -> dict[str, Any]:
     """Starts the master, submits, plays the containers; returns the figures."""
     figures: dict[str, Any] = {}
-    with _master(settings.profile_path, settings.gc_path) as master:
+    with master_process(settings.profile_path, settings.gc_path) as master:
         figures["master_idle_rss_mb"] = round(master.process.memory_info().rss / 2**20, 1)
         began = time.monotonic()
         played = _submit(master.address, settings)

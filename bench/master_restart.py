@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.control_plane import _Container, _dag
+from bench.played_containers import PlayedContainer, chain_dag
 from weir.master.client import WeirClient
 from weir.master.core import MasterCore
 from weir.master.launcher import RecordingLauncher
@@ -37,9 +37,9 @@ def journal_cost(containers: int = 100, operators_per_container: int = 10,
         with tempfile.TemporaryDirectory(prefix="weir-journal-bench-") as folder:
             journal = ApplicationJournal(folder) if label == "with" else None
             core = MasterCore(RecordingLauncher(), journal=journal)
-            app_id = core.submit(_dag("bench-journal", containers, operators_per_container,
+            app_id = core.submit(chain_dag("bench-journal", containers, operators_per_container,
                                       interval_ms, 60_000), {})
-            played = [_Container(c.id, i, max(1, interval_ms // 500), 4096)
+            played = [PlayedContainer(c.id, i, max(1, interval_ms // 500), 4096)
                       for i, c in enumerate(core.list_containers(app_id))]
             for container in played:
                 container.init(core.init_context(container.id))

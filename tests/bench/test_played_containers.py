@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from bench.control_plane import _Container
+from bench.played_containers import PlayedContainer
 from weir.operators.windows import window_counter
 from weir.proto import plan_pb2, umbilical_pb2
 
 _START_MS = 1_764_140_000_000
 
 
-def _container(windows_per_heartbeat: int = 2, checkpoint_every: int = 4) -> _Container:
-    container = _Container("app-0001-c1", 1, windows_per_heartbeat, 4_000)
+def _container(windows_per_heartbeat: int = 2, checkpoint_every: int = 4) -> PlayedContainer:
+    container = PlayedContainer("app-0001-c1", 1, windows_per_heartbeat, 4_000)
     container.init(umbilical_pb2.StreamingContainerContext(
         heartbeat_interval_millis=1_000, start_window_millis=_START_MS,
         checkpoint_window_count=checkpoint_every))
     return container
 
 
-def _deploy(container: _Container, *node_ids: int) -> None:
+def _deploy(container: PlayedContainer, *node_ids: int) -> None:
     container.deploy([plan_pb2.OperatorDeployInfo(
         id=node_id, type=plan_pb2.OPERATOR_TYPE_GENERIC,
         inputs=[plan_pb2.InputDeployInfo(port_name="input")],
