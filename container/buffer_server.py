@@ -2,26 +2,24 @@
 
 One per container. Publishers live in the same process and append messages directly
 (``BufferServer.publisher``); subscribers in this container read them directly too
-(``messages``, ``container.local_subscription``), others pull over Arrow Flight with
-``do_get`` and a JSON ticket ``{"stream": id, "from_window": w}``, plus ``"partition":
-{"column", "mask", "keys"}`` for one partition of a partitioned operator: that
-subscriber gets only its rows of each DATA batch (``operators.partitioning``; markers pass
-as they are), and ``"latest": true`` to skip to the newest window (AT_MOST_ONCE readers).
-A subscription first receives every retained message of the windows after
-``from_window`` (a stream that does not hold them all fails it: ``WindowGap``), in order,
-then stays open and receives new messages as they are published (long poll), until
-``END_STREAM`` or the server closes. Every Flight call must carry the master's secret
-(``authorization: Bearer <secret>``): a stream is the application's data, and nobody
-else may read it. Containers always serve it over TLS (the master's certificate).
+(``messages``, ``container.local_subscription``), others pull over Arrow Flight with ``do_get``
+and a JSON ticket ``{"stream": id, "from_window": w}``, plus ``"partition": {"column", "mask",
+"keys"}`` for one partition of a partitioned operator: that subscriber gets only its rows of
+each DATA batch (``operators.partitioning``; markers pass as they are), and ``"latest": true``
+to skip to the newest window (AT_MOST_ONCE readers). A subscription first receives every
+retained message of the windows after ``from_window`` (a stream that does not hold them all
+fails it: ``WindowGap``), in order, then stays open and receives new messages as they are
+published (long poll), until ``END_STREAM`` or the server closes. Every Flight call must carry
+the master's secret (``authorization: Bearer <secret>``): a stream is the application's data,
+and nobody else may read it. Containers always serve it over TLS (the master's certificate).
 
-Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to
-the committed window; each stream's messages are a ``container.retained_stream``. Past
-the memory budget the publisher that needs room moves the oldest messages of the stream
-holding most memory to disk, a block at a time (``container.spill``), and subscribers
-that reach them read the block back. Past the disk budget too, publishing waits until a
-purge frees room: data is never dropped. Payloads are the publisher's Arrow IPC bytes,
-forwarded without re-encoding; only a partition filter touches rows (and re-encodes what
-it keeps).
+Retention: every message is kept until ``purge``/``purge_all`` drops the windows up to the
+committed window; each stream's messages are a ``container.retained_stream``. Past the memory
+budget the publisher that needs room moves the oldest messages of the stream holding most memory
+to disk, a block at a time (``container.spill``), and subscribers that reach them read the block
+back. Past the disk budget too, publishing waits until a purge frees room: data is never
+dropped. Payloads are the publisher's Arrow IPC bytes, forwarded without re-encoding; only a
+partition filter touches rows (and re-encodes what it keeps).
 """
 
 from __future__ import annotations
@@ -48,17 +46,10 @@ from weir.container.retained_stream import (
 from weir.container.spill import Budget, SpillStore, read_block
 from weir.container.stream_messages import Kind, Message, WindowGap
 from weir.operators.partitioning import PartitionFilter
+from weir.proto import umbilical_pb2
 
-__all__ = [
-    "LATEST_WINDOW",
-    "DISK_BUDGET_BYTES",
-    "MAX_BLOCK_BYTES",
-    "MAX_ENVELOPE_BYTES",
-    "MEMORY_BUDGET_BYTES",
-    "BufferServer",
-    "BufferStats",
-    "StreamStats",
-]
+__all__ = ["DISK_BUDGET_BYTES", "LATEST_WINDOW", "MAX_BLOCK_BYTES", "MAX_ENVELOPE_BYTES",
+           "MEMORY_BUDGET_BYTES", "BufferServer", "BufferStats", "StreamStats"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -171,6 +162,10 @@ class BufferServer:
         """This server's spill folder, once something was spilled (None before and after
         close)."""
         return self._store.path
+
+    def room(self) -> umbilical_pb2.BufferServerStats:
+        """What it holds against its memory budget, for the heartbeat."""
+        return self._budget.stats()
 
     @property
     def publisher_wait_s(self) -> float:

@@ -93,6 +93,7 @@ class HeartbeatLoop:
                 id=self.container_id, operators=[*self.deployment.heartbeats(self.interval_ms),
                                                  *self.deploys.placeholders()]),
             sent_tms=time.time_ns() // 1_000_000, spark_warm=self.spark_warm(),
+            buffer_server=self.deployment.buffer_server.room(),
         )
 
     def run(self) -> str:

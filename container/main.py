@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
               "buffer server (is it an older Weir?)", file=sys.stderr)
         client.close()
         return 1
-    limit = {"CONTAINER_MEMORY_MB": resolve("CONTAINER_MEMORY_MB", attributes)}
+    limit = {name: resolve(name, attributes) for name in ("CONTAINER_MEMORY_MB",
+                                                          "BUFFER_MEMORY_MB")}
     use_returning_pool(limit)
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
                                  tls=(identity.certificate_pem, identity.private_key_pem),

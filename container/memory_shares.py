@@ -26,7 +26,11 @@ def _limit_bytes(attributes: Mapping[str, Any]) -> int:
 
 
 def buffer_memory_bytes(attributes: Mapping[str, Any]) -> int:
-    """What the buffer server keeps in memory before spilling."""
+    """What the buffer server keeps in memory before spilling: ``BUFFER_MEMORY_MB`` when
+    set (the submit checked it fits ``CONTAINER_MEMORY_MB``), else the default share."""
+    asked = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
+    if asked:
+        return asked << 20
     limit = _limit_bytes(attributes)
     return min(MEMORY_BUDGET_BYTES, limit // 4) if limit else MEMORY_BUDGET_BYTES
 

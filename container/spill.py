@@ -22,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from weir.container.stream_messages import ENVELOPE_SCHEMA, Message, from_envelope, to_envelope
+from weir.proto import umbilical_pb2
 from weir.storage.orphans import remove_orphans
 
 __all__ = ["SPILL_BATCH_BYTES", "Budget", "SpillStore", "read_block", "write_block"]
@@ -135,6 +136,13 @@ class Budget:
         self.waits = 0
         self.wait_s = 0.0
         self.waiting = 0
+
+    def stats(self) -> umbilical_pb2.BufferServerStats:
+        """The figures the heartbeat reports."""
+        with self.cond:
+            return umbilical_pb2.BufferServerStats(
+                memory_limit_bytes=self.memory_limit, memory_bytes=self.memory,
+                disk_bytes=self.disk, blocks_spilled=self.blocks_spilled)
 
     def fits_locked(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit in memory (call with ``cond`` held)."""

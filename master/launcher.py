@@ -39,6 +39,7 @@ __all__ = [
     "UnplaceableRequest",
     "launcher_factory",
     "launcher_names",
+    "check_buffer_fits",
     "check_spark_fits",
     "master_tag",
     "register_launcher",
@@ -106,6 +107,25 @@ def check_spark_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
             f"CONTAINER_MEMORY_MB={memory_mb} is less than Spark's driver needs "
             f"(SPARK_DRIVER_MEMORY={attributes['SPARK_DRIVER_MEMORY']}: {needed_mb:,} MB with "
             "the JVM's own memory): ask for more memory, or give Spark a smaller heap")
+    buffer_mb = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
+    if buffer_mb and memory_mb < needed_mb + buffer_mb:
+        raise UnplaceableRequest(
+            f"CONTAINER_MEMORY_MB={memory_mb} cannot hold Spark's driver ({needed_mb:,} MB) "
+            f"and the buffer server's BUFFER_MEMORY_MB={buffer_mb}: ask for more memory, or "
+            "give the buffer server less")
+
+
+def check_buffer_fits(attributes: Mapping[str, Any]) -> None:
+    """Raises UnplaceableRequest when ``BUFFER_MEMORY_MB`` leaves a container's limit no
+    room for anything else (half of it at most): the container would be killed as soon as
+    its buffer server filled."""
+    memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0) or 0)
+    buffer_mb = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
+    if memory_mb and buffer_mb * 2 > memory_mb:
+        raise UnplaceableRequest(
+            f"BUFFER_MEMORY_MB={buffer_mb} is more than half of CONTAINER_MEMORY_MB="
+            f"{memory_mb}: the rest of the container (its operators, their queues) would "
+            "have no room; give the buffer server less, or the container more")
 
 
 class Launcher(abc.ABC):

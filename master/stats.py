@@ -320,6 +320,11 @@ class ContainerStatsTracker:
     heartbeats: int = 0
     last_heartbeat_ms: int = 0
     last_sent_tms: int = 0
+    #: its buffer server's room as of the last heartbeat (``BufferServerStats``'s fields)
+    buffer_memory_limit_bytes: int = 0
+    buffer_memory_bytes: int = 0
+    buffer_disk_bytes: int = 0
+    buffer_blocks_spilled: int = 0
 
     def record(self, heartbeat: umbilical_pb2.ContainerHeartbeat, now_ms: int) -> None:
         self.process_name = heartbeat.jvm_name or self.process_name
@@ -330,6 +335,11 @@ class ContainerStatsTracker:
         self.memory_mb_free = heartbeat.memory_mb_free
         self.gc_collection_count = heartbeat.gc_collection_count
         self.gc_collection_time_ms = heartbeat.gc_collection_time_ms
+        room = heartbeat.buffer_server
+        self.buffer_memory_limit_bytes = max(room.memory_limit_bytes, 0)
+        self.buffer_memory_bytes = max(room.memory_bytes, 0)
+        self.buffer_disk_bytes = max(room.disk_bytes, 0)
+        self.buffer_blocks_spilled = max(room.blocks_spilled, 0)
         self.heartbeats += 1
         self.last_heartbeat_ms = now_ms
         self.last_sent_tms = heartbeat.sent_tms

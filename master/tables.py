@@ -148,7 +148,8 @@ def _savepoint_note(app: client_pb2.ApplicationInfo) -> str:
 
 
 CONTAINER_HEADERS = ["ID", "APP", "STATE", "PROCESS", "BUFFER SERVER", "OPERATORS", "CPU %",
-                     "RSS", "FREE", "GC", "HEARTBEATS", "LAST HEARTBEAT", "DIAGNOSTICS"]
+                     "RSS", "FREE", "BUFFERED", "GC", "HEARTBEATS", "LAST HEARTBEAT",
+                     "DIAGNOSTICS"]
 CONTAINER_RIGHT = {"CPU %", "RSS", "FREE", "GC", "HEARTBEATS"}
 
 
@@ -164,10 +165,21 @@ def container_rows(containers: Iterable[client_pb2.ContainerInfo], now_ms: int
             c.buffer_server_address or "-", ",".join(str(i) for i in c.operator_ids) or "-",
             f"{c.cpu_percent:.1f}" if measured else "-",
             format_mb(c.memory_rss_mb) if measured else "-",
-            format_mb(c.memory_mb_free) if measured else "-", gc, str(c.heartbeats),
+            format_mb(c.memory_mb_free) if measured else "-",
+            _buffered(c) if measured else "-", gc, str(c.heartbeats),
             format_ago(c.last_heartbeat_ms, now_ms), _container_diagnostics(c),
         ])
     return rows
+
+
+def _buffered(c: client_pb2.ContainerInfo) -> str:
+    """The buffer server's streams in memory, of its limit (BUFFER_MEMORY_MB), and on disk."""
+    if not c.buffer_memory_limit_bytes:
+        return "-"  # an older container that does not report it
+    text = (f"{c.buffer_memory_bytes / 2**20:.0f} MB of "
+            f"{format_mb(c.buffer_memory_limit_bytes / 2**20)}")
+    return text + (f", {c.buffer_disk_bytes / 2**20:.0f} MB on disk"
+                   if c.buffer_disk_bytes else "")
 
 
 def _container_diagnostics(c: client_pb2.ContainerInfo) -> str:

@@ -198,6 +198,9 @@ def container_info(app: Application, container: PTContainer) -> client_pb2.Conta
         finished_ms=container.finished_ms, diagnostics=container.diagnostics,
         replaces=container.replaces, replaced_by=container.replaced_by,
         host=stats.host, spare=container.spare, spark_warm=container.spark_warm,
+        buffer_memory_limit_bytes=stats.buffer_memory_limit_bytes,
+        buffer_memory_bytes=stats.buffer_memory_bytes, buffer_disk_bytes=stats.buffer_disk_bytes,
+        buffer_blocks_spilled=stats.buffer_blocks_spilled,
     )
 
 

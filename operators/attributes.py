@@ -177,6 +177,12 @@ _ALL = [
               "queues at most a sixteenth). 0 = no request. A request no "
               "node can meet, or one below what Spark's driver needs, is refused when the "
               "application is submitted."),
+    Attribute("BUFFER_MEMORY_MB", _within(0, 16 << 20, " MB"), 0, Scope.DAG,
+              "Memory each container's buffer server keeps streams in (every window is kept "
+              "until it is committed) before it spills them to disk. 0 = 256 MB, or a "
+              "quarter of CONTAINER_MEMORY_MB when that is less. With CONTAINER_MEMORY_MB, "
+              "it must leave room for the rest (Spark's driver too): refused at submit "
+              "otherwise."),
     Attribute("CONTAINER_CORES", _cores, 0.0, Scope.DAG,
               "CPU cores each container asks its cluster manager for (0.5 = half a core; "
               "the local launcher pins the container to that many cores, rounded up); "

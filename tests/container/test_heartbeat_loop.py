@@ -44,7 +44,10 @@ _STATS = types.SimpleNamespace(process_name="1@host", pid=1, host="host",
                                sample=lambda: types.SimpleNamespace(
     memory_mb_free=1, memory_rss_mb=1, cpu_percent=0.0, gc_collection_count=0,
     gc_collection_time_ms=0))
-_DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [], runners={})
+_BUFFER_SERVER = types.SimpleNamespace(room=lambda: umbilical_pb2.BufferServerStats(
+    memory_limit_bytes=256 << 20, memory_bytes=3 << 20))
+_DEPLOYMENT = types.SimpleNamespace(heartbeats=lambda interval_ms: [], runners={},
+                                    buffer_server=_BUFFER_SERVER)
 
 
 def _loop(client: _Client, lease: Lease | None = None) -> HeartbeatLoop:
@@ -56,6 +59,12 @@ def test_an_internal_error_answer_is_retried_not_fatal():
     client = _Client(refusals=3)
     assert _loop(client).run() == "aborted by the master"  # it got to the 4th answer
     assert client.calls == 4
+
+
+def test_each_heartbeat_carries_the_buffer_servers_room():
+    sent = _loop(_Client(refusals=0)).build()
+    assert sent.buffer_server.memory_limit_bytes == 256 << 20
+    assert sent.buffer_server.memory_bytes == 3 << 20
 
 
 def test_a_master_that_keeps_refusing_is_left_after_the_retry_window():
@@ -71,6 +80,7 @@ class _SlowDeployment:
 
     def __init__(self) -> None:
         self.runners: dict = {}
+        self.buffer_server = _BUFFER_SERVER
         self.release = threading.Event()
         self.deployed: list[int] = []
 

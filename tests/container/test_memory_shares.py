@@ -20,6 +20,9 @@ def test_the_shares_follow_the_limit_and_keep_the_defaults_without_one():
     assert buffer_memory_bytes({}) == MEMORY_BUDGET_BYTES
     assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 384}) == 96 << 20
     assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 8192}) == MEMORY_BUDGET_BYTES
+    assert buffer_memory_bytes({"BUFFER_MEMORY_MB": 1024}) == 1024 << 20  # asked: taken
+    assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 8192, "BUFFER_MEMORY_MB": 2048}) \
+        == 2048 << 20
     assert input_queue_bytes({}) == 0
     assert input_queue_bytes({"CONTAINER_MEMORY_MB": 384}) == 24 << 20
 

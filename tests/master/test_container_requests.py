@@ -114,6 +114,21 @@ def test_spark_containers_asking_for_less_than_the_driver_needs_are_refused_at_s
     core.submit(chain_descriptor(2), {"CONTAINER_MEMORY_MB": "200"})  # no Spark: no heap
 
 
+def test_a_buffer_server_leaving_its_container_no_room_is_refused_at_submit():
+    core = MasterCore(RecordingLauncher(), clock=ManualClock())
+    with pytest.raises(InvalidArgument, match=r"BUFFER_MEMORY_MB=600 is more than half of "
+                                              r"CONTAINER_MEMORY_MB=1000"):
+        core.submit(chain_descriptor(2), {"CONTAINER_MEMORY_MB": "1000",
+                                          "BUFFER_MEMORY_MB": "600"})
+    spark = chain_descriptor(2)
+    spark.operators[0].uses_spark = True
+    with pytest.raises(InvalidArgument, match=r"cannot hold Spark's driver \(1,408 MB\) and the "
+                                              r"buffer server's BUFFER_MEMORY_MB=512"):
+        core.submit(spark, {"CONTAINER_MEMORY_MB": "1800", "BUFFER_MEMORY_MB": "512"})
+    core.submit(spark, {"CONTAINER_MEMORY_MB": "1920", "BUFFER_MEMORY_MB": "512"})
+    core.submit(chain_descriptor(2), {"BUFFER_MEMORY_MB": "4096"})  # no limit: nothing to fit
+
+
 def _sleeper(tmp_path, allocate_mb: int = 0):
     """A command standing in for `python -m weir.container`: allocates (and touches)
     ``allocate_mb``, starts a child that holds as much, then waits to be stopped."""
