@@ -5,6 +5,7 @@ window gaps, and an end when the server closes. ``subscriber`` picks it by addre
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 
@@ -146,35 +147,40 @@ def test_close_ends_a_waiting_subscriber_quietly_and_a_server_close_is_unavailab
     assert isinstance(waiting.next(), BufferServerUnavailable)
 
 
-def test_an_input_reads_its_own_containers_stream_directly_and_others_over_flight():
+@contextlib.contextmanager
+def _here_and_there() -> Iterator[tuple[BufferServer, BufferServer]]:
+    """This container's server and another's, each holding window 1 of stream "4.output",
+    then its end."""
     with BufferServer() as srv, BufferServer() as other:
         for each in (srv, other):
             pub = each.publisher("4.output")
             _publish_window(pub, 1)
             pub.end_stream()
-        here, there = srv.address, other.address
-        for address, kind in ((here, LocalSubscription), (there, Subscription)):
-            info = plan_pb2.InputDeployInfo(
-                port_name="input", source_node_id=4, source_port_name="output",
-                buffer_server_host=address[0], buffer_server_port=address[1])
-            messages, cancel = subscriber(info, None, srv, here, secret=None)(-1)
+        yield srv, other
+
+
+def _input_from(address: tuple[str, int]) -> plan_pb2.InputDeployInfo:
+    return plan_pb2.InputDeployInfo(
+        port_name="input", source_node_id=4, source_port_name="output",
+        buffer_server_host=address[0], buffer_server_port=address[1])
+
+
+def test_an_input_reads_its_own_containers_stream_directly_and_others_over_flight():
+    with _here_and_there() as (srv, other):
+        for address, kind in ((srv.address, LocalSubscription), (other.address, Subscription)):
+            messages, cancel = subscriber(_input_from(address), None, srv, srv.address,
+                                          secret=None)(-1)
             assert isinstance(messages, kind)
             assert _shape(list(messages)) == _expected([1]) + [(Kind.END_STREAM, 1)]
             cancel()
 
 
 def test_an_input_port_reports_the_transport_its_subscription_takes():
-    with BufferServer() as srv, BufferServer() as other:
-        for each in (srv, other):
-            pub = each.publisher("4.output")
-            _publish_window(pub, 1)
-            pub.end_stream()
+    with _here_and_there() as (srv, other):
         for address, transport in ((srv.address, "local"), (other.address, "flight")):
-            info = plan_pb2.InputDeployInfo(
-                port_name="input", source_node_id=4, source_port_name="output",
-                buffer_server_host=address[0], buffer_server_port=address[1])
             stopped = threading.Event()
-            port = PortInput("input", subscriber(info, None, srv, srv.address), 8, stopped)
+            port = PortInput("input", subscriber(_input_from(address), None, srv, srv.address),
+                             8, stopped)
             assert port.transport == ""  # nothing subscribed yet
             port.start()
             try:
