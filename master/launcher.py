@@ -94,8 +94,9 @@ _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024, "": 1}
 def check_spark_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
     """Raises UnplaceableRequest when containers running Spark ask for less memory than
     its driver takes: the heap (``SPARK_DRIVER_MEMORY``) and the JVM's own memory beside
-    it, which Spark counts as max(384 MB, 10 % of the heap) (``memoryOverhead``). Such a
-    container would be killed at its first large job, by its launcher or the kernel."""
+    it, which Spark counts as max(384 MB, 10 % of the heap) (``memoryOverhead``), with
+    ``BUFFER_MEMORY_MB`` beside them when set. Such a container would be killed at its
+    first large job, by its launcher or the kernel."""
     memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0))
     found = _JVM_SIZE.match(str(attributes.get("SPARK_DRIVER_MEMORY", "")))
     if not uses_spark or not memory_mb or found is None:
