@@ -7,7 +7,8 @@ more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_m
 peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
 with occasional spikes to 510-530 MB whose cause is not found yet. Without a limit, the fixed
 defaults hold (the buffer server's 256 MB, ``QUEUE_CAPACITY`` messages per port whatever
-their size, Arrow's default pool)."""
+their size, Arrow's default pool). ``BUFFER_MEMORY_MB``, when set, is the buffer server's
+share instead of either default (the master refused it at submit if it does not fit)."""
 
 from __future__ import annotations
 

@@ -39,8 +39,7 @@ __all__ = [
     "UnplaceableRequest",
     "launcher_factory",
     "launcher_names",
-    "check_buffer_fits",
-    "check_spark_fits",
+    "check_memory_fits",
     "master_tag",
     "register_launcher",
 ]
@@ -91,16 +90,26 @@ _JVM_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
 _MB_PER_UNIT = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024, "": 1}
 
 
-def check_spark_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
-    """Raises UnplaceableRequest when containers running Spark ask for less memory than
-    its driver takes: the heap (``SPARK_DRIVER_MEMORY``) and the JVM's own memory beside
-    it, which Spark counts as max(384 MB, 10 % of the heap) (``memoryOverhead``), with
-    ``BUFFER_MEMORY_MB`` beside them when set. Such a container would be killed at its
-    first large job, by its launcher or the kernel."""
-    memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0))
+def check_memory_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
+    """Raises UnplaceableRequest when a container's ``CONTAINER_MEMORY_MB`` cannot hold
+    what it is asked to: ``BUFFER_MEMORY_MB`` is at most half of it (the rest is the
+    operators' and their queues'), and with Spark it holds the driver, the heap
+    (``SPARK_DRIVER_MEMORY``) and the JVM's own memory beside it, which Spark counts as
+    max(384 MB, 10 % of the heap) (``memoryOverhead``), with the buffer server beside
+    them. Such a container would be killed at its first large job or full buffer, by its
+    launcher or the kernel."""
+    memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0) or 0)
+    if not memory_mb:
+        return  # no request, no limit
+    buffer_mb = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
+    if buffer_mb * 2 > memory_mb:
+        raise UnplaceableRequest(
+            f"BUFFER_MEMORY_MB={buffer_mb} is more than half of CONTAINER_MEMORY_MB="
+            f"{memory_mb}: the rest of the container (its operators, their queues) would "
+            "have no room; give the buffer server less, or the container more")
     found = _JVM_SIZE.match(str(attributes.get("SPARK_DRIVER_MEMORY", "")))
-    if not uses_spark or not memory_mb or found is None:
-        return  # no request, or a size Spark itself will refuse with its own words
+    if not uses_spark or found is None:
+        return  # no Spark, or a size Spark itself will refuse with its own words
     heap_mb = int(found.group(1)) * _MB_PER_UNIT[found.group(2).lower()]
     needed_mb = math.ceil(heap_mb + max(384, heap_mb / 10))
     if memory_mb < needed_mb:
@@ -108,25 +117,11 @@ def check_spark_fits(attributes: Mapping[str, Any], uses_spark: bool) -> None:
             f"CONTAINER_MEMORY_MB={memory_mb} is less than Spark's driver needs "
             f"(SPARK_DRIVER_MEMORY={attributes['SPARK_DRIVER_MEMORY']}: {needed_mb:,} MB with "
             "the JVM's own memory): ask for more memory, or give Spark a smaller heap")
-    buffer_mb = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
-    if buffer_mb and memory_mb < needed_mb + buffer_mb:
+    if memory_mb < needed_mb + buffer_mb:
         raise UnplaceableRequest(
             f"CONTAINER_MEMORY_MB={memory_mb} cannot hold Spark's driver ({needed_mb:,} MB) "
             f"and the buffer server's BUFFER_MEMORY_MB={buffer_mb}: ask for more memory, or "
             "give the buffer server less")
-
-
-def check_buffer_fits(attributes: Mapping[str, Any]) -> None:
-    """Raises UnplaceableRequest when ``BUFFER_MEMORY_MB`` leaves a container's limit no
-    room for anything else (half of it at most): the container would be killed as soon as
-    its buffer server filled."""
-    memory_mb = int(attributes.get("CONTAINER_MEMORY_MB", 0) or 0)
-    buffer_mb = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
-    if memory_mb and buffer_mb * 2 > memory_mb:
-        raise UnplaceableRequest(
-            f"BUFFER_MEMORY_MB={buffer_mb} is more than half of CONTAINER_MEMORY_MB="
-            f"{memory_mb}: the rest of the container (its operators, their queues) would "
-            "have no room; give the buffer server less, or the container more")
 
 
 class Launcher(abc.ABC):

@@ -12,7 +12,7 @@ from typing import Any
 
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, LauncherAction, LaunchKind
-from weir.master.launcher import Launcher, Resources, check_buffer_fits, check_spark_fits
+from weir.master.launcher import Launcher, Resources, check_memory_fits
 from weir.master.physical_plan import ContainerState, PTContainer
 from weir.master.spares import uses_spark
 from weir.proto import plan_pb2
@@ -58,11 +58,10 @@ class Launches:
 
     def check_request(self, attributes: dict[str, Any], dag: plan_pb2.DagDescriptor) -> None:
         """Raises UnplaceableRequest for an application whose containers could never run:
-        no node of the launcher's manager meets the request, or Spark or the buffer server
-        would not fit."""
+        no node of the launcher's manager meets the request, or its memory cannot hold
+        Spark's driver or the buffer server."""
         self.launcher.check_request(Resources.of(attributes))
-        check_buffer_fits(attributes)
-        check_spark_fits(attributes, uses_spark(dag))
+        check_memory_fits(attributes, uses_spark(dag))
 
     def observe(self, containers: list[PTContainer]) -> Observed:
         """What the launcher knows of ``containers``: exit codes (None while running) with
