@@ -18,8 +18,10 @@ committed window; each stream's messages are a ``container.retained_stream``. Pa
 budget the publisher that needs room moves the oldest messages of the stream holding most memory
 to disk, a block at a time (``container.spill``), and subscribers that reach them read the block
 back. Past the disk budget too, publishing waits until a purge frees room: data is never
-dropped. Payloads are the publisher's Arrow IPC bytes, forwarded without re-encoding; only a
-partition filter touches rows (and re-encodes what it keeps).
+dropped. A batch stays as published while it is in memory (a subscriber in this container
+reads it as it is); it is encoded as Arrow IPC once, when it is first served over Flight or
+spilled, and those bytes are what every later reader gets. Only a partition filter touches
+rows (and keeps, for the partition, a new batch of what passes).
 """
 
 from __future__ import annotations

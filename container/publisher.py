@@ -90,7 +90,8 @@ class Publisher:
         self.publish(Message(Kind.BEGIN_WINDOW, window_id))
 
     def data(self, window_id: int, batch: pa.RecordBatch) -> None:
-        """Publishes one batch of window ``window_id`` (encoded once, as Arrow IPC)."""
+        """Publishes one batch of window ``window_id``, kept as it is (``Message.data``):
+        the caller must not change its buffers afterwards."""
         self.publish(Message.data(window_id, batch))
 
     def end_window(self, window_id: int, watermark: int = NO_WATERMARK) -> None:

@@ -2,10 +2,10 @@
 
 A stream that outgrows the memory budget moves its oldest messages to disk a block at a
 time: one Arrow IPC file per block, holding the block's messages as envelope batches (the
-wire form of ``container.stream_messages``), so payloads are written and read back as the
-publisher encoded them. ``Budget`` counts the payload bytes held in memory and on disk
-against their limits; the buffer server spills past the first and makes publishers wait
-past both.
+wire form of ``container.stream_messages``): a batch is encoded when it is spilled, unless
+it was already (served over Flight), and read back as those bytes. ``Budget`` counts the
+messages' encoded bytes (``Message.nbytes``) held in memory and on disk against their
+limits; the buffer server spills past the first and makes publishers wait past both.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ __all__ = [
     "Message",
     "decode_batch",
     "encode_batch",
+    "encoded_size",
     "from_envelope",
     "to_envelope",
 ]
@@ -42,15 +43,21 @@ class Kind(enum.IntEnum):
     END_STREAM = 4
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
 class Message:
     """One message of a stream.
 
     ``window_id`` is the window the message belongs to (for DATA, the window it was
-    emitted in); ``payload`` is the batch as Arrow IPC stream bytes (DATA only), kept
-    encoded so the buffer server stores and sends it without copying; ``rows`` its row
-    count; ``watermark`` the publisher's watermark as of the window's end (END_WINDOW
-    only: it is stored and replayed with the message, so a replay says the same).
+    emitted in); ``rows`` a DATA batch's row count; ``watermark`` the publisher's watermark
+    as of the window's end (END_WINDOW only: it is stored and replayed with the message,
+    so a replay says the same).
+
+    A DATA message holds its batch as ``record`` (as published in this container) or as
+    ``payload``, Arrow IPC stream bytes (as read from the wire or a spill file). A batch
+    is encoded only when it leaves the process's memory: served over Flight or spilled
+    (``encoded()``), so a stream read in its own container costs no copy. ``nbytes`` is
+    the encoded size either way, fixed when the message is made, so the buffer server's
+    accounting of a message is the same before and after it is encoded.
     """
 
     kind: Kind
@@ -60,22 +67,63 @@ class Message:
     watermark: int = NO_WATERMARK
     # the buffer server's hash buckets of this DATA batch per (key column, mask): computed
     # once for all the partitions subscribed to it, freed with the message
-    buckets: dict[tuple[str, int], Any] | None = dataclasses.field(
-        default=None, compare=False, repr=False)
+    buckets: dict[tuple[str, int], Any] | None = dataclasses.field(default=None, repr=False)
+    record: pa.RecordBatch | None = dataclasses.field(default=None, repr=False)
+    size: int = dataclasses.field(default=0, repr=False)  # encoded bytes of ``record``
 
     @classmethod
     def data(cls, window_id: int, batch: pa.RecordBatch) -> Message:
-        return cls(Kind.DATA, window_id, encode_batch(batch), batch.num_rows)
+        """A DATA message over ``batch``, kept as it is unless it is a small slice of much
+        larger buffers (kept, they would pin memory the buffer server does not count):
+        then it is encoded now, a copy of only its rows."""
+        size = encoded_size(batch)
+        if batch.get_total_buffer_size() > 2 * size + _SLICE_SLACK:
+            return cls(Kind.DATA, window_id, encode_batch(batch, size), batch.num_rows)
+        return cls(Kind.DATA, window_id, None, batch.num_rows, record=batch, size=size)
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.payload is None else len(self.payload)
+        if self.payload is not None:
+            return len(self.payload)
+        return self.size
+
+    def encoded(self) -> pa.Buffer | bytes:
+        """The DATA batch as Arrow IPC stream bytes, encoded on the first call (the
+        message then drops its batch: the bytes hold the same rows)."""
+        payload = self.payload
+        if payload is None:
+            record = self.record
+            if self.kind != Kind.DATA or record is None:
+                raise ValueError(f"a {self.kind.name} message carries no batch")
+            payload = encode_batch(record, self.size)
+            # a cache, not part of its value; racing threads encode the same bytes
+            object.__setattr__(self, "payload", payload)
+            object.__setattr__(self, "record", None)
+        return payload
 
     def batch(self) -> pa.RecordBatch:
-        """The DATA payload as a record batch (zero-copy over the payload buffer)."""
-        if self.kind != Kind.DATA or self.payload is None:
+        """The DATA batch (zero-copy: the batch published, or a view over the payload)."""
+        record = self.record
+        if record is not None:
+            return record
+        payload = self.payload
+        if self.kind != Kind.DATA or payload is None:
             raise ValueError(f"a {self.kind.name} message carries no batch")
-        return decode_batch(self.payload)
+        return decode_batch(payload)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        if (self.kind, self.window_id, self.rows, self.watermark) != (
+                other.kind, other.window_id, other.rows, other.watermark):
+            return False
+        return self.kind != Kind.DATA or self.batch().equals(other.batch())
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable caches
+
+
+_SLICE_SLACK = 1 << 16
+"""Bytes a kept batch may pin beyond twice its encoded size (buffer padding, dictionaries)."""
 
 
 class PartitionKeyMissing(SchemaMismatch):
@@ -105,14 +153,19 @@ ENVELOPE_SCHEMA = pa.schema(
 )
 
 
-def encode_batch(batch: pa.RecordBatch) -> pa.Buffer:
-    """The batch as one Arrow IPC stream (schema + batch), in a buffer allocated once at
-    its size (a growing stream reallocates and copies a large batch several times:
-    for 31 MB of Nexmark bids, 6.8 and 9.9 ms against 4.1 and 8.2 ms, two runs each)."""
+def encoded_size(batch: pa.RecordBatch) -> int:
+    """The bytes of ``batch`` as one Arrow IPC stream, counted without writing them."""
     size = pa.MockOutputStream()
     with pa.ipc.new_stream(size, batch.schema) as writer:
         writer.write_batch(batch)
-    payload = pa.allocate_buffer(size.size())
+    return size.size()
+
+
+def encode_batch(batch: pa.RecordBatch, size: int | None = None) -> pa.Buffer:
+    """The batch as one Arrow IPC stream (schema + batch), in a buffer allocated once at
+    its size (a growing stream reallocates and copies a large batch several times:
+    for 31 MB of Nexmark bids, 6.8 and 9.9 ms against 4.1 and 8.2 ms, two runs each)."""
+    payload = pa.allocate_buffer(encoded_size(batch) if size is None else size)
     with pa.ipc.new_stream(pa.FixedSizeBufferWriter(payload), batch.schema) as writer:
         writer.write_batch(batch)
     return payload
@@ -142,7 +195,7 @@ def _payload_array(messages: list[Message]) -> pa.Array:
     offsets = [0]
     for m in messages:
         offsets.append(offsets[-1] + m.nbytes)
-    data = b"".join(m.payload for m in messages if m.payload is not None)
+    data = b"".join(m.encoded() for m in messages if m.kind == Kind.DATA)
     return pa.Array.from_buffers(
         pa.large_binary(), len(messages),
         [None, pa.array(offsets, pa.int64()).buffers()[1], pa.py_buffer(data)],

@@ -125,7 +125,12 @@ class BoundPort:
         return self.spec.name
 
     def emit(self, data: pa.RecordBatch | pa.Table) -> None:
-        """Publishes ``data`` on this output port in the current window."""
+        """Publishes ``data`` on this output port in the current window.
+
+        The stream keeps ``data`` as it is (Arrow data is immutable) until the window is
+        committed: do not write into its buffers afterwards, for example through a numpy
+        array it was built over without a copy, or a replay would read the change.
+        """
         if self.spec.kind != "output":
             raise TypeError(f"{self.spec.name} is an input port; only output ports emit")
         emit = self.operator.emitter

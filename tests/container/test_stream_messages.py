@@ -73,3 +73,59 @@ def test_a_replayed_window_says_the_same_watermark():
     ends = [(m.window_id, m.watermark) for m in first if m.kind == Kind.END_WINDOW]
     assert ends == list(enumerate(MARKS, start=1))
     assert [(m.window_id, m.watermark) for m in replay if m.kind == Kind.END_WINDOW] == ends[2:]
+
+
+def bids(rows: int) -> pa.RecordBatch:
+    return pa.record_batch({"auction": pa.array(range(rows), pa.int64()),
+                            "price": pa.array([float(i) for i in range(rows)])})
+
+
+def test_a_published_batch_stays_as_it_is_until_it_leaves_the_process():
+    batch = bids(1000)
+    message = Message.data(3, batch)
+    assert message.payload is None and message.batch() is batch  # no copy, no encoding
+    size = message.nbytes
+    payload = message.encoded()
+    assert len(payload) == size  # the accounting does not change when it is encoded
+    assert message.nbytes == size and message.record is None
+    assert message.encoded() is payload  # encoded once
+    assert message.batch().equals(batch) and message == Message.data(3, batch)
+
+
+def test_a_small_slice_of_a_large_batch_is_copied_at_once():
+    """Kept as it is, a slice would pin its parent's buffers, which nobody counts."""
+    message = Message.data(1, bids(100_000).slice(10, 5))
+    assert message.payload is not None and message.record is None
+    assert message.nbytes == len(message.payload)
+    assert message.batch().equals(bids(100_000).slice(10, 5))
+    whole = Message.data(1, bids(100_000).slice(0, 90_000))
+    assert whole.payload is None  # most of its parent: kept
+
+
+def test_a_local_reader_gets_the_published_batch_and_a_flight_reader_its_bytes():
+    batch = bids(1000)
+    with BufferServer() as server:
+        publisher = server.publisher("1.output")
+        publisher.begin_window(1)
+        publisher.data(1, batch)
+        publisher.end_window(1)
+        publisher.end_stream()
+        stored = server.stats().memory_bytes
+        local = [m for ms in server.messages("1.output", -1, None) for m in ms
+                 if m.kind == Kind.DATA]
+        assert local[0].batch() is batch and local[0].payload is None
+        host, port = server.address
+        remote = [m for m in subscribe(host, port, "1.output", -1, timeout_s=10)
+                  if m.kind == Kind.DATA]
+        assert remote[0].batch().equals(batch)
+        assert local[0].payload is not None  # served once over Flight: encoded, cached
+        assert server.stats().memory_bytes == stored == local[0].nbytes
+
+
+def test_unencoded_messages_spill_and_read_back_as_published(tmp_path):
+    messages = [Message(Kind.BEGIN_WINDOW, 1), Message.data(1, bids(10)),
+                Message.data(1, bids(20)), Message(Kind.END_WINDOW, 1, watermark=5)]
+    write_block(tmp_path / "block.arrow", messages)
+    back = read_block(tmp_path / "block.arrow")
+    assert back == messages
+    assert [m.nbytes for m in back] == [m.nbytes for m in messages]
