@@ -20,6 +20,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from weir.operators.table_batches import table_batches
+
 __all__ = ["BoundPort", "InputPort", "OutputPort", "PortNotConnected", "SchemaMismatch",
            "conform"]
 
@@ -143,7 +145,7 @@ class BoundPort:
             data = conform(data, self.spec.schema, f"output port {type(self.operator).__name__}."
                                                    f"{self.spec.name}")
         if isinstance(data, pa.Table):
-            for batch in data.to_batches():
+            for batch in table_batches(data):
                 emit(self.spec.name, batch)
         else:
             emit(self.spec.name, data)
