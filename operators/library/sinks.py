@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from weir.operators.library.parquet_dictionary import dictionary_columns
 from weir.operators.operator import Operator, OperatorContext
 from weir.operators.ports import InputPort
 from weir.operators.windows import (
@@ -331,7 +332,7 @@ def _write_atomically(table: pa.Table, final: str, format: str,  # noqa: A002
     temp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{os.getpid()}.tmp")
     try:
         if format == "parquet":
-            pq.write_table(table, temp)
+            pq.write_table(table, temp, use_dictionary=dictionary_columns(table))
         else:
             with open(temp, "w", encoding="utf-8") as out:
                 for batch in table.to_batches():
