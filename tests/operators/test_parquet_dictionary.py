@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tests.operators.test_library import run_window, start, wid
+from weir.operators.library import FileSink
 from weir.operators.library.parquet_dictionary import dictionary_columns
-from weir.operators.library.sinks import _write_atomically
 
 ROWS = 200_000
 
@@ -31,8 +30,9 @@ def _encodings(path: str) -> dict[str, set[str]]:
 def test_only_columns_whose_dictionary_fits_are_dictionary_encoded(tmp_path):
     table = _table()
     assert dictionary_columns(table) == ["category"]
-    path = os.path.join(tmp_path, "window.parquet")
-    _write_atomically(table, path, "parquet")
+    sink = FileSink(tmp_path / "out", format="parquet")
+    run_window(sink, start(sink), wid(1), table.to_batches())
+    path = str(tmp_path / "out" / sink.file_name(wid(1)))
     encodings = _encodings(path)
     assert "RLE_DICTIONARY" in encodings["category"]
     assert not encodings["extra"] & {"RLE_DICTIONARY", "PLAIN_DICTIONARY"}
