@@ -41,3 +41,21 @@ def test_empty_chunks_and_an_empty_table():
     assert pa.Table.from_batches(batches).equals(table.combine_chunks())
     empty = pa.table({"n": pa.array([], pa.int64())})
     assert sum(b.num_rows for b in table_batches(empty)) == 0
+
+
+def test_an_output_port_emits_a_table_along_its_heaviest_column():
+    from weir.operators.operator import Operator
+    from weir.operators.ports import OutputPort
+
+    class Maker(Operator):
+        output = OutputPort()
+
+    rows = 100
+    table = pa.table({"n": _chunked(list(range(rows)), [10] * 10, pa.int64()),
+                      "word": _chunked([f"word number {i}" for i in range(rows)], [50, 50],
+                                       pa.string())})
+    emitted: list[pa.RecordBatch] = []
+    maker = Maker()
+    maker.connect_outputs(lambda port, batch: emitted.append(batch))
+    maker.output.emit(table)
+    assert [b.num_rows for b in emitted] == [50, 50]
