@@ -36,6 +36,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from weir.operators.table_batches import table_batches
+
 __all__ = ["DEAD_LETTER", "ERRORS_PORT", "ERROR_COLUMNS", "FAIL", "DeadLetterPort",
            "DeadLetters", "TooManyDeadLetters", "dead_letters_of", "error_columns",
            "is_record_error", "is_spark_analysis_error", "isolate_failures"]
@@ -256,7 +258,7 @@ class DeadLetters:
         table = error_columns(rows, error, self.name, port, window_id)
         self.operator.__dict__[COUNT_ATTRIBUTE] = self.count + table.num_rows
         emit = self.operator.emitter
-        for batch in table.to_batches():
+        for batch in table_batches(table):  # as an output port emits a table
             emit(ERRORS_PORT, batch)
 
 

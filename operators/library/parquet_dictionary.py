@@ -33,11 +33,12 @@ def dictionary_columns(table: pa.Table, sample_rows: int = SAMPLE_ROWS) -> list[
         return True
     sample = table.slice(0, sample_rows)
     chosen = []
-    for name, column, whole in zip(table.column_names, sample.columns, table.columns,
-                                   strict=True):
-        distinct = pc.count_distinct(column, mode="all").as_py()
-        width = column.nbytes / max(len(column), 1)
-        estimate = distinct / len(column) * table.num_rows * width
-        if estimate <= DICTIONARY_PAGE_BYTES or pa.types.is_dictionary(whole.type):
-            chosen.append(name)
+    for name, column in zip(table.column_names, sample.columns, strict=True):
+        if not pa.types.is_dictionary(column.type):  # already a dictionary: kept as one
+            share = pc.count_distinct(column, mode="all").as_py() / len(column)
+            width = column.nbytes / len(column)  # bytes a value takes, on average
+            estimate = share * table.num_rows * width
+            if estimate > DICTIONARY_PAGE_BYTES:
+                continue
+        chosen.append(name)
     return chosen

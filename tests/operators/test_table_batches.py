@@ -59,3 +59,19 @@ def test_an_output_port_emits_a_table_along_its_heaviest_column():
     maker.connect_outputs(lambda port, batch: emitted.append(batch))
     maker.output.emit(table)
     assert [b.num_rows for b in emitted] == [50, 50]
+
+
+def test_dead_letters_go_out_as_an_output_port_emits_a_table():
+    """The error columns (one chunk each) beside rows chunked otherwise: batches follow the
+    heaviest column, the error text, not every boundary of the rows."""
+    from weir.operators.dead_letters import ERRORS_PORT, DeadLetters
+    from weir.operators.operator import Operator
+
+    rows = pa.table({"n": _chunked(list(range(100)), [10] * 10, pa.int64())})
+    emitted: list[tuple[str, pa.RecordBatch]] = []
+    operator = Operator()
+    operator.connect_outputs(lambda port, batch: emitted.append((port, batch)))
+    DeadLetters(operator, "parse", max_rows=1000).set_aside(
+        rows, ValueError("a long explanation of what is wrong with these rows"), "input", 7)
+    assert [(port, b.num_rows) for port, b in emitted] == [(ERRORS_PORT, 100)]
+    assert emitted[0][1].column(0).to_pylist() == list(range(100))
