@@ -5,35 +5,54 @@ each input port queues at most a sixteenth, and Arrow allocates from jemalloc, w
 hands freed memory back to the system within a second, rather than mimalloc, which keeps
 more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_memory``)
 peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
-with occasional spikes to 510-530 MB whose cause is not found yet. Without a limit, the fixed
-defaults hold (the buffer server's 256 MB, ``QUEUE_CAPACITY`` messages per port whatever
-their size, Arrow's default pool). ``BUFFER_MEMORY_MB``, when set, is the buffer server's
-share instead of either default (the master refused it at submit if it does not fit)."""
+with occasional spikes to 510-530 MB whose cause is not found yet.
+
+Without a limit, the buffer server keeps a sixteenth of the machine's memory (at least
+256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size, in
+Arrow's default pool. A fixed 256 MB spilled where memory was plentiful: on Nexmark's q1
+(2 M events, one container, 24 GB machine), a window's 1.84 M bids and its results are
+about 400 MB until committed, and spilling them cost the ``SparkSql``'s emit 306-380 ms a
+job against 25-214 ms with 1.5 GB (alternating runs, four and five). ``BUFFER_MEMORY_MB``, when
+set, is the buffer server's share instead of either default (the master refused it at
+submit if it does not fit)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import psutil
 import pyarrow as pa
 
 from weir.container.buffer_server import MEMORY_BUDGET_BYTES
 
 __all__ = ["buffer_memory_bytes", "input_queue_bytes", "use_returning_pool"]
 
+HOST_SHARE = 16
+"""Without a limit, the buffer server keeps this fraction of the machine's memory..."""
+HOST_SHARE_MAX_BYTES = 4 << 30
+"""... at most this much (and at least ``MEMORY_BUDGET_BYTES``)."""
+
 
 def _limit_bytes(attributes: Mapping[str, Any]) -> int:
     return int(attributes.get("CONTAINER_MEMORY_MB", 0) or 0) << 20
 
 
-def buffer_memory_bytes(attributes: Mapping[str, Any]) -> int:
+def buffer_memory_bytes(attributes: Mapping[str, Any], host_bytes: int | None = None) -> int:
     """What the buffer server keeps in memory before spilling: ``BUFFER_MEMORY_MB`` when
-    set (the submit checked it fits ``CONTAINER_MEMORY_MB``), else the default share."""
+    set (the submit checked it fits ``CONTAINER_MEMORY_MB``); else, with a limit, a
+    quarter of it up to ``MEMORY_BUDGET_BYTES``; else a ``HOST_SHARE`` of ``host_bytes``
+    (default: this machine's memory) between ``MEMORY_BUDGET_BYTES`` and
+    ``HOST_SHARE_MAX_BYTES``."""
     asked = int(attributes.get("BUFFER_MEMORY_MB", 0) or 0)
     if asked:
         return asked << 20
     limit = _limit_bytes(attributes)
-    return min(MEMORY_BUDGET_BYTES, limit // 4) if limit else MEMORY_BUDGET_BYTES
+    if limit:
+        return min(MEMORY_BUDGET_BYTES, limit // 4)
+    if host_bytes is None:
+        host_bytes = psutil.virtual_memory().total
+    return max(MEMORY_BUDGET_BYTES, min(HOST_SHARE_MAX_BYTES, host_bytes // HOST_SHARE))
 
 
 def input_queue_bytes(attributes: Mapping[str, Any]) -> int:

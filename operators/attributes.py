@@ -179,8 +179,9 @@ _ALL = [
               "application is submitted."),
     Attribute("BUFFER_MEMORY_MB", _within(0, 16 << 20, " MB"), 0, Scope.DAG,
               "Memory each container's buffer server keeps streams in (every window is kept "
-              "until it is committed) before it spills them to disk. 0 = 256 MB, or a "
-              "quarter of CONTAINER_MEMORY_MB when that is less. With CONTAINER_MEMORY_MB, "
+              "until it is committed) before it spills them to disk. 0 = a quarter of "
+              "CONTAINER_MEMORY_MB up to 256 MB; without CONTAINER_MEMORY_MB, a sixteenth "
+              "of the machine's memory (256 MB to 4 GB). With CONTAINER_MEMORY_MB, "
               "it must leave room for the rest (Spark's driver too): refused at submit "
               "otherwise."),
     Attribute("CONTAINER_CORES", _cores, 0.0, Scope.DAG,

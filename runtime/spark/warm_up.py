@@ -13,6 +13,7 @@ its job 520-830 ms against 280-600), on the recovery's critical path.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
     from weir.operators.operator import SparkBridge
 
-__all__ = ["run_warm_up_jobs"]
+__all__ = ["run_until_settled", "run_warm_up_jobs"]
 
 _WINDOW_ID = 0
 """The window id the warm-up's counts are stamped with (a literal, as in every window)."""
@@ -29,8 +30,8 @@ _WINDOW_ID = 0
 def run_warm_up_jobs(bridge: SparkBridge, rows: int, max_rounds: int) -> None:
     """Counts ``rows`` rows per key with ``WindowedCount``'s query, by 10,000 string keys
     and by their int32 codes (the layout ``WindowedCount`` hands Spark), round after
-    round, until a round is no longer more than 20 % faster than the one before, or
-    ``max_rounds`` ran. No rows: the session starts, and no job runs."""
+    round, until a round is no longer more than 20 % faster than the fastest before it,
+    or ``max_rounds`` ran. No rows: the session starts, and no job runs."""
     import numpy as np
     import pyarrow as pa
 
@@ -43,15 +44,31 @@ def run_warm_up_jobs(bridge: SparkBridge, rows: int, max_rounds: int) -> None:
     values = pa.array(np.arange(rows))
     batches = [pa.record_batch({"k": keys, "v": values}),
                pa.record_batch({"c": codes, "v": values})]
-    previous = float("inf")
-    for _ in range(max_rounds):
-        started = time.perf_counter()
+
+    def one_round() -> None:
         for batch in batches:
             _count_window(bridge, batch)
-        took = time.perf_counter() - started
-        if took > 0.8 * previous:  # no longer getting faster: warm
+
+    run_until_settled(one_round, max_rounds=max_rounds, patience=1, gain=0.2)
+
+
+def run_until_settled(run_round: Callable[[], None], *, max_rounds: int, patience: int,
+                      gain: float, min_rounds: int = 1,
+                      clock: Callable[[], float] = time.perf_counter) -> int:
+    """Runs ``run_round`` until ``patience`` rounds in a row were no more than ``gain``
+    (a fraction) faster than the fastest round before them: the JIT has compiled what it
+    will. At least ``min_rounds``, at most ``max_rounds``; returns the rounds run."""
+    best, flat, rounds = float("inf"), 0, 0
+    while rounds < max_rounds:
+        started = clock()
+        run_round()
+        took = clock() - started
+        rounds += 1
+        flat = 0 if took < (1 - gain) * best else flat + 1
+        best = min(best, took)
+        if flat >= patience and rounds >= min_rounds:
             break
-        previous = took
+    return rounds
 
 
 def _count_window(bridge: SparkBridge, batch: pa.RecordBatch) -> None:

@@ -1,10 +1,13 @@
 """A container keeps its buffers inside CONTAINER_MEMORY_MB: the buffer server spills past
-a quarter of it, and each input port queues at most a sixteenth of it in payload bytes."""
+a quarter of it, and each input port queues at most a sixteenth of it in payload bytes.
+Without a limit, the buffer server keeps a sixteenth of the machine's memory."""
 
 from __future__ import annotations
 
 import threading
 import time
+
+import psutil
 
 from weir.container.buffer_server import MEMORY_BUDGET_BYTES
 from weir.container.memory_shares import (
@@ -16,9 +19,14 @@ from weir.container.port_input import PortInput
 from weir.container.stream_messages import Kind, Message
 
 
-def test_the_shares_follow_the_limit_and_keep_the_defaults_without_one():
-    assert buffer_memory_bytes({}) == MEMORY_BUDGET_BYTES
-    assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 384}) == 96 << 20
+def test_the_shares_follow_the_limit_and_the_machine_without_one():
+    gib = 1 << 30
+    assert buffer_memory_bytes({}, host_bytes=24 * gib) == 1536 << 20
+    assert buffer_memory_bytes({}, host_bytes=2 * gib) == MEMORY_BUDGET_BYTES  # at least
+    assert buffer_memory_bytes({}, host_bytes=256 * gib) == 4 * gib  # at most
+    assert buffer_memory_bytes({}) == buffer_memory_bytes(
+        {}, host_bytes=psutil.virtual_memory().total)
+    assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 384}, host_bytes=24 * gib) == 96 << 20
     assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 8192}) == MEMORY_BUDGET_BYTES
     assert buffer_memory_bytes({"BUFFER_MEMORY_MB": 1024}) == 1024 << 20  # asked: taken
     assert buffer_memory_bytes({"CONTAINER_MEMORY_MB": 8192, "BUFFER_MEMORY_MB": 2048}) \

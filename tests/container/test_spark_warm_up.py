@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from weir.operators.library.transforms import WindowedCount
-from weir.runtime.spark.warm_up import run_warm_up_jobs
+from weir.runtime.spark.warm_up import run_until_settled, run_warm_up_jobs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -91,3 +91,33 @@ def test_spark_warmup_rows_0_reaches_the_bridge_and_a_negative_count_is_refused(
         bridge.stop()
     with pytest.raises(ValueError, match="-1 is outside 0"):
         resolve("SPARK_WARMUP_ROWS", {"SPARK_WARMUP_ROWS": "-1"})
+
+
+def _timed_rounds(times: list[float], **rule: float) -> tuple[int, int]:
+    """Runs ``run_until_settled`` over rounds that take ``times`` (a fake clock);
+    returns the rounds it ran and the rounds called."""
+    clock = {"now": 0.0}
+    took = iter(times)
+    calls = []
+
+    def one_round() -> None:
+        calls.append(1)
+        clock["now"] += next(took)
+
+    rounds = run_until_settled(one_round, clock=lambda: clock["now"], **rule)  # type: ignore[arg-type]
+    return rounds, len(calls)
+
+
+def test_warm_up_rounds_go_on_until_their_time_settles() -> None:
+    # the q1 warm-up's shape: faster and faster, then flat within 5 % of the best
+    times = [1.39, 0.63, 0.40, 0.33, 0.29, 0.225, 0.28, 0.31, 0.26, 0.27, 0.2, 0.2]
+    assert _timed_rounds(times, max_rounds=16, patience=4, gain=0.05) == (10, 10)
+    # a new fastest round starts the patience again
+    assert _timed_rounds([1.0, 0.99, 0.5, 0.49, 0.48, 0.47], max_rounds=16, patience=2,
+                         gain=0.05) == (5, 5)
+    # never more than max_rounds, never fewer than min_rounds
+    assert _timed_rounds([1.0, 0.5, 0.25, 0.12], max_rounds=3, patience=1,
+                         gain=0.2) == (3, 3)
+    assert _timed_rounds([1.0, 1.0, 1.0], max_rounds=16, patience=1, gain=0.2,
+                         min_rounds=3) == (3, 3)
+    assert _timed_rounds([1.0, 1.0, 1.0], max_rounds=16, patience=1, gain=0.2) == (2, 2)

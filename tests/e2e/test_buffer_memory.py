@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.harness import poll_for
+from weir.container.memory_shares import buffer_memory_bytes
 from weir.master.client import WeirClient
 from weir.operators import Dag
 from weir.operators.library import ConsoleSink, EventGenerator
@@ -41,8 +42,8 @@ def test_the_buffer_server_keeps_what_buffer_memory_mb_says_and_spills_past_it(
                 assert container.buffer_memory_bytes <= buffer_mb << 20
                 poll_for(lambda: _container(client, app_id).buffer_blocks_spilled > 0, 30,
                          "a block spilled past BUFFER_MEMORY_MB")
-            else:  # the default: 256 MB, nothing spilled at this size
-                assert container.buffer_memory_limit_bytes == 256 << 20
+            else:  # the default: a share of the machine, nothing spilled at this size
+                assert container.buffer_memory_limit_bytes == buffer_memory_bytes({})
                 assert container.buffer_disk_bytes == 0
                 assert container.buffer_blocks_spilled == 0
         finally:
