@@ -15,7 +15,8 @@ window, in a process of its own, 200,000 sample rows a round) the first window t
 ran (8 to 13; four runs), the warm-up taking about 2 s more. The sample numbers span
 nine orders of magnitude, as real ones do: warmed on 1 to 997 only, the second window
 ran slower than the first (single runs: 1,009 against 689 ms; code compiled for small
-numbers, thrown away).
+numbers, thrown away). A redeployed operator (a recovery) warms two rounds only: its
+windows wait meanwhile, and those seconds cost them more than a cooler first job.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ class SparkSql(SparkOperator):
         samples = {port: sample_rows(schema, rows) for port, schema in schemas.items()
                    if schema is not None}
         try:
-            run_until_settled(lambda: self.rehearse(samples), max_rounds=_WARM_ROUNDS_MAX,
+            most = _WARM_ROUNDS_MIN if context.redeployed else _WARM_ROUNDS_MAX
+            run_until_settled(lambda: self.rehearse(samples), max_rounds=most,
                               patience=_WARM_PATIENCE, gain=0.05, min_rounds=_WARM_ROUNDS_MIN)
             self._warmed = {port: s for port, s in schemas.items() if s is not None}
         except Exception as exc:  # noqa: BLE001 - a warm-up; the real windows say what is wrong

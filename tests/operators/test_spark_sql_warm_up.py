@@ -15,11 +15,12 @@ import pyarrow.parquet as pq
 
 from tests.operators.test_spark import Emitted
 from tests.operators.test_spark_passthrough import SCHEMA, Recording, bids, run
-from weir.operators import Dag
+from weir.operators import Dag, spark_sql
 from weir.operators.library import ParquetSource
 from weir.operators.operator import OperatorContext
 from weir.operators.spark_sql import SparkSql, sample_rows
 from weir.operators.windows import make_window_id
+from weir.runtime.spark.warm_up import run_until_settled
 
 QUERY = "SELECT auction, bidder, 2 * price AS price, date_time, extra FROM input"
 
@@ -37,11 +38,12 @@ class Counting(Recording):
         return self.bridge.to_arrow(df)
 
 
-def _start(op: SparkSql, spark: Any, schemas: dict[str, pa.Schema]) -> Emitted:
+def _start(op: SparkSql, spark: Any, schemas: dict[str, pa.Schema], *,
+           redeployed: bool = False) -> Emitted:
     emitted = Emitted()
     op.connect_outputs(emitted)
     op.setup(OperatorContext(name="q", operator_id=1, container_id="c0", attributes={},
-                             spark=spark, input_schemas=schemas))
+                             spark=spark, input_schemas=schemas, redeployed=redeployed))
     return emitted
 
 
@@ -68,6 +70,24 @@ def test_a_known_input_schema_warms_the_query_until_settled_and_its_first_window
                                                 .to_pylist()]
     assert out.column("extra").to_pylist() == bids(0).column("extra").to_pylist()
     assert op.spark_costs()["jobs"] == 1
+
+
+def test_a_redeployed_operator_warms_two_rounds_only(bridge, monkeypatch):
+    def ever_faster(run_round, **rule):  # each round 20 % faster: never settled
+        clock = {"now": 0.0, "round": 1.0}
+
+        def tick() -> float:
+            clock["now"] += clock["round"]
+            clock["round"] *= 0.8
+            return clock["now"]
+
+        return run_until_settled(run_round, clock=tick, **rule)
+
+    monkeypatch.setattr(spark_sql, "run_until_settled", ever_faster)
+    first, again = Counting(bridge, warmup_rows=100), Counting(bridge, warmup_rows=100)
+    _start(SparkSql(QUERY), first, {"input": SCHEMA})
+    _start(SparkSql(QUERY), again, {"input": SCHEMA}, redeployed=True)
+    assert (first.jobs, again.jobs) == (16, 2)
 
 
 def test_real_rows_of_another_schema_than_the_warmed_one_plan_again(bridge):
