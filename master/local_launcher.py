@@ -84,6 +84,24 @@ class _Child:
     swept: bool = False
 
 
+def _has_ended(pid: int) -> bool:
+    """Whether our child ``pid`` has exited (a zombie, or reaped already), without reaping."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _reaped_code(popen: subprocess.Popen[bytes]) -> int | None:
+    """The exit code of a child that has ended. ``poll`` says None while another thread
+    (a kill, reaping it) holds ``Popen``'s wait lock, so a container lost to the memory
+    guard could read as still running to whoever ``on_exit`` told; wait for that thread."""
+    try:
+        return popen.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _signal_group(pgid: int, signum: int) -> None:
     """Signals a container's process group; never ours, init's, or "every process"."""
     if pgid <= 1 or pgid == os.getpgrp():
@@ -263,6 +281,9 @@ class LocalProcessLauncher(Launcher):
             if child is None:
                 return None
             code = child.popen.poll()
+            if code is None and isinstance(child.popen, subprocess.Popen) \
+                    and _has_ended(child.popen.pid):
+                code = _reaped_code(child.popen)
             if code is not None and not child.swept:
                 # The container is gone; make sure nothing it started outlives it.
                 child.swept = True

@@ -50,6 +50,24 @@ def test_a_sigkilled_container_is_told_without_anyone_polling_its_exit_code(laun
     assert launcher.exit_code("c0") == -signal.SIGKILL  # Popen still reaps it, code intact
 
 
+def test_an_ended_containers_code_is_read_while_another_thread_reaps_it(launcher):
+    # The memory guard's kill reaps the process (Popen.wait) as on_exit is told; Popen's
+    # poll says None while that wait holds its lock, so the code once read as "running"
+    told = _listen(launcher)
+    launcher.launch("c0")
+    _grandchild(launcher, "c0")
+    popen = launcher._children["c0"].popen
+    with popen._waitpid_lock:  # what a reaping thread holds, for a moment
+        os.kill(launcher.pid("c0"), signal.SIGKILL)
+        assert told.get(timeout=_HANG_GUARD_S) == "c0"
+        codes: list[int | None] = []
+        reader = threading.Thread(target=lambda: codes.append(launcher.exit_code("c0")))
+        reader.start()
+        time.sleep(0.2)  # the reader waits for the lock, as for the reaping thread
+    reader.join(timeout=_HANG_GUARD_S)
+    assert codes == [-signal.SIGKILL]
+
+
 def test_a_container_that_exits_on_its_own_is_told_once_with_its_code(tmp_path):
     launcher = LocalProcessLauncher("127.0.0.1:1234", log_dir=tmp_path / "logs",
                                     command=[sys.executable, "-c", FAKE_CONTAINER],
