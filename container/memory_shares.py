@@ -11,8 +11,10 @@ Without a limit, the buffer server keeps a sixteenth of the machine's memory (at
 256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size, in
 Arrow's default pool. A fixed 256 MB spilled where memory was plentiful: on Nexmark's q1
 (2 M events, one container, 24 GB machine), a window's 1.84 M bids and its results are
-about 400 MB until committed, and spilling them cost the ``SparkSql``'s emit 306-380 ms a
-job against 25-214 ms with 1.5 GB (alternating runs, four and five). ``BUFFER_MEMORY_MB``, when
+about 400 MB until committed, and spilling them cost the ``SparkSql``'s emit a median
+355 ms a job (306-380, four runs) against 180 ms (25-214, five runs) with 1.5 GB
+(alternating single runs; a fifth 256 MB run, disturbed by another job, left out).
+``BUFFER_MEMORY_MB``, when
 set, is the buffer server's share instead of either default (the master refused it at
 submit if it does not fit)."""
 
