@@ -12,11 +12,12 @@ It runs the query round after round until its time settles (``run_until_settled`
 a fixed two: the JIT keeps compiling for several seconds. On q1's shape (1.84 M bids a
 window, in a process of its own, 200,000 sample rows a round) the first window took a
 median 1,127 ms (1,040-1,215, three runs) after two rounds and 879 ms (774-911, four
-runs) after the rounds this rule ran (8 to 13), the warm-up taking about 2 s more. The sample numbers span
-nine orders of magnitude, as real ones do: warmed on 1 to 997 only, the second window
-ran slower than the first (single runs: 1,009 against 689 ms; code compiled for small
-numbers, thrown away). A redeployed operator (a recovery) warms two rounds only: its
-windows wait meanwhile, and those seconds cost them more than a cooler first job.
+runs) after the rounds this rule ran (8 to 13), the warm-up taking about 2 s more.
+The sample numbers span nine orders of magnitude, as real ones do: warmed on 1 to 997
+only, the second window ran slower than the first (single runs: 1,009 against 689 ms;
+code compiled for small numbers, thrown away). A redeployed operator (a recovery) warms
+two rounds only: its windows wait meanwhile, and those seconds cost them more than a
+cooler first job.
 """
 
 from __future__ import annotations
