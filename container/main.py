@@ -30,7 +30,7 @@ from weir.container.buffer_server import BufferServer
 from weir.container.deploy import Deployment
 from weir.container.heartbeat_loop import HeartbeatLoop
 from weir.container.lease import Lease
-from weir.container.memory_shares import buffer_memory_bytes, use_returning_pool
+from weir.container.memory_shares import buffer_memory_bytes, use_container_pool
 from weir.container.parent_death import die_with_parent
 from weir.container.stats import ProcessStats
 from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     limit = {name: resolve(name, attributes) for name in ("CONTAINER_MEMORY_MB",
                                                           "BUFFER_MEMORY_MB")}
-    use_returning_pool(limit)
+    use_container_pool()
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
                                  tls=(identity.certificate_pem, identity.private_key_pem),
                                  memory_budget_bytes=buffer_memory_bytes(limit))

@@ -1,15 +1,25 @@
 """How a container keeps its buffers inside ``CONTAINER_MEMORY_MB``, the limit its
 launcher holds it to (the local launcher kills a container over it; Kubernetes does too):
 the buffer server keeps at most a quarter of it in memory before it spills to disk, and
-each input port queues at most a sixteenth, and Arrow allocates from jemalloc, which
-hands freed memory back to the system within a second, rather than mimalloc, which keeps
-more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_memory``)
-peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
-with occasional spikes to 510-530 MB whose cause is not found yet.
+each input port queues at most a sixteenth.
+
+Arrow allocates from jemalloc in every container (``use_container_pool``), not from
+pyarrow's default, mimalloc:
+
+- jemalloc hands freed memory back to the system within a second, where mimalloc keeps
+  more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_memory``)
+  peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
+  with occasional spikes to 510-530 MB whose cause is not found yet.
+- mimalloc maps fresh memory in huge pages, and a huge page's first touch is slow on a
+  virtual machine: reading Nexmark's 1.84 M bids (183 MB) into fresh memory took 950 ms
+  of system time with mimalloc and 289 ms with jemalloc (one run each, this 2-core VM).
+  In q1's container the source's thread spent 15-25 ms in the kernel per 36,800-row row
+  group; with jemalloc it read all 1.84 M bids within the first 500 ms window in each of
+  five runs, where with mimalloc it read 0.8-1.7 M and q1 needed two or three windows.
 
 Without a limit, the buffer server keeps a sixteenth of the machine's memory (at least
-256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size, in
-Arrow's default pool. A fixed 256 MB spilled where memory was plentiful: on Nexmark's q1
+256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size.
+A fixed 256 MB spilled where memory was plentiful: on Nexmark's q1
 (2 M events, one container, 24 GB machine), a window's 1.84 M bids and its results are
 about 400 MB until committed, and spilling them cost the ``SparkSql``'s emit a median
 355 ms a job (306-380, four runs) against 180 ms (25-214, five runs) with 1.5 GB
@@ -28,7 +38,7 @@ import pyarrow as pa
 
 from weir.container.buffer_server import MEMORY_BUDGET_BYTES
 
-__all__ = ["buffer_memory_bytes", "input_queue_bytes", "use_returning_pool"]
+__all__ = ["buffer_memory_bytes", "input_queue_bytes", "use_container_pool"]
 
 HOST_SHARE = 16
 """Without a limit, the buffer server keeps this fraction of the machine's memory..."""
@@ -62,12 +72,11 @@ def input_queue_bytes(attributes: Mapping[str, Any]) -> int:
     return _limit_bytes(attributes) // 16
 
 
-def use_returning_pool(attributes: Mapping[str, Any]) -> str:
-    """With a limit, makes Arrow's default pool one that returns freed memory (jemalloc,
-    else the system's); returns the pool's name."""
-    if _limit_bytes(attributes):
-        try:
-            pa.set_memory_pool(pa.jemalloc_memory_pool())
-        except NotImplementedError:  # a pyarrow built without jemalloc
-            pa.set_memory_pool(pa.system_memory_pool())
+def use_container_pool() -> str:
+    """Makes Arrow's default pool jemalloc (the system's where pyarrow was built without
+    it; see the module docs for why); returns the pool's name."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        pa.set_memory_pool(pa.system_memory_pool())
     return pa.default_memory_pool().backend_name
