@@ -128,6 +128,7 @@ class _Windows:
     def __init__(self, operators: tuple[str, ...] = ("events", "sink")) -> None:
         self.operators = operators
         self.end_ms: dict[str, dict[int, int]] = defaultdict(dict)
+        self.begin_ms: dict[str, dict[int, int]] = defaultdict(dict)  # 0: not reported
         self.processed: dict[str, dict[int, int]] = defaultdict(dict)
         self.cpu_ns: dict[str, dict[int, int]] = defaultdict(dict)  # the operator's thread
         self.metrics: dict[str, dict[str, float]] = defaultdict(dict)
@@ -138,6 +139,7 @@ class _Windows:
             info = server.core.operator_info(app_id, name)
             for w in info.recent_windows:
                 self.end_ms[name][w.window_id] = w.end_window_ms
+                self.begin_ms[name][w.window_id] = w.begin_window_ms
                 self.processed[name][w.window_id] = w.tuples_processed
                 self.cpu_ns[name][w.window_id] = w.cpu_time_ns
                 if w.metrics:
@@ -171,6 +173,20 @@ def _run_app(dag: Dag, work: Path, timeout_s: float,
         server.stop()
 
 
+def first_in_ms(windows: _Windows, sources: tuple[str, ...], window_ms: int) -> int:
+    """When the sources' first window began (epoch ms): as its container reported, else
+    a whole window before its end. A source that reads all its input in less than a
+    window ends that window early: counting a whole window would add time nobody spent."""
+    starts = []
+    for name in sources:
+        ends = windows.end_ms[name]
+        if ends:
+            first = min(ends)
+            began = windows.begin_ms[name].get(first, 0)
+            starts.append(began if 0 < began <= ends[first] else ends[first] - window_ms)
+    return min(starts, default=0)
+
+
 def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], int]:
     """Seconds from the first window's start to the last result out, the latency of each
     result window (its close at the source to its END_WINDOW at the sink), and how many
@@ -178,7 +194,7 @@ def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], 
     src, sink = windows.end_ms["events"], windows.end_ms["sink"]
     result_windows = [w for w, n in windows.processed["sink"].items() if n > 0]
     latencies = [sink[w] - src[w] for w in sorted(result_windows) if w in src]
-    first_in = min(src.values()) - window_ms if src else 0
+    first_in = first_in_ms(windows, ("events",), window_ms)
     last_out = max((sink[w] for w in result_windows), default=0)
     return max(last_out - first_in, 1) / 1000, latencies, len(result_windows)
 

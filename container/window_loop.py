@@ -233,6 +233,7 @@ class OperatorRunner:
     # -- windows -----------------------------------------------------------------
     def _begin(self, window_id: int) -> None:
         self._hold_lease()
+        self.stats.begin_ms = self.clock.now_ms()
         cpu_start = time.thread_time_ns()
         self.engine.begin(window_id)
         self.stats.cpu_ns = time.thread_time_ns() - cpu_start

@@ -28,6 +28,7 @@ class WindowStats:
         self.inputs = inputs
         self.clock = clock
         self.cpu_ns = 0  # the current window's, in the operator's thread
+        self.begin_ms = 0  # when the current window began (the wall clock, epoch ms)
         self._ring: collections.deque[umbilical_pb2.OperatorStats] = collections.deque(
             maxlen=_RING)
         self._lock = threading.Lock()
@@ -38,6 +39,7 @@ class WindowStats:
         over) and keeps it for the next heartbeat."""
         now = self.clock.now_ms()
         stats.cpu_time_used_ns = self.cpu_ns
+        stats.begin_window_ms = self.begin_ms
         stats.metrics.update(collect_metrics(engine.operator))  # user metrics
         if engine.dead_letters is not None:
             stats.metrics[METRIC] = engine.dead_letters.count

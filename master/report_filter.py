@@ -49,6 +49,7 @@ class ReportedWindow(NamedTuple):
     watermark_ms: int
     metrics: dict[str, float] | None
     checkpoint: ReportedCheckpoint | None
+    begin_window_ms: int
 
 
 MAX_METRICS = 64
@@ -106,7 +107,8 @@ def read_windows(report: umbilical_pb2.OperatorHeartbeat,
                                           figures.checkpoint_start_time,
                                           figures.checkpoint_bytes))
         windows.append(_new_window((window.window_id, inputs, outputs, window.cpu_time_used_ns,
-                                    window.watermark_ms, metrics, checkpoint)))
+                                    window.watermark_ms, metrics, checkpoint,
+                                    window.begin_window_ms)))
     if not (unknown or too_long or extra):
         return windows, ""
     return windows, _left_out(list(dict.fromkeys(unknown)), extra, too_long)

@@ -48,6 +48,7 @@ class WindowRecord(NamedTuple):
     end_window_ms: int
     cpu_time_ns: int
     metrics: dict[str, float] | None = None  # user metrics at the window's end, if any
+    begin_window_ms: int = 0  # when it began in its container; 0 = not known
 
 
 _ID, _PROCESSED, _EMITTED, _END, _CPU = range(5)  # WindowRecord's fields in the ring
@@ -181,7 +182,7 @@ class OperatorStatsTracker:
         if window.metrics:
             self.metrics = window.metrics
         self.window_ring.append((window.window_id, processed, emitted, end_ms,
-                                 window.cpu_time_ns, window.metrics))
+                                 window.cpu_time_ns, window.metrics, window.begin_window_ms))
 
     def _record_ports(self, kind: str, figures: Sequence[PortFigures]) -> tuple[int, int]:
         """Adds one window's figures to each port's totals and ring; returns the tuples

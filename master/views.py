@@ -291,7 +291,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
                 window_id=window.window_id, tuples_processed=window.tuples_processed,
                 tuples_emitted=window.tuples_emitted, end_window_ms=window.end_window_ms,
                 cpu_time_ns=window.cpu_time_ns, latency_ms=-1 if latency is None else latency,
-                metrics=window.metrics or {})
+                metrics=window.metrics or {}, begin_window_ms=window.begin_window_ms)
     return info
 
 

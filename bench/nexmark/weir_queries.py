@@ -33,7 +33,7 @@ from bench.nexmark.generator import parquet_dir
 from bench.nexmark.model import AUCTION, BID, PERSON, NexmarkSpec, inputs_of
 from bench.nexmark.reference import answer, read_events
 from bench.nexmark.winning_bids import WinningBids
-from bench.weir_job import _run_app, breakdown
+from bench.weir_job import _run_app, breakdown, first_in_ms
 from weir.operators import Dag
 from weir.operators.library import (
     Deduplicate,
@@ -225,7 +225,7 @@ def _figures(windows: Any, sources: tuple[str, ...]) -> tuple[float, list[float]
             src[w] = max(src.get(w, 0), ms)
     results = [w for w, n in windows.processed["sink"].items() if n > 0]
     latencies = [float(sink[w] - src[w]) for w in sorted(results) if w in src]
-    first_in = min(src.values()) - STREAMING_WINDOW_MS if src else 0
+    first_in = first_in_ms(windows, sources, STREAMING_WINDOW_MS)
     last_out = max((sink[w] for w in results), default=0)
     return max(last_out - first_in, 1) / 1000, latencies
 

@@ -147,6 +147,12 @@ def _the_master_figures(master: Any, app_id: str, running: dict[str, Any], kept:
         assert latencies and all(0 <= ms <= LATENCY_BOUND_MS for ms in latencies), latencies
     assert 0 <= app["latency_ms"] <= 2 * LATENCY_BOUND_MS
     assert source["latency_ms"] == 0
+    # each window says when it began in the container: after the one before it ended
+    ran = api(master, f"api/apps/{app_id}/operators/source/windows")["recent_windows"]
+    spans = [(int(w["begin_window_ms"]), int(w["end_window_ms"])) for w in ran]
+    assert len(spans) > 1 and all(0 < begin <= end for begin, end in spans), spans
+    assert all(later[0] >= earlier[1]
+               for earlier, later in zip(spans, spans[1:], strict=False)), spans
 
     families = scrape(master)  # after the end: totals stay
     assert sample(families, "weir_application_state", app=app_id, state="FINISHED") == 1
