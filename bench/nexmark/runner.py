@@ -41,10 +41,12 @@ window (results that only grow)."""
 NOTES = (
     "events/s: all N Nexmark events (persons, auctions and bids) over the seconds from the "
     "first input read to the last result out; the same files for every system, written "
-    "before any clock starts. Weir: its sources' first window to the sink's last result "
-    "(from the master's window stats). Spark SS: query start to the last micro-batch "
-    "collected (the session and a warm-up stream untimed). Flink: the job's submission to "
-    "its end (PyFlink starts a mini-cluster per job: included; a warm-up job untimed).",
+    "before any clock starts. Weir: from when its sources' first window began (as the "
+    "container reports it: a source that reads everything early ends that window early) to "
+    "the sink's last result (the master's window stats). Spark SS: query start to the "
+    "last micro-batch collected (the session and a warm-up stream untimed). Flink: the "
+    "job's submission to its end (PyFlink starts a mini-cluster per job: included; a "
+    "warm-up job untimed).",
     "latency: Weir, per streaming window with results, its close at the sources to its "
     "END_WINDOW at the sink; Spark SS, each micro-batch's triggerExecution; Flink: not "
     "measured.",
