@@ -14,8 +14,10 @@ pyarrow's default, mimalloc:
   virtual machine: reading Nexmark's 1.84 M bids (183 MB) into fresh memory took 950 ms
   of system time with mimalloc and 289 ms with jemalloc (one run each, this 2-core VM).
   In q1's container the source's thread spent 15-25 ms in the kernel per 36,800-row row
-  group; with jemalloc it read all 1.84 M bids within the first 500 ms window in each of
-  five runs, where with mimalloc it read 0.8-1.7 M and q1 needed two or three windows.
+  group. Alternating single runs, three each: with jemalloc the source read all 1.84 M
+  bids in its first 500 ms window every time (its thread's CPU 162-198 ms), with
+  mimalloc 1.21, 1.66 and 1.84 M (416-426 ms), so q1 mostly needed a second window and
+  job; the last result came 1.50-1.85 s after the first input against 1.61-1.95 s.
 
 Without a limit, the buffer server keeps a sixteenth of the machine's memory (at least
 256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size.
