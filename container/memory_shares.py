@@ -17,7 +17,8 @@ pyarrow's default, mimalloc:
   group. Alternating single runs, three each: with jemalloc the source read all 1.84 M
   bids in its first 500 ms window every time (its thread's CPU 162-198 ms), with
   mimalloc 1.21, 1.66 and 1.84 M (416-426 ms), so q1 mostly needed a second window and
-  job; the last result came 1.50-1.85 s after the first input against 1.61-1.95 s.
+  job; the last result came 1.50-1.85 s against 1.61-1.95 s after the first window's
+  end less a window (as the bench then counted).
 
 Without a limit, the buffer server keeps a sixteenth of the machine's memory (at least
 256 MB, at most 4 GB), and each port ``QUEUE_CAPACITY`` messages whatever their size.
