@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     limit = {name: resolve(name, attributes) for name in ("CONTAINER_MEMORY_MB",
                                                           "BUFFER_MEMORY_MB")}
-    use_container_pool()
+    arrow_pool = use_container_pool()
     buffer_server = BufferServer(host=bind_host, port=0, secret=credentials.secret,
                                  tls=(identity.certificate_pem, identity.private_key_pem),
                                  memory_budget_bytes=buffer_memory_bytes(limit))
@@ -269,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                                        args.container_id)
         threading.Thread(target=warm_spare, name="spark-warm-up", daemon=True).start()
     _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
-                 "%s:%d", args.container_id, os.getpid(), client.address,
-                 *buffer_server.address, *advertised)
+                 "%s:%d; Arrow memory from %s", args.container_id, os.getpid(),
+                 client.address, *buffer_server.address, *advertised, arrow_pool)
     reason = "stopped"
     try:
         reason = loop.run()

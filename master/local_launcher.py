@@ -85,7 +85,10 @@ class _Child:
 
 
 def _has_ended(pid: int) -> bool:
-    """Whether our child ``pid`` has exited (a zombie, or reaped already), without reaping."""
+    """Whether our child ``pid`` has exited (a zombie, or reaped already), without reaping;
+    False where that cannot be asked (no ``waitid``: ``poll`` alone answers there)."""
+    if not _CAN_WATCH:
+        return False
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
