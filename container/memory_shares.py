@@ -10,10 +10,12 @@ pyarrow's default, mimalloc:
   more of it: a join's container moving 4 KB rows (``tests/e2e/test_state_beyond_memory``)
   peaked at a median 440 MB with mimalloc (5 runs) and 357 MB with jemalloc (7 runs), both
   with occasional spikes to 510-530 MB whose cause is not found yet.
-- mimalloc maps fresh memory in huge pages, and a huge page's first touch is slow on a
-  virtual machine: reading Nexmark's 1.84 M bids (183 MB) into fresh memory took 950 ms
-  of system time with mimalloc and 289 ms with jemalloc (one run each, this 2-core VM).
-  In q1's container the source's thread spent 15-25 ms in the kernel per 36,800-row row
+- mimalloc maps fresh memory in huge pages, and a huge page's first touch can be slow on
+  a virtual machine: reading Nexmark's 1.84 M bids (183 MB) into fresh memory, in a
+  process of its own, five alternating runs each on this 2-core VM, took a median 296 ms
+  of system time with mimalloc (90-741: slow only in some runs) and 109 ms (97-153) with
+  jemalloc; wall time 386 ms (177-858) against 187 ms (182-220). In q1's container (one
+  traced run) the source's thread spent 15-25 ms in the kernel per 36,800-row row
   group. Alternating single runs, three each: with jemalloc the source read all 1.84 M
   bids in its first 500 ms window every time (its thread's CPU 162-198 ms), with
   mimalloc 1.21, 1.66 and 1.84 M (416-426 ms), so q1 mostly needed a second window and
