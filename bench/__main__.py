@@ -284,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--event-time-rate", type=float, default=2_000_000,
                         help="event-time row: events/s offered to Weir (above what it "
                              "sustains: its ceiling; its delay then includes a backlog)")
-    parser.add_argument("--nexmark-events", type=int, default=2_000_000,
+    parser.add_argument("--nexmark-events", type=int, default=10_000_000,
                         help="nexmark row: events generated once (persons, auctions, bids), "
-                             "read by Weir, Spark SS and Flink")
+                             "read by Weir, Spark SS and Flink; 2,000,000 is the quick "
+                             "option")
     parser.add_argument("--nexmark-rate", type=float, default=4_000_000,
                         help="nexmark row: events/s offered to Weir's sources (Spark SS's "
                              "maxFilesPerTrigger is sized to the same events per 500 ms)")

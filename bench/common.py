@@ -222,11 +222,18 @@ def _cpu_s(proc: psutil.Process) -> float:
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_json_subprocess(system: str, argv: list[str], timeout_s: float) -> dict[str, Any]:
+def run_json_subprocess(system: str, argv: list[str], timeout_s: float,
+                        launched_at_flag: str | None = None) -> dict[str, Any]:
     """Runs one bench runner (``argv``, printing its result as a last JSON line) in a process
     group of its own, killed after ``timeout_s``: its result with the peak memory of its
-    process tree and its run time, or a failed result saying why (its stderr's tail)."""
+    process tree and its run time, or a failed result saying why (its stderr's tail).
+
+    ``launched_at_flag``: the wall clock (``time.time()``) just before the spawn is passed
+    to the runner after this flag, so that it can time its results from outside, as a
+    user who started it waits, its own interpreter's start included."""
     started = time.monotonic()
+    if launched_at_flag is not None:
+        argv = [*argv, launched_at_flag, f"{time.time():.6f}"]
     proc = subprocess.Popen(argv, cwd=_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     with PeakMemory(proc.pid) as memory:

@@ -6,13 +6,14 @@ Reads the kinds' CSV files (Flink's built-in filesystem connector and CSV format
 only ones offline) with ``WATERMARK FOR date_time AS date_time - <delay + 1 ms>`` (Flink
 counts a window whose last millisecond equals the watermark as closed; the others
 close at the end, so one more millisecond keeps the same events on time), runs the query
-in streaming mode and writes its rows as CSV under ``--out``. First a warm-up run of the
-same query over ``--warm`` (a few thousand rows), then the timed run. Prints one JSON
-line: the timed run's seconds (from submitting the job to its end, the mini-cluster's
-start included) and the warm-up's.
+in streaming mode and writes its rows as CSV under ``--out``. With ``--warm``, first a
+warm-up run of the same query over those files (a few thousand rows), then the timed run;
+without, the timed run alone, as a user runs a query. Prints one JSON line: the timed
+run's seconds (from submitting the job to its end, the mini-cluster's start included)
+and the warm-up's (null: none).
 
-    .venv-flink/bin/python bench/nexmark/flink_job.py q7 --csv DIR --warm DIR --out DIR \
-        --spec '{"window_ms": 10000, ...}'
+    .venv-flink/bin/python bench/nexmark/flink_job.py q7 --csv DIR --out DIR \
+        --spec '{"window_ms": 10000, ...}' [--warm DIR --warm-out DIR]
 """
 
 from __future__ import annotations
@@ -175,15 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("query")
     parser.add_argument("--csv", required=True, help="folder with person/, auction/, bid/")
-    parser.add_argument("--warm", required=True, help="the same, a few rows (warm-up)")
+    parser.add_argument("--warm", help="the same, a few rows: a warm-up run first")
     parser.add_argument("--out", required=True, help="the timed run's output folder")
-    parser.add_argument("--warm-out", required=True, help="the warm-up's output folder")
+    parser.add_argument("--warm-out", help="the warm-up's output folder (with --warm)")
     parser.add_argument("--spec", required=True, help="window_ms, slide_ms, session_gap_ms, "
                         "q2_modulo, watermark_delay_ms as JSON")
     parser.add_argument("--parallelism", type=int, default=2)
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
-    warm_s = run_once(args.query, spec, args.warm, args.warm_out, args.parallelism)
+    if args.warm and not args.warm_out:
+        parser.error("--warm needs --warm-out")
+    warm_s = (run_once(args.query, spec, args.warm, args.warm_out, args.parallelism)
+              if args.warm else None)
     seconds = run_once(args.query, spec, args.csv, args.out, args.parallelism)
     from pyflink.version import __version__
 

@@ -38,9 +38,13 @@ from bench.spark_streaming import _session, run_to_end
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["run"]
+__all__ = ["OUT_DIR", "RESULT_FILES", "run"]
 
 _SYSTEM = "spark-structured-streaming"
+
+OUT_DIR, RESULT_FILES = "out", "part-*.parquet"
+"""Where under the run's work folder ``foreachBatch`` writes, and its files' names: read
+back for the check and, by ``bench.output_times``, for the times from outside."""
 
 
 def _schema(kind: str) -> Any:
@@ -152,18 +156,21 @@ def _finish(query: str, df: DataFrame) -> DataFrame:
 
 
 def run(query: str, spec: NexmarkSpec, data: Path, work: Path, files_per_trigger: int,
-        shuffle_partitions: int = 2) -> JobResult:
+        shuffle_partitions: int = 2, warm_up: bool = True) -> JobResult:
     """Runs the query as a Structured Streaming query (``local[2]``) over the files;
-    checks it exactly. Untimed: the session's start and a warm-up (the same query over
-    the first trigger's files, as a batch job, twice). ``seconds``: from ``start()`` to
-    the last output collected; ``latencies_ms``: per micro-batch with input, its
-    ``triggerExecution``."""
+    checks it exactly. Untimed: the session's start and, with ``warm_up``, a warm-up (the
+    same query as a short stream over the first trigger's files, twice), which a user
+    does not run: timed from outside, the runner turns it off. ``seconds``: from
+    ``start()`` to the last output collected; ``latencies_ms``: per micro-batch with
+    input, its ``triggerExecution``. ``extra["system_returned_at"]``: the epoch second
+    the session had stopped, before the check."""
     checkpoint = work / "checkpoint"
-    out_dir = work / "out"
+    out_dir = work / OUT_DIR
     spark = _session(work, shuffle_partitions, driver_memory="2g")
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     try:
-        _warm_up(query, spark, spec, data, work / "warm", files_per_trigger)
+        if warm_up:
+            _warm_up(query, spark, spec, data, work / "warm", files_per_trigger)
         last_out = [0.0]
 
         def per_batch(df: DataFrame, batch_id: int) -> None:
@@ -179,6 +186,7 @@ def run(query: str, spec: NexmarkSpec, data: Path, work: Path, files_per_trigger
         version = spark.version
     finally:
         spark.stop()
+        returned_at = time.time()  # the user's program is done: before the check
         shutil.rmtree(checkpoint, ignore_errors=True)
     events = read_events(data)
     expected = answer(query, events, spec)
@@ -193,12 +201,13 @@ def run(query: str, spec: NexmarkSpec, data: Path, work: Path, files_per_trigger
     return JobResult(_SYSTEM, spec.events, last_out[0] - first_in, latencies, correct, detail,
                      extra={"micro_batches": len(progress), "files_per_trigger":
                             files_per_trigger, "spark_version": version,
-                            "results_checked": expected.num_rows})
+                            "results_checked": expected.num_rows, "warm_up": warm_up,
+                            "system_returned_at": returned_at})
 
 
 def _written(out_dir: Path) -> pa.Table | None:
     """The Parquet files the micro-batches wrote, as one table (None: no row)."""
-    files = sorted(out_dir.glob("part-*.parquet"))
+    files = sorted(out_dir.glob(RESULT_FILES))
     tables = [t for t in (pq.read_table(f) for f in files) if t.num_rows]
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
 

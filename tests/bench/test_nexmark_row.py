@@ -5,6 +5,7 @@ back. No system runs here; the runs are made up."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -12,11 +13,32 @@ import pytest
 
 from bench import __main__ as bench_main
 from bench.nexmark import __main__ as nexmark_main
-from bench.nexmark import flink_job, runner
+from bench.nexmark import flink_job, flink_runner, runner
 from bench.nexmark.flink_runner import output_schema, read_output
 from bench.nexmark.model import NOT_EXPRESSIBLE, QUERIES
+from bench.output_times import result_times
 
 FIGURES = {"weir": 600_000.0, "spark-structured-streaming": 500_000.0, "flink": 1_200_000.0}
+LAST_RESULT_S = {"weir": 10.0, "spark-structured-streaming": 30.0, "flink": 20.0}
+"""Each system's made-up seconds from launch to its last result (the median run's)."""
+
+
+def table_row(table: str, query: str, system: str) -> dict[str, str]:
+    """A row of the rendered table as header -> cell, cut at the columns the dashes line
+    marks (an empty cell stays empty); a ``min-max`` column is named after the column
+    before it (``"launch→last result s min-max"``)."""
+    lines = table.splitlines()
+    dashes = next(i for i, line in enumerate(lines) if set(line) == {"-", " "})
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[dashes])]
+    headers: list[str] = []
+    for start, end in spans:
+        header = lines[dashes - 1][start:end].strip()
+        headers.append(f"{headers[-1]} {header}" if header == "min-max" else header)
+    for line in lines[dashes + 1:]:
+        cells = [line[start:end].strip() for start, end in spans]
+        if cells[:2] == [query, system]:
+            return dict(zip(headers, cells, strict=True))
+    raise AssertionError(f"no row {query} {system} in\n{table}")
 
 
 @pytest.fixture
@@ -25,11 +47,14 @@ def fake_runs(monkeypatch):
     The events are not written."""
     calls: list[tuple[str, str]] = []
 
-    def fake(system, query, spec, data, rate, timeout_s):
+    def fake(system, query, spec, data, rate, timeout_s, warm_up=False):
         calls.append((system, query))
         n = sum(1 for s, q in calls if (s, q) == (system, query))
         wrong = system == "flink" and query == "q7"
+        last = LAST_RESULT_S[system] * (1 + 0.1 * (n - 2))
         return {"system": system, "correct": not wrong,
+                "launch_to_first_result_s": last / 2, "launch_to_last_result_s": last,
+                "launch_to_exit_s": last + 1, "events_per_second_outside": 1_000 / last,
                 "detail": "WRONG: 3 rows, 4 expected" if wrong else "4 rows, exact",
                 "events_per_second": FIGURES[system] * (1 + 0.1 * (n - 2)),
                 "latencies_ms": [100.0] if system != "flink" else [],
@@ -60,13 +85,14 @@ def test_runs_are_interleaved_and_summarised_as_medians_with_their_spread(fake_r
 def test_the_table_gives_weir_as_ratios_and_each_wrong_run_as_failed(fake_runs):
     section = {**runner.run_nexmark(1_000, ["q1", "q7"], repeat=3), "cores": 2}
     table = runner.render_nexmark(section)
-    q1_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q1", "weir"])
-    assert q1_weir.split()[-2:] == ["1.20", "0.50"]  # ÷ Spark SS, ÷ Flink
-    q7_weir = next(line for line in table.splitlines() if line.split()[:2] == ["q7", "weir"])
-    assert q7_weir.split()[-2:] == ["1.20", "-"]  # no ratio to a wrong run
-    assert q1_weir.split()[5] == "300,000"  # per core, on 2 cores
-    q1_flink = next(line for line in table.splitlines() if line.split()[:2] == ["q1", "flink"])
-    assert q1_flink.split()[5:7] == ["600,000", "157,940"]  # beside the published figure
+    q1_weir = table_row(table, "q1", "weir")
+    assert (q1_weir["weir ÷ Spark SS span"], q1_weir["weir ÷ Flink span"]) == ("1.20", "0.50")
+    q7_weir = table_row(table, "q7", "weir")
+    assert (q7_weir["weir ÷ Spark SS span"], q7_weir["weir ÷ Flink span"]) == ("1.20", "-")
+    assert q1_weir["per core"] == "300,000"  # on 2 cores
+    q1_flink = table_row(table, "q1", "flink")
+    assert (q1_flink["per core"], q1_flink["published Flink per core"]) == ("600,000",
+                                                                           "157,940")
     assert "q7 flink: WRONG: 3 rows, 4 expected" in table
     assert "q1 weir: per job of 1,000 rows" in table  # the breakdown line
     assert "q7 weir: per window of 500 rows into the operator" in table  # no Spark job
@@ -138,6 +164,9 @@ def test_flink_gets_a_query_for_each_and_its_csv_output_is_read_back(tmp_path: P
     (tmp_path / "2026-11-26--07" / ".part-1-1.inprogress").write_text("garbage\n")
     table = read_output("q1", tmp_path)
     assert table.num_rows == 1
+    os.utime(tmp_path / "2026-11-26--07" / "part-1-0", (1_000.0, 1_000.0))
+    # timed from outside: the file the check reads, not the in-progress one
+    assert result_times(tmp_path, flink_runner.RESULT_FILES) == (1_000.0, 1_000.0)
     assert str(table["price"][0].as_py()) == "908.000"
     assert table["date_time"][0].as_py().microsecond == 5_000
 
@@ -154,9 +183,9 @@ def test_make_bench_offers_weir_the_nexmark_rate_not_another_rows(fake_runs, mon
     rates = []
     counted = runner._run_one
 
-    def recording(system, query, spec, data, rate, timeout_s):
+    def recording(system, query, spec, data, rate, timeout_s, warm_up=False):
         rates.append(rate)
-        return counted(system, query, spec, data, rate, timeout_s)
+        return counted(system, query, spec, data, rate, timeout_s, warm_up)
 
     monkeypatch.setattr(runner, "_run_one", recording)
     monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
@@ -188,3 +217,90 @@ def test_a_query_a_system_cannot_express_is_shown_not_run_and_is_no_failure(fake
     table = runner.render_nexmark(section)
     assert "q9 flink: not run: its SQL form" in table
     assert runner.nexmark_failed(section) == []
+
+
+def test_the_wait_from_outside_is_summarised_and_shown_first(fake_runs):
+    section = {**runner.run_nexmark(1_000, ["q1", "q7"], repeat=3), "cores": 2}
+    weir = section["queries"]["q1"][0]
+    assert weir["launch_to_last_result_s"] == 10.0  # the median of 9, 10, 11
+    assert weir["spread"]["launch_to_last_result_s"] == [9.0, 11.0]
+    assert weir["launch_to_first_result_s"] == 5.0
+    assert weir["spread"]["launch_to_first_result_s"] == [4.5, 5.5]
+    assert weir["launch_to_exit_s"] == 11.0
+    assert [r["launch_to_last_result_s"] for r in weir["runs"]] == [9.0, 10.0, 11.0]
+    table = runner.render_nexmark(section)
+    row = table_row(table, "q1", "weir")
+    assert list(row)[3:9] == ["launch→last result s", "launch→last result s min-max",
+                              "launch→first result s", "launch→first result s min-max",
+                              "weir ÷ Spark SS outside", "weir ÷ Flink outside"]
+    assert list(row).index("launch→exit s") < list(row).index("processing span events/s")
+    assert [row[k] for k in list(row)[3:11]] == ["10.0", "9.0-11.0", "5.0", "4.5-5.5",
+                                                 "3.00", "2.00", "11.0", "100"]
+    spark = table_row(table, "q1", "spark-structured-streaming")
+    assert spark["launch→last result s"] == "30.0" and spark["weir ÷ Spark SS outside"] == ""
+    q7 = table_row(table, "q7", "weir")
+    assert (q7["weir ÷ Spark SS outside"], q7["weir ÷ Flink outside"]) == ("3.00", "-")
+    assert "launch -> first / last result" in table  # the note on how it is taken
+    assert "without their untimed warm-ups" in table.splitlines()[0]
+
+
+def test_runs_without_the_figures_from_outside_render_as_dashes():
+    def run(system, last=None, **more):
+        figures = {} if last is None else {
+            "launch_to_first_result_s": last / 2, "launch_to_last_result_s": last,
+            "launch_to_exit_s": last + 1, "events_per_second_outside": 100 / last}
+        return {"system": system, "correct": True, "events_per_second": 50.0,
+                "detail": "exact", **figures, **more}
+
+    weir = runner.summarize([run("weir", 4.0), run("weir"), run("weir", 6.0)])  # no output once
+    assert weir["launch_to_last_result_s"] is None
+    assert weir["spread"]["launch_to_last_result_s"] is None
+    assert weir["spread"]["events_per_second"] == [50.0, 50.0]  # the span still summarised
+    spark = runner.summarize([run("spark-structured-streaming", 8.0)])
+    assert spark["launch_to_last_result_s"] == 8.0
+    timed_out = {"system": "flink", "correct": False, "detail": "timed out after 600 s"}
+    section = {"queries": {"q2": [weir, spark, runner.summarize([timed_out])]}, "cores": 2}
+    table = runner.render_nexmark(section)
+    row = table_row(table, "q2", "weir")
+    assert [row[k] for k in list(row)[3:11]] == ["-"] * 8
+    assert row["processing span events/s"] == "50"
+    flink = table_row(table, "q2", "flink")
+    assert (flink["launch→last result s"], flink["launch→exit s"]) == ("-", "-")
+    assert table_row(table, "q2", "spark-structured-streaming")["launch→last result s"] == "8.0"
+    assert runner.nexmark_failed(section) == ["nexmark q2 flink: timed out after 600 s"]
+
+
+def test_the_runner_times_from_the_spawn_and_runs_the_peers_without_warm_up(monkeypatch):
+    calls = []
+
+    def spawn(system, argv, timeout_s, launched_at_flag=None):
+        calls.append((argv, launched_at_flag))
+        return {"correct": True}
+
+    monkeypatch.setattr(runner, "run_json_subprocess", spawn)
+    spec = runner.spec_for(200_000)
+    runner._run_one("flink", "q1", spec, Path("/data"), 1e6, 60)
+    runner._run_one("flink", "q1", spec, Path("/data"), 1e6, 60, warm_up=True)
+    (quiet, flag), (warm, _) = calls
+    assert flag == "--launched-at"
+    assert "--no-warm-up" in quiet and "--no-warm-up" not in warm
+
+
+def test_the_default_run_is_ten_million_events(monkeypatch, tmp_path, capsys):
+    asked = []
+
+    def section(events, *args, **kwargs):
+        asked.append(events)
+        return {"queries": {}}
+
+    monkeypatch.setattr(nexmark_main, "run_nexmark", section)
+    monkeypatch.setattr(bench_main, "run_nexmark", section)
+    monkeypatch.setattr(bench_main, "_machine", lambda: {"cores": 2})
+    assert nexmark_main.main(["--queries", "q1"]) == 0
+    assert bench_main.main([*_ALL_BUT_NEXMARK, "--out", str(tmp_path)]) == 0
+    assert asked == [10_000_000, 10_000_000]
+    capsys.readouterr()
+    for main in (nexmark_main.main, bench_main.main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert "2,000,000 is the quick option" in " ".join(capsys.readouterr().out.split())
