@@ -172,12 +172,21 @@ def warm_spare_or_stop(spark: SparkSessionBridge, loop: HeartbeatLoop, failure: 
     in ``failure``: the process exits, and the master, seeing it, starts another spare
     (a spare that never warms would wait as SPARE_STARTING for good, of no use)."""
     try:
-        spark.warm_up()
+        spark.warm_up(bounded=False)
     except Exception as exc:  # noqa: BLE001 - any failure: this spare is no use
         _LOGGER.exception("container %s: a spare whose Spark cannot start is no use; "
                           "exiting, so the master starts another", container_id)
         failure.append(f"Spark did not start in this spare: {exc}")
         loop.stop()
+
+
+def start_spark(spark: SparkSessionBridge) -> None:
+    """Starts and warms Spark (bounded) before the operators ask for it; a failure is kept
+    by the bridge and raised to every operator that activates (it fails, saying why)."""
+    try:
+        spark.warm_up()
+    except Exception:  # noqa: BLE001 - the operators hear it (SparkWarmUpError)
+        _LOGGER.info("Spark could not start; the operators that need it will fail saying why")
 
 
 def report_exit(client: UmbilicalClient, container_id: str, reason: str) -> None:
@@ -268,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         warm_spare = functools.partial(warm_spare_or_stop, spark, loop, spare_failure,
                                        args.container_id)
         threading.Thread(target=warm_spare, name="spark-warm-up", daemon=True).start()
+    elif context.start_spark:  # its operators run Spark: the JVM starts beside the deploy
+        threading.Thread(target=start_spark, args=(spark,), name="spark-start",
+                         daemon=True).start()
     _LOGGER.info("container %s (pid %d) joined %s; buffer server on %s:%d, advertised as "
                  "%s:%d; Arrow memory from %s", args.container_id, os.getpid(),
                  client.address, *buffer_server.address, *advertised, arrow_pool)

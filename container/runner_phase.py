@@ -1,7 +1,9 @@
 """An operator runner's phases and the moves between them: the container's side of the
 discipline the master keeps with its states (``master.physical_plan.OperatorState``).
 
->>> RunnerPhase.SETTING_UP.to(RunnerPhase.RUNNING, "op").to(RunnerPhase.DRAINING, "op")
+>>> RunnerPhase.SETTING_UP.to(RunnerPhase.ACTIVATING, "op").to(RunnerPhase.RUNNING, "op")
+<RunnerPhase.RUNNING: 'running'>
+>>> RunnerPhase.RUNNING.to(RunnerPhase.DRAINING, "op")
 <RunnerPhase.DRAINING: 'draining'>
 >>> RunnerPhase.FINISHED.to(RunnerPhase.STOPPED, "op").state
 <RunnerState.SHUTDOWN: 2>
@@ -28,6 +30,7 @@ class RunnerPhase(enum.Enum):
     """Where a runner's thread is; it only moves along ``_NEXT_PHASES``."""
 
     SETTING_UP = "setting up"  # setup() runs
+    ACTIVATING = "activating"  # activate() runs (Spark starting, warming); sources may run
     WAITING = "waiting for activation"  # an input operator, until the master says go
     RUNNING = "running"  # windows
     DRAINING = "draining"  # the stream ended: the final checkpoint waits to be committed
@@ -60,7 +63,8 @@ class RunnerPhase(enum.Enum):
 
 _ENDED = frozenset({RunnerPhase.FINISHED, RunnerPhase.FAILED, RunnerPhase.STOPPED})
 _NEXT_PHASES: dict[RunnerPhase, frozenset[RunnerPhase]] = {
-    RunnerPhase.SETTING_UP: frozenset({RunnerPhase.WAITING, RunnerPhase.RUNNING}) | _ENDED,
+    RunnerPhase.SETTING_UP: frozenset({RunnerPhase.ACTIVATING}) | _ENDED,
+    RunnerPhase.ACTIVATING: frozenset({RunnerPhase.WAITING, RunnerPhase.RUNNING}) | _ENDED,
     RunnerPhase.WAITING: frozenset({RunnerPhase.RUNNING}) | _ENDED,
     RunnerPhase.RUNNING: frozenset({RunnerPhase.DRAINING}) | _ENDED,
     RunnerPhase.DRAINING: _ENDED,

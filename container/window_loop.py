@@ -176,6 +176,9 @@ class OperatorRunner:
         try:
             self.engine.setup()
             self._set_up = True
+            self._enter(RunnerPhase.ACTIVATING)
+            self._on_change()  # ready: the master may start the sources while it activates
+            self.engine.activate()
             if self.engine.is_source:
                 self._enter(RunnerPhase.WAITING)
                 self._on_change()
@@ -418,7 +421,8 @@ class OperatorRunner:
             node_id=self.operator_id, generated_tms=self.clock.now_ms(), interval_ms=interval_ms,
             state=self.state.value, window_stats=self.drain_stats(), error=self.error,
             ready=self.ready, fatal=self.fatal, generation=self.generation,
-            recovering=self.recovering, savepoint_written=self.savepoint.written)
+            recovering=self.recovering, savepoint_written=self.savepoint.written,
+            activating=self.phase == RunnerPhase.ACTIVATING)
 
     @property
     def recovering(self) -> bool:

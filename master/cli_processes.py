@@ -22,6 +22,7 @@ from weir.master.server import MasterServer
 from weir.master.tls import TlsFiles
 from weir.proto import client_pb2
 from weir.proto.contract import SECRET_ENV
+from weir.runtime.spark.class_archive import ArchiveMaker
 from weir.storage.locations import redact_location
 
 __all__ = ["cmd_container", "cmd_master", "cmd_run"]
@@ -64,8 +65,17 @@ def launcher_options(args: argparse.Namespace) -> dict[str, object]:
     return {"log_dir": args.log_dir} if args.launcher == "local" else {}
 
 
+def _class_archive(args: argparse.Namespace) -> None:
+    """With local containers, has Spark's class-data archive made in the background if
+    this machine has none yet (``runtime.spark.class_archive``): the next Spark JVMs here
+    start in about half the time."""
+    if args.launcher == "local":
+        ArchiveMaker().start()
+
+
 def cmd_master(args: argparse.Namespace) -> int:
     factory = launcher_factory(args.launcher, **launcher_options(args))
+    _class_archive(args)
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file
               else os.environ.get(SECRET_ENV) or None)
     server = MasterServer(args.host, args.port, factory, secret=secret, tls=_tls(args),
@@ -110,6 +120,7 @@ def cmd_master(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     descriptor, overrides = load_app_and_overrides(args)
     factory = launcher_factory(args.launcher, **launcher_options(args))
+    _class_archive(args)
     server = MasterServer(args.host, 0, factory, container_stop_grace_ms=5_000,
                           advertise_host=args.advertise_host, tls=_tls(args),
                           **_http_options(args))

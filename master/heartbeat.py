@@ -45,7 +45,7 @@ def container_context(app: Application, container: PTContainer
                       ) -> umbilical_pb2.StreamingContainerContext:
     """What a container asks for first: the application's clock and settings; a spare
     is told to heartbeat often until it has operators, and to warm Spark now if the
-    application uses it."""
+    application uses it; a container given Spark operators, to start Spark now."""
     interval = int(app.attribute("HEARTBEAT_INTERVAL_MILLIS"))
     return umbilical_pb2.StreamingContainerContext(
         container_id=container.id, application_id=app.id,
@@ -57,7 +57,8 @@ def container_context(app: Application, container: PTContainer
         spare=container.spare,
         spare_heartbeat_interval_millis=min(interval, spares.SPARE_HEARTBEAT_INTERVAL_MS)
         if container.spare else 0,
-        warm_spark=container.spare and spares.uses_spark(app.dag))
+        warm_spark=container.spare and spares.uses_spark(app.dag),
+        start_spark=not container.spare and spares.runs_spark(app, container))
 
 
 def process_heartbeat(app: Application | None, heartbeat: umbilical_pb2.ContainerHeartbeat,
@@ -249,8 +250,14 @@ def _apply_operator_reports(app: Application, container: PTContainer,
         if op.state == OperatorState.PENDING_UNDEPLOY:
             out.undeploy.append(op.id)  # its old instance: nothing it says counts
             continue
-        if report.ready and not op.ready:
+        if report.ready and not op.ready:  # a new instance's setup() returned
             op.ready, op.ready_ms = True, now_ms
+            op.set_up_ms, op.activated_ms = now_ms, 0
+        if op.activating and not report.activating:  # its windows may move from now on
+            op.ready_ms = max(op.ready_ms, now_ms)
+        op.activating = report.activating
+        if op.ready and not op.activating and not op.activated_ms:
+            op.activated_ms = now_ms
         if report.savepoint_written:
             out.savepoint_parts[op.id] = report.savepoint_written
         op.recovering = report.recovering

@@ -179,16 +179,15 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     windows, and:
 
     - a generic operator: some upstream operator is past its window (its input has
-      data), and every upstream operator is ready (one still in ``setup``, warming
-      Spark, holds it back);
+      data), and every upstream operator is ready (one still in ``setup`` or
+      ``activate``, warming Spark, holds it back); nor while it activates itself;
     - an input operator: it has been activated and the application is not shutting
       down.
 
-    The windows are counted from when the operator's instance became ready and, once
-    every operator is, from when the last one did: no data moves before that (the
-    sources wait for it), so an operator ready early is not blamed for the time a
-    slower one took to warm Spark (three Spark JVMs starting on two cores take longer
-    than 120 windows of 300 ms).
+    The windows are counted from when the operator's instance became ready and had
+    activated and, once every operator has, from when the last one did, so an operator
+    ready early is not blamed for the time a slower one took to warm Spark (three Spark
+    JVMs starting on two cores take longer than 120 windows of 300 ms).
 
     An operator with a downstream operator behind it (or not running) is never blamed:
     it may be held back by that one, which is blamed instead if it is stuck with data.
@@ -200,12 +199,12 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     plan, stats = app.plan, app.operator_stats
     window_ms = int(app.attribute("STREAMING_WINDOW_SIZE_MILLIS"))
     running = [op for op in plan.operators.values() if not op.terminal]
-    all_ready = all(op.ready for op in running)
+    all_ready = all(op.ready and not op.activating for op in running)
     activation_ms = max((op.ready_ms for op in running), default=0)
     blocked: list[tuple[PTOperator, str]] = []
     downstream: dict[int, list[int]] | None = None  # derived only for a still operator
     for op in plan.operators.values():
-        if op.state != OperatorState.ACTIVE or not op.ready:
+        if op.state != OperatorState.ACTIVE or not op.ready or op.activating:
             continue
         tracker = stats[op.id]
         if tracker.watermark_ms == END_OF_TIME:
@@ -230,8 +229,8 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
         waiting = ""
         if not op.is_input:
             upstream = [plan.operators[u] for u in plan.upstream_ids(op.id)]
-            if any(not u.terminal and (u.state != OperatorState.ACTIVE or not u.ready)
-                   for u in upstream):
+            if any(not u.terminal and (u.state != OperatorState.ACTIVE or not u.ready
+                                       or u.activating) for u in upstream):
                 continue
             ahead = [u for u in upstream if stats[u.id].last_window_id > window]
             if not ahead:

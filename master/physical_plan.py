@@ -162,6 +162,9 @@ class PTOperator:
     # (the fence of its writes)
     generation: int = 1
     recovering: bool = False  # its container says: redeployed, no window finished yet
+    activating: bool = False  # its container says: activate() runs (Spark warming up)
+    set_up_ms: int = 0  # when its current instance's setup() was reported done (0: not yet)
+    activated_ms: int = 0  # ... and its activate() (0: not yet)
 
     @property
     def shown_state(self) -> str:

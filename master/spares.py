@@ -28,6 +28,7 @@ __all__ = [
     "replenish",
     "spare_lost",
     "take_ready",
+    "runs_spark",
     "uses_spark",
 ]
 
@@ -47,6 +48,15 @@ spares, instead of the master relaunching a failing spare for ever."""
 def uses_spark(dag: plan_pb2.DagDescriptor) -> bool:
     """Whether any operator (or its unifier) of the DAG runs window logic in Spark."""
     return any(op.uses_spark for op in dag.operators)
+
+
+def runs_spark(app: Application, container: PTContainer) -> bool:
+    """Whether an operator placed in ``container`` (or its unifier) runs window logic in
+    Spark: the container then starts its SparkSession as it starts."""
+    spark = {op.name for op in app.dag.operators if op.uses_spark}
+    operators = app.plan.operators
+    return any(operators[i].logical_name in spark for i in container.operator_ids
+               if i in operators)
 
 
 def wanted(app: Application) -> int:

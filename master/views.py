@@ -263,7 +263,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
         checkpoint_bytes=book.last_bytes,
         failures_in_a_row=op.failures_in_a_row, max_restarts=max_restarts(op),
         deploy_window_id=op.deploy_window_id, processing_mode=op.processing_mode,
-        generation=op.generation,
+        generation=op.generation, set_up_ms=op.set_up_ms, activated_ms=op.activated_ms,
         committed_window_id=app.committed_window_id, metrics=tracker.metrics,
         logical_name=_logical_name(op), watermark_ms=tracker.watermark_ms,
         event_time_lag_ms=event_time_lag_ms(tracker.watermark_ms, _now_ms(now_ms)),

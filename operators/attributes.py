@@ -196,12 +196,18 @@ _ALL = [
               "spark.sql.shuffle.partitions: small, for small frequent jobs."),
     Attribute("SPARK_DRIVER_MEMORY", _text, "1g", Scope.DAG, "spark.driver.memory."),
     Attribute("SPARK_WARMUP_ROWS", _within(0, 100 * _MANY), 200_000, Scope.DAG,
-              "Rows of the aggregations a Spark container runs before its sources start, "
-              "until their time settles: the JIT is warm before the first window (a "
+              "Rows of the aggregations a Spark container runs as it starts, while the "
+              "sources already read: the first round loads Spark's classes, later rounds "
+              "warm the JIT until their time settles or SPARK_WARMUP_MILLIS is spent (a "
               "SparkSql fed by a source whose files give its schema also runs its own "
-              "query twice, over at most this many sample rows). 0 = "
+              "query, at least twice, over at most this many sample rows). 0 = "
               "none: the session only starts (short jobs, tests: the first windows pay "
               "the cold JIT instead)."),
+    Attribute("SPARK_WARMUP_MILLIS", _within(0, _HOUR_MS, " ms"), 1_000, Scope.DAG,
+              "How long a Spark container's warm-up goes on after its first round of each "
+              "shape (which always runs: it loads Spark's classes, a cost the first window "
+              "would pay anyway). 0 = the first rounds only. The sources run meanwhile; "
+              "the Spark operators' first windows wait for it."),
     Attribute("SPARK_DRIVER_HOST", _text, "", Scope.DAG,
               "spark.driver.host: the address a cluster's executors reach each container's "
               "driver at; empty = 127.0.0.1 for a loopback spark:// master, else Spark's "

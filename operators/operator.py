@@ -3,14 +3,20 @@
 Call order, per operator instance (one thread per operator):
 
 1. ``setup(context)`` once, after deploy (and after the state is restored on recovery).
-2. Per application window (``APPLICATION_WINDOW_COUNT`` streaming windows):
+   Keep it quick: the application's sources start only when every operator's ``setup``
+   returned.
+2. ``activate(context)`` once, right after ``setup``, while the sources may already run
+   (Apex's ``ActivationListener``): slow preparation that need not hold the whole
+   application back (starting and warming Spark) goes here; the operator's input waits
+   in the buffer servers meanwhile.
+3. Per application window (``APPLICATION_WINDOW_COUNT`` streaming windows):
    ``begin_window(window_id)``, then ``process(port, batch)`` for every batch of every
    input port of those windows, then ``end_window()``. Batches emitted from any of these
    hooks belong to the streaming window being processed.
-3. ``checkpointed(window_id)`` after the state was saved; ``committed(window_id)`` when
+4. ``checkpointed(window_id)`` after the state was saved; ``committed(window_id)`` when
    the master says every operator has checkpointed past that window: the only place to
    act on the outside world for good (acknowledge, commit offsets, publish).
-4. ``teardown()`` once, when the stream ended or the operator is undeployed.
+5. ``teardown()`` once, when the stream ended or the operator is undeployed.
 
 An ``InputOperator`` has no inputs: instead of ``process`` the runtime calls
 ``emit_tuples()`` repeatedly within each streaming window.
@@ -235,7 +241,12 @@ class Operator:
         return NO_WATERMARK if marks is None else marks.current
 
     def setup(self, context: OperatorContext) -> None:
-        """Called once before the first window."""
+        """Called once before the first window; the sources wait for every operator's."""
+
+    def activate(self, context: OperatorContext) -> None:
+        """Called once after ``setup``, before the first window, while the sources may
+        already run: preparation that may take seconds (a JVM, a warm-up) without holding
+        the other operators back; this operator's input waits upstream meanwhile."""
 
     def begin_window(self, window_id: int) -> None:
         """Called at the start of each application window."""

@@ -145,7 +145,12 @@ class SparkOperator(Operator):
         self._input_schemas = dict(self._input_schemas)  # (state: kept by checkpoints)
         if context.spark is None:
             raise SparkOperatorError(self._no_spark_message())
-        context.spark.warm_up()  # the operator reports ready only with Spark warm
+
+    def activate(self, context: OperatorContext) -> None:
+        """Waits for the container's Spark to start and warm up (bounded by
+        ``SPARK_WARMUP_MILLIS``), which began as the container started; the sources
+        already run, this operator's input waits upstream meanwhile."""
+        self.spark.warm_up()
 
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id

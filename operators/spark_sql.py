@@ -94,8 +94,8 @@ class SparkSql(SparkOperator):
                                             "_warmed")
     _TRANSIENT: ClassVar[tuple[str, ...]] = NON_STATE
 
-    def setup(self, context: OperatorContext) -> None:
-        super().setup(context)
+    def activate(self, context: OperatorContext) -> None:
+        super().activate(context)
         self._warm_query(context)
 
     def _warm_query(self, context: OperatorContext) -> None:
@@ -119,8 +119,10 @@ class SparkSql(SparkOperator):
                    if schema is not None}
         try:
             most = _WARM_ROUNDS_MIN if context.redeployed else _WARM_ROUNDS_MAX
+            budget_s = int(context.attributes.get("SPARK_WARMUP_MILLIS", 1_000)) / 1000
             run_until_settled(lambda: self.rehearse(samples), max_rounds=most,
-                              patience=_WARM_PATIENCE, gain=0.05, min_rounds=_WARM_ROUNDS_MIN)
+                              patience=_WARM_PATIENCE, gain=0.05, min_rounds=_WARM_ROUNDS_MIN,
+                              budget_s=budget_s)
             self._warmed = {port: s for port, s in schemas.items() if s is not None}
         except Exception as exc:  # noqa: BLE001 - a warm-up; the real windows say what is wrong
             _LOGGER.info("operator %s: its query could not be warmed on sample rows (%s: %s); "

@@ -3,7 +3,7 @@
 A driver (the container's ``container.window_loop.OperatorRunner``: threads, ports, lease,
 stats; or the local test runner ``runtime.local``: one thread, a fast clock) reads input,
 keeps time and stores checkpoints; the engine decides everything else, and does no I/O of
-its own: the hook order (``setup``, ``begin_window`` / ``end_window`` per application
+its own: the hook order (``setup``, ``activate``, ``begin_window`` / ``end_window`` per application
 window, ``checkpointed``, ``committed``, ``teardown``), where application windows begin
 and end, input alignment (which window runs next, which are empty), watermarks, when a
 checkpoint is due, the first window of a source (fresh, restored or replaying), dead
@@ -12,7 +12,7 @@ for a savepoint).
 
 A driver's loop, for an operator with inputs::
 
-    engine.setup()
+    engine.setup(); (report ready: sources may start); engine.activate()
     while ports are open:
         heads = {port: its next BEGIN_WINDOW}            # END_STREAM: input_stream_ended
         empties, window = engine.align(heads)
@@ -129,6 +129,10 @@ class WindowEngine:
                 self.marks, f"operator {self.name!r}",
                 {port: declared[port].schema if port in declared else None
                  for port in self.outputs}, self.operator.WATERMARK_SPLITS)  # type: ignore[attr-defined]
+
+    def activate(self) -> None:
+        """``activate``: after ``setup``, before the first window (the sources may run)."""
+        self.operator.activate(self.context)
 
     def teardown(self) -> None:
         self.operator.teardown()

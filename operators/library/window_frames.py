@@ -4,6 +4,7 @@ session's end, by window functions)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -89,12 +90,13 @@ def live_sessions_frame(df: DataFrame, op: EventTimeWindows, before: int) -> Dat
 
 
 def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, rows: int,
-                     rounds: int = 3) -> None:
+                     budget_s: float | None = None, rounds: int = 3) -> None:
     """Runs jobs of ``op``'s shape (event time into panes, session stretches or windows,
-    grouped with a key) over made-up rows before the sources start: the container's
+    grouped with a key) over made-up rows as the operator activates: the container's
     warm-up covers plain groupings only, and the bench measured a cold first
-    ``window()`` job at 2.4 s against about 1 s warm. Sessions of rows (window
-    functions) are not warmed."""
+    ``window()`` job at 2.4 s against about 1 s warm. The first round always runs, the
+    others until ``budget_s`` passed. Sessions of rows (window functions) are not
+    warmed."""
     if rows <= 0 or partials is None and op.kind == "session":
         return
     import numpy as np
@@ -103,7 +105,10 @@ def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, ro
     ids = np.arange(rows)
     batch = pa.record_batch({TIME: pa.array(ids * 3, pa.int64()),
                              "k": pa.array(ids % 1_000, pa.int64())})
-    for _ in range(rounds):
+    began = time.perf_counter()
+    for done in range(rounds):
+        if done and budget_s is not None and time.perf_counter() - began >= budget_s:
+            return
         with op.spark.job():
             df = op.spark.to_dataframe([batch], batch.schema)
             if partials is not None:  # the shape of the partials' job

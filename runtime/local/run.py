@@ -195,6 +195,8 @@ class _LocalRunner:
     def run(self, max_windows: int | None, stop_after: int | None) -> LocalRun:
         for node in self.nodes.values():
             node.call("setup", node.engine.setup)
+        for node in self.nodes.values():
+            node.call("activate", node.engine.activate)
         base, counter = self._first_window()
         window_ids: list[int] = []
         while not all(node.ended for node in self.nodes.values()):

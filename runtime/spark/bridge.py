@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from weir.runtime.spark import class_archive
 from weir.runtime.spark import gateway as spark_gateway
 from weir.runtime.spark.handoff import (
     PARQUET_OPTIONS,
@@ -100,6 +101,8 @@ class SparkSessionBridge:
         log_level: Spark's log level once the session is up.
         conf: extra Spark settings, applied last.
         warmup_rows: rows per warm-up aggregation (see ``warm_up``).
+        warmup_millis: how long the warm-up goes on after its first round (see
+            ``warm_up``).
         driver_host: ``spark.driver.host``, where a cluster's executors reach this driver;
             default ``127.0.0.1`` for a loopback ``spark://`` master, else Spark's choice.
         executor_memory: ``spark.executor.memory`` on a cluster; default Spark's.
@@ -127,6 +130,7 @@ class SparkSessionBridge:
         log_level: str = "WARN",
         conf: Mapping[str, str] | None = None,
         warmup_rows: int = 10_000,
+        warmup_millis: int = 1_000,
         driver_host: str = "",
         executor_memory: str = "",
         cores_max: int = 0,
@@ -140,6 +144,7 @@ class SparkSessionBridge:
         if handoff_dir:  # one folder per host: orphan clean-up judges only its own pids
             scratch_dir = Path(handoff_dir) / socket.gethostname()
         self.warmup_rows = int(warmup_rows)
+        self.warmup_millis = int(warmup_millis)
         self.shuffle_partitions = int(shuffle_partitions)
         self.driver_memory = driver_memory
         self.app_name = app_name
@@ -167,6 +172,7 @@ class SparkSessionBridge:
             shuffle_partitions=int(attributes.get("SPARK_SHUFFLE_PARTITIONS", 2)),
             driver_memory=str(attributes.get("SPARK_DRIVER_MEMORY", "1g")),
             warmup_rows=int(attributes.get("SPARK_WARMUP_ROWS", 10_000)),
+            warmup_millis=int(attributes.get("SPARK_WARMUP_MILLIS", 1_000)),
             driver_host=str(attributes.get("SPARK_DRIVER_HOST", "")),
             executor_memory=str(attributes.get("SPARK_EXECUTOR_MEMORY", "")),
             cores_max=int(attributes.get("SPARK_CORES_MAX", 0)),
@@ -192,34 +198,35 @@ class SparkSessionBridge:
                 self._session = self._create_session()
             return self._session
 
-    def warm_up(self, max_rounds: int = 6) -> None:
-        """Starts the session and runs jobs of the common shape until their time settles.
+    def warm_up(self, max_rounds: int = 6, *, bounded: bool = True) -> None:
+        """Starts the session and runs jobs of the common shape until their time settles,
+        or (``bounded``) ``warmup_millis`` passed after the first round.
 
-        A cold session pays seconds for the JVM, and its first jobs run interpreted code
-        until the JIT compiles the hot paths (Parquet scan, hash aggregation, Arrow
-        collection): measured, the first two 1 M-row windows took 2-3x the steady time.
-        Grouped aggregations over ``warmup_rows`` rows at deploy time, before the sources
-        start (operators report ready after this), keep that out of the first windows. A
-        spare container warms up as it starts; a call while another thread warms up waits
-        for it to end.
+        A cold session pays seconds for the JVM and for loading Spark's classes at its
+        first job, then runs interpreted code until the JIT compiles the hot paths
+        (Parquet scan, hash aggregation, Arrow collection). A container whose operators
+        run Spark starts this as it starts, so the JVM's start overlaps the deploy and the
+        sources' first windows (``activate`` of a Spark operator waits for it); a spare
+        warms unbounded, off every critical path. A call while another thread warms up
+        waits for it to end (the first caller's bounds hold).
 
         Raises:
             SparkWarmUpError: Spark could not start or run the jobs (every caller hears
-                it, those that waited too): a spare exits, an operator's setup fails.
+                it, those that waited too): a spare exits, an operator's activation fails.
                 Stopping the bridge meanwhile is not an error.
         """
         with self._lock:
             started, self._warm = self._warm, True
         if not started:
-            self._run_warm_up(max_rounds)
+            self._run_warm_up(max_rounds, self.warmup_millis / 1000 if bounded else None)
         self._warmed.wait()
         if self._warm_error is not None:
             raise SparkWarmUpError(f"Spark could not start or warm up ({self.master}): "
                                    f"{self._warm_error}") from self._warm_error
 
-    def _run_warm_up(self, max_rounds: int) -> None:
+    def _run_warm_up(self, max_rounds: int, budget_s: float | None) -> None:
         try:
-            run_warm_up_jobs(self, self.warmup_rows, max_rounds)
+            run_warm_up_jobs(self, self.warmup_rows, max_rounds, budget_s)
             self._warm_ok = True
             _LOGGER.info("Spark session warm (%s)", self.master)
         except SparkBridgeStopped:
@@ -247,9 +254,11 @@ class SparkSessionBridge:
 
         spark_gateway.install()  # Java started without fork(): see runtime.spark.gateway
         settings = {
-            # Spark's own log lines go through log4j: warnings and errors only, on stderr.
+            # Spark's own log lines go through log4j: warnings and errors only, on stderr;
+            # the JVM maps Spark's classes from the archive, where one was made
             "spark.driver.extraJavaOptions":
-                f"-Dlog4j2.configurationFile=file:{self._log4j_config()}",
+                f"-Dlog4j2.configurationFile=file:{self._log4j_config()} "
+                f"{class_archive.java_options()}".strip(),
             "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
             "spark.default.parallelism": str(self.shuffle_partitions),
             "spark.sql.adaptive.enabled": "false",

@@ -19,7 +19,8 @@ def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
     from weir.container.main import warm_spare_or_stop
 
     class BrokenSpark:
-        def warm_up(self):
+        def warm_up(self, *, bounded=True):
+            assert not bounded  # a spare warms off every critical path
             raise RuntimeError("Java gateway process exited before sending its port number")
 
     class Loop:
@@ -35,7 +36,7 @@ def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
                        "before sending its port number"]
 
     class WarmSpark:
-        def warm_up(self):
+        def warm_up(self, *, bounded=True):
             pass
 
     loop, failure = Loop(), []

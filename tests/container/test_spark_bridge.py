@@ -273,7 +273,7 @@ def test_a_warm_up_that_fails_is_told_to_every_caller(tmp_path: Path, monkeypatc
     started = threading.Event()
     go_on = threading.Event()
 
-    def gateway_exits(bridge, rows, max_rounds):
+    def gateway_exits(bridge, rows, max_rounds, budget_s):
         started.set()
         go_on.wait(10)
         raise RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited before "

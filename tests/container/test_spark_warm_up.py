@@ -121,3 +121,39 @@ def test_warm_up_rounds_go_on_until_their_time_settles() -> None:
     assert _timed_rounds([1.0, 1.0, 1.0], max_rounds=16, patience=1, gain=0.2,
                          min_rounds=3) == (3, 3)
     assert _timed_rounds([1.0, 1.0, 1.0], max_rounds=16, patience=1, gain=0.2) == (2, 2)
+
+
+def test_a_time_budget_ends_rounds_that_never_settle_after_the_minimum() -> None:
+    # a busy machine: every round slower than the best by more than the gain, for ever
+    slow = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3]
+    assert _timed_rounds(slow, max_rounds=16, patience=4, gain=0.05, budget_s=2.5) == (3, 3)
+    # the minimum runs whatever the budget (the first round loads Spark's classes)
+    assert _timed_rounds(slow, max_rounds=16, patience=4, gain=0.05, min_rounds=2,
+                         budget_s=0.0) == (2, 2)
+    # no budget: as before, up to max_rounds
+    assert _timed_rounds(slow, max_rounds=5, patience=4, gain=0.05) == (5, 5)
+
+
+def test_spark_warmup_millis_reaches_the_bridge_and_bounds_its_warm_up(monkeypatch) -> None:
+    from weir.operators.attributes import resolve
+    from weir.runtime.spark import bridge as bridge_module
+    from weir.runtime.spark.bridge import SparkSessionBridge
+
+    millis = resolve("SPARK_WARMUP_MILLIS", {"SPARK_WARMUP_MILLIS": "250"})
+    bridge = SparkSessionBridge.from_attributes({"SPARK_WARMUP_MILLIS": millis})  # no JVM yet
+    budgets: list[float | None] = []
+    monkeypatch.setattr(bridge_module, "run_warm_up_jobs",
+                        lambda _bridge, _rows, _rounds, budget_s: budgets.append(budget_s))
+    try:
+        bridge.warm_up()
+        assert budgets == [0.25] and bridge.warm
+    finally:
+        bridge.stop()
+    spare = SparkSessionBridge.from_attributes({"SPARK_WARMUP_MILLIS": millis})
+    try:  # a spare warms off every critical path: unbounded
+        spare.warm_up(bounded=False)
+        assert budgets == [0.25, None]
+    finally:
+        spare.stop()
+    with pytest.raises(ValueError, match="-1 is outside 0..3,600,000 ms"):
+        resolve("SPARK_WARMUP_MILLIS", {"SPARK_WARMUP_MILLIS": "-1"})

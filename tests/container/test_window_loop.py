@@ -258,6 +258,9 @@ def test_input_operator_waits_for_activation_after_setup():
     runner.start()
     try:
         assert changed.wait(5), "setup done must be reported at once"
+        deadline = time.monotonic() + 5
+        while runner.phase is not RunnerPhase.WAITING and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert runner.ready and runner.phase is RunnerPhase.WAITING
         assert publisher.messages == [], "an input operator must not start before activation"
         assert runner.heartbeat(500).ready
@@ -265,6 +268,51 @@ def test_input_operator_waits_for_activation_after_setup():
         assert runner.join(5)
         assert [x for _, xs in publisher.windows() for x in xs] == [0, 1]
     finally:
+        runner.stop(timeout_s=2)
+
+
+class SlowToActivate(SumPerAppWindow):
+    """Sums, after an ``activate`` that waits for the test (a JVM starting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.activating = threading.Event()
+        self.go = threading.Event()
+        self.began_before_activated = False
+
+    def activate(self, context: OperatorContext) -> None:
+        self.activating.set()
+        assert self.go.wait(10), "the test never let activate() return"
+
+    def begin_window(self, window_id: int) -> None:
+        self.began_before_activated |= not self.go.is_set()
+        super().begin_window(window_id)
+
+
+def test_ready_is_reported_before_activate_runs_and_no_window_begins_until_it_returns():
+    from weir.container.runner_phase import RunnerPhase
+
+    op = SlowToActivate()
+    stopped = threading.Event()
+    port = PortInput("a", lambda _w: (iter(stream({1: [[1]], 2: [[2]]})), lambda: None), 4,
+                     stopped, retry_s=0)
+    publisher = RecordingPublisher()
+    runner = OperatorRunner(1, op, OperatorContext("op", 1, "c1", {}), {"output": publisher},
+                            {"a": port}, time.time_ns() // 1_000_000, on_change=lambda: None,
+                            stopped=stopped)
+    runner.start()
+    try:
+        assert op.activating.wait(5)
+        beat = runner.heartbeat(500)
+        # ready (setup returned: the master may start the sources), but still activating
+        assert (beat.ready, beat.activating) == (True, True)
+        assert runner.phase is RunnerPhase.ACTIVATING and publisher.messages == []
+        op.go.set()
+        assert runner.join(10)
+        assert not runner.heartbeat(500).activating
+        assert publisher.windows() == [(1, [1]), (2, [2])] and not op.began_before_activated
+    finally:
+        op.go.set()
         runner.stop(timeout_s=2)
 
 

@@ -74,13 +74,13 @@ class Cluster:
         return response
 
     def report(self, op_id: int, *windows: umbilical_pb2.OperatorStats, state: int = 1,
-               error: str = "", fatal: bool = False, ready: bool = True
-               ) -> umbilical_pb2.ContainerHeartbeatResponse:
+               error: str = "", fatal: bool = False, ready: bool = True,
+               activating: bool = False) -> umbilical_pb2.ContainerHeartbeatResponse:
         """One heartbeat of the operator's current container with the operator's report."""
         cid = self.ops[op_id].container_id
         report = operator_report(op_id, state=state, windows=windows, error=error,
                                  ready=ready)
-        report.fatal = fatal
+        report.fatal, report.activating = fatal, activating
         return self.beat(cid, report)
 
     def liveness(self, exit_codes=None):

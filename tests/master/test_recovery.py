@@ -282,6 +282,30 @@ def test_the_window_clock_starts_when_the_last_operator_is_ready():
     assert loss.container_id == C1 and "'relay1' (2) is blocked" in loss.cause
 
 
+def test_sources_start_while_an_operator_activates_which_is_not_blamed_until_it_has():
+    """``activate`` (Spark starting and warming up) does not hold the sources back; the
+    operator's window clock starts when it has activated, and the views say when."""
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.TIMEOUT_WINDOW_COUNT": "10"})
+    cluster.deploy_all(in_setup=(RELAY,))
+    ready_ms = cluster.clock()
+    response = cluster.report(RELAY, activating=True)  # setup() returned; activate() runs
+    assert list(cluster.beat(C0).activate_request) == [SOURCE]
+    assert list(response.activate_request) == []  # (c1 holds no source)
+    cluster.report(SOURCE, *(window(w) for w in range(1, 11)))  # data waits for the relay
+    heartbeats_for(cluster, 30_000)
+    assert cluster.liveness() == []
+    relay = operator_info(cluster.app, cluster.ops[RELAY])
+    assert (relay.set_up_ms, relay.activated_ms) == (ready_ms, 0)
+    cluster.report(RELAY)  # activated
+    activated_ms = cluster.clock()
+    assert operator_info(cluster.app, cluster.ops[RELAY]).activated_ms == activated_ms
+    heartbeats_for(cluster, 1000)
+    assert cluster.liveness() == []
+    heartbeats_for(cluster, 5000)
+    [loss] = cluster.liveness()
+    assert loss.container_id == C1 and "'relay1' (2) is blocked" in loss.cause
+
+
 def test_an_operator_waiting_for_an_upstream_still_in_setup_is_not_blamed():
     """A fan-in whose left input runs while its right one warms Spark is held back by
     the right one, not stuck."""

@@ -86,6 +86,16 @@ def test_a_spare_is_told_to_warm_spark_and_to_heartbeat_often_when_the_dag_uses_
             False, False, 0)
 
 
+def test_a_container_given_spark_operators_is_told_to_start_spark_as_it_starts():
+    cluster = Cluster(_descriptor(spark=True), 3, SPARE_CONTAINERS="1")
+    told = {cid: container_context(cluster.app, container).start_spark
+            for cid, container in cluster.app.plan.containers.items()}
+    assert told == {C0: False, C1: True, C2: False, C3: False}  # the relay is in c1
+    plain = Cluster(_descriptor(spark=False), 3)
+    assert not any(container_context(plain.app, container).start_spark
+                   for container in plain.app.plan.containers.values())
+
+
 def test_a_spare_is_ready_once_active_and_warm_and_the_views_say_so():
     cluster = spared(spare_ready=False)
     spare = cluster.app.plan.containers[C3]

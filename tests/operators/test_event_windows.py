@@ -457,16 +457,24 @@ def test_sessions_merge_fragments_per_key_by_the_gap() -> None:
         ("c", -far, -far, 1)], key=str)
 
 
-def test_setup_warms_the_window_jobs_up_with_made_up_rows(bridge: SparkSessionBridge) -> None:
+def test_activate_warms_the_window_jobs_up_with_made_up_rows_within_its_budget(
+        bridge: SparkSessionBridge) -> None:
     from weir.operators.operator import OperatorContext
 
-    counting = Counting(bridge)
-    op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
-    op.connect_outputs(Emitted())
-    op.setup(OperatorContext(name="op", operator_id=1, container_id="c0",
-                             attributes={"SPARK_WARMUP_ROWS": 5_000}, spark=counting))
-    assert counting.jobs == 3
-    assert op.pending is None and op.windows_out == 0  # nothing of it stays
+    jobs = {}
+    for millis in (0, 60_000):
+        counting = Counting(bridge)
+        op = EventTimeWindows.tumbling("ts", size_ms=1_000, keys="user")
+        op.connect_outputs(Emitted())
+        context = OperatorContext(name="op", operator_id=1, container_id="c0", spark=counting,
+                                  attributes={"SPARK_WARMUP_ROWS": 5_000,
+                                              "SPARK_WARMUP_MILLIS": millis})
+        op.setup(context)
+        assert counting.jobs == 0  # setup() is quick: the sources wait for it
+        op.activate(context)
+        jobs[millis] = counting.jobs
+        assert op.pending is None and op.windows_out == 0  # nothing of it stays
+    assert jobs == {0: 1, 60_000: 3}  # the first round always; the others within the budget
 
 
 @pytest.mark.parametrize(("size", "slide"), [(1_000, 1_000), (1_000, 250), (1_000, 300)])

@@ -34,8 +34,10 @@ class Emitted:
 def start(op: Operator, spark: Any, name: str = "op") -> Emitted:
     emitted = Emitted()
     op.connect_outputs(emitted)
-    op.setup(OperatorContext(name=name, operator_id=1, container_id="c0", attributes={},
-                             spark=spark))
+    context = OperatorContext(name=name, operator_id=1, container_id="c0", attributes={},
+                              spark=spark)
+    op.setup(context)
+    op.activate(context)
     return emitted
 
 
@@ -72,7 +74,7 @@ class Recording(SparkOperator):
 def test_empty_window_runs_no_job() -> None:
     op, spark = Recording(), NoSpark()
     emitted = start(op, spark)
-    assert spark.warmed == 1  # setup warms Spark up, so no window pays the cold start
+    assert spark.warmed == 1  # activate warms Spark up, so no window pays the cold start
     run_window(op, W1, {})
     run_window(op, W1 + 1, {"input": [pa.record_batch({"x": pa.array([], pa.int64())})]})
     assert op.calls == [] and not emitted.batches

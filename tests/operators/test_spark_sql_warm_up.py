@@ -1,6 +1,7 @@
-"""SparkSql warms its own query before its first window when its input's schema is known
-(the master tells it a source's; or the port declares one): over sample rows of that
-schema, round after round until the time settles (at least twice, at most sixteen), every
+"""SparkSql warms its own query as it activates, before its first window, when its input's
+schema is known (the master tells it a source's; or the port declares one): over sample
+rows of that schema, round after round until the time settles or SPARK_WARMUP_MILLIS is
+spent (at least twice, at most sixteen), every
 round after the first in the pass-through's narrow shape, which the real windows keep
 while their rows have that schema. Nothing of it is emitted or counted, and a query that
 fails on the sample rows is left to the real windows."""
@@ -39,12 +40,29 @@ class Counting(Recording):
 
 
 def _start(op: SparkSql, spark: Any, schemas: dict[str, pa.Schema], *,
-           redeployed: bool = False) -> Emitted:
+           redeployed: bool = False, attributes: dict[str, Any] | None = None) -> Emitted:
     emitted = Emitted()
     op.connect_outputs(emitted)
-    op.setup(OperatorContext(name="q", operator_id=1, container_id="c0", attributes={},
-                             spark=spark, input_schemas=schemas, redeployed=redeployed))
+    context = OperatorContext(name="q", operator_id=1, container_id="c0",
+                              attributes=attributes or {}, spark=spark,
+                              input_schemas=schemas, redeployed=redeployed)
+    op.setup(context)
+    assert spark.jobs == 0  # setup() is quick: the sources wait for it
+    op.activate(context)
     return emitted
+
+
+def _never_settling(run_round, **rule):
+    """``run_until_settled`` on a clock where each round takes 20 % less time than the one
+    before (never settled), a second the first."""
+    clock = {"now": 0.0, "round": 1.0}
+
+    def timed_round() -> None:
+        run_round()
+        clock["now"] += clock["round"]
+        clock["round"] *= 0.8
+
+    return run_until_settled(timed_round, clock=lambda: clock["now"], **rule)
 
 
 def test_a_known_input_schema_warms_the_query_until_settled_and_its_first_window_runs_narrow(
@@ -73,21 +91,25 @@ def test_a_known_input_schema_warms_the_query_until_settled_and_its_first_window
 
 
 def test_a_redeployed_operator_warms_two_rounds_only(bridge, monkeypatch):
-    def ever_faster(run_round, **rule):  # each round 20 % faster: never settled
-        clock = {"now": 0.0, "round": 1.0}
-
-        def tick() -> float:
-            clock["now"] += clock["round"]
-            clock["round"] *= 0.8
-            return clock["now"]
-
-        return run_until_settled(run_round, clock=tick, **rule)
-
-    monkeypatch.setattr(spark_sql, "run_until_settled", ever_faster)
+    monkeypatch.setattr(spark_sql, "run_until_settled", _never_settling)
     first, again = Counting(bridge, warmup_rows=100), Counting(bridge, warmup_rows=100)
-    _start(SparkSql(QUERY), first, {"input": SCHEMA})
-    _start(SparkSql(QUERY), again, {"input": SCHEMA}, redeployed=True)
+    _start(SparkSql(QUERY), first, {"input": SCHEMA}, attributes={"SPARK_WARMUP_MILLIS": 60_000})
+    _start(SparkSql(QUERY), again, {"input": SCHEMA}, redeployed=True,
+           attributes={"SPARK_WARMUP_MILLIS": 60_000})
     assert (first.jobs, again.jobs) == (16, 2)
+
+
+def test_spark_warmup_millis_bounds_a_warm_up_that_never_settles(bridge, monkeypatch):
+    monkeypatch.setattr(spark_sql, "run_until_settled", _never_settling)
+    jobs = {}
+    for millis in (0, 2_500, 60_000):
+        spark = Counting(bridge, warmup_rows=100)
+        _start(SparkSql(QUERY), spark, {"input": SCHEMA},
+               attributes={"SPARK_WARMUP_MILLIS": millis})
+        jobs[millis] = spark.jobs
+    # 0: the two rounds it needs (plan, then the planned shape); 2.5 s: rounds of 1, 0.8
+    # and 0.64 s began within it, the next at 2.44 s too; 60 s: all sixteen
+    assert jobs == {0: 2, 2_500: 4, 60_000: 16}
 
 
 def test_real_rows_of_another_schema_than_the_warmed_one_plan_again(bridge):
