@@ -181,12 +181,14 @@ def warm_spare_or_stop(spark: SparkSessionBridge, loop: HeartbeatLoop, failure: 
 
 
 def start_spark(spark: SparkSessionBridge) -> None:
-    """Starts and warms Spark (bounded) before the operators ask for it; a failure is kept
-    by the bridge and raised to every operator that activates (it fails, saying why)."""
+    """Starts Spark's session before the operators ask for it (each warms its own query
+    as it activates); a failure is left to the operators, whose activation meets it again
+    and fails saying why."""
     try:
-        spark.warm_up()
-    except Exception:  # noqa: BLE001 - the operators hear it (SparkWarmUpError)
-        _LOGGER.info("Spark could not start; the operators that need it will fail saying why")
+        spark.session  # noqa: B018 - starting it is the point
+    except Exception as exc:  # noqa: BLE001 - the operators hear it when they activate
+        _LOGGER.info("Spark could not start (%s); the operators that need it will fail "
+                     "saying why", type(exc).__name__)
 
 
 def report_exit(client: UmbilicalClient, container_id: str, reason: str) -> None:

@@ -147,10 +147,18 @@ class SparkOperator(Operator):
             raise SparkOperatorError(self._no_spark_message())
 
     def activate(self, context: OperatorContext) -> None:
-        """Waits for the container's Spark to start and warm up (bounded by
-        ``SPARK_WARMUP_MILLIS``), which began as the container started; the sources
-        already run, this operator's input waits upstream meanwhile."""
-        self.spark.warm_up()
+        """Waits for the container's Spark, which began to start as the container did,
+        then warms this operator's own query if it can (``warm_own_query``), else jobs of
+        the common shape (the bridge's ``warm_up``), bounded by ``SPARK_WARMUP_MILLIS``.
+        The sources already run; this operator's input waits upstream meanwhile."""
+        if not self.warm_own_query(context):
+            self.spark.warm_up()
+
+    def warm_own_query(self, context: OperatorContext) -> bool:
+        """Runs this operator's own query over made-up rows (its first window then pays
+        neither Spark's class loading nor the cold JIT for it); whether it did. The
+        default cannot (False): the common shape is warmed instead."""
+        return False
 
     def begin_window(self, window_id: int) -> None:
         self._window_id = window_id

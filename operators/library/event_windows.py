@@ -182,11 +182,10 @@ class EventTimeWindows(SparkOperator):
                 f"it by one of its keys, or not at all")
         super().setup(context)
 
-    def activate(self, context: OperatorContext) -> None:
-        super().activate(context)
-        warm_window_jobs(self, self._pane_rules(),
-                         int(context.attributes.get("SPARK_WARMUP_ROWS") or 0),
-                         int(context.attributes.get("SPARK_WARMUP_MILLIS", 1_000)) / 1000)
+    def warm_own_query(self, context: OperatorContext) -> bool:
+        return warm_window_jobs(self, self._pane_rules(),
+                                int(context.attributes.get("SPARK_WARMUP_ROWS") or 0),
+                                int(context.attributes.get("SPARK_WARMUP_MILLIS", 1_000)) / 1000)
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:

@@ -90,15 +90,15 @@ def live_sessions_frame(df: DataFrame, op: EventTimeWindows, before: int) -> Dat
 
 
 def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, rows: int,
-                     budget_s: float | None = None, rounds: int = 3) -> None:
+                     budget_s: float | None = None, rounds: int = 3) -> bool:
     """Runs jobs of ``op``'s shape (event time into panes, session stretches or windows,
     grouped with a key) over made-up rows as the operator activates: the container's
     warm-up covers plain groupings only, and the bench measured a cold first
     ``window()`` job at 2.4 s against about 1 s warm. The first round always runs, the
     others until ``budget_s`` passed. Sessions of rows (window functions) are not
-    warmed."""
+    warmed. Whether it ran."""
     if rows <= 0 or partials is None and op.kind == "session":
-        return
+        return False
     import numpy as np
     from pyspark.sql import functions as F  # noqa: N812 - the usual name
 
@@ -108,7 +108,7 @@ def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, ro
     began = time.perf_counter()
     for done in range(rounds):
         if done and budget_s is not None and time.perf_counter() - began >= budget_s:
-            return
+            return True
         with op.spark.job():
             df = op.spark.to_dataframe([batch], batch.schema)
             if partials is not None:  # the shape of the partials' job
@@ -117,6 +117,7 @@ def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, ro
                 slot = F.window(F.timestamp_millis(F.col(TIME)), f"{op.size_ms} milliseconds",
                                 f"{op.slide_ms} milliseconds")
             op.spark.to_arrow(df.groupBy(slot, "k").agg(F.count(F.lit(1)), F.sum(TIME)))
+    return True
 
 
 def as_utc_ms(table: pa.Table, columns: Sequence[str]) -> pa.Table:

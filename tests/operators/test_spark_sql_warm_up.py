@@ -126,6 +126,20 @@ def test_real_rows_of_another_schema_than_the_warmed_one_plan_again(bridge):
                                                 .to_pylist()]
 
 
+def test_its_own_query_is_warmed_instead_of_the_generic_count_when_it_can_be(bridge):
+    class Generic(Counting):
+        warmed = 0
+
+        def warm_up(self) -> None:
+            self.warmed += 1
+
+    own, unknown = Generic(bridge, warmup_rows=500), Generic(bridge, warmup_rows=500)
+    _start(SparkSql(QUERY), own, {"input": SCHEMA})
+    _start(SparkSql(QUERY), unknown, {})
+    assert (own.jobs > 0, own.warmed) == (True, 0)
+    assert (unknown.jobs, unknown.warmed) == (0, 1)  # no schema: the common shape
+
+
 def test_no_warm_up_without_a_known_schema_or_with_warm_up_rows_off(bridge):
     unknown = Counting(bridge, warmup_rows=500)
     _start(SparkSql(QUERY), unknown, {})
