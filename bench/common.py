@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -274,3 +275,29 @@ def render_breakdown(costs: dict[str, Any]) -> str:
         unit = "per window"
     return (f"{unit} (p50 latency {costs.get('latency_p50_ms', 0):,.0f} ms): "
             + "; ".join(parts) + f". CPU s over {costs.get('timed_seconds', 0)} s: {cpu}")
+
+
+class BusyCpus:
+    """``count`` processes spinning a CPU each beside the runs (``--busy``): a machine
+    that is also doing other work, as users' laptops and shared CI machines are. Each
+    runs in a session of its own and is killed on exit; none is left behind."""
+
+    def __init__(self, count: int) -> None:
+        if count < 0:
+            raise ValueError(f"--busy {count}: give 0 or more CPU-burning processes")
+        self.count = count
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BusyCpus:
+        for _ in range(self.count):
+            self._procs.append(subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], start_new_session=True,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for proc in self._procs:
+            proc.kill()
+        for proc in self._procs:
+            proc.wait(10)
+        self._procs.clear()

@@ -133,6 +133,22 @@ class _Windows:
         self.cpu_ns: dict[str, dict[int, int]] = defaultdict(dict)  # the operator's thread
         self.metrics: dict[str, dict[str, float]] = defaultdict(dict)
         self.cpu = CpuMeter()
+        self.moments: dict[str, int] = {}  # the start-up's, as the master saw them
+
+    def note_moments(self, server: MasterServer, app_id: str) -> None:
+        """Epoch ms (0: not seen) of what the application waited through before its first
+        window, and its end, from the master's views (``start_up_timeline``)."""
+        app = server.core.application_info(app_id)
+        containers = server.core.list_containers(app_id)
+        operators = server.core.list_operators(app_id)
+        self.moments = {
+            "submitted": app.submitted_ms,
+            "container launched": min((c.started_ms for c in containers if c.started_ms),
+                                      default=0),
+            "every setup() done": max((op.set_up_ms for op in operators), default=0),
+            "every operator activated (Spark warm)": max(
+                (op.activated_ms for op in operators), default=0),
+            "finished": app.finished_ms}
 
     def poll(self, server: MasterServer, app_id: str) -> None:
         for name in self.operators:
@@ -167,6 +183,7 @@ def _run_app(dag: Dag, work: Path, timeout_s: float,
                 return windows, f"timed out after {timeout_s:.0f} s", 0.0
             time.sleep(_POLL_S)
         windows.poll(server, app_id)
+        windows.note_moments(server, app_id)
         return windows, "" if info.state == "FINISHED" else \
             f"{info.state}: {info.diagnostics}", time.monotonic() - started
     finally:
@@ -185,6 +202,38 @@ def first_in_ms(windows: _Windows, sources: tuple[str, ...], window_ms: int) -> 
             began = windows.begin_ms[name].get(first, 0)
             starts.append(began if 0 < began <= ends[first] else ends[first] - window_ms)
     return min(starts, default=0)
+
+
+def start_up_timeline(windows: _Windows, sources: tuple[str, ...], window_ms: int
+                      ) -> dict[str, int]:
+    """A run's moments in order (epoch ms; 0: not seen): submitted, first container
+    launched, every operator's ``setup`` done (the sources may start), the sources' first
+    window begun, every operator activated (Spark started and its query warmed), the
+    first and the last result out of the sink (the end of its windows with rows), and the
+    application finished."""
+    moments = dict(windows.moments)
+    results = sorted(w for w, n in windows.processed["sink"].items() if n > 0)
+    sink = windows.end_ms["sink"]
+    ordered = {name: moments.get(name, 0) for name in (
+        "submitted", "container launched", "every setup() done")}
+    ordered["sources' first window began"] = first_in_ms(windows, sources, window_ms)
+    ordered["every operator activated (Spark warm)"] = moments.get(
+        "every operator activated (Spark warm)", 0)
+    ordered["first result"] = sink[results[0]] if results else 0
+    ordered["last result"] = max((sink[w] for w in results), default=0)
+    ordered["finished"] = moments.get("finished", 0)
+    return ordered
+
+
+def render_timeline(timeline_ms: dict[str, int], launched_at: float) -> str:
+    """``"submitted 0.6 s, container launched 0.6 s, ..."``: each moment's seconds after
+    the launch (epoch seconds), "-" where it was not seen.
+
+    >>> render_timeline({"submitted": 10_600, "first result": 0}, 10.0)
+    'submitted 0.6 s, first result -'
+    """
+    return ", ".join(f"{name} {ms / 1000 - launched_at:.1f} s" if ms > 0 else f"{name} -"
+                     for name, ms in timeline_ms.items())
 
 
 def job_figures(windows: _Windows, window_ms: int) -> tuple[float, list[float], int]:

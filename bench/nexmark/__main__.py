@@ -39,13 +39,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="Spark SS and Flink first run their untimed warm-ups (off: as "
                              "their users run them; on, the figures from outside include "
                              "them)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="N processes spinning a CPU each beside every run (a machine "
+                             "also doing other work); 0 = none")
     parser.add_argument("--json", type=Path, help="also write the section as JSON here")
     args = parser.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not systems or set(systems) - set(SYSTEMS):
         raise SystemExit(f"--systems {args.systems!r}: give some of {','.join(SYSTEMS)}")
     section = run_nexmark(args.events, parse_queries(args.queries), args.repeat, systems,
-                          args.rate, args.timeout, warm_up=args.warm_up)
+                          args.rate, args.timeout, warm_up=args.warm_up, busy=args.busy)
     print(render_nexmark(section))
     if args.json:
         args.json.write_text(json.dumps(section, indent=2))

@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import render_breakdown, render_table, run_json_subprocess
+from bench.common import BusyCpus, render_breakdown, render_table, run_json_subprocess
 from bench.nexmark.generator import write_files
 from bench.nexmark.model import NOT_EXPRESSIBLE, QUERIES, NexmarkSpec
 from bench.nexmark.one import SYSTEMS
 from bench.output_times import OUTSIDE_FIGURES
 from bench.verdict import _why
+from bench.weir_job import render_timeline
 
 __all__ = ["nexmark_failed", "parse_queries", "render_nexmark", "run_nexmark", "spec_for"]
 
@@ -155,11 +156,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_nexmark(events: int, queries: Sequence[str], repeat: int = 3,
                 systems: Sequence[str] = SYSTEMS, rate: float = 4_000_000,
-                timeout_s: float = 600.0, warm_up: bool = False) -> dict[str, Any]:
+                timeout_s: float = 600.0, warm_up: bool = False, busy: int = 0
+                ) -> dict[str, Any]:
     """The section: per query, one summary per system (``summarize``), in ``systems``'
     order. The events are written once, on tmpfs, and removed at the end. ``warm_up``:
     Spark SS and Flink run their untimed warm-ups (off by default: the figures from
-    outside are of each system as its users run it)."""
+    outside are of each system as its users run it). ``busy``: CPU-burning processes
+    beside every run (``bench.common.BusyCpus``), none while the events are written."""
     spec = spec_for(events)
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
     data = Path(tempfile.mkdtemp(prefix="weir-nexmark-data-", dir=shm))
@@ -172,15 +175,16 @@ def run_nexmark(events: int, queries: Sequence[str], repeat: int = 3,
             able = [s for s in systems if (s, query) not in NOT_EXPRESSIBLE]
             for _ in range(max(1, repeat)):
                 for system in able:
-                    runs[system].append(_run_one(system, query, spec, data, rate, timeout_s,
-                                                 warm_up=warm_up))
+                    with BusyCpus(busy):
+                        runs[system].append(_run_one(system, query, spec, data, rate,
+                                                     timeout_s, warm_up=warm_up))
             results[query] = [summarize(runs[s]) if s in able else
                               {"system": s, "not_run": NOT_EXPRESSIBLE[(s, query)]}
                               for s in systems]
     finally:
         shutil.rmtree(data, ignore_errors=True)
     return {"spec": dataclasses.asdict(spec), "rows": rows, "offered_to_weir": rate,
-            "cores": os.cpu_count() or 1, "warm_up": warm_up,
+            "cores": os.cpu_count() or 1, "warm_up": warm_up, "busy": busy,
             "repeats": max(1, repeat), "queries": results}
 
 
@@ -261,12 +265,18 @@ def render_nexmark(section: dict[str, Any]) -> str:
             costs = r.get("extra", {}).get("breakdown")
             if mine and r.get("correct") and costs:
                 lines.append(f"  {query} weir: {render_breakdown(costs)}")
+            timeline = r.get("extra", {}).get("timeline_ms")
+            if mine and r.get("correct") and timeline and r.get("launched_at"):
+                lines.append(f"  {query} weir, one run from its launch: "
+                             f"{render_timeline(timeline, float(r['launched_at']))}")
     spec = section.get("spec", {})
     head = (f"nexmark: {spec.get('events', 0):,} events (persons, auctions, bids 1:3:46; "
             f"{spec.get('out_of_order', 0):.0%} up to {spec.get('max_disorder_ms', 0):,} ms "
             f"out of order), Weir offered {section.get('offered_to_weir', 0):,.0f} events/s, "
             f"{section.get('repeats', 1)} interleaved runs each, Spark SS and Flink "
-            f"{'with' if section.get('warm_up') else 'without'} their untimed warm-ups")
+            f"{'with' if section.get('warm_up') else 'without'} their untimed warm-ups"
+            + (f", {section['busy']} CPU-burning processes beside every run"
+               if section.get("busy") else ""))
     notes = [textwrap.fill(n, 100, initial_indent="  ", subsequent_indent="    ")
              for n in NOTES]
     return "\n".join([head, *render_table(headers, rows), *lines, *notes])

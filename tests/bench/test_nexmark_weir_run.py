@@ -41,6 +41,17 @@ def test_q2_on_weir_equals_the_reference(tmp_path: Path) -> None:
     assert first is not None and last is not None and exit_s is not None
     assert 0 < first <= last <= exit_s
     assert outside["events_per_second_outside"] == round(spec.events / last, 1)
+    # the start-up as the master saw it, in the order a run goes through it: the sources
+    # began once every setup() was done, while the SparkSql still activated
+    moments = result.extra["timeline_ms"]
+    assert list(moments) == ["submitted", "container launched", "every setup() done",
+                             "sources' first window began",
+                             "every operator activated (Spark warm)", "first result",
+                             "last result", "finished"]
+    seen = list(moments.values())
+    assert all(ms > 0 for ms in seen), moments
+    assert seen[:3] == sorted(seen[:3]) and seen[2] <= seen[3] < seen[4]
+    assert seen[4] <= seen[5] <= seen[6] <= seen[7]
 
 
 @pytest.mark.parametrize("query", ["q4", "q18", "q19"])

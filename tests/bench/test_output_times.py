@@ -142,3 +142,19 @@ def test_one_times_the_run_from_the_launch_and_turns_the_warm_up_off(spark_run, 
     assert "system_returned_at" not in result["extra"]
     assert one.main(argv) == 0
     assert calls[-1]["warm_up"] is True  # the flag's default: as before
+
+
+def test_busy_cpus_spin_while_inside_and_are_gone_after() -> None:
+    import psutil
+
+    from bench.common import BusyCpus
+    from tests.harness import poll_for
+
+    with BusyCpus(2) as busy:
+        procs = [psutil.Process(p.pid) for p in busy._procs]
+        assert len(procs) == 2
+        poll_for(lambda: all(p.cpu_times().user > 0.05 for p in procs), 30,
+                 "both busy processes to burn CPU")
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs)
+    with pytest.raises(ValueError, match="--busy -1"):
+        BusyCpus(-1)
