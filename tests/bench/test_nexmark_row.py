@@ -304,3 +304,25 @@ def test_the_default_run_is_ten_million_events(monkeypatch, tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(["--help"])
         assert "2,000,000 is the quick option" in " ".join(capsys.readouterr().out.split())
+
+
+def test_busy_cpus_spin_beside_every_run_and_the_table_says_so(fake_runs, monkeypatch):
+    entered: list[int] = []
+
+    class Recording:
+        def __init__(self, count: int) -> None:
+            self.count = count
+
+        def __enter__(self):
+            entered.append(self.count)
+
+        def __exit__(self, *_):
+            return None
+
+    monkeypatch.setattr(runner, "BusyCpus", Recording)
+    section = runner.run_nexmark(1_000, ["q1"], repeat=2, busy=2)
+    assert entered == [2] * 6  # each of 3 systems x 2 runs, with the 2 processes
+    assert section["busy"] == 2
+    assert "2 CPU-burning processes beside every run" in runner.render_nexmark(section)
+    quiet = runner.run_nexmark(1_000, ["q1"], repeat=1)
+    assert "CPU-burning" not in runner.render_nexmark(quiet)
