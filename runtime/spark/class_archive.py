@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -41,19 +42,33 @@ MAKE_TIMEOUT_S = 240.0
 _STALE_LOCK_S = MAKE_TIMEOUT_S + 60  # a maker that died left its lock: taken over after
 
 # What the archive learns: a session, a grouped count through a window's input, Arrow back.
-# The JVM writes the archive as it exits, after this process let go of it: wait for that.
+# The JVM writes the archive as it exits, after this process let go of it: wait for that,
+# then put it in place. The training finishes its job (the rename, the lock and partial
+# file removed) even when the process that started it has ended meanwhile (a short
+# `weir run`).
 _TRAINING = """
-from pyspark import SparkContext
-from weir.runtime.spark.bridge import SparkSessionBridge
-from weir.runtime.spark.warm_up import run_warm_up_jobs
-bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1, app_name="weir-cds",
-                            log_level="ERROR")
-run_warm_up_jobs(bridge, 2_000, 1)
-jvm = SparkContext._gateway.proc
-bridge.stop()
-SparkContext._gateway.shutdown()
-jvm.stdin.close()
-raise SystemExit(jvm.wait(180))
+import os, sys
+from pathlib import Path
+partial, archive, lock = (Path(name) for name in sys.argv[1:4])
+try:
+    from pyspark import SparkContext
+    from weir.runtime.spark.bridge import SparkSessionBridge
+    from weir.runtime.spark.warm_up import run_warm_up_jobs
+    bridge = SparkSessionBridge(master="local[1]", shuffle_partitions=1,
+                                app_name="weir-cds", log_level="ERROR")
+    run_warm_up_jobs(bridge, 2_000, 1)
+    jvm = SparkContext._gateway.proc
+    bridge.stop()
+    SparkContext._gateway.shutdown()
+    jvm.stdin.close()
+    code = jvm.wait(180)
+    if code == 0 and partial.is_file() and partial.stat().st_size:
+        os.chmod(partial, 0o600)
+        os.replace(partial, archive)
+    raise SystemExit(code)
+finally:
+    partial.unlink(missing_ok=True)
+    lock.unlink(missing_ok=True)
 """
 
 
@@ -120,9 +135,25 @@ def make_archive(timeout_s: float = MAKE_TIMEOUT_S,
     if not _claim(lock):
         return f"another process is making the class-data archive {archive}"
     try:
+        _remove_stale_partials(archive.parent)
         return _train(archive, timeout_s, on_start)
     finally:
         lock.unlink(missing_ok=True)
+
+
+def _remove_stale_partials(folder: Path) -> None:
+    """Partial archives older than a maker may live: left by a training killed outright."""
+    for path in folder.glob(".partial-*.jsa"):
+        with contextlib.suppress(OSError):
+            if time.time() - path.lstat().st_mtime > _STALE_LOCK_S:
+                path.unlink()
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kills a training and its JVM: the session it leads, which we started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
 
 
 def _claim(lock: Path) -> bool:
@@ -145,20 +176,19 @@ def _train(archive: Path, timeout_s: float,
     os.close(fd)
     os.unlink(partial)  # the JVM creates it
     env = {**os.environ, "SPARK_SUBMIT_OPTS": f"-XX:ArchiveClassesAtExit={partial} {SILENT}"}
-    try:
-        maker = subprocess.Popen([sys.executable, "-c", _TRAINING], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # a session of its own: a Ctrl-C meant for `weir run` leaves it to finish
+        maker = subprocess.Popen(
+            [sys.executable, "-c", _TRAINING, partial, str(archive),
+             str(archive.with_suffix(".lock"))], env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if on_start is not None:
             on_start(maker)
         try:
             code = maker.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            maker.kill()
-            maker.wait(10)
+            _kill_group(maker)
             return f"the class-data archive was not made in {timeout_s:.0f} s"
-        if code == 0 and Path(partial).is_file() and Path(partial).stat().st_size:
-            os.chmod(partial, 0o600)
-            os.replace(partial, archive)
+        if code == 0 and archive.is_file():  # the training put it in place
             return f"Spark's JVMs start from the class-data archive {archive}"
         return f"the class-data archive was not made (exit code {code})"
     except OSError as exc:  # no python to start, no room for the file: said, not lost
@@ -198,5 +228,5 @@ class ArchiveMaker:
     def stop(self, timeout_s: float = 15.0) -> None:
         """Kills a training still running (no archive is made) and waits for the thread."""
         if self._process is not None and self._process.poll() is None:
-            self._process.kill()
+            _kill_group(self._process)
         self.join(timeout_s)

@@ -70,3 +70,14 @@ def test_a_bridge_starts_its_jvm_from_the_archive() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=240, check=True)
     assert f"-XX:SharedArchiveFile={path}" in done.stdout
+
+
+def test_a_maker_removes_partial_archives_a_killed_training_left(archive, monkeypatch) -> None:
+    monkeypatch.setattr(class_archive, "_train", lambda path, timeout_s, on_start: "made")
+    old, fresh = archive.parent / ".partial-old.jsa", archive.parent / ".partial-new.jsa"
+    old.write_bytes(b"half")
+    fresh.write_bytes(b"half")  # another maker's, being written now
+    long_ago = time.time() - class_archive.MAKE_TIMEOUT_S - 120
+    os.utime(old, (long_ago, long_ago))
+    assert class_archive.make_archive() == "made"
+    assert not old.exists() and fresh.exists()
