@@ -55,6 +55,22 @@ def timeout_window_count(op: PTOperator, window_ms: int) -> int:
     return max(DEFAULT_TIMEOUT_WINDOW_COUNT, -(-DEFAULT_BLOCKED_FLOOR_MS // max(window_ms, 1)))
 
 
+ACTIVATION_FLOOR_MS = 300_000
+"""An operator may activate (start Spark, warm its query up) for its window timeout, but
+at least this long: a JVM starting on a loaded machine takes tens of seconds."""
+
+
+def _stuck_activating(op: PTOperator, window_ms: int, now_ms: int) -> str:
+    """Why ``op`` has activated too long to wait for (a JVM that never starts), or ""."""
+    limit_ms = max(timeout_window_count(op, window_ms) * window_ms, ACTIVATION_FLOOR_MS)
+    activating_ms = now_ms - op.set_up_ms
+    if not op.set_up_ms or activating_ms <= limit_ms:
+        return ""
+    return (f"is blocked: it has been activating (starting Spark, warming its query up) "
+            f"for {activating_ms} ms, over {limit_ms} ms (its window timeout, at least "
+            f"{ACTIVATION_FLOOR_MS} ms)")
+
+
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
                    stop_grace_ms: int, waiting: Mapping[str, str] | None = None,
                    exit_reasons: Mapping[str, str] | None = None, *,
@@ -180,7 +196,8 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
 
     - a generic operator: some upstream operator is past its window (its input has
       data), and every upstream operator is ready (one still in ``setup`` or
-      ``activate``, warming Spark, holds it back); nor while it activates itself;
+      ``activate``, warming Spark, holds it back); nor while it activates itself, up to
+      its window timeout or ``ACTIVATION_FLOOR_MS`` if longer: past that it is blocked;
     - an input operator: it has been activated and the application is not shutting
       down.
 
@@ -204,7 +221,12 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     blocked: list[tuple[PTOperator, str]] = []
     downstream: dict[int, list[int]] | None = None  # derived only for a still operator
     for op in plan.operators.values():
-        if op.state != OperatorState.ACTIVE or not op.ready or op.activating:
+        if op.state != OperatorState.ACTIVE or not op.ready:
+            continue
+        if op.activating:
+            stuck = _stuck_activating(op, window_ms, now_ms)
+            if stuck:
+                blocked.append((op, stuck))
             continue
         tracker = stats[op.id]
         if tracker.watermark_ms == END_OF_TIME:

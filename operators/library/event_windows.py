@@ -1,24 +1,23 @@
-"""Event-time windows: tumbling, sliding and session windows over a timestamp column,
-closed by the watermark, with allowed lateness and a ``late`` port.
+"""Event-time windows: tumbling, sliding and session windows over a timestamp column, closed by
+the watermark, with allowed lateness and a ``late`` port.
 
-Streaming windows are processing time; these are the windows of the events' own clock.
-Rows arrive in any order. Each window's result goes out once the operator's watermark
-(``operators.watermarks``: the sources' highest event time minus their delay, in band)
-passes the window's end. A row arriving after its window went out but within
-``allowed_lateness_ms`` of it updates the result: the window goes out again, whole, with
-the same key and bounds (``PostgresSink`` upserts it by them). A row later than that goes
-to the ``late`` port with the reason, and is counted; none is dropped.
+Streaming windows are processing time; these are the events' own clock's, rows in any order.
+Each window's result goes out once the operator's watermark (``operators.watermarks``: the
+sources' highest event time minus their delay, in band) passes the window's end. A row
+arriving after its window went out but within ``allowed_lateness_ms`` of it updates the
+result: the window goes out again, whole, with the same key and bounds (``PostgresSink``
+upserts it by them). A row later than that goes to the ``late`` port with the reason, and is
+counted; none is dropped.
 
 Windows whose aggregations are all ``count``, ``sum``, ``min``, ``max`` or ``avg`` of a row
-expression keep partial aggregates per key and pane (tumbling, sliding: ``window_panes``)
-or session (``window_sessions``): the new rows (only the columns the aggregations read)
-wait in the state until a window they are in may go out, then one Spark job aggregates
-them per key and pane (or stretch of the gap), Arrow merges those partials into the
-state's, and each window's result is the merge of its partials. Other windows
-(``count(DISTINCT ...)``, ...) keep the rows of windows that may still go out or be
-updated, and each application window in which the watermark closes a window, or a late
-row updates one, runs one job over them. Either state (Arrow tables, checkpointed, keyed
-by ``keys`` for repartitioning) follows the open windows, not the stream's history.
+expression keep partial aggregates per key and pane (tumbling, sliding: ``window_panes``) or
+session (``window_sessions``): the new rows (only the columns the aggregations read) wait in
+the state until a window they are in may go out, then one Spark job aggregates them per key
+and pane (or stretch of the gap), Arrow merges those partials into the state's, and each
+window's result is the merge of its partials. Other windows (``count(DISTINCT ...)``, ...)
+keep the rows of windows that may still go out or be updated, and each application window in
+which the watermark closes a window, or a late row updates one, runs one job over them.
+Either state (Arrow, keyed by ``keys``) follows the open windows, not the stream's history.
 """
 
 from __future__ import annotations
@@ -183,9 +182,7 @@ class EventTimeWindows(SparkOperator):
         super().setup(context)
 
     def warm_own_query(self, context: OperatorContext) -> bool:
-        return warm_window_jobs(self, self._pane_rules(),
-                                int(context.attributes.get("SPARK_WARMUP_ROWS") or 0),
-                                int(context.attributes.get("SPARK_WARMUP_MILLIS", 1_000)) / 1000)
+        return warm_window_jobs(self, self._pane_rules(), context.attributes)
 
     def process(self, port: str, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:

@@ -5,8 +5,8 @@ session's end, by window functions)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -89,14 +89,16 @@ def live_sessions_frame(df: DataFrame, op: EventTimeWindows, before: int) -> Dat
     return sessions_frame(live.unionByName(df.where(F.col(NEW))), op.keys, op.gap_ms)
 
 
-def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, rows: int,
-                     budget_s: float | None = None, rounds: int = 3) -> bool:
+def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None,
+                     attributes: Mapping[str, Any], rounds: int = 3) -> bool:
     """Runs jobs of ``op``'s shape (event time into panes, session stretches or windows,
     grouped with a key) over made-up rows as the operator activates: the container's
     warm-up covers plain groupings only, and the bench measured a cold first
     ``window()`` job at 2.4 s against about 1 s warm. The first round always runs, the
-    others until ``budget_s`` passed. Sessions of rows (window functions) are not
-    warmed. Whether it ran."""
+    others until ``SPARK_WARMUP_MILLIS`` passed; ``SPARK_WARMUP_ROWS`` rows. Sessions of
+    rows (window functions) are not warmed. Whether it ran."""
+    rows = int(attributes.get("SPARK_WARMUP_ROWS") or 0)
+    budget_s = int(attributes.get("SPARK_WARMUP_MILLIS", 1_000)) / 1000
     if rows <= 0 or partials is None and op.kind == "session":
         return False
     import numpy as np
@@ -107,7 +109,7 @@ def warm_window_jobs(op: EventTimeWindows, partials: Panes | Sessions | None, ro
                              "k": pa.array(ids % 1_000, pa.int64())})
     began = time.perf_counter()
     for done in range(rounds):
-        if done and budget_s is not None and time.perf_counter() - began >= budget_s:
+        if done and time.perf_counter() - began >= budget_s:
             return True
         with op.spark.job():
             df = op.spark.to_dataframe([batch], batch.schema)

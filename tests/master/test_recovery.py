@@ -32,7 +32,7 @@ from tests.master.fakes import (
     operator_report,
     window,
 )
-from weir.master import recovery
+from weir.master import liveness, recovery
 from weir.master.application import ApplicationState
 from weir.master.heartbeat import process_heartbeat
 from weir.master.physical_plan import ContainerState, OperatorState
@@ -304,6 +304,21 @@ def test_sources_start_while_an_operator_activates_which_is_not_blamed_until_it_
     heartbeats_for(cluster, 5000)
     [loss] = cluster.liveness()
     assert loss.container_id == C1 and "'relay1' (2) is blocked" in loss.cause
+
+
+def test_an_operator_activating_for_longer_than_any_jvm_takes_is_blocked_and_recovered():
+    """A JVM that never starts does not hang the application: past its window timeout
+    (at least ACTIVATION_FLOOR_MS) the activating operator's container is given up on."""
+    cluster = Cluster(chain_descriptor(3), 3, **{"relay1.TIMEOUT_WINDOW_COUNT": "10"})
+    cluster.deploy_all(in_setup=(RELAY,))
+    cluster.report(RELAY, activating=True)
+    heartbeats_for(cluster, liveness.ACTIVATION_FLOOR_MS - 1000)  # 10 windows: 5 s only
+    assert cluster.liveness() == []
+    heartbeats_for(cluster, 2000)
+    [loss] = cluster.liveness()
+    assert loss.container_id == C1 and loss.replacement_id == C3
+    assert "'relay1' (2) is blocked: it has been activating" in loss.cause
+    assert cluster.ops[RELAY].failure_count == 1
 
 
 def test_an_operator_waiting_for_an_upstream_still_in_setup_is_not_blamed():
