@@ -213,7 +213,9 @@ class ArchiveMaker:
 
     def _run(self) -> None:
         self.note = make_archive(on_start=self._started)
-        _LOGGER.info("%s", self.note)
+        made = self.note.startswith(("Spark's JVMs start", "another process"))
+        # a failure costs speed only (JVMs start without it), but it is said, not hidden
+        _LOGGER.log(logging.INFO if made else logging.WARNING, "%s", self.note)
 
     def _started(self, process: subprocess.Popen[bytes]) -> None:
         self._process = process

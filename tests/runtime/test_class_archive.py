@@ -81,3 +81,16 @@ def test_a_maker_removes_partial_archives_a_killed_training_left(archive, monkey
     os.utime(old, (long_ago, long_ago))
     assert class_archive.make_archive() == "made"
     assert not old.exists() and fresh.exists()
+
+
+def test_a_maker_that_fails_says_so_as_a_warning(monkeypatch, caplog) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger=class_archive.__name__)
+    for note, level in (("the class-data archive was not made (exit code 1)", "WARNING"),
+                        ("another process is making the class-data archive x", "INFO")):
+        monkeypatch.setattr(class_archive, "make_archive", lambda on_start, note=note: note)
+        maker = class_archive.ArchiveMaker()
+        maker.start()
+        assert maker.join(10) and maker.note == note
+        assert [r.levelname for r in caplog.records if r.getMessage() == note] == [level]
