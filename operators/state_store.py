@@ -34,6 +34,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,9 @@ _LOGGER = logging.getLogger(__name__)
 
 _CHUNK = 100_000
 _TRIM_EVERY = 8
-_FETCH_CHUNK = 30_000  # keys per ``IN (...)`` list of ``fetch``
 """Windows between two returns of freed heap to the OS (``release_free_memory``)."""
+_FETCH_CHUNK = 30_000  # keys per ``IN (...)`` list of ``fetch``
+_ROWS_PER_INSERT = 2_000  # rows per ``INSERT ... VALUES`` of ``_insert_rows`` (at most)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key PRIMARY KEY NOT NULL, value INTEGER NOT NULL,
                                   updated_window INTEGER) WITHOUT ROWID;
@@ -57,7 +59,7 @@ CREATE TABLE IF NOT EXISTS windows (window_id INTEGER PRIMARY KEY, first_seq INT
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS delta (key NOT NULL, d INTEGER NOT NULL);
 CREATE TEMP TABLE IF NOT EXISTS undo (key NOT NULL, old_value INTEGER, old_updated INTEGER);
-CREATE TEMP TABLE IF NOT EXISTS puts (key PRIMARY KEY NOT NULL, value, updated INTEGER);
+CREATE TEMP TABLE IF NOT EXISTS puts (key NOT NULL, value, expires INTEGER NOT NULL);
 """
 # the state as of window ? (the first parameter twice): every key's value before the
 # first change after it, else its value now
@@ -196,22 +198,25 @@ class KeyedStore:
         db = self._db
         stamp = None if self.ttl_windows is None else window_id
         with self._window(window_id):
-            db.execute("DELETE FROM temp.puts")
-            db.executemany("INSERT INTO temp.puts(key, value, updated) VALUES (?, ?, ?)",
-                           ((k, v, stamp if expires else None) for k, v, expires in items))
+            db.execute("DELETE FROM temp.puts")  # a heap, no key: filled in the items' order
+            _insert_rows(db, "temp.puts(key, value, expires)", 3, items)
+            mark = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM changes").fetchone()[0]
             db.execute("INSERT INTO changes(window_id, key, old_value, old_updated) "
                        "SELECT ?, p.key, s.value, s.updated_window FROM temp.puts p "
                        "LEFT JOIN state s ON s.key = p.key", (window_id,))
-            self._added -= db.execute(
-                "DELETE FROM state WHERE key IN (SELECT key FROM temp.puts WHERE value IS "
-                "NULL)").rowcount
-            self._added += db.execute(
-                "SELECT COUNT(*) FROM temp.puts p WHERE value IS NOT NULL AND NOT EXISTS "
-                "(SELECT 1 FROM state s WHERE s.key = p.key)").fetchone()[0]
+            # keys counted from the undo log just written (no second lookup per key): the
+            # absent ones, less the deletions of absent keys, less the keys deleted
+            absent = db.execute("SELECT COUNT(*) FROM changes WHERE seq >= ? AND old_value "
+                                "IS NULL", (mark,)).fetchone()[0]
+            deletions = db.execute("SELECT COUNT(*) FROM temp.puts WHERE value IS NULL"
+                                   ).fetchone()[0]
+            deleted = db.execute("DELETE FROM state WHERE key IN (SELECT key FROM temp.puts "
+                                 "WHERE value IS NULL)").rowcount
+            self._added += absent - (deletions - deleted) - deleted
             db.execute("INSERT INTO state(key, value, updated_window) SELECT key, value, "
-                       "updated FROM temp.puts WHERE value IS NOT NULL ON CONFLICT(key) DO "
-                       "UPDATE SET value = excluded.value, "
-                       "updated_window = excluded.updated_window")
+                       "CASE WHEN expires THEN ? END FROM temp.puts WHERE value IS NOT NULL "
+                       "ON CONFLICT(key) DO UPDATE SET value = excluded.value, "
+                       "updated_window = excluded.updated_window", (stamp,))
 
     @contextlib.contextmanager
     def _window(self, window_id: int) -> Iterator[int]:
@@ -289,6 +294,14 @@ class KeyedStore:
         value, in key order: a range of the primary key, read without a table scan."""
         return self._db.execute("SELECT key, value FROM state WHERE key >= ? AND key < ? "
                                 "ORDER BY key", (low, high)).fetchall()
+
+    def keys_through(self, low: Any, high: Any, bound: int) -> list[Any]:
+        """The keys in ``[low, high)`` whose (integer) value is at most ``bound``, in key
+        order: one pass over the range inside sqlite, for an operator that ages its keys
+        by the value it stored (``Deduplicate``'s first event times)."""
+        return [key for (key,) in self._db.execute(
+            "SELECT key FROM state WHERE key >= ? AND key < ? AND value <= ? ORDER BY key",
+            (low, high, bound))]
 
     def _expire(self, window_id: int) -> int:
         """Drops (and logs) keys last updated ``ttl_windows`` or more windows before."""
@@ -431,6 +444,24 @@ def _rows_as_of(path: str, window_id: int,
         return kept
     finally:
         source.close()
+
+
+def _insert_rows(db: sqlite3.Connection, table: str, width: int,
+                 rows: Iterable[Sequence[Any]]) -> None:
+    """Inserts ``rows`` (each ``width`` values) into ``table`` (with its columns), many
+    rows per statement: measured on 293,000 rows, 0.25-0.30 s where ``executemany`` (a
+    bind and a step per row) took 0.51 s."""
+    flat = list(chain.from_iterable(rows))
+    if len(flat) % width:
+        raise ValueError(f"rows of {width} values expected for {table}")
+    count = min(_ROWS_PER_INSERT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
+    row = f"({','.join('?' * width)})"
+    full = f"INSERT INTO {table} VALUES " + ",".join([row] * count)
+    for at in range(0, len(flat), count * width):
+        chunk = flat[at:at + count * width]
+        sql = full if len(chunk) == count * width else \
+            f"INSERT INTO {table} VALUES " + ",".join([row] * (len(chunk) // width))
+        db.execute(sql, chunk)
 
 
 def _sorted(keys: Iterable[Any]) -> list[Any]:

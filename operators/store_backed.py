@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, ClassVar
 
 import numpy as np
@@ -109,14 +110,17 @@ class StoreBacked:
         self.state = StoreHandle(self.store.path, window_id)
 
     def commit_window(self, window_id: int, changes: dict[Any, Any],
-                      expires: Callable[[Any], bool] = lambda key: False) -> None:
+                      expires: Callable[[Any], bool] | None = None) -> None:
         """Writes a window's changes (key -> value, None: delete) as its one transaction,
         keys in order, unless this deployment was replaced (``Fenced``); ``expires``: which
         keys the TTL may drop. Nothing to write: nothing happens."""
         if not changes:
             return
         self._context.check_fence()  # a replaced deployment must not write the store
-        self.store.put(window_id, [(key, changes[key], expires(key)) for key in sorted(changes)])
+        keys = sorted(changes)  # in key order: neighbours in the B-tree written together
+        flags = repeat(False) if expires is None else map(expires, keys)
+        self.store.put(window_id, zip(keys, map(changes.__getitem__, keys), flags,
+                                      strict=False))  # repeat() is endless
         self.store_applied(window_id)
 
     def store_checkpointed(self) -> None:

@@ -88,6 +88,25 @@ def test_a_recovered_run_keeps_the_same_rows(tmp_path):
     assert before + resumed.rows("out") == whole.rows("out")
 
 
+def test_keys_past_their_horizon_are_swept_out_of_the_store(monkeypatch):
+    """The store holds about one and a half horizons of keys, not every key ever seen:
+    a lookup already counts a key past its horizon as absent, and the sweep deletes it."""
+    windows = [[{"bid": w * 10 + i, "ts": w * 1_000 + i, "price": 0} for i in range(10)]
+               for w in range(30)]
+    held: list[int] = []  # the store's keys before each window's write
+    sweep = Deduplicate._sweep
+
+    def watched(self, changes):
+        held.append(self.store.keys)
+        sweep(self, changes)
+
+    monkeypatch.setattr(Deduplicate, "_sweep", watched)
+    run = run_local(dedup_dag(windows, within_ms=2_000))
+    assert len(run.rows("out")) == 300 and run.rows("dups") == []
+    assert max(held) <= 40  # 300 keys seen; about 3 s of them (10 a second) kept
+    assert run.operator("dedup").keys_forgotten >= 250
+
+
 def test_bad_settings_are_refused_when_built():
     with pytest.raises(ValueError, match="within_ms"):
         Deduplicate("bid", "ts", 0)

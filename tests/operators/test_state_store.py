@@ -73,6 +73,28 @@ def test_fetch_finds_every_held_key_across_its_in_list_chunks_and_skips_expired_
     assert store.fetch(asked, window_id=3) == {b"fresh": b"f", b"pinned": b"p"}
 
 
+def test_put_sets_and_deletes_across_its_insert_chunks_and_counts_keys_exactly(tmp_path):
+    store = KeyedStore(str(tmp_path / "s.sqlite"))
+    rows = [(f"k{i:05}".encode(), i, False) for i in range(4_501)]  # three insert chunks
+    store.put(1, rows)
+    assert store.keys == 4_501 and store.fetch([b"k04500"]) == {b"k04500": 4_500}
+    # a new key, a changed one, a deleted one and a deletion of a key it does not hold
+    store.put(2, [(b"k00000", None, False), (b"k00001", 10, False), (b"new", 1, False),
+                  (b"never", None, False)])
+    assert store.keys == 4_501 and store.fetch([b"k00000", b"k00001", b"new", b"never"]) \
+        == {b"k00001": 10, b"new": 1}
+    store.restore_to(1)
+    assert store.keys == 4_501 and store.fetch([b"k00000", b"k00001", b"new"]) \
+        == {b"k00000": 0, b"k00001": 1}
+
+
+def test_keys_through_finds_the_range_keys_whose_value_is_at_most_the_bound(tmp_path):
+    store = KeyedStore(str(tmp_path / "s.sqlite"))
+    store.put(1, [(b"sa", 5, False), (b"sb", 9, False), (b"sc", 3, False), (b"tz", 1, False)])
+    assert store.keys_through(b"s", b"t", 5) == [b"sa", b"sc"]
+    assert store.keys_through(b"s", b"t", 2) == []
+
+
 def test_fetch_takes_keys_of_several_types_that_do_not_sort_together(tmp_path):
     store = KeyedStore(str(tmp_path / "s.sqlite"))
     store.put(1, [(7, b"int", True), ("a", b"text", True), (b"a", b"bytes", True)])
