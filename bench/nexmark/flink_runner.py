@@ -124,7 +124,7 @@ def run(query: str, spec: NexmarkSpec, data: Path, work: Path, timeout_s: float 
                          f"exit {proc.returncode}: {tail[-1500:]}",
                          extra={"system_returned_at": returned_at})
     timing = json.loads(lines[-1])
-    expected = answer(query, read_events(data), spec)
+    expected = answer(query, read_events(data, query), spec)
     correct, detail = compare.check(compare.canonical(query, read_output(query, out)),
                                     expected)
     return JobResult(_SYSTEM, spec.events, float(timing["seconds"]), [], correct, detail,

@@ -188,7 +188,7 @@ def run(query: str, spec: NexmarkSpec, data: Path, work: Path, files_per_trigger
         spark.stop()
         returned_at = time.time()  # the user's program is done: before the check
         shutil.rmtree(checkpoint, ignore_errors=True)
-    events = read_events(data)
+    events = read_events(data, query)
     expected = answer(query, events, spec)
     if query in ("q5", "q7", "q8", "q11", "q19"):
         expected = closed(query, expected, spec, final_watermark(query, events, spec))

@@ -257,7 +257,7 @@ def run(query: str, spec: NexmarkSpec, data: Path, events_per_second: float,
         return JobResult(name, spec.events, 0.0, [], False, error,
                          extra={"system_returned_at": returned_at})
     output = _output(out_dir)
-    expected = answer(query, read_events(data), spec)
+    expected = answer(query, read_events(data, query), spec)
     if output is None:
         correct, detail = (expected.num_rows == 0), "no output"
     else:
