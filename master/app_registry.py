@@ -34,6 +34,13 @@ class AppRegistry:
         """The id the next submitted application gets (taken by ``add``)."""
         return f"app-{self._next_number:04d}"
 
+    def reserve_id(self) -> str:
+        """A new application's id, taken now: a submit plans without the lock, so two
+        submits planning at once get two ids (a refused one leaves a gap)."""
+        app_id = self.next_id()
+        self._next_number += 1
+        return app_id
+
     def add(self, app: Application) -> None:
         """Knows ``app`` and its containers; its id is taken (a restored one's too)."""
         self._apps[app.id] = app

@@ -137,6 +137,15 @@ class Application:
     def name(self) -> str:
         return self.plan.name
 
+    def described(self, logical_name: str) -> plan_pb2.OperatorDescriptor | None:
+        """The DAG's descriptor of an operator, by name: an index made on first use (a
+        deploy asks once per operator; a scan each time made a 10,000-operator
+        application's first deploys quadratic), not kept in the journal."""
+        index: dict[str, plan_pb2.OperatorDescriptor] | None = self.__dict__.get("_described")
+        if index is None:
+            index = self.__dict__["_described"] = {op.name: op for op in self.dag.operators}
+        return index.get(logical_name)
+
     @property
     def terminal(self) -> bool:
         return self.state.terminal

@@ -126,16 +126,19 @@ class MasterCore:
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self.release_ended_runs(all_stopped=False)  # one that ended a moment ago is free now
         with self._lock:
-            app_id, run_id = self._apps.next_id(), new_run_id()
-            try:
-                plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
-                self._launches.check_request(plan.attributes, dag)
-                seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
-                                                         allow_dropped, manifest)
-                          if manifest is not None else None)
-            except (PlanError, DagError, SavepointError, UnplaceableRequest) as exc:
-                raise InvalidArgument(str(exc)) from None
-            state_dir = plan.attributes["STATE_DIR"]
+            app_id, run_id = self._apps.reserve_id(), new_run_id()
+        # planned without the lock: heartbeats and other applications' calls go on while
+        # a large DAG is planned (it touches nothing shared until it is added below)
+        try:
+            plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
+            self._launches.check_request(plan.attributes, dag)
+            seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
+                                                     allow_dropped, manifest)
+                      if manifest is not None else None)
+        except (PlanError, DagError, SavepointError, UnplaceableRequest) as exc:
+            raise InvalidArgument(str(exc)) from None
+        state_dir = plan.attributes["STATE_DIR"]
+        with self._lock:
             self._folders.reserve(state_dir, app_id)
         claim = None
         try:
@@ -147,11 +150,11 @@ class MasterCore:
             with self._lock:
                 self._folders.unreserve(app_id)
             raise
+        app = Application(app_id, dag, plan, self.clock())
+        if seeded is not None:
+            savepoints.adopt(app, from_savepoint, *seeded)
         with self._lock:
             self._folders.hold(claim)
-            app = Application(app_id, dag, plan, self.clock())
-            if seeded is not None:
-                savepoints.adopt(app, from_savepoint, *seeded)
             self._apps.add(app)
             self._listeners.add(app_id, listeners)
             self._persist(app)

@@ -381,12 +381,10 @@ def deploy_info(app: Application, op: PTOperator) -> plan_pb2.OperatorDeployInfo
 def _stream_schemas(app: Application, op: PTOperator) -> dict[str, bytes]:
     """What the streams into ``op``'s inputs are known to carry (the DAG's
     ``stream_schema``); nothing for a unifier, whose inputs are its operator's partitions."""
-    for described in app.dag.operators:
-        if described.name == (op.logical_name or op.name) \
-                and described.class_name == op.class_name:
-            return {port.name: port.stream_schema for port in described.inputs
-                    if port.stream_schema}
-    return {}
+    described = app.described(op.logical_name or op.name)
+    if described is None or described.class_name != op.class_name:
+        return {}
+    return {port.name: port.stream_schema for port in described.inputs if port.stream_schema}
 
 
 def _seed_info(seed: StateSeed) -> plan_pb2.StateSeed:

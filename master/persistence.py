@@ -180,6 +180,7 @@ def _without_operators(app: Application) -> Application:
     """A shallow copy of ``app`` without its DAG and operators (journaled apart)."""
     light = copy.copy(app)
     light.dag = None  # type: ignore[assignment]
+    light.__dict__.pop("_described", None)  # an index of the DAG: made again on use
     light.plan = copy.copy(app.plan)
     light.plan.operators = {}
     light.plan.retired = {}

@@ -280,6 +280,8 @@ class Topology:
     downstream: dict[int, tuple[int, ...]]  # fed operators, ascending
     order: tuple[int, ...]  # each operator after every operator feeding it
     position: dict[int, int] = dataclasses.field(default_factory=dict)  # index in ``order``
+    # each DAG operator's physical instances (no unifiers), in the plan's order
+    instances: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, operators: dict[int, PTOperator]) -> Topology:
@@ -300,8 +302,13 @@ class Topology:
                 waiting[down] -= 1
                 if not waiting[down]:
                     ready.append(down)
+        instances: dict[str, list[int]] = {}
+        for op_id, op in operators.items():
+            if op.type != plan_pb2.OPERATOR_TYPE_UNIFIER:
+                instances.setdefault(op.logical_name, []).append(op_id)
         return cls(upstream, downstream, tuple(order),
-                   {op_id: index for index, op_id in enumerate(order)})
+                   {op_id: index for index, op_id in enumerate(order)},
+                   {name: tuple(ids) for name, ids in instances.items()})
 
 
 @dataclasses.dataclass(eq=False)
@@ -338,9 +345,11 @@ class PhysicalPlan:
         return max([0, *self.operators, *self.retired]) + 1
 
     def instances(self, logical_name: str) -> list[PTOperator]:
-        """The physical operators of a DAG operator, in partition order (no unifiers)."""
-        return [op for op in self.operators.values() if op.logical_name == logical_name
-                and op.type != plan_pb2.OPERATOR_TYPE_UNIFIER]
+        """The physical operators of a DAG operator, in partition order (no unifiers):
+        from the topology's index, not a scan (asked per operator by savepoints, stats
+        listeners and repartitions)."""
+        operators = self.operators
+        return [operators[i] for i in self.topology().instances.get(logical_name, ())]
 
     def container(self, container_id: str) -> PTContainer | None:
         return self.containers.get(container_id)

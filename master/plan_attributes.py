@@ -34,8 +34,9 @@ def _split_overrides(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
         if "." in key:
             operator, attribute = key.rsplit(".", 1)
             if operator not in per_operator:
+                shown = names if len(names) <= 20 else [*names[:20], "..."]
                 raise PlanError(f"attribute override {key!r} names unknown operator "
-                                f"{operator!r}; the operators are {names}")
+                                f"{operator!r}; the operators are {shown}")
             scope, target = Scope.OPERATOR, per_operator[operator]
         else:
             attribute, scope, target = key, Scope.BOTH, plain
@@ -69,9 +70,10 @@ def resolve_attributes(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str]
         check_together(dag_attributes)
     except InvalidAttribute as exc:
         raise PlanError(str(exc)) from None
-    operator_attributes = {
-        op.name: {name: resolve(name, per_operator[op.name], dict(op.attributes), plain, dag_layer)
-                  for name in ATTRIBUTES}
-        for op in dag.operators
-    }
+    operator_attributes = {}
+    for op in dag.operators:
+        own = dict(op.attributes)  # once per operator, not per attribute
+        operator_attributes[op.name] = {
+            name: resolve(name, per_operator[op.name], own, plain, dag_layer)
+            for name in ATTRIBUTES}
     return dag_attributes, operator_attributes

@@ -5,6 +5,7 @@ containers (``master.physical_plan`` holds what it makes). Pure: no I/O.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ from weir.proto import plan_pb2
 
 __all__ = [
     "build_physical_plan",
+    "check_size",
     "instance_names",
     "instantiate",
     "place_operators",
@@ -65,10 +67,12 @@ def place_operators(order: list[str], pinned: Mapping[str, int], containers: int
         load[index] += 1
     free = [name for name in order if name not in pinned]
     counts = [0] * slots
+    least = [(load[i], i) for i in range(slots)]  # the least loaded, then the lowest index
+    heapq.heapify(least)
     for _ in free:
-        target = min(range(slots), key=lambda i: (load[i], i))
-        load[target] += 1
+        units, target = heapq.heappop(least)
         counts[target] += 1
+        heapq.heappush(least, (units + 1, target))
     placement = dict(pinned)
     position = 0
     for index, count in enumerate(counts):
@@ -99,6 +103,7 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     order = topological_order(dag)
     descriptors = {op.name: op for op in dag.operators}
     counts = _partition_counts(dag, order, descriptors, operator_attributes)
+    check_size(dag, counts, operator_attributes, dag_attributes["MAX_OPERATORS"])
     pinned: dict[str, int] = {}
     for name in order:
         index = operator_attributes[name]["CONTAINER"]
@@ -120,7 +125,7 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
     for index in sorted(set(placement.values())):
         cid = container_id_for(app_id, index)
         containers[cid] = PTContainer(id=cid, index=index)
-    operators = instantiate(dag, operator_attributes, counts, app_id, placement)
+    operators = instantiate(dag, operator_attributes, counts, app_id, placement, order)
     for op in operators.values():
         containers[op.container_id].operator_ids.append(op.id)
     plan = PhysicalPlan(app_id=app_id, name=dag.name, attributes=dag_attributes,
@@ -130,14 +135,15 @@ def build_physical_plan(dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str
 
 
 def instantiate(dag: plan_pb2.DagDescriptor, operator_attributes: Mapping[str, dict[str, Any]],
-                counts: Mapping[str, int], app_id: str, placement: Mapping[str, int]
-                ) -> dict[int, PTOperator]:
+                counts: Mapping[str, int], app_id: str, placement: Mapping[str, int],
+                order: list[str] | None = None) -> dict[int, PTOperator]:
     """The physical operators of ``dag`` with ``counts`` partitions each, numbered 1..N in
-    topological order, unifiers inserted, in the containers ``placement`` gives each
-    instance name (``name`` or ``name#i``; a unifier goes with its reader)."""
+    topological order (``order``, if the caller has it), unifiers inserted, in the
+    containers ``placement`` gives each instance name (``name`` or ``name#i``; a unifier
+    goes with its reader)."""
     descriptors = {op.name: op for op in dag.operators}
     builder = _Builder(dag, descriptors, operator_attributes, counts, app_id, placement)
-    for name in topological_order(dag):
+    for name in order if order is not None else topological_order(dag):
         builder.add(name)
     return builder.operators
 
@@ -147,9 +153,13 @@ def instance_names(name: str, count: int) -> list[str]:
     return [name] if count == 1 else [f"{name}#{i}" for i in range(count)]
 
 
-def _upstream(dag: plan_pb2.DagDescriptor, name: str) -> list[str]:
-    return list(dict.fromkeys(stream.source_operator for stream in dag.streams
-                              if any(sink.operator == name for sink in stream.sinks)))
+def _upstream(dag: plan_pb2.DagDescriptor) -> dict[str, list[str]]:
+    """Each operator's upstream operators (in stream order, once each): one pass."""
+    upstream: dict[str, dict[str, None]] = {}
+    for stream in dag.streams:
+        for sink in stream.sinks:
+            upstream.setdefault(sink.operator, {})[stream.source_operator] = None
+    return {name: list(sources) for name, sources in upstream.items()}
 
 
 def _partition_counts(dag: plan_pb2.DagDescriptor, order: list[str],
@@ -162,11 +172,12 @@ def _partition_counts(dag: plan_pb2.DagDescriptor, order: list[str],
             PARALLEL_PARTITION without upstream partitions of one count.
     """
     counts: dict[str, int] = {}
+    upstream_of = _upstream(dag)
     for name in order:
         attributes = operator_attributes[name]
         count = attributes["PARTITIONS"]
         if attributes["PARALLEL_PARTITION"]:
-            upstream = _upstream(dag, name)
+            upstream = upstream_of.get(name, [])
             upstream_counts = {counts[u] for u in upstream}
             if not upstream or len(upstream_counts) != 1 or 1 in upstream_counts:
                 raise PlanError(
@@ -194,6 +205,34 @@ def _partition_counts(dag: plan_pb2.DagDescriptor, order: list[str],
                                 f"its streams, e.g. -D {name}.PARTITION_KEY=word")
         counts[name] = count
     return counts
+
+
+def _unifier_counts(dag: plan_pb2.DagDescriptor, counts: Mapping[str, int],
+                    operator_attributes: Mapping[str, dict[str, Any]]) -> dict[str, int]:
+    """Per partitioned operator, how many unifiers the plan gives it: one per reading
+    instance that is not its parallel partner."""
+    unifiers: dict[str, int] = {}
+    for stream in dag.streams:
+        if counts[stream.source_operator] > 1:
+            for sink in stream.sinks:
+                if not operator_attributes[sink.operator]["PARALLEL_PARTITION"]:
+                    unifiers[stream.source_operator] = (
+                        unifiers.get(stream.source_operator, 0) + counts[sink.operator])
+    return unifiers
+
+
+def check_size(dag: plan_pb2.DagDescriptor, counts: Mapping[str, int],
+                operator_attributes: Mapping[str, dict[str, Any]], most: int) -> None:
+    """Refuses a plan of more than ``most`` physical operators (``MAX_OPERATORS``) before
+    any of them is made."""
+    physical = sum(counts.values()) + sum(
+        _unifier_counts(dag, counts, operator_attributes).values())
+    if physical > most:
+        raise PlanError(
+            f"DAG {dag.name!r} would have {physical:,} physical operators ({len(counts):,} "
+            f"in the DAG, partitions and unifiers counted), over MAX_OPERATORS={most:,}; "
+            "merge operators, lower PARTITIONS, or raise it (-D MAX_OPERATORS=N, at most "
+            "1,000,000)")
 
 
 def _spread_partitions(order: list[str], counts: Mapping[str, int], pinned: dict[str, int],
@@ -244,14 +283,16 @@ class _Builder:
         self.port_order = {op.name: {p.name: i for i, p in enumerate([*op.inputs, *op.outputs])}
                            for op in dag.operators}
         # readers needing a unifier per partitioned operator: one unifier keeps a short name
-        self.unifiers_of: dict[str, int] = {}
+        self.unifiers_of = _unifier_counts(dag, counts, operator_attributes)
+        # each operator's input (stream, port) and output streams, in the DAG's stream
+        # order: one pass here, not one per operator (a 10,000-operator DAG is linear)
+        self.inputs_of: dict[str, list[tuple[plan_pb2.StreamDescriptor, str]]] = {}
+        self.outputs_of: dict[str, list[plan_pb2.StreamDescriptor]] = {}
+        self._concat_payload = b""  # ConcatUnifier pickled once per plan
         for stream in dag.streams:
-            if counts[stream.source_operator] > 1:
-                for sink in stream.sinks:
-                    if not operator_attributes[sink.operator]["PARALLEL_PARTITION"]:
-                        self.unifiers_of[stream.source_operator] = (
-                            self.unifiers_of.get(stream.source_operator, 0)
-                            + counts[sink.operator])
+            self.outputs_of.setdefault(stream.source_operator, []).append(stream)
+            for sink in stream.sinks:
+                self.inputs_of.setdefault(sink.operator, []).append((stream, sink.port))
 
     def _new_id(self) -> int:
         return len(self.operators) + 1
@@ -268,14 +309,12 @@ class _Builder:
             share = (PartitionSpec(key_column, mask, tuple(sorted(keys[index])))
                      if count > 1 and not parallel else None)
             container_id = container_id_for(self.app_id, self.placement[unit])
-            inputs = [link for stream in self.dag.streams for sink in stream.sinks
-                      if sink.operator == name
-                      for link in [self._input(stream, sink.port, unit, index, share,
-                                               parallel, container_id)]]
+            inputs = [self._input(stream, port, unit, index, share, parallel, container_id)
+                      for stream, port in self.inputs_of.get(name, ())]
             rank = self.port_order[name]
             inputs.sort(key=lambda link: rank.get(link.port_name, 0))
-            outputs = [OutputLink(stream.source_port, stream.name) for stream in self.dag.streams
-                       if stream.source_operator == name]
+            outputs = [OutputLink(stream.source_port, stream.name)
+                       for stream in self.outputs_of.get(name, ())]
             outputs = list({link.port_name: link for link in outputs}.values())
             outputs.sort(key=lambda link: rank.get(link.port_name, 0))
             op = PTOperator(
@@ -313,7 +352,8 @@ class _Builder:
         if desc.unifier_payload:
             payload, class_name = desc.unifier_payload, desc.unifier_class_name
         else:
-            payload = cloudpickle.dumps(ConcatUnifier())
+            self._concat_payload = self._concat_payload or cloudpickle.dumps(ConcatUnifier())
+            payload = self._concat_payload
             class_name = f"{ConcatUnifier.__module__}.{ConcatUnifier.__qualname__}"
         attributes = dict(self.attributes[source])
         attributes.update(APPLICATION_WINDOW_COUNT=1, PARTITIONS=1, PARTITION_KEY="",

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from weir.master.application import Application, ApplicationState
 from weir.master.checkpoints import CheckpointBook, update_recovery
-from weir.master.errors import FailedPrecondition, InvalidArgument, NotFound, shown
+from weir.master.errors import FailedPrecondition, InvalidArgument, NotFound, PlanError, shown
 from weir.master.physical_plan import (
     ContainerState,
     OperatorState,
@@ -29,14 +29,16 @@ from weir.master.physical_plan import (
     PTOperator,
     StateSeed,
 )
-from weir.master.planner import instance_names, instantiate, spread
+from weir.master.planner import check_size, instance_names, instantiate, spread
 from weir.master.recovery import downstream_closure, redeploy
 from weir.master.stats import OperatorStatsTracker
-from weir.operators.attributes import ProcessingMode
+from weir.operators.attributes import ATTRIBUTES, ProcessingMode
 from weir.operators.windows import format_window_id
 from weir.proto import plan_pb2
 
 __all__ = ["MAX_PARTITIONS", "Repartition", "repartition", "unhealthy"]
+
+_MAX_OPERATORS = ATTRIBUTES["MAX_OPERATORS"].default  # a plan journaled before the attribute
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -92,8 +94,13 @@ def repartition(app: Application, operator: str, count: int, now_ms: int,
     plan = app.plan
     old = plan.instances(operator)
     start = min(op.recovery_window_id for op in old)
-    fresh = instantiate(app.dag, _attributes(app, operator, count), _counts(app, operator, count),
-                        app.id, _placement(app, operator, count))
+    attributes, counts = _attributes(app, operator, count), _counts(app, operator, count)
+    try:
+        check_size(app.dag, counts, attributes,
+                   int(plan.attributes.get("MAX_OPERATORS", _MAX_OPERATORS)))
+    except PlanError as exc:
+        raise InvalidArgument(str(exc)) from None
+    fresh = instantiate(app.dag, attributes, counts, app.id, _placement(app, operator, count))
     changing = _changing(fresh, operator)
     names = {op.name for op in fresh.values() if op.id not in changing}
     old_changing = _changing(plan.operators, operator)

@@ -165,6 +165,10 @@ _ALL = [
               "once per application window."),
     Attribute("CONTAINERS", _count, 2, Scope.DAG,
               "Number of containers the operators are spread over."),
+    Attribute("MAX_OPERATORS", _within(1, 1_000_000), 10_000, Scope.DAG,
+              "The most physical operators the plan may have (partitions and unifiers "
+              "counted); a DAG that would have more is refused at submit, before it is "
+              "planned."),
     Attribute("SPARE_CONTAINERS", _spare_count, 0, Scope.DAG,
               "Warm standby containers kept beside the plan's: a lost container's operators "
               "go to a ready spare at once (its Spark already warm) instead of a new process; "

@@ -46,6 +46,7 @@ class Dag:
             raise DagError("a DAG needs a non-empty name")
         self.name = name
         self._operators: dict[str, Operator] = {}
+        self._names: dict[int, str] = {}  # id(operator) -> its name: a lookup per port
         self._operator_attributes: dict[str, dict[str, str]] = {}
         self._streams: dict[str, tuple[BoundPort, list[BoundPort]]] = {}
         self._stats_listeners: dict[str, StatsListener] = {}
@@ -72,9 +73,10 @@ class Dag:
             )
         if name in self._operators:
             raise DagError(f"two operators are named {name!r}; operator names must be unique")
-        if any(o is operator for o in self._operators.values()):
+        if self._operators.get(self._names.get(id(operator), "")) is operator:
             raise DagError(f"operator {name!r} was already added under another name")
         self._operators[name] = operator
+        self._names[id(operator)] = name
         self._operator_attributes[name] = {}
         if stats_listener is not None:
             self._stats_listeners[name] = stats_listener
@@ -196,9 +198,9 @@ class Dag:
 
 
     def _operator_name(self, port: BoundPort) -> str:
-        for name, operator in self._operators.items():
-            if operator is port.operator:
-                return name
+        name = self._names.get(id(port.operator))
+        if name is not None and self._operators.get(name) is port.operator:
+            return name
         raise DagError(
             f"{port!r} belongs to an operator that is not in DAG {self.name!r}; "
             "add it with dag.add_operator first"

@@ -29,10 +29,10 @@ from weir.operators.partitioning import partition_keys
 pytestmark = pytest.mark.timeout(30)
 
 
-def partitioned_chain(partitions: int = 2, containers: int = 3) -> Cluster:
+def partitioned_chain(partitions: int = 2, containers: int = 3, **more: str) -> Cluster:
     """source -> relay1 (``partitions`` on key x) -> [unifier] -> sink, deployed, with every
     operator checkpointed at 20 and 40 (the source at 60 too): committed 40."""
-    overrides = {"relay1.PARTITION_KEY": "x"}
+    overrides = {"relay1.PARTITION_KEY": "x", **more}
     if partitions > 1:
         overrides["relay1.PARTITIONS"] = str(partitions)
     cluster = Cluster(chain_descriptor(3), containers, **overrides)
@@ -205,6 +205,14 @@ def test_refusals_name_the_reason():
     repartition(cluster.app, "relay1", 3, cluster.clock())
     with pytest.raises(FailedPrecondition, match="being \\(re\\)deployed"):
         repartition(cluster.app, "relay1", 4, cluster.clock())
+
+
+def test_a_repartition_past_max_operators_is_refused():
+    cluster = partitioned_chain(2, MAX_OPERATORS="5")  # source, 2 partitions, unifier, sink
+    with pytest.raises(InvalidArgument, match="6 physical operators.*MAX_OPERATORS=5"):
+        repartition(cluster.app, "relay1", 3, cluster.clock())
+    assert len(cluster.app.plan.instances("relay1")) == 2
+    repartition(cluster.app, "relay1", 1, cluster.clock())  # fewer: allowed
 
 
 def test_an_operator_whose_state_cannot_move_is_refused():
