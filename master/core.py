@@ -153,11 +153,14 @@ class MasterCore:
         app = Application(app_id, dag, plan, self.clock())
         if seeded is not None:
             savepoints.adopt(app, from_savepoint, *seeded)
+        # pickled without the lock too: no other thread sees the application yet
+        prepared = self._writer.prepare(app, claim) if self._writer is not None else None
         with self._lock:
             self._folders.hold(claim)
             self._apps.add(app)
             self._listeners.add(app_id, listeners)
-            self._persist(app)
+            if self._writer is not None:
+                self._writer.save(app, claim, prepared)
             _LOGGER.info("app=%s submitted: %r, %d operators in %d containers, state in %s",
                          app_id, app.name, len(plan.operators), len(plan.containers),
                          redact_location(state_dir))

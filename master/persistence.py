@@ -28,7 +28,7 @@ from weir.master.state_owner import StateClaim
 from weir.storage import moved
 from weir.storage.private_files import check_private_tree, make_private_dir
 
-__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError"]
+__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError", "Prepared"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ def _plan_mark(app: Application) -> int:
     return app.repartitions
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """An application's changed records, pickled (``ApplicationJournal.prepare``)."""
+
+    writes: list[tuple[str, bytes]]
+    marks: dict[str, Any]
+
+
 class ApplicationJournal:
     """Saves and loads applications (with their state-folder claims) in a ``Journal``.
 
@@ -92,6 +100,13 @@ class ApplicationJournal:
         Raises:
             OSError: the journal could not be written (nothing is marked saved).
         """
+        return self.commit(self.prepare(app, claim))
+
+    def prepare(self, app: Application, claim: StateClaim | None) -> Prepared:
+        """The records of ``app`` that changed since it was last saved, pickled, and
+        their marks: what ``commit`` writes. A new application's are prepared without
+        the master's lock (no other thread sees it yet): pickling a 10,000-operator plan
+        took 0.6 s, the write of it 0.15 s."""
         writes = []
         marks: dict[str, Any] = {}
         key, mark = f"{app.id}/plan", _plan_mark(app)
@@ -111,10 +126,20 @@ class ApplicationJournal:
         if self._saved.get(app.id) != mark:
             writes.append((app.id, pickle.dumps((_without_operators(app), claim))))
             marks[app.id] = mark
-        if writes:  # one record: a crash never leaves half a change (a plan without its ops)
-            self.journal.put_many(writes)
-            self._saved.update(marks)
-        return bool(writes)
+        return Prepared(writes, marks)
+
+    def commit(self, prepared: Prepared) -> bool:
+        """Writes prepared records as one record (a crash never leaves half a change: a
+        plan without its operators); True if there was anything to write.
+
+        Raises:
+            OSError: the journal could not be written (nothing is marked saved).
+        """
+        if not prepared.writes:
+            return False
+        self.journal.put_many(prepared.writes)
+        self._saved.update(prepared.marks)
+        return True
 
     def load(self) -> list[tuple[Application, StateClaim | None]]:
         """Every journaled application, in id order, with its claim."""
@@ -207,9 +232,18 @@ class HaltingJournal:
         self.halted = ""  # why the master stopped serving ("" = it serves)
         self._on_halt = on_halt
 
-    def save(self, app: Application, claim: StateClaim | None) -> None:
-        """``ApplicationJournal.save``; raises Unavailable once the journal failed."""
-        self._write(lambda: self.journal.save(app, claim))
+    def save(self, app: Application, claim: StateClaim | None,
+             prepared: Prepared | None = None) -> None:
+        """``ApplicationJournal.save`` (or its ``commit`` of ``prepared``, made without
+        the lock); raises Unavailable once the journal failed."""
+        if prepared is not None:
+            self._write(lambda: self.journal.commit(prepared))
+        else:
+            self._write(lambda: self.journal.save(app, claim))
+
+    def prepare(self, app: Application, claim: StateClaim | None) -> Prepared:
+        """``ApplicationJournal.prepare``: pickling, nothing written."""
+        return self.journal.prepare(app, claim)
 
     def forget(self, app: Application) -> None:
         """``ApplicationJournal.forget``; raises Unavailable once the journal failed."""
