@@ -34,6 +34,12 @@ class AppRegistry:
         """The id the next submitted application gets (taken by ``add``)."""
         return f"app-{self._next_number:04d}"
 
+    def reserve(self, app_id: str) -> None:
+        """Takes a given id (an application master's) so the next ``reserve_id`` skips it."""
+        number = app_id.rsplit("-", 1)[-1]
+        if number.isdecimal():
+            self._next_number = max(self._next_number, int(number) + 1)
+
     def reserve_id(self) -> str:
         """A new application's id, taken now: a submit plans without the lock, so two
         submits planning at once get two ids (a refused one leaves a gap)."""

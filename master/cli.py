@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the master's journal, secret and address: a master started again "
                         "on the same DIR takes its running applications back")
     p.add_argument("--log-dir", help="write each container's output to LOG_DIR/<id>.log")
+    p.add_argument("--application-masters", action="store_true",
+                   help="a dispatcher that runs each application in a master process of "
+                        "its own (its own lock, core and secret), under --state-dir")
     _launcher_arguments(p)
     _tls_options(p)
     _http_arguments(p)

@@ -74,6 +74,11 @@ def _class_archive(args: argparse.Namespace) -> None:
 
 
 def cmd_master(args: argparse.Namespace) -> int:
+    if args.application_masters:
+        from weir.master.cli_dispatcher import run_dispatcher
+
+        _class_archive(args)
+        return run_dispatcher(args, launcher_options(args))
     factory = launcher_factory(args.launcher, **launcher_options(args))
     _class_archive(args)
     secret = (auth.read_secret_file(args.secret_file)[0] if args.secret_file

@@ -28,7 +28,8 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
                           context: grpc.ServicerContext) -> client_pb2.SubmitApplicationResponse:
         app_id = self.core.submit(request.dag, dict(request.attribute_overrides),
                                   from_savepoint=request.from_savepoint,
-                                  allow_dropped=request.allow_dropped)
+                                  allow_dropped=request.allow_dropped,
+                                  app_id=request.application_id)
         return client_pb2.SubmitApplicationResponse(application_id=app_id)
 
     @rpc_errors

@@ -13,7 +13,8 @@ import psutil
 
 from weir.proto.contract import CONTAINER_ID_ENV
 
-__all__ = ["CANNOT_INSPECT", "AdoptedProcess", "GoneProcess", "is_container_process"]
+__all__ = ["CANNOT_INSPECT", "AdoptedProcess", "GoneProcess", "is_container_process",
+           "is_named_process"]
 
 CANNOT_INSPECT = "cannot be inspected"
 """How ``is_container_process`` ends the one reason that does not prove a process gone."""
@@ -79,8 +80,15 @@ def is_container_process(pid: int, container_id: str) -> str | None:
     group, whose environment names that container (``WEIR_CONTAINER_ID``, set at launch;
     only its owner can read it). A pid that was reused, or invented by a heartbeat, fails.
     """
+    return is_named_process(pid, container_id, CONTAINER_ID_ENV, "container")
+
+
+def is_named_process(pid: int, name: str, env_name: str, what: str) -> str | None:
+    """Why ``pid`` cannot be proven to be ``what`` ``name``'s process (its environment's
+    ``env_name`` set to ``name`` at launch, the proof ``is_container_process`` gives), or
+    None."""
     if pid <= 1:
-        return f"pid {pid} is not a process a container could have"
+        return f"pid {pid} is not a process a {what} could have"
     try:
         process = psutil.Process(pid)
         if process.uids().real != os.getuid():
@@ -89,12 +97,11 @@ def is_container_process(pid: int, container_id: str) -> str | None:
             return f"process {pid} is the master's own"
         if os.getpgid(pid) != pid:
             return f"process {pid} leads no process group of its own"
-        named = process.environ().get(CONTAINER_ID_ENV)
+        named = process.environ().get(env_name)
     except (psutil.NoSuchProcess, ProcessLookupError):
         return f"process {pid} does not exist"
     except (psutil.AccessDenied, PermissionError):
         return f"process {pid} {CANNOT_INSPECT}"
-    if named != container_id:
-        return (f"process {pid} is not container {container_id} (its {CONTAINER_ID_ENV} is "
-                f"{named!r})")
+    if named != name:
+        return f"process {pid} is not {what} {name} (its {env_name} is {named!r})"
     return None

@@ -17,7 +17,7 @@ from weir.master import heartbeat as rules
 from weir.master import liveness, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
-from weir.master.errors import FailedPrecondition, InvalidArgument
+from weir.master.errors import FailedPrecondition, InvalidArgument, shown
 from weir.master.launcher import Launcher, UnplaceableRequest
 from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
@@ -68,8 +68,11 @@ class MasterCore:
     def __init__(self, launcher: Launcher, *, clock: Clock = system_clock,
                  stop_grace_ms: int = 10_000, loop_interval_s: float = 0.2,
                  journal: ApplicationJournal | None = None, ended_apps_kept: int = 100,
-                 ended_app_ttl_ms: int = 3_600_000) -> None:
+                 ended_app_ttl_ms: int = 3_600_000, only_application: str = "") -> None:
         self.launcher = launcher
+        # an application master's one application (``master.dispatcher``): the only id it
+        # takes, and only once; "" = a master of every application submitted to it
+        self.only_application = only_application
         self.journal = journal
         self.clock = clock
         self.stop_grace_ms = stop_grace_ms
@@ -107,12 +110,13 @@ class MasterCore:
 
     # -- client API -----------------------------------------------------------------------
     def submit(self, dag: plan_pb2.DagDescriptor, overrides: Mapping[str, str], *,
-               from_savepoint: str = "", allow_dropped: bool = False) -> str:
+               from_savepoint: str = "", allow_dropped: bool = False, app_id: str = "") -> str:
         """Validates and plans ``dag``, launches its containers; returns the application id.
 
         ``from_savepoint``: every operator starts from that savepoint's state, matched by
         name (``master.savepoints``); ``allow_dropped`` accepts savepoint operators the DAG
-        lacks.
+        lacks. ``app_id``: the id an application master was started for (any other master
+        refuses one).
 
         Raises:
             InvalidArgument: the DAG or the overrides are malformed, or the DAG does not
@@ -126,7 +130,8 @@ class MasterCore:
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self.release_ended_runs(all_stopped=False)  # one that ended a moment ago is free now
         with self._lock:
-            app_id, run_id = self._apps.reserve_id(), new_run_id()
+            self._check_application_id(app_id)
+            app_id, run_id = app_id or self._apps.reserve_id(), new_run_id()
         # planned without the lock: heartbeats and other applications' calls go on while
         # a large DAG is planned (it touches nothing shared until it is added below)
         try:
@@ -166,6 +171,21 @@ class MasterCore:
                          redact_location(state_dir))
         self._launches.launch(app, list(plan.containers))
         return app_id
+
+    def _check_application_id(self, app_id: str) -> None:
+        """Refuses an id a submit may not choose (lock held): only an application
+        master takes one, its own, once."""
+        only = self.only_application
+        if app_id and app_id != only:
+            raise InvalidArgument(
+                f"this master chooses application ids itself; submit without one (the id "
+                f"{shown(app_id)} is for the application master started for it)"
+                if not only else f"this application master runs {only}, not {shown(app_id)}")
+        if only and (not app_id or self._apps.find(only) is not None):
+            raise InvalidArgument(f"this application master runs {only} alone; submit other "
+                                  "applications to the dispatcher (`weir master`)")
+        if only:
+            self._apps.reserve(only)
 
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:

@@ -133,6 +133,9 @@ class MasterServer:
             which containers re-read when they lose it). None = nothing survives a stop.
             Made owner-only; one that is there must be this user's and writable by nobody
             else, as everything in it (``MasterStartError`` otherwise).
+        only_application: serve that one application alone, as its application master
+            (``master.app_master``, started by the dispatcher): the only id a submit
+            takes, once.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0,
@@ -144,10 +147,11 @@ class MasterServer:
                  publish_secret: bool = True, http_port: int | None = 0,
                  http_open: bool = False, metrics_open: bool = False,
                  state_dir: str | os.PathLike[str] | None = None,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, only_application: str = "") -> None:
         if secret is not None and not secret.strip():
             raise ValueError("the master's secret must not be empty")
         self.host = host
+        self.only_application = only_application
         self.port = port
         self.advertise_host = advertise_host or None
         self.launcher_factory: LauncherFactory = launcher_factory or named_launcher("local")
@@ -236,7 +240,8 @@ class MasterServer:
             launcher.set_credentials(env)
             core = MasterCore(launcher, clock=self.clock,
                               stop_grace_ms=self.container_stop_grace_ms,
-                              loop_interval_s=self.loop_interval_s, journal=journal)
+                              loop_interval_s=self.loop_interval_s, journal=journal,
+                              only_application=self.only_application)
             core.on_halt = self._halt
             umbilical_pb2_grpc.add_StreamingContainerUmbilicalServicer_to_server(
                 UmbilicalService(core, self.tls.identity()), server)

@@ -10,6 +10,7 @@ from weir.operators.watermarks import NO_WATERMARK
 from weir.proto import plan_pb2, umbilical_pb2
 
 __all__ = [
+    "Endless",
     "ManualClock",
     "Relay",
     "Sink",
@@ -43,6 +44,15 @@ class Source(InputOperator):
 
     def emit_tuples(self) -> bool:
         return False
+
+
+class Endless(InputOperator):
+    """A source that never ends and never emits: its windows and checkpoints go on."""
+
+    output = OutputPort()
+
+    def emit_tuples(self) -> bool:
+        return True
 
 
 class Relay(Operator):

@@ -154,6 +154,15 @@ def test_a_launchers_options_are_checked_before_anything_starts(capsys, apps, co
     assert_one_line_error(code, err, "--ray-address do not apply to --launcher local")
 
 
+@pytest.mark.parametrize("flag", [("--http-open",), ("--metrics-open",),
+                                  ("--http-port", "8080")])
+def test_a_dispatcher_refuses_what_it_does_not_serve_yet(capsys, tmp_path, flag):
+    code, _, err = run(capsys, "master", "--application-masters", "--port", "0",
+                       "--state-dir", str(tmp_path / "d"), *flag)
+    assert_one_line_error(code, err, "not served with --application-masters yet")
+    assert not (tmp_path / "d").exists()  # refused before anything started
+
+
 def test_missing_app_file_and_usage_errors(capsys, tmp_path):
     code, _, err = run(capsys, "submit", str(tmp_path / "missing.py"))
     assert_one_line_error(code, err, "does not exist")

@@ -104,3 +104,18 @@ def test_another_applications_heartbeats_are_answered_while_a_dag_is_planned(mon
     submit.join(30)
     assert not held_up, "a heartbeat waited for another application's planning"
     assert len(submitted) == 1 and submitted[0] != running
+
+
+def test_only_an_application_master_takes_an_application_id_and_only_its_own_once():
+    master = new_core()
+    with pytest.raises(InvalidArgument, match="chooses application ids itself"):
+        master.submit(chain_descriptor(3), {}, app_id="app-0042")
+    own = MasterCore(RecordingLauncher("127.0.0.1:1"), clock=ManualClock(),
+                     only_application="app-0042")
+    with pytest.raises(InvalidArgument, match="runs app-0042, not 'app-0007'"):
+        own.submit(chain_descriptor(3), {}, app_id="app-0007")
+    with pytest.raises(InvalidArgument, match="runs app-0042 alone"):
+        own.submit(chain_descriptor(3), {})
+    assert own.submit(chain_descriptor(3), {}, app_id="app-0042") == "app-0042"
+    with pytest.raises(InvalidArgument, match="runs app-0042 alone"):
+        own.submit(chain_descriptor(3), {}, app_id="app-0042")
