@@ -71,6 +71,7 @@ class _Settings:
     rpc_timeout_s: float
     profile_path: str | None
     gc_path: str | None
+    application_masters: bool = False
 
     @property
     def interval_ms(self) -> int:
@@ -104,14 +105,48 @@ def _submit(address: str, settings: _Settings) -> list[PlayedContainer]:
     return played
 
 
-async def _drive(master: MasterProcess, played: list[PlayedContainer], settings: _Settings
-                 ) -> dict[str, Any]:
-    """Plays the containers for ``duration_s``; measures after ``warmup_s``."""
+def _application_masters(state_dir: str) -> dict[str, tuple[str, bytes, str]]:
+    """Each application master's address, certificate and secret, from its folder (the
+    dispatcher's ``apps/<id>``): the containers of its application heartbeat to it."""
+    masters = {}
+    for folder in sorted(Path(state_dir, "apps").iterdir()):
+        address = json.loads((folder / "master.json").read_text())["address"]
+        masters[folder.name] = (address, (folder / "tls" / "cert.pem").read_bytes(),
+                                (folder / "secret").read_text().strip())
+    return masters
+
+
+def _tree(process: psutil.Process) -> list[psutil.Process]:
+    """The master and every process it started (a dispatcher's application masters)."""
+    with contextlib.suppress(psutil.Error):
+        return [process, *process.children(recursive=True)]
+    return [process]
+
+
+def _rss(process: psutil.Process) -> int:
+    with contextlib.suppress(psutil.Error):
+        return process.memory_info().rss
+    return 0
+
+
+def _tree_cpu_s(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += _cpu_s(process)
+    return total
+
+
+async def _drive(master: MasterProcess, played: list[PlayedContainer], settings: _Settings,
+                 masters: dict[str, tuple[str, bytes, str]] | None = None) -> dict[str, Any]:
+    """Plays the containers for ``duration_s``; measures after ``warmup_s``. The master's
+    figures are of its whole process tree (with application masters: all of them)."""
     loop = asyncio.get_running_loop()
     interval_s, duration_s = settings.interval_s, settings.duration_s
     generator = LoadGenerator(master.address, played, interval_s, settings.channels,
-                               settings.rpc_timeout_s)
+                              settings.rpc_timeout_s, masters)
     own = psutil.Process()
+    tree = _tree(master.process)
     tasks: list[asyncio.Task[None]] = []
     result: dict[str, Any] = {}
     try:
@@ -122,17 +157,17 @@ async def _drive(master: MasterProcess, played: list[PlayedContainer], settings:
             first_at = started + interval_s * container.index / count
             tasks.append(asyncio.create_task(generator.play(container, first_at)))
         await asyncio.sleep(settings.warmup_s)
-        master_cpu0, own_cpu0, wall0 = _cpu_s(master.process), _cpu_s(own), loop.time()
-        wait0, busy0 = _runqueue_wait_s(master.popen.pid), _busy_s()
-        rss_start_mb = master.process.memory_info().rss / 2**20
+        master_cpu0, own_cpu0, wall0 = _tree_cpu_s(tree), _cpu_s(own), loop.time()
+        wait0, busy0 = sum(_runqueue_wait_s(p.pid) for p in tree), _busy_s()
+        rss_start_mb = sum(_rss(p) for p in tree) / 2**20
         generator.tally.measure_from = wall0
         epoch0 = time.time()
         with PeakMemory(master.popen.pid, interval_s=0.25) as memory:
             await asyncio.sleep(max(0.0, started + duration_s - loop.time()))
             generator.tally.measure_to = wall1 = loop.time()
             epoch1 = time.time()
-            master_cpu1, own_cpu1 = _cpu_s(master.process), _cpu_s(own)
-            wait1, busy1 = _runqueue_wait_s(master.popen.pid), _busy_s()
+            master_cpu1, own_cpu1 = _tree_cpu_s(tree), _cpu_s(own)
+            wait1, busy1 = sum(_runqueue_wait_s(p.pid) for p in tree), _busy_s()
             rss_end_mb = memory.sample_mb()
         measured_s = wall1 - wall0
         crashed = [t.exception() for t in tasks if t.done() and not t.cancelled()
@@ -151,6 +186,7 @@ async def _drive(master: MasterProcess, played: list[PlayedContainer], settings:
         states = collections.Counter(c.state for c in listed)
         app_states = collections.Counter(a.state for a in apps)
         result = {
+            "master_processes": len(tree),
             "heartbeats_sent": tally.sent,
             "heartbeats_answered": tally.answered,
             "heartbeats_measured": tally.measured,
@@ -245,7 +281,8 @@ def _profile_top(path: str, heartbeats: int, limit: int = 25) -> list[dict[str, 
 def run(containers: int = 1000, operators_per_container: int = 10, interval_s: float = 1.0,
         duration_s: float = 30.0, *, warmup_s: float = 5.0, containers_per_app: int = 10,
         heartbeat_timeout_ms: int = 10_000, channels: int = 4, rpc_timeout_s: float = 10.0,
-        profile_path: str | None = None, gc_log: bool = False) -> dict[str, Any]:
+        profile_path: str | None = None, gc_log: bool = False,
+        application_masters: bool = False) -> dict[str, Any]:
     """Plays ``containers`` containers against a real master and measures its control plane.
 
     The master is a ``weir master --launcher recording`` subprocess on 127.0.0.1 (its CPU
@@ -262,6 +299,9 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
             figures are then the profiler's, not the master's.
         gc_log: time the master's garbage collections (a ``gc.callbacks`` hook) and
             return them under ``master_gc``.
+        application_masters: the master is a dispatcher (``--application-masters``):
+            each application's containers heartbeat to its own master process, and the
+            master's figures (CPU, memory, run-queue waits) are of every process.
 
     Returns:
         A JSON-serialisable dict: the parameters; ``heartbeats_*`` (sent, answered,
@@ -290,6 +330,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         "heartbeat_timeout_ms": heartbeat_timeout_ms, "channels": channels,
         "windows_per_heartbeat": max(1, round(interval_s * 1000 / WINDOW_MS)),
         "profiled": bool(profile_path), "cpus": os.cpu_count(),
+        "application_masters": application_masters,
     }
     gc_path = ""
     if gc_log:
@@ -297,7 +338,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         os.close(descriptor)
     settings = _Settings(containers, operators_per_container, interval_s, duration_s, warmup_s,
                          containers_per_app, heartbeat_timeout_ms, channels, rpc_timeout_s,
-                         profile_path, gc_path or None)
+                         profile_path, gc_path or None, application_masters)
     try:
         figures.update(_measure(settings))
     finally:
@@ -318,13 +359,18 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
 def _measure(settings: _Settings) -> dict[str, Any]:
     """Starts the master, submits, plays the containers; returns the figures."""
     figures: dict[str, Any] = {}
-    with master_process(settings.profile_path, settings.gc_path) as master:
+    with contextlib.ExitStack() as stack:
+        state_dir = (stack.enter_context(tempfile.TemporaryDirectory(prefix="weir-bench-cp-"))
+                     if settings.application_masters else None)
+        master = stack.enter_context(master_process(settings.profile_path, settings.gc_path,
+                                                    state_dir=state_dir))
         figures["master_idle_rss_mb"] = round(master.process.memory_info().rss / 2**20, 1)
         began = time.monotonic()
         played = _submit(master.address, settings)
         figures["submit_s"] = round(time.monotonic() - began, 2)
+        masters = _application_masters(state_dir) if state_dir else None
         try:
-            figures.update(asyncio.run(_drive(master, played, settings)))
+            figures.update(asyncio.run(_drive(master, played, settings, masters)))
         except BaseException:
             _LOGGER.error("master stderr: %s", master.stderr_tail())
             raise
@@ -338,13 +384,17 @@ def _measure(settings: _Settings) -> dict[str, Any]:
     return figures
 
 
+_PER_APP = "; a master process per application (its figures: all of them)"
+
+
 def _summary(figures: dict[str, Any]) -> str:
     f = figures
     lines = [
         f"control plane: {f['containers']} containers x {f['operators_per_container']} "
         f"operators ({f['operators']} operators, {f['applications']} applications), "
         f"a heartbeat every {f['interval_s']:g} s, measured {f['measured_s']:g} s after a "
-        f"{f['warmup_s']:g} s warm-up{' (master under cProfile)' if f['profiled'] else ''}",
+        f"{f['warmup_s']:g} s warm-up{' (master under cProfile)' if f['profiled'] else ''}"
+        f"{_PER_APP if f.get('application_masters') else ''}",
         f"  heartbeats    {f['heartbeats_sent']} sent, {f['heartbeats_measured']} measured: "
         f"{f['heartbeats_per_s']:g}/s of {f['target_heartbeats_per_s']:g}/s target; "
         f"errors {f['rpc_errors'] or 'none'}",
@@ -398,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the master under cProfile, write its stats to FILE")
     parser.add_argument("--gc", action="store_true",
                         help="time the master's garbage collections (a gc callback)")
+    parser.add_argument("--application-masters", action="store_true",
+                        help="a dispatcher with a master process per application")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
@@ -405,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = run(args.containers, args.operators, args.interval, args.duration,
                   warmup_s=args.warmup, containers_per_app=args.containers_per_app,
                   channels=args.channels, profile_path=args.profile,
-                  gc_log=args.gc)
+                  gc_log=args.gc, application_masters=args.application_masters)
     print(json.dumps(figures, indent=2) if args.json else _summary(figures))
     return 0 if figures["meets_targets"] else 1
 

@@ -92,12 +92,16 @@ class MasterProcess:
 
 @contextlib.contextmanager
 def master_process(profile_path: str | None, gc_path: str | None,
-            start_timeout_s: float = 30.0) -> Iterator[MasterProcess]:
+                   start_timeout_s: float = 30.0, state_dir: str | None = None
+                   ) -> Iterator[MasterProcess]:
     """A `weir master --launcher recording` subprocess on 127.0.0.1; always stopped after.
 
     Plain ``python -m weir`` unless asked to profile it or to log its collections.
+    ``state_dir``: with ``--application-masters`` there (a dispatcher, each application
+    in a master process of its own, its folder under ``state_dir/apps``).
     """
-    args = ["master", "--host", HOST, "--port", "0", "--launcher", "recording"]
+    args = ["master", "--host", HOST, "--port", "0", "--launcher", "recording",
+            *(("--application-masters", "--state-dir", state_dir) if state_dir else ())]
     argv = [sys.executable, "-m", "weir", *args]
     if profile_path or gc_path:
         argv = [sys.executable, "-c", _INSTRUMENTED_MASTER, profile_path or "", gc_path or "",

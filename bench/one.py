@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: EventTimeSpec() with --spec's events)")
     parser.add_argument("--containers", type=int, default=1000, help="control plane")
     parser.add_argument("--operators", type=int, default=10, help="control plane")
+    parser.add_argument("--application-masters", action="store_true",
+                        help="control plane: a dispatcher, a master process per application")
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="control plane: seconds before the figures are taken")
@@ -127,7 +129,8 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
 
         result = control_plane.run(containers=args.containers,
                                    operators_per_container=args.operators,
-                                   duration_s=args.duration, warmup_s=args.warmup)
+                                   duration_s=args.duration, warmup_s=args.warmup,
+                                   application_masters=args.application_masters)
     return result
 
 

@@ -13,6 +13,7 @@ import random
 import socket
 import time
 from collections.abc import Iterable
+from typing import Any
 
 import grpc
 
@@ -223,28 +224,41 @@ class LoadGenerator:
     """Plays every container from this process's event loop over a few channels."""
 
     def __init__(self, address: str, containers: list[PlayedContainer], interval_s: float,
-                 channels: int, rpc_timeout_s: float) -> None:
+                 channels: int, rpc_timeout_s: float,
+                 masters: dict[str, tuple[str, bytes, str]] | None = None) -> None:
+        """``masters``: per application id, its own master's address, certificate and
+        secret (a dispatcher's application masters); None: every container's master is
+        the one at ``address``, whose secret file this bench's master wrote."""
         self.address = address
         self.containers = containers
         self.interval_s = interval_s
         self.rpc_timeout_s = rpc_timeout_s
-        # the master this bench starts wrote its secret file: play containers that know it
-        credentials = auth.client_credentials(address)
-        roots = credentials.require_roots(address)
-        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
-                   *grpc_tls_options(pinned_server_name(roots))]
-        self.channels = [grpc.aio.secure_channel(
-            address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
-            for _ in range(max(1, channels))]
-        self.stubs = [umbilical_pb2_grpc.StreamingContainerUmbilicalStub(channel)
-                      for channel in self.channels]
-        self.metadata = bearer_metadata(credentials.secret)
+        self.channels: list[grpc.aio.Channel] = []
+        self._routes: dict[str, list[tuple[Any, tuple[tuple[str, str], ...]]]] = {}
+        if masters is None:
+            credentials = auth.client_credentials(address)
+            masters = {"": (address, credentials.require_roots(address), credentials.secret)}
+        for app_id, (target, roots, secret) in masters.items():
+            options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
+                       *grpc_tls_options(pinned_server_name(roots))]
+            opened = [grpc.aio.secure_channel(
+                target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+                for _ in range(max(1, channels if app_id == "" else 1))]
+            self.channels += opened
+            metadata = bearer_metadata(secret)
+            self._routes[app_id] = [(umbilical_pb2_grpc.StreamingContainerUmbilicalStub(c),
+                                     metadata) for c in opened]
         self.tally = Tally()
         self.started = 0.0
 
+    def _route(self, container: PlayedContainer) -> tuple[Any, Any]:
+        """The stub and call metadata of the container's master."""
+        routes = self._routes.get(container.id.rsplit("-c", 1)[0]) or self._routes[""]
+        return routes[container.index % len(routes)]
+
     def _stub(self, container: PlayedContainer
               ) -> umbilical_pb2_grpc.StreamingContainerUmbilicalStub:
-        return self.stubs[container.index % len(self.stubs)]
+        return self._route(container)[0]
 
     async def init_all(self, concurrency: int = 64) -> None:
         """GetInitContext for every container (raises on the first failure)."""
@@ -252,9 +266,10 @@ class LoadGenerator:
 
         async def one(container: PlayedContainer) -> None:
             async with gate:
-                context = await self._stub(container).GetInitContext(
+                stub, metadata = self._route(container)
+                context = await stub.GetInitContext(
                     umbilical_pb2.GetInitContextRequest(container_id=container.id),
-                    timeout=self.rpc_timeout_s, metadata=self.metadata)
+                    timeout=self.rpc_timeout_s, metadata=metadata)
             container.init(context)
 
         await asyncio.gather(*(one(c) for c in self.containers))
@@ -262,7 +277,7 @@ class LoadGenerator:
     async def play(self, container: PlayedContainer, first_at: float) -> None:
         """Heartbeats every interval from ``first_at`` until cancelled or told ABORT."""
         loop = asyncio.get_running_loop()
-        stub, tally, interval = self._stub(container), self.tally, self.interval_s
+        (stub, metadata), tally, interval = self._route(container), self.tally, self.interval_s
         due = first_at
         while True:
             delay = due - loop.time()
@@ -277,7 +292,7 @@ class LoadGenerator:
             start = time.perf_counter()
             try:
                 response = await stub.ProcessHeartbeat(request, timeout=self.rpc_timeout_s,
-                                                       metadata=self.metadata)
+                                                       metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 tally.errors[exc.code().name] += 1
                 tally.measured_errors += tally.in_period(sent)

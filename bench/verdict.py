@@ -47,7 +47,8 @@ def failed_rows(report: dict[str, Any]) -> list[str]:
                for r in report.get("latency", [])]
     failed += [(f"scaling {r.get('partitions')} partitions", _why(r))
                for r in report.get("scaling", {}).get("runs", [])]
-    for key in ("running_count", "startup", "master_restart", "control_plane"):
+    for key in ("running_count", "startup", "master_restart", "control_plane",
+                "control_plane_application_masters"):
         if key in report:
             failed.append((key.replace("_", " "), _why(report[key])))
     for key, _ in RECOVERY_ROWS:
