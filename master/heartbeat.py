@@ -283,13 +283,13 @@ def _apply_operator_reports(app: Application, container: PTContainer,
                               format_window_id(tracker.current_window_id))
             if record_checkpoints(app, op, windows):
                 checkpointed.add(op.id)
-        if _apply_state(app, container, op, report) and out.failed is None:
+        if _apply_state(app, container, op, report, now_ms) and out.failed is None:
             out.failed = (op, report.fatal)
     return out
 
 
 def _apply_state(app: Application, container: PTContainer, op: PTOperator,
-                 report: umbilical_pb2.OperatorHeartbeat) -> bool:
+                 report: umbilical_pb2.OperatorHeartbeat, now_ms: int) -> bool:
     """Moves ``op`` to its reported state; True if it has just FAILED."""
     if op.terminal:
         return False  # SHUTDOWN and FAILED stay until recovery redeploys the operator
@@ -306,6 +306,7 @@ def _apply_state(app: Application, container: PTContainer, op: PTOperator,
     elif report.state == umbilical_pb2.OPERATOR_STATE_FAILED:
         op.transition(OperatorState.FAILED)  # the failure is charged by lose_container
         op.error = bounded_text(report.error) or "failed without an error message"
+        op.error_ms = now_ms
         _LOGGER.warning("app=%s container=%s operator=%s (%d) FAILED at window %s: %s",
                         app.id, container.id, op.name, op.id,
                         format_window_id(app.operator_stats[op.id].last_window_id), op.error)

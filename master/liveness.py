@@ -124,7 +124,7 @@ def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int |
             continue
         _LOGGER.warning("app=%s container=%s operator=%s (%d) %s", app.id, container.id,
                         op.name, op.id, cause)
-        op.error = cause
+        op.error, op.error_ms = cause, now_ms
         losses.append(lose_container(app, container, f"operator {op.name!r} ({op.id}) {cause}",
                                      now_ms, blamed=[op], dump_threads=True))
     return losses

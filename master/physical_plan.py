@@ -147,6 +147,7 @@ class PTOperator:
     outputs: list[OutputLink] = dataclasses.field(default_factory=list)
     state: OperatorState = OperatorState.PENDING_DEPLOY
     error: str = ""
+    error_ms: int = 0  # when ``error`` was set: the failure's time (epoch ms; 0: never)
     failure_count: int = 0  # every failure over the application's life
     failures_in_a_row: int = 0  # failures since its last new checkpoint (MAX_RESTARTS)
     recovery_window_id: int = -1

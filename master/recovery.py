@@ -243,7 +243,7 @@ def lose_container(app: Application, container: PTContainer, cause: str, now_ms:
         op.failure_count += 1
         op.failures_in_a_row += 1
         if blamed is None:
-            op.error = f"container {container.id} lost: {cause}"
+            op.error, op.error_ms = f"container {container.id} lost: {cause}", now_ms
     if fatal and blamed:
         culprit = blamed[0]
         _fail_operators(live)
@@ -314,7 +314,7 @@ def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequen
                and app.plan.operators[i].state == OperatorState.PENDING_DEPLOY), None)
     if op is None:
         return None
-    op.error = message
+    op.error, op.error_ms = message, now_ms
     _LOGGER.warning("app=%s container=%s operator=%s (%d) could not be deployed from checkpoint "
                     "%s: %s", app.id, container.id, op.name, op.id,
                     format_window_id(op.deploy_window_id), message)

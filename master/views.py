@@ -172,7 +172,8 @@ def _recent_failures(app: Application) -> list[client_pb2.FailureInfo]:
                 for c in app.plan.containers.values()
                 if c.state == ContainerState.KILLED and c.diagnostics and not c.ended_with_app]
     failures += [client_pb2.FailureInfo(
-        time_ms=app.operator_stats[op.id].last_heartbeat_ms, kind="operator", subject=op.name,
+        time_ms=op.error_ms or app.operator_stats[op.id].last_heartbeat_ms, kind="operator",
+        subject=op.name,
         message=f"{op.error} (failures: {op.failure_count})") for op in app.plan.operators.values()
         if op.error]
     failures += [client_pb2.FailureInfo(time_ms=e.time_ms, kind="error", subject=e.source,

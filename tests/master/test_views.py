@@ -6,10 +6,12 @@ import collections
 
 import pytest
 
-from tests.master.fakes import operator_report, reported, window
+from tests.master.fakes import container_heartbeat, operator_report, reported, window
 from tests.master.monitoring import WINDOWS, monitored_core
 from weir.master import views
 from weir.master.stats import OperatorStatsTracker
+from weir.operators.windows import make_window_id
+from weir.proto import umbilical_pb2
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -90,6 +92,30 @@ def test_reported_errors_are_shown_with_their_time_and_source_among_the_failures
     error = failures[-1]
     assert (error.time_ms, error.subject) == (reported_ms, cid)
     assert error.message == "its disk is full: ENOSPC"
+
+
+def test_an_operator_failure_keeps_the_time_it_happened_across_calls():
+    core, app_id = monitored_core()
+    cid = f"{app_id}-c0"
+    failed_ms = core.clock.advance(1_000)
+    core.heartbeat(container_heartbeat(cid, operators=[operator_report(
+        2, state=umbilical_pb2.OPERATOR_STATE_FAILED, error="relay1 broke")]))
+
+    def operator_failure():
+        return next(f for f in core.application_info(app_id).recent_failures
+                    if f.kind == "operator")
+
+    assert operator_failure().time_ms == failed_ms
+    core.clock.advance(7_000)
+    core.check_liveness()  # the failed operator's container is restarted
+    replacement = f"{app_id}-c1"
+    core.heartbeat(container_heartbeat(replacement, port=7001))  # its operators sent again
+    core.clock.advance(3_000)
+    start = core.application_info(app_id).start_window_millis
+    later = window(make_window_id(start // 1000, WINDOWS + 20), end_ms=core.clock())
+    core.heartbeat(container_heartbeat(replacement, port=7001, operators=[
+        operator_report(i, windows=[later]) for i in (1, 2, 3)]))  # running, reporting
+    assert operator_failure().time_ms == failed_ms  # not its last report's time
 
 
 def test_a_journal_of_errors_kept_as_text_loads_them_with_their_source():
