@@ -178,7 +178,8 @@ class HeartbeatLoop:
             self.deployment.deploy_failed(info, exc)
         else:  # the master restarts the container for another try
             try:
-                self.client.report_error(self.container_id, [info.id], str(exc))
+                self.client.report_error(self.container_id, [info.id], str(exc),
+                                         info.generation)
             except (grpc.RpcError, MasterUnreachable) as error:
                 _LOGGER.warning("container %s: could not report the failed deploy of %d: %s",
                                 self.container_id, info.id, error)

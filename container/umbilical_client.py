@@ -116,9 +116,11 @@ class UmbilicalClient:
         self._call("Log",
                    umbilical_pb2.LogRequest(container_id=container_id, msg=msg))
 
-    def report_error(self, container_id: str, operators: list[int], msg: str) -> None:
+    def report_error(self, container_id: str, operators: list[int], msg: str,
+                     generation: int = 0) -> None:
         request = umbilical_pb2.ReportErrorRequest(container_id=container_id,
-                                                   operators=operators, msg=msg)
+                                                   operators=operators, msg=msg,
+                                                   generation=generation)
         self._call("ReportError", request)
 
     def close(self) -> None:

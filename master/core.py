@@ -349,8 +349,10 @@ class MasterCore:
             app, _ = self._apps.container(container_id)
         _LOGGER.info("app=%s container=%s says: %s", app.id, container_id, bounded_text(msg))
 
-    def report_error(self, container_id: str, operator_ids: list[int], msg: str) -> None:
-        """Records an error event; a failed deploy counts as a failure of its operator."""
+    def report_error(self, container_id: str, operator_ids: list[int], msg: str,
+                     generation: int = 0) -> None:
+        """Records an error event; a failed deploy counts as a failure of its operator
+        (of that ``generation`` of its deployment, if given)."""
         with self._lock:
             app, container = self._apps.container(container_id)
             names = [app.plan.operators[i].name if i in app.plan.operators else str(i)
@@ -360,7 +362,8 @@ class MasterCore:
                              self.clock())
             _LOGGER.warning("app=%s container=%s reports an error in %s: %s", app.id,
                             container_id, names, msg)
-            recovery.deploy_failed(app, container, operator_ids, msg, self.clock())
+            recovery.deploy_failed(app, container, operator_ids, msg, self.clock(),
+                                   generation)
             actions = self._launches.take(app)
             self._persist(app)
             self._changed.notify_all()

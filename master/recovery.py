@@ -296,22 +296,24 @@ def _fail_operators(operators: Sequence[PTOperator]) -> None:
 
 
 def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequence[int],
-                  message: str, now_ms: int) -> ContainerLoss | None:
+                  message: str, now_ms: int, generation: int = 0) -> ContainerLoss | None:
     """A container could not deploy an operator it was sent (it said so with ReportError).
 
     The operator never ran, so no heartbeat will report it FAILED and its deploy would be
     repeated for ever: it counts as a failure of that operator, and its container is
     restarted like for any failed operator (a missing or corrupt checkpoint thus ends the
-    application once past MAX_RESTARTS, with the container's message). Errors about
-    operators that are already running are only recorded, as before. A deploy error that
+    application once past MAX_RESTARTS, with the container's message). That holds whatever
+    else the container said of the operator meanwhile: a heartbeat may already have shown
+    it ACTIVE while its ``setup`` ran (not ready); left there, it would stay so, never run
+    and never blamed. Errors about operators that run (ready), or about an earlier
+    ``generation`` of the deployment, are only recorded. A deploy error that
     cannot succeed on retry (an operator payload that cannot be unpickled) does not come
     here: the container reports the operator FAILED and fatal in its heartbeat instead.
     """
     if app.terminal or container.state == ContainerState.KILLED:
         return None
-    op = next((app.plan.operators[i] for i in operator_ids
-               if i in app.plan.operators and app.plan.operators[i].container_id == container.id
-               and app.plan.operators[i].state == OperatorState.PENDING_DEPLOY), None)
+    op = next((op for i in operator_ids if (op := app.plan.operators.get(i)) is not None
+               and op.container_id == container.id and _deploying(op, generation)), None)
     if op is None:
         return None
     op.error, op.error_ms = message, now_ms
@@ -320,6 +322,15 @@ def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequen
                     format_window_id(op.deploy_window_id), message)
     return lose_container(app, container, f"operator {op.name!r} ({op.id}) could not be "
                                           f"deployed: {message}", now_ms, blamed=[op])
+
+
+def _deploying(op: PTOperator, generation: int) -> bool:
+    """Whether ``op``'s deployment (of ``generation``, 0: any) has not finished its
+    ``setup``: PENDING_DEPLOY, or ACTIVE as a heartbeat showed it but not ready."""
+    if generation and generation != op.generation:
+        return False
+    return op.state == OperatorState.PENDING_DEPLOY or (
+        op.state == OperatorState.ACTIVE and not op.ready)
 
 
 def _replace(app: Application, lost: PTContainer, held: list[PTOperator]) -> PTContainer:

@@ -44,7 +44,8 @@ class UmbilicalService(umbilical_pb2_grpc.StreamingContainerUmbilicalServicer):
     @rpc_errors
     def ReportError(self, request: umbilical_pb2.ReportErrorRequest,
                     context: grpc.ServicerContext) -> umbilical_pb2.ReportErrorResponse:
-        self.core.report_error(request.container_id, list(request.operators), request.msg)
+        self.core.report_error(request.container_id, list(request.operators), request.msg,
+                               request.generation)
         return umbilical_pb2.ReportErrorResponse()
 
     @rpc_errors

@@ -512,6 +512,25 @@ def test_a_failed_deploy_counts_as_a_failure_of_its_operator():
     assert c1.state == ContainerState.ACTIVE
 
 
+def test_a_failed_deploy_is_acted_on_though_a_heartbeat_showed_the_operator_active():
+    """The disk-full case: the container showed the operator ACTIVE while its setup ran,
+    then reported that the deployment failed; the master restarts its container, or the
+    operator would stay ACTIVE on the master's books, absent from the container, for ever."""
+    cluster = Cluster(chain_descriptor(3), 3)
+    cluster.deploy_all(in_setup=(RELAY,))
+    relay = cluster.ops[RELAY]
+    c1 = cluster.app.plan.containers[C1]
+    assert relay.state == OperatorState.ACTIVE and not relay.ready
+    stale = relay.generation + 1  # a report about another deployment of it blames nothing
+    assert deploy_failed(cluster.app, c1, [RELAY], "cannot claim its fence: [Errno 28] No "
+                         "space left on device", cluster.clock(), stale) is None
+    assert c1.state == ContainerState.ACTIVE
+    loss = deploy_failed(cluster.app, c1, [RELAY], "cannot claim its fence: [Errno 28] No "
+                         "space left on device", cluster.clock(), relay.generation)
+    assert loss is not None and c1.state == ContainerState.KILLED
+    assert relay.failure_count == 1 and "No space left" in relay.error
+
+
 # -- errors that cannot succeed on retry ------------------------------------------------------
 BAD_SQL = ("AnalysisException: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
            "function parameter with name `nope` cannot be resolved. SQLSTATE: 42703; line 1 "
