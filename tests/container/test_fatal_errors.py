@@ -211,10 +211,11 @@ def test_a_checkpoint_that_cannot_be_read_is_retried(deployment):
 
 class RecordingClient:
     def __init__(self) -> None:
-        self.errors: list[tuple[str, list[int], str]] = []
+        self.errors: list[tuple[str, list[int], str, int]] = []
 
-    def report_error(self, container_id: str, operators: list[int], msg: str) -> None:
-        self.errors.append((container_id, list(operators), msg))
+    def report_error(self, container_id: str, operators: list[int], msg: str,
+                     generation: int = 0) -> None:
+        self.errors.append((container_id, list(operators), msg, generation))
 
 
 def test_a_fatal_deploy_error_goes_in_the_heartbeat_not_to_report_error(deployment):
@@ -234,13 +235,15 @@ def test_a_fatal_deploy_error_goes_in_the_heartbeat_not_to_report_error(deployme
     deployment.undeploy([2])
     assert deployment.heartbeats(500) == []
     # a checkpoint that cannot be read: the master restarts the container for another try
-    response = umbilical_pb2.ContainerHeartbeatResponse(
-        deploy_request=[deploy_info(cloudpickle.dumps(SumPerAppWindow()), checkpoint=40)],
-        committed_window_id=-1)
+    info = deploy_info(cloudpickle.dumps(SumPerAppWindow()), checkpoint=40)
+    info.generation = 7
+    response = umbilical_pb2.ContainerHeartbeatResponse(deploy_request=[info],
+                                                        committed_window_id=-1)
     loop.apply(response)
     assert loop.deploys.wait_idle(10)
     loop.close()
-    [(_, operators, msg)] = client.errors
+    [(_, operators, msg, generation)] = client.errors
     assert operators == [2] and "cannot be restored" in msg
+    assert generation == 7  # which deployment failed: the master blames no newer one
     assert deployment.heartbeats(500) == []
 
