@@ -91,3 +91,33 @@ def test_a_failed_recovery_on_ray_fails_the_bench():
     assert failed_rows({"recovery_on_ray": {"runs": [ok, ok]}}) == []
     assert failed_rows({"recovery_on_ray": {"runs": [ok, {"error": "no spare"}]}}) == [
         "recovery on ray: no spare"]
+
+
+def test_rows_that_measured_nothing_or_missed_their_target_fail_by_name():
+    from bench.verdict import failed_rows
+
+    ok = {"final_state": "FINISHED", "every_event_counted_at_least_once": True,
+          "seconds_until_windows_move_again": 0.8, "failure_count": 1}
+    missed_kill = {**ok, "seconds_until_windows_move_again": -0.0, "failure_count": 0}
+    assert failed_rows({"recovery_on_ray": {"runs": [ok, ok]}}) == []
+    [why] = failed_rows({"recovery_on_ray": {"runs": [missed_kill, ok]}})
+    assert why.startswith("recovery on ray: the kill missed") and "measured nothing" in why
+    rows = [{"system": "weir-kafka", "events": 1_000, "events_per_second": 240_000.0,
+             "correct": True},
+            {"system": "kafka-consumer-ceiling", "events": 1_000,
+             "events_per_second": 232_000.0, "correct": True}]
+    assert failed_rows({"results": rows}) == [
+        "kafka-consumer-ceiling: the ceiling (232,000 events/s) is below the system it "
+        "bounds (weir-kafka, 240,000 events/s): no ceiling in this run"]
+    rows[1]["events_per_second"] = 400_000.0
+    assert failed_rows({"results": rows}) == []
+    assert failed_rows({"results": [{"system": "weir", "events": 0, "events_per_second": 0,
+                                     "correct": True}]}) == [
+        "weir: it measured nothing: 0 events at 0 events/s"]
+    plane = {"meets_targets": False, "rtt_p99_ms": 1452.0, "heartbeats_per_s": 846.0,
+             "target_heartbeats_per_s": 1000.0, "false_losses": 0, "operators_not_active": 0,
+             "rpc_errors_measured": 0}
+    assert failed_rows({"control_plane": plane}) == [
+        "control plane: targets NOT met: round trip p99 1452.0 ms (target < 100 ms); 846.0 "
+        "heartbeats/s of 1000.0 targeted"]
+    assert failed_rows({"control_plane": {**plane, "meets_targets": True}}) == []
