@@ -22,6 +22,7 @@ from weir.operators.ports import SchemaMismatch
 from weir.runtime.event_time import EventTimeError
 from weir.runtime.operator_state import OperatorStateError
 from weir.runtime.process_calls import rows_may_be_at_fault
+from weir.runtime.spark.java import JavaMissing
 
 __all__ = ["describe_error", "is_fatal", "is_record_error"]
 
@@ -35,6 +36,7 @@ _FATAL_TYPES: tuple[type[BaseException], ...] = (
     PermanentError,  # the operator says so (a Kafka record that does not decode, ...)
     EventTimeError,  # a source's EVENT_TIME_COLUMN is not in (or not a time of) its output
     TooManyDeadLetters,  # the replayed batch trips the dead letters' breaker again
+    JavaMissing,  # Spark cannot start: no Java here (a retry cannot install it)
 )
 # Frames of these packages are not where an operator's error is: ``describe_error`` names
 # the innermost frame outside them.

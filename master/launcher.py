@@ -156,6 +156,13 @@ class Launcher(abc.ABC):
         a container asking for ``resources`` (the master asks at submit)."""
         return None
 
+    def check_spark(self) -> None:
+        """Raises UnplaceableRequest if this launcher's containers could not start Spark
+        (no Java where they run), asked at submit for a DAG with Spark operators. Only a
+        launcher that runs them here can know; a pod or a Ray node is asked by its
+        container (``runtime.spark.java``)."""
+        return None
+
     def log(self, container_id: str, max_bytes: int) -> tuple[bytes, bool, str] | None:
         """The last ``max_bytes`` of the container's output as its manager keeps it: (the
         bytes, whether earlier output was left out, where it is); None if this launcher

@@ -58,10 +58,13 @@ class Launches:
 
     def check_request(self, attributes: dict[str, Any], dag: plan_pb2.DagDescriptor) -> None:
         """Raises UnplaceableRequest for an application whose containers could never run:
-        no node of the launcher's manager meets the request, or its memory cannot hold
-        Spark's driver or the buffer server."""
+        no node of the launcher's manager meets the request, its memory cannot hold
+        Spark's driver or the buffer server, or (containers here) there is no Java."""
         self.launcher.check_request(Resources.of(attributes))
-        check_memory_fits(attributes, uses_spark(dag))
+        spark = uses_spark(dag)
+        check_memory_fits(attributes, spark)
+        if spark:
+            self.launcher.check_spark()
 
     def observe(self, containers: list[PTContainer]) -> Observed:
         """What the launcher knows of ``containers``: exit codes (None while running) with

@@ -36,6 +36,7 @@ from weir.master.launcher import (
 )
 from weir.master.local_limits import CoreSets, MemoryGuard
 from weir.proto.contract import CONTAINER_ID_ENV
+from weir.runtime.spark.java import java_problem
 from weir.storage.private_files import UntrustedPath, make_private_dir
 
 __all__ = ["LocalProcessLauncher"]
@@ -166,6 +167,13 @@ class LocalProcessLauncher(Launcher):
     def argv(self, container_id: str) -> list[str]:
         """The command line of container ``container_id``."""
         return [*self.command, "--master", self.master_address, "--id", container_id]
+
+    def check_spark(self) -> None:
+        """The containers run here, with this process's environment and the launcher's:
+        the Java their Spark would start must be here (``runtime.spark.java``)."""
+        problem = java_problem({**os.environ, **self.env})
+        if problem is not None:
+            raise UnplaceableRequest(problem)
 
     def check_request(self, resources: Resources) -> None:
         """Every container runs on this machine: a request larger than it is refused, and

@@ -59,6 +59,7 @@ from weir.runtime.spark.handoff import (
     row_group_rows,
     to_table,
 )
+from weir.runtime.spark.java import JavaMissing, java_problem
 from weir.runtime.spark.logs import quiet_query_context_loggers, write_log4j_config
 from weir.runtime.spark.scratch import ScratchFiles
 from weir.runtime.spark.warm_up import run_warm_up_jobs
@@ -246,6 +247,9 @@ class SparkSessionBridge:
         return self._warm_ok and not self._stopped
 
     def _create_session(self) -> SparkSession:
+        problem = java_problem()
+        if problem is not None:  # a retry cannot install Java: said once, fatal
+            raise JavaMissing(problem)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         loopback = is_loopback_cluster(self.master)
         if self.master.startswith("local") or loopback:

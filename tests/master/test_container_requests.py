@@ -251,3 +251,25 @@ def test_a_failure_to_act_on_a_limit_is_tried_again_and_never_blinds_the_guard(t
         guard.stop()
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
+
+
+def test_a_spark_application_is_refused_at_submit_when_its_containers_have_no_java(tmp_path):
+    """The containers run here, with the launcher's environment: no Java there is one
+    sentence at submit, before any container starts (a retry would not install it)."""
+    from weir.operators import Dag
+    from weir.operators.library import EventGenerator, WindowedCount
+    from weir.operators.testing import CollectSink
+
+    dag = Dag("spark", CONTAINERS=1)
+    source = dag.add_operator("source", EventGenerator(rate_per_second=10, keys=2, total=10))
+    count = dag.add_operator("count", WindowedCount(key="key", value="value"))
+    sink = dag.add_operator("sink", CollectSink())
+    dag.add_stream("events", source.output, count.input)
+    dag.add_stream("counts", count.output, sink.input)
+    launcher = LocalProcessLauncher("127.0.0.1:1", env={"JAVA_HOME": str(tmp_path / "none")})
+    core = MasterCore(launcher, clock=ManualClock())
+    with pytest.raises(InvalidArgument, match=r"Spark needs Java, and JAVA_HOME=.* has no "
+                                              r"bin/java; install Java 17 or newer"):
+        core.submit(dag.to_descriptor(), {})
+    assert core.list_applications() == []
+    launcher.check_request(Resources())  # the rest of the request fits: only Java is refused
