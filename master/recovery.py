@@ -325,10 +325,14 @@ def deploy_failed(app: Application, container: PTContainer, operator_ids: Sequen
 
 
 def _deploying(op: PTOperator, generation: int) -> bool:
-    """Whether ``op``'s deployment (of ``generation``, 0: any) has not finished its
-    ``setup``: PENDING_DEPLOY, or ACTIVE as a heartbeat showed it but not ready."""
-    if generation and generation != op.generation:
+    """Whether the failed deployment is ``op``'s current one: its ``generation`` (the
+    container says which) is the operator's now, whatever a heartbeat showed meanwhile
+    (the earlier deployment, still stopping, may have shown it ready). Without a
+    generation (an older container): PENDING_DEPLOY, or ACTIVE but not ready yet."""
+    if op.terminal:
         return False
+    if generation:
+        return generation == op.generation
     return op.state == OperatorState.PENDING_DEPLOY or (
         op.state == OperatorState.ACTIVE and not op.ready)
 

@@ -531,6 +531,21 @@ def test_a_failed_deploy_is_acted_on_though_a_heartbeat_showed_the_operator_acti
     assert relay.failure_count == 1 and "No space left" in relay.error
 
 
+def test_a_deployment_stuck_behind_its_previous_one_is_acted_on_whatever_was_reported():
+    """The double failure: the new deployment waits for the previous one, stuck in its
+    setup or a job, and gives up; the old one had shown the operator ready, but the
+    failed deployment is the current generation: the container is restarted."""
+    cluster = chain()
+    relay, c1 = cluster.ops[RELAY], cluster.app.plan.containers[C1]
+    assert relay.state == OperatorState.ACTIVE and relay.ready
+    message = ("operator relay1 (2) is not deployed: its previous deployment in container "
+               f"{C1} has not stopped within 125 s (stuck in setup?)")
+    assert deploy_failed(cluster.app, c1, [RELAY], message, cluster.clock()) is None  # no
+    assert deploy_failed(cluster.app, c1, [RELAY], message, cluster.clock(),  # generation
+                         relay.generation) is not None
+    assert c1.state == ContainerState.KILLED and "has not stopped within" in relay.error
+
+
 # -- errors that cannot succeed on retry ------------------------------------------------------
 BAD_SQL = ("AnalysisException: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
            "function parameter with name `nope` cannot be resolved. SQLSTATE: 42703; line 1 "
