@@ -105,6 +105,12 @@ class Application:
     spare_losses_in_a_row = 0  # spares lost before they were ready (``master.spares``)
     restart_at_ms = 0  # operators being restarted deploy from then on (``recovery.backoff``)
     restart_delay_ms = 0  # the delay of the last restart (0: at once)
+    # the progress watchdog (``master.progress``): the committed window it last saw move,
+    # when, the sources' emitted total then, and since when no window committed (0: none)
+    progress_committed = -2
+    progress_since_ms = 0
+    progress_emitted = 0
+    stalled_since_ms = 0
 
     def __init__(self, app_id: str, dag: plan_pb2.DagDescriptor, plan: PhysicalPlan,
                  submitted_ms: int) -> None:

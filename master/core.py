@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from weir.master import heartbeat as rules
-from weir.master import liveness, recovery, savepoints, views
+from weir.master import liveness, progress, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
 from weir.master.errors import FailedPrecondition, InvalidArgument, shown
@@ -390,6 +390,7 @@ class MasterCore:
                 lost = liveness.check_liveness(
                     app, self.clock(), seen.exit_codes, self.stop_grace_ms, seen.waiting,
                     seen.exit_reasons, trouble=seen.trouble)
+                progress.check_progress(app, self.clock())
                 actions = self._launches.take(app)
                 self._persist(app)
                 if lost:

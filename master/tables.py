@@ -122,13 +122,21 @@ APPLICATION_RIGHT = {"CONTAINERS", "OPERATORS", "FAILURES", "RECOVERIES", "PROCE
                      "EMITTED", "DURATION"}
 
 
+def shown_state(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
+    """Its state, with how long it has been stalled (``master.progress``) if it is."""
+    if app.stalled_since_ms and app.state == "RUNNING":
+        return f"RUNNING, STALLED {format_duration_ms(now_ms - app.stalled_since_ms)}"
+    return app.state
+
+
 def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
                      ) -> list[list[str]]:
     rows = []
     for app in apps:
         end_ms = app.finished_ms or now_ms
         rows.append([
-            app.id, app.name, app.state, f"{app.containers_active}/{app.containers_planned}",
+            app.id, app.name, shown_state(app, now_ms),
+            f"{app.containers_active}/{app.containers_planned}",
             str(app.operators), format_window_id(app.current_window_id),
             format_window_id(app.committed_window_id), str(app.operator_failures),
             str(app.recoveries),
@@ -307,7 +315,8 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
     end_ms = app.finished_ms or now_ms
     fields = [
         ("application", f"{app.id} ({app.name})"),
-        ("state", app.state + (f": {app.diagnostics}" if app.diagnostics else "")),
+        ("state", shown_state(app, now_ms)
+         + (f": {app.diagnostics}" if app.diagnostics else "")),
         ("submitted", f"{format_time(app.submitted_ms)} "
                       f"({format_duration_ms(end_ms - app.submitted_ms)})"),
         ("containers", f"{app.containers_active} active of {app.containers_planned}"

@@ -104,6 +104,7 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
         savepoint_state=app.savepoint.state if app.savepoint is not None else "",
         repartitions=app.repartitions, last_repartition=app.last_repartition,
         restart_at_ms=app.restart_at_ms, restart_delay_ms=app.restart_delay_ms,
+        stalled_since_ms=app.stalled_since_ms,
         containers_spare=sum(c.spare for c in app.plan.live_containers()),
     )
     _add_logical_operators(app, figures, info, _now_ms(now_ms))
