@@ -44,10 +44,16 @@ def _interval_ms(app: Application) -> int:
     return int(app.plan.attributes.get(_INTERVAL, ATTRIBUTES[_INTERVAL].default))
 
 
-def _figures(app: Application, op: PTOperator) -> _Figures:
+def _figures(app: Application, op: PTOperator, now_ms: int) -> _Figures:
+    """Its rates over the last interval of its windows, and its latency; none for an
+    operator that does not run now (not ACTIVE, or no window for a heartbeat timeout):
+    its last windows' rates would say it still moves."""
     tracker = app.operator_stats[op.id]
     interval = _interval_ms(app)
     upstream = [app.operator_stats[i] for i in app.plan.upstream_ids(op.id)]
+    if op.state != OperatorState.ACTIVE or (
+            now_ms - tracker.window_moved_ms > max(interval, app.heartbeat_timeout_ms)):
+        return _Figures(0.0, 0.0, 0.0, latency_ms(tracker, upstream, interval))
     processed, emitted, cpu = tracker.rates(interval)
     return _Figures(processed, emitted, cpu, latency_ms(tracker, upstream, interval))
 
@@ -68,7 +74,7 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
     ``now_ms`` is the time event-time lags are measured at (the wall clock if None)."""
     ops = list(app.plan.operators.values())
     stats = app.operator_stats
-    figures = {op.id: _figures(app, op) for op in ops}
+    figures = {op.id: _figures(app, op, _now_ms(now_ms)) for op in ops}
     active_windows = [stats[op.id].current_window_id for op in ops
                       if op.state == OperatorState.ACTIVE and stats[op.id].current_window_id >= 0]
     all_windows = [stats[op.id].current_window_id for op in ops]
@@ -247,7 +253,7 @@ def operator_info(app: Application, op: PTOperator, *, with_windows: bool = Fals
     ``now_ms`` is the time its event-time lag is measured at (the wall clock if None)."""
     tracker = app.operator_stats[op.id]
     book = app.checkpoints[op.id]
-    figures = _figures(app, op)
+    figures = _figures(app, op, _now_ms(now_ms))
     info = client_pb2.OperatorInfo(
         id=op.id, name=op.name, application_id=app.id, container_id=op.container_id,
         class_name=op.class_name, state=op.shown_state,

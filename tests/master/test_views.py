@@ -135,3 +135,14 @@ def test_critical_path_of_an_empty_plan_is_zero():
     with core.lock:
         app = core.application(app_id)
         assert views.application_plan(app).application_id == app_id
+
+
+def test_an_operator_that_does_not_run_now_shows_no_rate():
+    core, app_id = monitored_core()
+    relay = next(o for o in core.list_operators(app_id) if o.name == "relay1")
+    assert relay.tuples_processed_per_second > 0
+    core.clock.advance(11_000)  # no window for longer than the heartbeat timeout
+    relay = next(o for o in core.list_operators(app_id) if o.name == "relay1")
+    assert relay.tuples_processed_per_second == 0 and relay.tuples_emitted_per_second == 0
+    assert core.application_info(app_id).tuples_processed_per_second == 0
+    assert relay.total_tuples_processed == 1_000  # the totals stay
