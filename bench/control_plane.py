@@ -72,6 +72,7 @@ class _Settings:
     profile_path: str | None
     gc_path: str | None
     application_masters: bool = False
+    journal: bool = False
 
     @property
     def interval_ms(self) -> int:
@@ -282,7 +283,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         duration_s: float = 30.0, *, warmup_s: float = 5.0, containers_per_app: int = 10,
         heartbeat_timeout_ms: int = 10_000, channels: int = 4, rpc_timeout_s: float = 10.0,
         profile_path: str | None = None, gc_log: bool = False,
-        application_masters: bool = False) -> dict[str, Any]:
+        application_masters: bool = False, journal: bool = False) -> dict[str, Any]:
     """Plays ``containers`` containers against a real master and measures its control plane.
 
     The master is a ``weir master --launcher recording`` subprocess on 127.0.0.1 (its CPU
@@ -301,7 +302,9 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
             return them under ``master_gc``.
         application_masters: the master is a dispatcher (``--application-masters``):
             each application's containers heartbeat to its own master process, and the
-            master's figures (CPU, memory, run-queue waits) are of every process.
+            master's figures (CPU, memory, run-queue waits) are of every process. Each
+            application master journals (it has a folder); ``journal`` gives a single
+            master a ``--state-dir`` too, to compare like with like.
 
     Returns:
         A JSON-serialisable dict: the parameters; ``heartbeats_*`` (sent, answered,
@@ -331,6 +334,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         "windows_per_heartbeat": max(1, round(interval_s * 1000 / WINDOW_MS)),
         "profiled": bool(profile_path), "cpus": os.cpu_count(),
         "application_masters": application_masters,
+        "journal": journal or application_masters,
     }
     gc_path = ""
     if gc_log:
@@ -338,7 +342,7 @@ def run(containers: int = 1000, operators_per_container: int = 10, interval_s: f
         os.close(descriptor)
     settings = _Settings(containers, operators_per_container, interval_s, duration_s, warmup_s,
                          containers_per_app, heartbeat_timeout_ms, channels, rpc_timeout_s,
-                         profile_path, gc_path or None, application_masters)
+                         profile_path, gc_path or None, application_masters, journal)
     try:
         figures.update(_measure(settings))
     finally:
@@ -361,14 +365,15 @@ def _measure(settings: _Settings) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         state_dir = (stack.enter_context(tempfile.TemporaryDirectory(prefix="weir-bench-cp-"))
-                     if settings.application_masters else None)
-        master = stack.enter_context(master_process(settings.profile_path, settings.gc_path,
-                                                    state_dir=state_dir))
+                     if settings.application_masters or settings.journal else None)
+        master = stack.enter_context(master_process(
+            settings.profile_path, settings.gc_path, state_dir=state_dir,
+            application_masters=settings.application_masters))
         figures["master_idle_rss_mb"] = round(master.process.memory_info().rss / 2**20, 1)
         began = time.monotonic()
         played = _submit(master.address, settings)
         figures["submit_s"] = round(time.monotonic() - began, 2)
-        masters = _application_masters(state_dir) if state_dir else None
+        masters = _application_masters(state_dir) if settings.application_masters else None
         try:
             figures.update(asyncio.run(_drive(master, played, settings, masters)))
         except BaseException:
@@ -450,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time the master's garbage collections (a gc callback)")
     parser.add_argument("--application-masters", action="store_true",
                         help="a dispatcher with a master process per application")
+    parser.add_argument("--journal", action="store_true",
+                        help="the master journals (--state-dir), as application masters do")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING,
@@ -457,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = run(args.containers, args.operators, args.interval, args.duration,
                   warmup_s=args.warmup, containers_per_app=args.containers_per_app,
                   channels=args.channels, profile_path=args.profile,
-                  gc_log=args.gc, application_masters=args.application_masters)
+                  gc_log=args.gc, application_masters=args.application_masters,
+                  journal=args.journal)
     print(json.dumps(figures, indent=2) if args.json else _summary(figures))
     return 0 if figures["meets_targets"] else 1
 

@@ -92,16 +92,18 @@ class MasterProcess:
 
 @contextlib.contextmanager
 def master_process(profile_path: str | None, gc_path: str | None,
-                   start_timeout_s: float = 30.0, state_dir: str | None = None
-                   ) -> Iterator[MasterProcess]:
+                   start_timeout_s: float = 30.0, state_dir: str | None = None,
+                   application_masters: bool = False) -> Iterator[MasterProcess]:
     """A `weir master --launcher recording` subprocess on 127.0.0.1; always stopped after.
 
     Plain ``python -m weir`` unless asked to profile it or to log its collections.
-    ``state_dir``: with ``--application-masters`` there (a dispatcher, each application
-    in a master process of its own, its folder under ``state_dir/apps``).
+    ``state_dir``: its ``--state-dir`` (its journal: every change it answers is written
+    first); ``application_masters``: a dispatcher there, each application in a master
+    process of its own (its folder, and journal, under ``state_dir/apps``).
     """
     args = ["master", "--host", HOST, "--port", "0", "--launcher", "recording",
-            *(("--application-masters", "--state-dir", state_dir) if state_dir else ())]
+            *(("--state-dir", state_dir) if state_dir else ()),
+            *(("--application-masters",) if application_masters else ())]
     argv = [sys.executable, "-m", "weir", *args]
     if profile_path or gc_path:
         argv = [sys.executable, "-c", _INSTRUMENTED_MASTER, profile_path or "", gc_path or "",
