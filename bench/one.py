@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--operators", type=int, default=10, help="control plane")
     parser.add_argument("--application-masters", action="store_true",
                         help="control plane: a dispatcher, a master process per application")
+    parser.add_argument("--containers-per-app", type=int, default=10,
+                        help="control plane: containers of each application")
     parser.add_argument("--duration", type=float, default=30.0, help="control plane, seconds")
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="control plane: seconds before the figures are taken")
@@ -130,7 +132,8 @@ def _run(args: argparse.Namespace, spec: JobSpec, work: Path) -> dict:
         result = control_plane.run(containers=args.containers,
                                    operators_per_container=args.operators,
                                    duration_s=args.duration, warmup_s=args.warmup,
-                                   application_masters=args.application_masters)
+                                   application_masters=args.application_masters,
+                                   containers_per_app=args.containers_per_app)
     return result
 
 
