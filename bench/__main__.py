@@ -375,9 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         plane = ("--containers", str(args.containers), "--duration", str(args.control_seconds),
                  "--warmup", str(min(args.control_warmup, args.control_seconds / 2)))
         report["control_plane"] = _run("control-plane", spec, args.timeout, *plane)
-        # applications of 100 containers: with 10 each, the played containers of the first
-        # of 100 application masters (started at submit, a second each) would miss their
-        # launch deadline before the bench plays them (docs/benchmarks.md)
+        # applications of 100 containers: 10 application masters (about 110 MB each),
+        # where 100 applications of 10 would start 100 (docs/benchmarks.md)
         report["control_plane_application_masters"] = _run(
             "control-plane", spec, args.timeout, *plane, "--application-masters",
             "--containers-per-app", "100")

@@ -14,6 +14,7 @@ import pstats
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,12 @@ class _Settings:
         return max(1, round(self.interval_s * 1000))
 
 
-def _submit(address: str, settings: _Settings) -> list[PlayedContainer]:
-    """Submits the applications; returns their containers in launch order (an app's together)."""
+def _submit(address: str, settings: _Settings,
+            accepted: Callable[[str, list[PlayedContainer]], None] = lambda *_: None
+            ) -> list[PlayedContainer]:
+    """Submits the applications; returns their containers in launch order (an app's
+    together), each application's told to ``accepted`` as soon as it is planned (its
+    containers must call in within twice the heartbeat timeout, as launched ones do)."""
     containers, per_app = settings.containers, settings.containers_per_app
     operators_per_container, interval_ms = settings.operators_per_container, settings.interval_ms
     sizes = [per_app] * (containers // per_app) + ([containers % per_app]
@@ -101,20 +106,22 @@ def _submit(address: str, settings: _Settings) -> list[PlayedContainer]:
                 raise RuntimeError(f"{app_id}: planned {len(planned)} containers of "
                                    f"{[len(c.operator_ids) for c in planned]} operators, "
                                    f"expected {size} of {operators_per_container}")
+            mine = []
             for info in sorted(planned, key=lambda c: int(c.id.rsplit("-c", 1)[1])):
-                played.append(PlayedContainer(info.id, len(played), windows, free_mb))
+                mine.append(PlayedContainer(info.id, len(played) + len(mine), windows,
+                                            free_mb))
+            played += mine
+            accepted(app_id, mine)
     return played
 
 
-def _application_masters(state_dir: str) -> dict[str, tuple[str, bytes, str]]:
-    """Each application master's address, certificate and secret, from its folder (the
+def _application_master(state_dir: str, app_id: str) -> tuple[str, bytes, str]:
+    """The application master's address, certificate and secret, from its folder (the
     dispatcher's ``apps/<id>``): the containers of its application heartbeat to it."""
-    masters = {}
-    for folder in sorted(Path(state_dir, "apps").iterdir()):
-        address = json.loads((folder / "master.json").read_text())["address"]
-        masters[folder.name] = (address, (folder / "tls" / "cert.pem").read_bytes(),
-                                (folder / "secret").read_text().strip())
-    return masters
+    folder = Path(state_dir, "apps", app_id)
+    address = json.loads((folder / "master.json").read_text())["address"]
+    return (address, (folder / "tls" / "cert.pem").read_bytes(),
+            (folder / "secret").read_text().strip())
 
 
 def _tree(process: psutil.Process) -> list[psutil.Process]:
@@ -138,25 +145,46 @@ def _tree_cpu_s(processes: list[psutil.Process]) -> float:
     return total
 
 
-async def _drive(master: MasterProcess, played: list[PlayedContainer], settings: _Settings,
-                 masters: dict[str, tuple[str, bytes, str]] | None = None) -> dict[str, Any]:
-    """Plays the containers for ``duration_s``; measures after ``warmup_s``. The master's
-    figures are of its whole process tree (with application masters: all of them)."""
+async def _drive(master: MasterProcess, settings: _Settings, state_dir: str | None
+                 ) -> dict[str, Any]:
+    """Submits the applications and plays each one's containers as soon as it is
+    accepted (``state_dir``: a dispatcher's, each application's containers heartbeating
+    to its own master), for ``duration_s`` after the last is accepted; measures after
+    ``warmup_s``. The master's figures are of its whole process tree (with application
+    masters: all of them)."""
     loop = asyncio.get_running_loop()
     interval_s, duration_s = settings.interval_s, settings.duration_s
-    generator = LoadGenerator(master.address, played, interval_s, settings.channels,
-                              settings.rpc_timeout_s, masters)
+    generator = LoadGenerator(master.address, [], interval_s, settings.channels,
+                              settings.rpc_timeout_s, {} if state_dir else None)
     own = psutil.Process()
-    tree = _tree(master.process)
     tasks: list[asyncio.Task[None]] = []
     result: dict[str, Any] = {}
+    accepted: asyncio.Queue[tuple[str, list[PlayedContainer]]] = asyncio.Queue()
+    began = time.monotonic()
+    submitting = asyncio.ensure_future(asyncio.to_thread(
+        _submit, master.address, settings,
+        lambda app_id, mine: loop.call_soon_threadsafe(accepted.put_nowait, (app_id, mine))))
+    generator.started = loop.time()
     try:
-        await asyncio.wait_for(generator.init_all(), timeout=120.0)
-        generator.started = started = loop.time()
+        while not (submitting.done() and accepted.empty()):
+            getter = asyncio.ensure_future(accepted.get())
+            await asyncio.wait({getter, submitting}, return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                continue
+            app_id, mine = getter.result()
+            if state_dir is not None:
+                generator.add_master(app_id, *_application_master(state_dir, app_id))
+            await asyncio.wait_for(generator.init(mine), timeout=120.0)
+            now = loop.time()
+            for position, container in enumerate(mine):  # spread over one interval
+                tasks.append(asyncio.create_task(generator.play(
+                    container, now + interval_s * position / len(mine))))
+        played = generator.containers = submitting.result()
         count = len(played)
-        for container in played:
-            first_at = started + interval_s * container.index / count
-            tasks.append(asyncio.create_task(generator.play(container, first_at)))
+        result["submit_s"] = round(time.monotonic() - began, 2)
+        started = loop.time()  # every application accepted: the run's clock starts
+        tree = _tree(master.process)
         await asyncio.sleep(settings.warmup_s)
         master_cpu0, own_cpu0, wall0 = _tree_cpu_s(tree), _cpu_s(own), loop.time()
         wait0, busy0 = sum(_runqueue_wait_s(p.pid) for p in tree), _busy_s()
@@ -187,6 +215,7 @@ async def _drive(master: MasterProcess, played: list[PlayedContainer], settings:
         states = collections.Counter(c.state for c in listed)
         app_states = collections.Counter(a.state for a in apps)
         result = {
+            **result,
             "master_processes": len(tree),
             "heartbeats_sent": tally.sent,
             "heartbeats_answered": tally.answered,
@@ -370,12 +399,9 @@ def _measure(settings: _Settings) -> dict[str, Any]:
             settings.profile_path, settings.gc_path, state_dir=state_dir,
             application_masters=settings.application_masters))
         figures["master_idle_rss_mb"] = round(master.process.memory_info().rss / 2**20, 1)
-        began = time.monotonic()
-        played = _submit(master.address, settings)
-        figures["submit_s"] = round(time.monotonic() - began, 2)
-        masters = _application_masters(state_dir) if settings.application_masters else None
         try:
-            figures.update(asyncio.run(_drive(master, played, settings, masters)))
+            figures.update(asyncio.run(_drive(
+                master, settings, state_dir if settings.application_masters else None)))
         except BaseException:
             _LOGGER.error("master stderr: %s", master.stderr_tail())
             raise

@@ -235,21 +235,27 @@ class LoadGenerator:
         self.rpc_timeout_s = rpc_timeout_s
         self.channels: list[grpc.aio.Channel] = []
         self._routes: dict[str, list[tuple[Any, tuple[tuple[str, str], ...]]]] = {}
+        self._channels_each = max(1, channels)
         if masters is None:
             credentials = auth.client_credentials(address)
             masters = {"": (address, credentials.require_roots(address), credentials.secret)}
         for app_id, (target, roots, secret) in masters.items():
-            options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
-                       *grpc_tls_options(pinned_server_name(roots))]
-            opened = [grpc.aio.secure_channel(
-                target, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
-                for _ in range(max(1, channels if app_id == "" else 1))]
-            self.channels += opened
-            metadata = bearer_metadata(secret)
-            self._routes[app_id] = [(umbilical_pb2_grpc.StreamingContainerUmbilicalStub(c),
-                                     metadata) for c in opened]
+            self.add_master(app_id, target, roots, secret)
         self.tally = Tally()
         self.started = 0.0
+
+    def add_master(self, app_id: str, address: str, roots: bytes, secret: str) -> None:
+        """Where ``app_id``'s containers heartbeat ("": every application's): its own
+        master, with its certificate and secret; channels of their own to it."""
+        options = [*GRPC_OPTIONS, ("grpc.use_local_subchannel_pool", 1),
+                   *grpc_tls_options(pinned_server_name(roots))]
+        opened = [grpc.aio.secure_channel(
+            address, grpc.ssl_channel_credentials(root_certificates=roots), options=options)
+            for _ in range(self._channels_each if app_id == "" else 1)]
+        self.channels += opened
+        metadata = bearer_metadata(secret)
+        self._routes[app_id] = [(umbilical_pb2_grpc.StreamingContainerUmbilicalStub(c),
+                                 metadata) for c in opened]
 
     def _route(self, container: PlayedContainer) -> tuple[Any, Any]:
         """The stub and call metadata of the container's master."""
@@ -262,6 +268,10 @@ class LoadGenerator:
 
     async def init_all(self, concurrency: int = 64) -> None:
         """GetInitContext for every container (raises on the first failure)."""
+        await self.init(self.containers, concurrency)
+
+    async def init(self, containers: list[PlayedContainer], concurrency: int = 64) -> None:
+        """GetInitContext for ``containers`` (raises on the first failure)."""
         gate = asyncio.Semaphore(concurrency)
 
         async def one(container: PlayedContainer) -> None:
@@ -272,7 +282,7 @@ class LoadGenerator:
                     timeout=self.rpc_timeout_s, metadata=metadata)
             container.init(context)
 
-        await asyncio.gather(*(one(c) for c in self.containers))
+        await asyncio.gather(*(one(c) for c in containers))
 
     async def play(self, container: PlayedContainer, first_at: float) -> None:
         """Heartbeats every interval from ``first_at`` until cancelled or told ABORT."""
