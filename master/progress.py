@@ -32,9 +32,12 @@ own watch fired) is not said twice."""
 
 
 def stall_after_ms(app: Application) -> int:
-    """How long the committed window may stand still while the sources emit: an
-    operator's window timeout (the longest) plus a checkpoint interval, at least
-    ``STALL_FLOOR_MS``."""
+    """How long the committed window may stand still while the sources emit:
+    ``STALL_TIMEOUT_MILLIS`` if set, else an operator's window timeout (the longest) plus
+    a checkpoint interval, at least ``STALL_FLOOR_MS``."""
+    given = int(app.plan.attributes.get("STALL_TIMEOUT_MILLIS", 0))
+    if given:
+        return given
     window_ms = int(app.attribute("STREAMING_WINDOW_SIZE_MILLIS"))
     checkpoint_ms = window_ms * int(app.plan.attributes.get("CHECKPOINT_WINDOW_COUNT", 1))
     longest = max((timeout_window_count(op, window_ms) * window_ms
@@ -59,8 +62,8 @@ def check_progress(app: Application, now_ms: int) -> str | None:
         app.progress_emitted, app.stalled_since_ms = emitted, 0
         return None
     waited_ms = now_ms - app.progress_since_ms
-    if app.stalled_since_ms or waited_ms < STALL_FLOOR_MS or emitted <= app.progress_emitted \
-            or waited_ms < stall_after_ms(app):  # (that one walks every operator: last)
+    if app.stalled_since_ms or emitted <= app.progress_emitted \
+            or waited_ms < stall_after_ms(app):
         return None
     app.stalled_since_ms = app.progress_since_ms
     cause = (f"stalled: no window committed for {waited_ms / 1000:.0f} s (committed "

@@ -233,6 +233,11 @@ _ALL = [
               "An operator whose window has not moved for this many windows while its input "
               "has data is blocked, and its container is restarted; 0 = 120 windows, but "
               "at least 60 s."),
+    Attribute("STALL_TIMEOUT_MILLIS", _within(0, _DAY_MS, " ms"), 0, Scope.DAG,
+              "The application is stalled once no window committed for this long while its "
+              "sources emitted: said among its failures with the operator furthest behind, "
+              "and shown by weir apps; 0 = the longest operator window timeout plus a "
+              "checkpoint interval, at least 2 minutes."),
     Attribute("MAX_RESTARTS", _within(1, _MANY), 5, Scope.BOTH,
               "Restarts of an operator without a new checkpoint before the application fails."),
     Attribute("RESTART_BACKOFF_MILLIS", _within(0, _DAY_MS, " ms"), 1_000, Scope.DAG,

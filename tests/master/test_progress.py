@@ -58,3 +58,15 @@ def test_sources_that_emit_nothing_stall_nothing():
     cluster.report(SOURCE, window(5, tuples_out=0, in_port=None))
     assert check_progress(app, cluster.clock()) is None
     assert application_info(app, "", cluster.clock()).stalled_since_ms == 0
+
+
+def test_stall_timeout_millis_sets_how_long_before_a_stall():
+    cluster = chain(STALL_TIMEOUT_MILLIS="5000")
+    app = cluster.app
+    assert stall_after_ms(app) == 5_000
+    check_progress(app, cluster.clock())
+    cluster.clock.advance(4_000)
+    cluster.report(SOURCE, window(1, tuples_out=10, in_port=None))
+    assert check_progress(app, cluster.clock()) is None
+    cluster.clock.advance(1_000)
+    assert check_progress(app, cluster.clock()) is not None
