@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
@@ -16,7 +17,9 @@ from weir.proto import client_pb2, plan_pb2
 from weir.storage.locations import redact_location
 from weir.storage.savepoints import SavepointError, match, read_manifest
 
-__all__ = ["cmd_savepoint", "say_savepoint_match"]
+__all__ = ["across_restarts", "cmd_savepoint", "say_savepoint_match"]
+
+_T = TypeVar("_T")
 
 
 def cmd_savepoint(args: argparse.Namespace) -> int:
@@ -24,8 +27,7 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     where it is and how to resume from it. ``args.path`` is absolute (``weir`` made it so)
     or a URI, shown without its keys."""
     shown = redact_location(args.path)
-    with client_for(args) as client:
-        client.take_savepoint(args.app_id, args.path, stop=args.stop)
+    across_restarts(args, savepoint_request(args))  # a master that dies first: asked again
     if not args.json:
         print(f"{args.app_id}: savepoint requested at {shown}"
               + ("; its inputs end after the current window" if args.stop else ""),
@@ -47,21 +49,43 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def savepoint_request(args: argparse.Namespace) -> Callable[[WeirClient, float], None]:
+    """The savepoint's request, as ``across_restarts`` calls it: asked again of a master
+    that came back, "already taking a savepoint at" this path is its first asking that
+    arrived (its answer lost with the master), not an error."""
+    shown = redact_location(args.path)
+
+    def request(client: WeirClient, _left_s: float) -> None:
+        try:
+            client.take_savepoint(args.app_id, args.path, stop=args.stop)
+        except WeirClientError as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION \
+                    or f"already taking a savepoint at {shown!r}" not in str(exc):
+                raise
+
+    return request
+
+
 def wait_across_restarts(args: argparse.Namespace,
                          wait: Callable[[WeirClient, float], client_pb2.ApplicationInfo]
                          ) -> client_pb2.ApplicationInfo:
-    """``wait(client, seconds left)`` within ``args.wait`` seconds, through a restart of the
+    """``across_restarts`` for a wait that ends with the application's information."""
+    return across_restarts(args, wait)
+
+
+def across_restarts(args: argparse.Namespace, call: Callable[[WeirClient, float], _T]) -> _T:
+    """``call(client, seconds left)`` within ``args.wait`` seconds, through a restart of the
     master: while no master answers, it is looked for again (where the other commands look,
     when ``--master`` and $WEIR_MASTER named none: a restarted master may listen on another
-    port) and the wait goes on with the one found. A master that took the application
-    back answers for it (its journal); one that never comes back ends the wait with its
-    error at the deadline."""
+    port) and the call goes on with the one found, the master it was talking to named. A
+    master that took the application back answers for it (its journal); one that never
+    comes back ends the call with its error at the deadline."""
     deadline = time.monotonic() + args.wait
     said = False
     while True:
         try:
             with client_for(args) as client:
-                return wait(client, max(0.0, deadline - time.monotonic()))
+                return call(client, max(0.0, deadline - time.monotonic()))
         except WeirClientError as exc:
             if exc.code != grpc.StatusCode.UNAVAILABLE or time.monotonic() >= deadline:
                 raise
