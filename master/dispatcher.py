@@ -55,7 +55,6 @@ MAX_RESTARTS = 5
 """Times in a row an application master may exit while its application runs before the
 application is shown FAILED (with the end of its log) instead of started again."""
 _ENDED = frozenset({"FINISHED", "FAILED", "KILLED"})
-_SERVICE = "/weir.v1.WeirClient/"
 
 
 @dataclasses.dataclass
@@ -121,13 +120,14 @@ class Dispatcher:
     def restore(self) -> int:
         """Takes back the journaled applications: each running master found by its pid,
         the others started again (their own journals bring their containers back)."""
-        for key, value in sorted(self._journal.load().items()):
+        records = self._journal.load()
+        for key, value in sorted(records.items()):
             if key == "next":
                 self._next = int(value)
             elif key.startswith("app/"):
                 record = json.loads(value)
                 app = AppMaster(record["id"], Path(record["folder"]))
-                final = self._journal.load().get(f"final/{app.app_id}")
+                final = records.get(f"final/{app.app_id}")
                 if final is not None:
                     app.final = client_pb2.ApplicationInfo.FromString(final)
                 self._apps[app.app_id] = app
