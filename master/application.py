@@ -143,6 +143,16 @@ class Application:
     def name(self) -> str:
         return self.plan.name
 
+    def touched(self, op_id: int) -> None:
+        """Notes that an operator's journaled figures may have changed outside the
+        heartbeating container (its recovery window moved, its book was pruned): the
+        heartbeat's journal write looks at it too (``persistence.ApplicationJournal``)."""
+        self.__dict__.setdefault("_touched", set()).add(op_id)
+
+    def take_touched(self) -> set[int]:
+        """The operators ``touched`` since the last journal write, forgotten."""
+        return self.__dict__.pop("_touched", set())
+
     def described(self, logical_name: str) -> plan_pb2.OperatorDescriptor | None:
         """The DAG's descriptor of an operator, by name: an index made on first use (a
         deploy asks once per operator; a scan each time made a 10,000-operator

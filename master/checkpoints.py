@@ -255,6 +255,7 @@ def _update_from(app: Application, topology: Topology, checkpointed: Iterable[in
 
 def _set_recovery(app: Application, op: PTOperator, window_id: int) -> bool:
     """Sets ``op``'s recovery checkpoint; returns whether it moved."""
+    app.touched(op.id)  # its book is pruned, its window may move: journal it
     app.checkpoints[op.id].prune_before(window_id)
     if window_id == op.recovery_window_id:
         return False

@@ -24,7 +24,7 @@ from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
 from weir.master.master_loop import MasterLoop
 from weir.master.persistence import ApplicationJournal, HaltingJournal
-from weir.master.physical_plan import ContainerState, PlanError
+from weir.master.physical_plan import ContainerState, PlanError, PTContainer
 from weir.master.planner import build_physical_plan
 from weir.master.repartition import Repartition, repartition
 from weir.master.report_filter import bounded_text
@@ -328,8 +328,9 @@ class MasterCore:
             actions = self._launches.take(app)
             manifest = self._manifests.take_due(app) if app is not None else None
             container = app.plan.container(heartbeat.container_id) if app is not None else None
-            if app is not None:
-                self._persist(app)  # before the container hears of what changed
+            if app is not None:  # before the container hears of what changed: what the
+                # heartbeat could change (its container's operators, those it touched)
+                self._persist(app, self._touched_by(app, container))
             self._changed.notify_all()
         if container is not None and container.loss_request is not None:
             self._loop.wake()  # the loss the heartbeat recorded: the loop carries it out now
@@ -423,12 +424,26 @@ class MasterCore:
         """Why the master stopped serving: its journal failed ("" = it serves)."""
         return self._writer.halted if self._writer is not None else ""
 
-    def _persist(self, app: Application) -> None:
+    @staticmethod
+    def _touched_by(app: Application, container: PTContainer | None) -> set[int] | None:
+        """The operators a heartbeat of ``container`` may have changed: its own (retired
+        ones too) and those ``Application.touched``; None (all) while a savepoint runs,
+        which may write every operator's book."""
+        touched = app.take_touched()
+        if container is None or (app.savepoint is not None
+                                 and app.savepoint.state == savepoints.WRITING):
+            return None
+        return touched | set(container.operator_ids) | {
+            op.id for op in app.plan.retired_in(container)}
+
+    def _persist(self, app: Application, only: set[int] | None = None) -> None:
         """Journals ``app`` if what recovery needs of it changed (lock held); a journal
         that fails halts the master (``HaltingJournal``): the change is not answered
         (UNAVAILABLE, which containers retry)."""
+        if only is None:
+            app.take_touched()  # every operator is looked at
         if self._writer is not None:
-            self._writer.save(app, self._folders.get(app.id))
+            self._writer.save(app, self._folders.get(app.id), only=only)
 
     def _halting(self, reason: str) -> None:
         """The journal failed: nothing more is decided here, and the server stops."""

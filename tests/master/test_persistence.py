@@ -62,6 +62,38 @@ def test_a_restarted_core_takes_back_its_applications_as_they_were(tmp_path):
     assert not response.deploy_request and response.committed_window_id == w
 
 
+def test_a_heartbeat_writes_what_it_changed_in_other_containers_too(tmp_path):
+    """A heartbeat's write looks only at its container's operators and those whose
+    recovery window it moved: a checkpoint of the sink moves the upstream operators'
+    recovery windows (other containers); a restarted master has them all as they were."""
+    clock = ManualClock()
+    core = started_core(tmp_path, clock)
+    app_id = core.submit(chain_descriptor(3, CONTAINERS=3,
+                                          STATE_DIR=str(tmp_path / "state")), {})
+    app = core.application(app_id)
+    for port, cid in enumerate(app.plan.containers):
+        core.heartbeat(container_heartbeat(cid, port=7000 + port))
+    base = app.start_window_millis // 1000
+    located = {op.id: op.container_id for op in app.plan.operators.values()}
+    port_of = {cid: 7000 + i for i, cid in enumerate(app.plan.containers)}
+    for counter in (3, 7):  # each container in turn reports its operator's checkpoint
+        w = make_window_id(base, counter)
+        for op_id in sorted(located):  # the sink last: its checkpoint moves the others
+            cid = located[op_id]
+            core.heartbeat(container_heartbeat(cid, port=port_of[cid], operators=[
+                operator_report(op_id, windows=[window(w, checkpoint=w)])]))
+    assert app.committed_window_id == make_window_id(base, 7)
+    live = {op.id: (op.recovery_window_id, list(app.checkpoints[op.id].windows))
+            for op in app.plan.operators.values()}
+    core.journal.close()
+    again = started_core(tmp_path, clock)
+    again.restore()
+    restored = again.application(app_id)
+    assert {op.id: (op.recovery_window_id, list(restored.checkpoints[op.id].windows))
+            for op in restored.plan.operators.values()} == live
+    assert restored.committed_window_id == app.committed_window_id
+
+
 def test_an_unchanged_application_is_not_written_again(tmp_path):
     core = started_core(tmp_path, ManualClock())
     app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
