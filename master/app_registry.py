@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 
 from weir.master.application import Application
-from weir.master.errors import NotFound, shown
+from weir.master.errors import InvalidArgument, NotFound, shown
 from weir.master.physical_plan import PTContainer
 
 __all__ = ["AppRegistry"]
@@ -34,11 +34,28 @@ class AppRegistry:
         """The id the next submitted application gets (taken by ``add``)."""
         return f"app-{self._next_number:04d}"
 
-    def reserve(self, app_id: str) -> None:
-        """Takes a given id (an application master's) so the next ``reserve_id`` skips it."""
-        number = app_id.rsplit("-", 1)[-1]
-        if number.isdecimal():
+    def take_id(self, app_id: str, only: str) -> str:
+        """A submitted application's id: ``app_id`` if this is the application master of
+        ``only`` and it is that one, not taken yet; else a new one (``reserve_id``).
+
+        Raises:
+            InvalidArgument: an id a submit may not choose: only an application master
+                takes one, its own, once.
+        """
+        if app_id and app_id != only:
+            raise InvalidArgument(
+                f"this master chooses application ids itself; submit without one (the id "
+                f"{shown(app_id)} is for the application master started for it)"
+                if not only else f"this application master runs {only}, not {shown(app_id)}")
+        if only and (not app_id or only in self._apps):
+            raise InvalidArgument(f"this application master runs {only} alone; submit other "
+                                  "applications to the dispatcher (`weir master`)")
+        if not only:
+            return self.reserve_id()
+        number = only.rsplit("-", 1)[-1]
+        if number.isdecimal():  # the next ``reserve_id`` skips it
             self._next_number = max(self._next_number, int(number) + 1)
+        return only
 
     def reserve_id(self) -> str:
         """A new application's id, taken now: a submit plans without the lock, so two

@@ -42,6 +42,7 @@ from weir.storage.private_files import (
 
 __all__ = [
     "HOME_ENV",
+    "kept_secret",
     "AuthInterceptor",
     "ClientCredentials",
     "client_credentials",
@@ -67,6 +68,26 @@ _HOW = (f"set {SECRET_ENV} or pass --secret-file (a master writes its secret to 
 def new_secret() -> str:
     """A fresh random secret (256 bits, URL-safe)."""
     return secrets.token_urlsafe(32)
+
+
+def kept_secret(folder: Path, what: str, advice: str) -> str:
+    """The secret an earlier run kept in ``folder/secret``, or a new one kept there (a
+    master's, a dispatcher's). The kept one is read only from a regular file of this user
+    that nobody else can read or write (never through a link).
+
+    Raises:
+        OSError: it cannot be read or written (``UntrustedPath`` names the check).
+    """
+    path = folder / "secret"
+    try:
+        kept = read_private_file(str(path), what, secret=True, advice=advice).decode().strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    secret = new_secret()
+    write_private_file(str(path), (secret + "\n").encode())
+    return secret
 
 
 def http_token(secret: str) -> str:

@@ -17,22 +17,21 @@ from weir.master import heartbeat as rules
 from weir.master import liveness, progress, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
-from weir.master.errors import FailedPrecondition, InvalidArgument, shown
-from weir.master.launcher import Launcher, UnplaceableRequest
+from weir.master.errors import FailedPrecondition
+from weir.master.launcher import Launcher
 from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
 from weir.master.master_loop import MasterLoop
-from weir.master.persistence import ApplicationJournal, HaltingJournal
-from weir.master.physical_plan import ContainerState, PlanError, PTContainer
-from weir.master.planner import build_physical_plan
+from weir.master.persistence import ApplicationJournal, HaltingJournal, heartbeat_changes
+from weir.master.physical_plan import ContainerState
 from weir.master.repartition import Repartition, repartition
 from weir.master.report_filter import bounded_text
 from weir.master.run_folders import RunFolders
 from weir.master.run_store import RunStore
 from weir.master.state_owner import new_run_id
-from weir.master.stats_listeners import StatsListenerError, StatsListeners, load_listeners
-from weir.operators.dag import DagError, validate_descriptor
+from weir.master.stats_listeners import StatsListeners
+from weir.master.submit_plan import checked_listeners, planned
 from weir.proto import client_pb2, plan_pb2, umbilical_pb2
 from weir.storage.locations import redact_location
 from weir.storage.savepoints import SavepointError
@@ -122,26 +121,15 @@ class MasterCore:
             InvalidArgument: the DAG or the overrides are malformed, or the DAG does not
                 match the savepoint (the message lists each operator).
         """
-        try:
-            validate_descriptor(dag)
-            listeners = load_listeners(dag)
-        except (DagError, StatsListenerError) as exc:
-            raise InvalidArgument(str(exc)) from None
+        listeners = checked_listeners(dag)
         manifest = self.store.read_savepoint(from_savepoint) if from_savepoint else None
         self.release_ended_runs(all_stopped=False)  # one that ended a moment ago is free now
         with self._lock:
-            self._check_application_id(app_id)
-            app_id, run_id = app_id or self._apps.reserve_id(), new_run_id()
+            app_id, run_id = self._apps.take_id(app_id, self.only_application), new_run_id()
         # planned without the lock: heartbeats and other applications' calls go on while
         # a large DAG is planned (it touches nothing shared until it is added below)
-        try:
-            plan = build_physical_plan(dag, dict(overrides), app_id, run_id)
-            self._launches.check_request(plan.attributes, dag)
-            seeded = (savepoints.plan_from_savepoint(dag, plan, from_savepoint,
-                                                     allow_dropped, manifest)
-                      if manifest is not None else None)
-        except (PlanError, DagError, SavepointError, UnplaceableRequest) as exc:
-            raise InvalidArgument(str(exc)) from None
+        plan, seeded = planned(dag, overrides, app_id, run_id, self._launches, from_savepoint,
+                               allow_dropped, manifest)
         state_dir = plan.attributes["STATE_DIR"]
         with self._lock:
             self._folders.reserve(state_dir, app_id)
@@ -171,21 +159,6 @@ class MasterCore:
                          redact_location(state_dir))
         self._launches.launch(app, list(plan.containers))
         return app_id
-
-    def _check_application_id(self, app_id: str) -> None:
-        """Refuses an id a submit may not choose (lock held): only an application
-        master takes one, its own, once."""
-        only = self.only_application
-        if app_id and app_id != only:
-            raise InvalidArgument(
-                f"this master chooses application ids itself; submit without one (the id "
-                f"{shown(app_id)} is for the application master started for it)"
-                if not only else f"this application master runs {only}, not {shown(app_id)}")
-        if only and (not app_id or self._apps.find(only) is not None):
-            raise InvalidArgument(f"this application master runs {only} alone; submit other "
-                                  "applications to the dispatcher (`weir master`)")
-        if only:
-            self._apps.reserve(only)
 
     def list_applications(self) -> list[client_pb2.ApplicationInfo]:
         with self._lock:
@@ -330,7 +303,7 @@ class MasterCore:
             container = app.plan.container(heartbeat.container_id) if app is not None else None
             if app is not None:  # before the container hears of what changed: what the
                 # heartbeat could change (its container's operators, those it touched)
-                self._persist(app, self._touched_by(app, container))
+                self._persist(app, heartbeat_changes(app, container))
             self._changed.notify_all()
         if container is not None and container.loss_request is not None:
             self._loop.wake()  # the loss the heartbeat recorded: the loop carries it out now
@@ -423,18 +396,6 @@ class MasterCore:
     def halted(self) -> str:
         """Why the master stopped serving: its journal failed ("" = it serves)."""
         return self._writer.halted if self._writer is not None else ""
-
-    @staticmethod
-    def _touched_by(app: Application, container: PTContainer | None) -> set[int] | None:
-        """The operators a heartbeat of ``container`` may have changed: its own (retired
-        ones too) and those ``Application.touched``; None (all) while a savepoint runs,
-        which may write every operator's book."""
-        touched = app.take_touched()
-        if container is None or (app.savepoint is not None
-                                 and app.savepoint.state == savepoints.WRITING):
-            return None
-        return touched | set(container.operator_ids) | {
-            op.id for op in app.plan.retired_in(container)}
 
     def _persist(self, app: Application, only: set[int] | None = None) -> None:
         """Journals ``app`` if what recovery needs of it changed (lock held); a journal

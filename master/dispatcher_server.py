@@ -27,7 +27,7 @@ from weir.master.errors import MasterError
 from weir.master.rpc import _CODES, SERVER_OPTIONS, RequestGuard
 from weir.master.tls import identity_for, read_pem
 from weir.proto import client_pb2
-from weir.storage.private_files import make_private_dir, read_private_file, write_private_file
+from weir.storage.private_files import make_private_dir
 
 __all__ = ["DispatcherServer"]
 
@@ -99,7 +99,9 @@ class DispatcherServer:
         make_private_dir(str(self.state_dir), "the dispatcher's folder",
                          advice="give --state-dir a folder of your own")
         self.host, self.port = host, port
-        self.secret = secret.strip() if secret else self._kept_secret()
+        self.secret = secret.strip() if secret else auth.kept_secret(
+            self.state_dir, "the dispatcher's kept secret",
+            "give --state-dir a folder of your own")
         self.dispatcher = Dispatcher(self.state_dir, launcher, launcher_options, env=env,
                                      host=host, advertise_host=advertise_host,
                                      start_timeout_s=start_timeout_s)
@@ -146,16 +148,3 @@ class DispatcherServer:
             auth.remove_secret_file(self.secret_file, self.secret)
         if server is not None:
             server.stop(grace=0.5).wait(5.0)
-
-    def _kept_secret(self) -> str:
-        path = self.state_dir / "secret"
-        try:
-            kept = read_private_file(str(path), "the dispatcher's kept secret",
-                                     secret=True).decode().strip()
-        except FileNotFoundError:
-            kept = ""
-        if kept:
-            return kept
-        secret = auth.new_secret()
-        write_private_file(str(path), (secret + "\n").encode())
-        return secret

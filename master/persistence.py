@@ -22,13 +22,14 @@ from weir.master.application import Application
 from weir.master.checkpoints import CheckpointBook
 from weir.master.errors import Unavailable
 from weir.master.journal import Journal
-from weir.master.physical_plan import PTOperator
+from weir.master.physical_plan import PTContainer, PTOperator
 from weir.master.rpc import STOPPED_MESSAGE
+from weir.master.savepoint_progress import WRITING
 from weir.master.state_owner import StateClaim
 from weir.storage import moved
 from weir.storage.private_files import check_private_tree, make_private_dir
 
-__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError", "Prepared"]
+__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError", "Prepared", "heartbeat_changes"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -60,6 +61,17 @@ def _operator_mark(app: Application, op: PTOperator) -> tuple[Any, ...]:
 def _plan_mark(app: Application) -> int:
     """The plan record is written again when a repartition adds or retires operators."""
     return app.repartitions
+
+
+def heartbeat_changes(app: Application, container: PTContainer | None) -> set[int] | None:
+    """The operators a heartbeat of ``container`` may have changed, for its journal write:
+    its own (retired ones too) and those ``Application.touched``; None (all) while a
+    savepoint is written, which may change every operator's book."""
+    touched = app.take_touched()
+    if container is None or (app.savepoint is not None and app.savepoint.state == WRITING):
+        return None
+    return touched | set(container.operator_ids) | {
+        op.id for op in app.plan.retired_in(container)}
 
 
 @dataclasses.dataclass(frozen=True)

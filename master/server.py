@@ -37,7 +37,6 @@ from weir.storage.private_files import (
     UntrustedPath,
     check_private_tree,
     make_private_dir,
-    read_private_file,
     write_private_file,
 )
 
@@ -363,25 +362,14 @@ class MasterServer:
             raise _state_error(self.state_dir, exc) from None
 
     def _kept_secret(self) -> str:
-        """The secret of an earlier run on this state folder, or a new one kept there.
-
-        The kept one is read only from a regular file of this user that nobody else can
-        read or write (never through a link)."""
+        """The secret of an earlier run on this state folder (``auth.kept_secret``), or a
+        fresh one when there is no folder."""
         if self.state_dir is None:
             return auth.new_secret()
-        path = self.state_dir / "secret"
         try:
-            kept = read_private_file(str(path), "the master's kept secret", secret=True,
-                                     advice=_STATE_ADVICE).decode().strip()
-        except FileNotFoundError:
-            kept = ""
+            return auth.kept_secret(self.state_dir, "the master's kept secret", _STATE_ADVICE)
         except OSError as exc:
             raise _state_error(self.state_dir, exc) from None
-        if kept:
-            return kept
-        secret = auth.new_secret()
-        write_private_file(str(path), (secret + "\n").encode())
-        return secret
 
     def _write_address_file(self) -> Path:
         """``master.json`` in the state folder: where this master listens now."""

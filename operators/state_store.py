@@ -34,12 +34,12 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from weir.operators.free_memory import release_free_memory
+from weir.operators.sqlite_batches import insert_rows, sorted_keys
 
 __all__ = ["KeyedStore", "StoreError", "StoreHandle", "StoreSeed"]
 
@@ -49,7 +49,6 @@ _CHUNK = 100_000
 _TRIM_EVERY = 8
 """Windows between two returns of freed heap to the OS (``release_free_memory``)."""
 _FETCH_CHUNK = 30_000  # keys per ``IN (...)`` list of ``fetch``
-_ROWS_PER_INSERT = 2_000  # rows per ``INSERT ... VALUES`` of ``_insert_rows`` (at most)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key PRIMARY KEY NOT NULL, value INTEGER NOT NULL,
                                   updated_window INTEGER) WITHOUT ROWID;
@@ -199,7 +198,7 @@ class KeyedStore:
         stamp = None if self.ttl_windows is None else window_id
         with self._window(window_id):
             db.execute("DELETE FROM temp.puts")  # a heap, no key: filled in the items' order
-            _insert_rows(db, "temp.puts(key, value, expires)", 3, items)
+            insert_rows(db, "temp.puts(key, value, expires)", 3, items)
             mark = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM changes").fetchone()[0]
             db.execute("INSERT INTO changes(window_id, key, old_value, old_updated) "
                        "SELECT ?, p.key, s.value, s.updated_window FROM temp.puts p "
@@ -270,7 +269,7 @@ class KeyedStore:
         chunks of ``IN (...)`` lists, in one read transaction: measured on 290,000 keys,
         0.58 s where a temporary table of them took 0.97."""
         db = self._db
-        asked = _sorted(keys)
+        asked = sorted_keys(keys)
         size = min(_FETCH_CHUNK, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
         alive = "" if window_id is None or self.ttl_windows is None else \
             f" AND (updated_window IS NULL OR updated_window > {int(window_id - self.ttl_windows)})"
@@ -444,31 +443,3 @@ def _rows_as_of(path: str, window_id: int,
         return kept
     finally:
         source.close()
-
-
-def _insert_rows(db: sqlite3.Connection, table: str, width: int,
-                 rows: Iterable[Sequence[Any]]) -> None:
-    """Inserts ``rows`` (each ``width`` values) into ``table`` (with its columns), many
-    rows per statement: measured on 293,000 rows, 0.25-0.30 s where ``executemany`` (a
-    bind and a step per row) took 0.51 s."""
-    flat = list(chain.from_iterable(rows))
-    if len(flat) % width:
-        raise ValueError(f"rows of {width} values expected for {table}")
-    count = min(_ROWS_PER_INSERT, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
-    row = f"({','.join('?' * width)})"
-    full = f"INSERT INTO {table} VALUES " + ",".join([row] * count)
-    for at in range(0, len(flat), count * width):
-        chunk = flat[at:at + count * width]
-        sql = full if len(chunk) == count * width else \
-            f"INSERT INTO {table} VALUES " + ",".join([row] * (len(chunk) // width))
-        db.execute(sql, chunk)
-
-
-def _sorted(keys: Iterable[Any]) -> list[Any]:
-    """The keys in order (neighbours in the B-tree read together), or as given if they
-    do not compare (keys of several types)."""
-    keys = list(keys)
-    try:
-        return sorted(keys)
-    except TypeError:
-        return keys

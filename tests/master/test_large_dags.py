@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tests.master.fakes import ManualClock, chain_descriptor, container_heartbeat
-from weir.master import core as core_module
+from weir.master import submit_plan as core_module
 from weir.master.core import MasterCore
 from weir.master.errors import InvalidArgument
 from weir.master.launcher import RecordingLauncher
