@@ -115,6 +115,7 @@ class Dispatcher:
         self._next = 1
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        self.trouble = ""  # why its last watch pass failed ("" = it works), in every listing
 
     # -- lifecycle --------------------------------------------------------------------
     def restore(self) -> int:
@@ -140,10 +141,7 @@ class Dispatcher:
         """Restarts application masters that exit, and collects ended applications."""
         def watch() -> None:
             while not self._stop.wait(interval_s):
-                try:
-                    self.check()
-                except Exception:  # noqa: BLE001 - the watch must go on; said, not lost
-                    _LOGGER.exception("the dispatcher's watch failed; it goes on")
+                self.watch_once()
         self._watcher = threading.Thread(target=watch, name="weir-dispatcher-watch",
                                          daemon=True)
         self._watcher.start()
@@ -205,8 +203,13 @@ class Dispatcher:
         answer: the last information seen, its diagnostics saying so)."""
         with self._lock:
             apps = sorted(self._apps.values(), key=lambda a: a.app_id)
-        return client_pb2.ListApplicationsResponse(
-            applications=[self._info(app) for app in apps])
+        infos = [self._info(app) for app in apps]
+        if self.trouble:
+            for index, kept in enumerate(infos):  # a copy: the records stay as they were
+                info = infos[index] = client_pb2.ApplicationInfo()
+                info.CopyFrom(kept)
+                info.diagnostics = "; ".join(filter(None, (info.diagnostics, self.trouble)))
+        return client_pb2.ListApplicationsResponse(applications=infos)
 
     def list_containers(self, request: client_pb2.ListContainersRequest
                         ) -> client_pb2.ListContainersResponse:
@@ -227,6 +230,18 @@ class Dispatcher:
         with self._lock:
             return {a.app_id: (a.process.pid if a.process is not None else a.pid)
                     for a in self._apps.values() if a.final is None}
+
+    def watch_once(self) -> None:
+        """One pass of the watch (``check``); a pass that fails is kept in ``trouble``,
+        shown in every application's diagnostics until a pass works again: the watch
+        goes on, and nobody is left to believe masters are restarted when they are not."""
+        try:
+            self.check()
+            self.trouble = ""
+        except Exception as exc:  # noqa: BLE001 - said in the listings, and the watch goes on
+            self.trouble = (f"the dispatcher's watch of application masters fails: "
+                            f"{type(exc).__name__}: {exc}")
+            _LOGGER.exception("the dispatcher's watch failed; it goes on")
 
     def check(self) -> None:
         """One pass of the watch: ended applications recorded and their masters stopped;
