@@ -26,6 +26,7 @@ from weir.operators.operator import Operator, OperatorContext
 from weir.operators.partitioning import PartitionFilter
 from weir.operators.windows import format_window_id
 from weir.proto import plan_pb2, umbilical_pb2
+from weir.runtime.machine_load import stretched_ms
 from weir.runtime.operator_state import OperatorStateError, new_partition, restore
 from weir.runtime.spark.bridge import SparkSessionBridge
 from weir.storage import Fence, Fenced
@@ -38,12 +39,6 @@ UNDEPLOY_WAIT_S = 5.0
 """How long an undeploy waits for the operator's thread to exit (by default)."""
 REDEPLOY_WAIT_S = 10.0
 """How much longer a new deployment of it waits, before the container must restart."""
-SETUP_WAIT_S = 120.0
-"""How long, instead, when the earlier deployment is still in ``setup``: there it starts
-Spark (a cold JVM takes seconds, tens of them on a loaded machine) and will come out;
-restarting the container would only start another cold JVM, and a redeploy arriving
-during it again (measured: a kill of the source's container soon after the Spark
-container's replacement kept restarting that replacement)."""
 
 
 class DeployError(RuntimeError):
@@ -107,6 +102,10 @@ class Deployment:
             it listens): an input whose upstream publishes there reads it directly.
         undeploy_wait_s, redeploy_wait_s: how long an undeploy waits for an operator's
             thread to exit, and how much longer a new deployment of it then waits.
+        setup_wait_s: how long instead when the earlier deployment is still in ``setup``;
+            None = the application's SETUP_TIMEOUT_MILLIS, stretched by the machine's load
+            (there it may start Spark, and will come out: restarting the container would
+            only start another cold JVM).
     """
 
     def __init__(self, application_id: str, container_id: str, buffer_server: BufferServer,
@@ -115,7 +114,7 @@ class Deployment:
                  secret: str | None = None, tls_root_certs: bytes | None = None,
                  lease: Lease | None = None, undeploy_wait_s: float = UNDEPLOY_WAIT_S,
                  redeploy_wait_s: float = REDEPLOY_WAIT_S,
-                 setup_wait_s: float = SETUP_WAIT_S,
+                 setup_wait_s: float | None = None,
                  advertised: tuple[str, int] | None = None) -> None:
         self.container_id = container_id
         self.advertised = advertised
@@ -365,7 +364,7 @@ class Deployment:
             previous = self.stopping.get(info.id)
         if previous is None:
             return
-        wait_s = self.redeploy_wait_s if previous.ready else self.setup_wait_s
+        wait_s = self.redeploy_wait_s if previous.ready else self._setup_wait_s()
         if previous.join(wait_s):
             with self._lock:
                 self.stopping.pop(info.id, None)
@@ -375,6 +374,13 @@ class Deployment:
                           f"within {wait_s + self.undeploy_wait_s:.0f} s (stuck in "
                           f"{'process() or a Spark job' if previous.ready else 'setup'}?); the "
                           f"container must be restarted; it is in:\n{previous.where()}")
+
+    def _setup_wait_s(self) -> float:
+        if self.setup_wait_s is not None:
+            return self.setup_wait_s
+        bound_ms = int(self.base_attributes.get("SETUP_TIMEOUT_MILLIS")
+                       or ATTRIBUTES["SETUP_TIMEOUT_MILLIS"].default)
+        return stretched_ms(bound_ms) / 1000
 
     def activate(self, operator_ids: Iterable[int]) -> None:
         """Lets these input operators start their windows."""

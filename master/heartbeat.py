@@ -295,6 +295,7 @@ def _apply_state(app: Application, container: PTContainer, op: PTOperator,
         return False  # SHUTDOWN and FAILED stay until recovery redeploys the operator
     if report.state == umbilical_pb2.OPERATOR_STATE_ACTIVE:
         if op.transition(OperatorState.ACTIVE):
+            op.deployed_ms = now_ms
             _LOGGER.info("app=%s container=%s operator=%s (%d) ACTIVE from checkpoint %s",
                          app.id, container.id, op.name, op.id,
                          format_window_id(op.deploy_window_id))

@@ -5,7 +5,8 @@ its buffer server failed: a ``LossRequest`` the heartbeat recorded), when its pr
 exits, when it sends no heartbeat for HEARTBEAT_TIMEOUT_MILLIS, or when it never sends
 one within twice that after its launch.
 An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT windows
-while its input has data; its container is then lost too, the operator blamed.
+while its input has data, or its setup() has run past SETUP_TIMEOUT_MILLIS (stretched by
+the machine's load); its container is then lost too, the operator blamed.
 
 Why HEARTBEAT_TIMEOUT_MILLIS defaults to 10 s (20 heartbeats at the default 500 ms
 interval) rather than Apex's 30 s or a couple of seconds: a false alarm costs a whole
@@ -27,6 +28,7 @@ from weir.master.physical_plan import ContainerState, OperatorState, PTContainer
 from weir.master.recovery import ContainerLoss, lose_container
 from weir.operators.watermarks import END_OF_TIME
 from weir.operators.windows import format_window_id
+from weir.runtime.machine_load import load_stretch
 
 __all__ = [
     "DEFAULT_TIMEOUT_WINDOW_COUNT",
@@ -69,6 +71,21 @@ def _stuck_activating(op: PTOperator, window_ms: int, now_ms: int) -> str:
     return (f"is blocked: it has been activating (starting Spark, warming its query up) "
             f"for {activating_ms} ms, over {limit_ms} ms (its window timeout, at least "
             f"{ACTIVATION_FLOOR_MS} ms)")
+
+
+def _stuck_in_setup(app: Application, op: PTOperator, now_ms: int) -> str:
+    """Why ``op``'s setup() has run too long to wait for (SETUP_TIMEOUT_MILLIS, stretched
+    by the load of this machine, where its container most likely runs), or ""."""
+    if not op.deployed_ms:
+        return ""
+    bound_ms = int(app.attribute("SETUP_TIMEOUT_MILLIS"))
+    stretch = load_stretch()
+    in_setup_ms = now_ms - op.deployed_ms
+    if in_setup_ms <= bound_ms * stretch:
+        return ""
+    return (f"is blocked: it has been in setup() for {in_setup_ms} ms, over "
+            f"SETUP_TIMEOUT_MILLIS={bound_ms} ms"
+            + (f" stretched {stretch:.1f}x by the machine's load" if stretch > 1 else ""))
 
 
 def check_liveness(app: Application, now_ms: int, exit_codes: Mapping[str, int | None],
@@ -189,7 +206,8 @@ def _cause(app: Application, container: PTContainer, now_ms: int, exit_code: int
 
 
 def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, str]]:
-    """ACTIVE operators whose window stood still too long while data waits for them.
+    """ACTIVE operators whose window stood still too long while data waits for them, or
+    whose setup() has run past SETUP_TIMEOUT_MILLIS (stretched by the machine's load).
 
     An operator is blocked when its window has not moved for TIMEOUT_WINDOW_COUNT
     windows, and:
@@ -221,7 +239,12 @@ def blocked_operators(app: Application, now_ms: int) -> list[tuple[PTOperator, s
     blocked: list[tuple[PTOperator, str]] = []
     downstream: dict[int, list[int]] | None = None  # derived only for a still operator
     for op in plan.operators.values():
-        if op.state != OperatorState.ACTIVE or not op.ready:
+        if op.state != OperatorState.ACTIVE:
+            continue
+        if not op.ready:
+            stuck = _stuck_in_setup(app, op, now_ms)
+            if stuck:
+                blocked.append((op, stuck))
             continue
         if op.activating:
             stuck = _stuck_activating(op, window_ms, now_ms)

@@ -164,6 +164,7 @@ class PTOperator:
     generation: int = 1
     recovering: bool = False  # its container says: redeployed, no window finished yet
     activating: bool = False  # its container says: activate() runs (Spark warming up)
+    deployed_ms: int = 0  # when its container first reported its current instance (in setup)
     set_up_ms: int = 0  # when its current instance's setup() was reported done (0: not yet)
     activated_ms: int = 0  # ... and its activate() (0: not yet)
 

@@ -416,4 +416,5 @@ def resume(app: Application, now_ms: int) -> list[tuple[str, int, str]]:
     for op in app.plan.operators.values():
         app.operator_stats[op.id].window_moved_ms = now_ms
         op.ready_ms = max(op.ready_ms, now_ms)
+        op.deployed_ms = max(op.deployed_ms, now_ms)
     return adopt

@@ -233,6 +233,12 @@ _ALL = [
               "An operator whose window has not moved for this many windows while its input "
               "has data is blocked, and its container is restarted; 0 = 120 windows, but "
               "at least 60 s."),
+    Attribute("SETUP_TIMEOUT_MILLIS", _within(1_000, _DAY_MS, " ms"), 120_000, Scope.DAG,
+              "How long an operator's setup() (restoring its checkpoint, opening its "
+              "connections) may run before it counts as stuck: the master restarts its "
+              "container, and a redeploy that finds the previous deployment still in "
+              "setup waits this long for it before asking for the same. Stretched by the "
+              "machine's load per core, up to 4x: a busy machine sets up slower."),
     Attribute("STALL_TIMEOUT_MILLIS", _within(0, _DAY_MS, " ms"), 0, Scope.DAG,
               "The application is stalled once no window committed for this long while its "
               "sources emitted: said among its failures with the operator furthest behind, "

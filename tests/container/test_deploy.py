@@ -1,6 +1,7 @@
 """Deployment details that need no process: inputs of an upstream that already ended,
 partitioned inputs, and generations replacing one another."""
 
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -175,7 +176,8 @@ class SlowSetup(InputOperator):
         return True
 
 
-def undeployed_in_setup(tmp_path, setup_wait_s: float) -> tuple[Deployment, Path]:
+def undeployed_in_setup(tmp_path, setup_wait_s: float | None, **attributes: str
+                        ) -> tuple[Deployment, Path]:
     """A deployment whose operator 5 was undeployed while its setup waits for the returned
     ``release`` file (as one starting a cold Spark would)."""
     entered, release = tmp_path / "entered", tmp_path / "release"
@@ -183,7 +185,8 @@ def undeployed_in_setup(tmp_path, setup_wait_s: float) -> tuple[Deployment, Path
         id=5, name="slow", type=plan_pb2.OPERATOR_TYPE_INPUT, class_name="SlowSetup",
         payload=cloudpickle.dumps(SlowSetup(str(entered), str(release))), generation=1)
     deployment = Deployment("app-0001", "app-0001-c1", BufferServer(), None, 0,  # type: ignore[arg-type]
-                            {"STATE_DIR": str(tmp_path / "state")}, on_change=lambda: None,
+                            {"STATE_DIR": str(tmp_path / "state"), **attributes},
+                            on_change=lambda: None,
                             undeploy_wait_s=0.1, redeploy_wait_s=0.1, setup_wait_s=setup_wait_s)
     deployment.deploy(slow)
     poll_for(entered.exists, 10, "the operator to be in its setup")
@@ -215,6 +218,23 @@ def test_a_redeploy_gives_up_on_a_setup_that_never_ends_naming_where_it_is(tmp_p
         with pytest.raises(DeployError, match=r"(?s)has not stopped within 0 s \(stuck in "
                                               r"setup\?\).*in setup"):
             deployment.deploy(idle_info(2))
+    finally:
+        release.touch()
+        deployment.stop_all()
+
+
+def test_the_wait_for_a_setup_is_the_applications_setup_timeout_stretched_by_load(
+        tmp_path, monkeypatch):
+    """SETUP_TIMEOUT_MILLIS sets it, times the machine's load (here 1.5x): 1.5 s + 0.1 s."""
+    from weir.container import deploy
+
+    monkeypatch.setattr(deploy, "stretched_ms", lambda ms: ms * 1.5)
+    deployment, release = undeployed_in_setup(tmp_path, None, SETUP_TIMEOUT_MILLIS="1000")
+    try:
+        started = time.monotonic()
+        with pytest.raises(DeployError, match=r"has not stopped within 2 s \(stuck in setup"):
+            deployment.deploy(idle_info(2))
+        assert time.monotonic() - started >= 1.5  # it did wait the stretched bound
     finally:
         release.touch()
         deployment.stop_all()

@@ -321,6 +321,27 @@ def test_an_operator_activating_for_longer_than_any_jvm_takes_is_blocked_and_rec
     assert cluster.ops[RELAY].failure_count == 1
 
 
+@pytest.mark.parametrize("load_stretch", [1.0, 3.0])
+def test_an_operator_in_setup_past_its_bound_is_blocked_and_recovered(monkeypatch,
+                                                                      load_stretch):
+    """A setup() that never returns (a stuck restore, a connection that never opens) does
+    not hang the application: past SETUP_TIMEOUT_MILLIS, stretched by the machine's load,
+    its container is given up on with the reason; before that it is waited for."""
+    monkeypatch.setattr(liveness, "load_stretch", lambda: load_stretch)
+    cluster = Cluster(chain_descriptor(3), 3, SETUP_TIMEOUT_MILLIS="5000")
+    cluster.deploy_all(in_setup=(RELAY,))
+    heartbeats_for(cluster, int(5000 * load_stretch) - 1000)
+    assert cluster.liveness() == []
+    assert cluster.ops[RELAY].state == OperatorState.ACTIVE and not cluster.ops[RELAY].ready
+    heartbeats_for(cluster, 2000)
+    [loss] = cluster.liveness()
+    assert loss.container_id == C1 and loss.replacement_id == C3
+    assert "'relay1' (2) is blocked: it has been in setup() for" in loss.cause
+    assert "over SETUP_TIMEOUT_MILLIS=5000 ms" in loss.cause
+    assert ("stretched 3.0x by the machine's load" in loss.cause) == (load_stretch > 1)
+    assert cluster.ops[RELAY].failure_count == 1
+
+
 def test_an_operator_waiting_for_an_upstream_still_in_setup_is_not_blamed():
     """A fan-in whose left input runs while its right one warms Spark is held back by
     the right one, not stuck."""
