@@ -96,6 +96,11 @@ def _application(f: _Families, app: client_pb2.ApplicationInfo) -> None:
     f.gauge("weir_application_containers_planned", "Containers the application runs in.",
             _APP, labels, app.containers_planned)
     f.gauge("weir_application_operators", "Physical operators.", _APP, labels, app.operators)
+    f.gauge("weir_application_operators_failed", "Physical operators FAILED.", _APP, labels,
+            app.operators_failed)
+    f.gauge("weir_application_operators_not_running", "Physical operators neither running "
+            "windows nor ended: deploying, in setup, activating or recovering.", _APP, labels,
+            app.operators_not_running)
     f.gauge("weir_application_stalled_since_seconds", "Since when no window committed while "
             "the sources emitted (Unix time; 0 = progressing): the progress watchdog.",
             _APP, labels, app.stalled_since_ms / 1000)

@@ -137,7 +137,7 @@ def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
         rows.append([
             app.id, app.name, shown_state(app, now_ms),
             f"{app.containers_active}/{app.containers_planned}",
-            str(app.operators), format_window_id(app.current_window_id),
+            _operator_count(app), format_window_id(app.current_window_id),
             format_window_id(app.committed_window_id), str(app.operator_failures),
             str(app.recoveries),
             format_count(app.total_tuples_processed), format_count(app.total_tuples_emitted),
@@ -146,6 +146,13 @@ def application_rows(apps: Iterable[client_pb2.ApplicationInfo], now_ms: int
             or (f"recovered: {app.last_recovery}" if app.last_recovery else "-"),
         ])
     return rows
+
+
+def _operator_count(app: client_pb2.ApplicationInfo) -> str:
+    """``12``, or ``12 (1 failed, 3 not running)`` while some are not running windows."""
+    notes = [f"{n} {what}" for n, what in ((app.operators_failed, "failed"),
+                                           (app.operators_not_running, "not running")) if n]
+    return f"{app.operators} ({', '.join(notes)})" if notes else str(app.operators)
 
 
 def _savepoint_note(app: client_pb2.ApplicationInfo) -> str:
@@ -322,7 +329,9 @@ def application_details(app: client_pb2.ApplicationInfo, now_ms: int) -> str:
         ("containers", f"{app.containers_active} active of {app.containers_planned}"
                        f" ({app.containers_replaced} replaced"
                        + (f", {app.containers_spare} spare)" if app.containers_spare else ")")),
-        ("operators", f"{app.operators} ({app.operators_failed} failed)"),
+        ("operators", f"{app.operators} ({app.operators_failed} failed, "
+                      f"{app.operators_not_running} not running: deploying, in setup, "
+                      "activating or recovering)"),
         ("current window", format_window_id(app.current_window_id)),
         ("committed window", format_window_id(app.committed_window_id)),
         ("tuples processed", f"{format_count(app.total_tuples_processed)} "

@@ -98,6 +98,7 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
                     for name, value in app.plan.attribute_text().items()},
         start_window_millis=app.start_window_millis,
         operators_failed=sum(op.state == OperatorState.FAILED for op in ops),
+        operators_not_running=sum(_not_running(op) for op in ops),
         recoveries=app.recoveries,
         operator_failures=sum(op.failure_count for op in ops),
         last_recovery=app.last_recovery, last_recovery_ms=app.last_recovery_ms,
@@ -116,6 +117,14 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
     _add_logical_operators(app, figures, info, _now_ms(now_ms))
     info.recent_failures.extend(_recent_failures(app))
     return info
+
+
+def _not_running(op: PTOperator) -> bool:
+    """Neither running windows nor ended: deployed or not yet, in setup, activating, or
+    redeployed with no window finished yet."""
+    if op.terminal:
+        return False
+    return op.state != OperatorState.ACTIVE or not op.ready or op.activating or op.recovering
 
 
 def _critical_path(app: Application, figures: dict[int, _Figures]) -> tuple[float, list[str]]:

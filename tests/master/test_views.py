@@ -146,3 +146,31 @@ def test_an_operator_that_does_not_run_now_shows_no_rate():
     assert relay.tuples_processed_per_second == 0 and relay.tuples_emitted_per_second == 0
     assert core.application_info(app_id).tuples_processed_per_second == 0
     assert relay.total_tuples_processed == 1_000  # the totals stay
+
+
+def test_operators_that_do_not_run_windows_are_counted_in_every_view():
+    """The hung recovery of issue 52 showed "0 failed" and nothing else: operators deployed
+    but in setup, or waiting for a replacement container, count as not running."""
+    from tests.master.cluster import C1, RELAY, SINK, SOURCE, Cluster, chain, chain_descriptor
+    from weir.master import metrics
+    from weir.master.tables import application_details, application_rows
+
+    cluster = Cluster(chain_descriptor(3), 3)
+    cluster.deploy_all(in_setup=(SINK,))
+    assert views.application_info(cluster.app).operators_not_running == 1
+    cluster = chain()
+    info = views.application_info(cluster.app)
+    assert (info.operators_not_running, info.operators_failed) == (0, 0)
+    assert application_rows([info], now_ms=0)[0][4] == "3"
+    cluster.liveness({C1: -9})  # the relay's container: the relay and the sink redeploy
+    info = views.application_info(cluster.app)
+    assert info.operators_not_running == 2
+    assert cluster.ops[SOURCE].state.value == "ACTIVE"
+    assert cluster.ops[RELAY].state.value == "PENDING_DEPLOY"
+    assert application_rows([info], now_ms=0)[0][4] == "3 (2 not running)"
+    assert "operators:        3 (0 failed, 2 not running" in application_details(info, 0)
+    families = metrics._Families()
+    metrics._application(families, info)
+    shown = {f.name: f.samples[0].value for f in families}
+    assert shown["weir_application_operators_not_running"] == 2
+    assert shown["weir_application_operators_failed"] == 0
