@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.claims import missed_targets
 from bench.common import JobSpec, render_breakdown, render_table, run_json_subprocess
 from bench.event_time import event_time_jobs, render_event_time
 from bench.kafka_peers import KAFKA_PEERS, render_kafka_context
@@ -435,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
     failed = failed_rows(report) + nexmark_failed(report.get("nexmark", {}))
     for line in failed:
         print(f"FAILED {line}")
+    missed = missed_targets(report)
+    if missed:
+        print("\nmissed targets (the README's claim beside each):")
+        for line in missed:
+            print(f"  MISSED {line}")
     return 1 if failed else 0
 
 

@@ -121,3 +121,39 @@ def test_rows_that_measured_nothing_or_missed_their_target_fail_by_name():
         "control plane: targets NOT met: round trip p99 1452.0 ms (target < 100 ms); 846.0 "
         "heartbeats/s of 1000.0 targeted"]
     assert failed_rows({"control_plane": {**plane, "meets_targets": True}}) == []
+
+
+def test_missed_targets_are_listed_with_the_readmes_claim_beside_them(tmp_path) -> None:
+    from bench.claims import missed_targets, readme_ratios
+
+    readme = tmp_path / "README.md"
+    readme.write_text("| query | Weir | Spark SS | ratio |\n|---|---|---|---|\n"
+                      "| q7 highest bid (tumbling) | 8.9 s | 16.5 s | **1.85×** |\n")
+    assert readme_ratios(readme) == {"q7": "1.85×"}
+
+    def query(weir_s, spark_s):
+        return [{"system": "weir", "correct": True, "launch_to_last_result_s": weir_s},
+                {"system": "spark-structured-streaming", "correct": True,
+                 "launch_to_last_result_s": spark_s}]
+
+    report = {"nexmark": {"queries": {"q7": query(20.0, 16.0), "q1": query(10.0, 12.0),
+                                      "q5": query(30.0, 15.0)}},
+              "control_plane": {"meets_targets": False, "rtt_p99_ms": 1452.0,
+                                "heartbeats_per_s": 846.0, "target_heartbeats_per_s": 1000.0}}
+    missed = missed_targets(report, readme)
+    assert missed[0] == ("nexmark q7: Weir 0.80x Spark SS from launch to last result (20.0 s "
+                         "against 16.0 s; target: ahead) - README claims 1.85×")
+    assert missed[1].startswith("nexmark q5: Weir 0.50x") and "no figure for it" in missed[1]
+    assert missed[2].startswith("control plane: round trip p99 1452.0 ms")
+    assert len(missed) == 3  # q1 was ahead
+    report["control_plane"]["meets_targets"] = True
+    assert len(missed_targets(report, readme)) == 2
+
+
+def test_the_readme_ratios_are_found_in_the_real_readme() -> None:
+    """The README's performance table is what a run is compared with: if its layout
+    changes so that no ratio is found, this fails instead of the bench going quiet."""
+    from bench.claims import readme_ratios
+
+    ratios = readme_ratios()
+    assert {"q1", "q7"} <= set(ratios) and all(r.endswith("×") for r in ratios.values())
