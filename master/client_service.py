@@ -40,7 +40,7 @@ class ClientService(client_pb2_grpc.WeirClientServicer):
     @rpc_errors
     def GetApplicationInfo(self, request: client_pb2.GetApplicationInfoRequest,
                            context: grpc.ServicerContext) -> client_pb2.ApplicationInfo:
-        return self.core.application_info(request.application_id)
+        return self.core.application_info(request.application_id, brief=request.brief)
 
     @rpc_errors
     def ListContainers(self, request: client_pb2.ListContainersRequest,

@@ -166,10 +166,11 @@ class MasterCore:
             return [views.application_info(app, self.dashboard_url, now_ms)
                     for app in self._apps.all()]
 
-    def application_info(self, app_id: str) -> client_pb2.ApplicationInfo:
+    def application_info(self, app_id: str, *, brief: bool = False
+                         ) -> client_pb2.ApplicationInfo:
         with self._lock:
             return views.application_info(self._app(app_id), self.dashboard_url,
-                                          self.clock())
+                                          self.clock(), brief=brief)
 
     def application_plan(self, app_id: str) -> client_pb2.ApplicationPlan:
         """The application's DAG as deployed, with each operator's figures."""
@@ -366,7 +367,10 @@ class MasterCore:
                     seen.exit_reasons, trouble=seen.trouble)
                 progress.check_progress(app, self.clock())
                 actions = self._launches.take(app)
-                self._persist(app)
+                # a loss may change any operator downstream; otherwise the pass changed
+                # the application's own record at most (containers launched): its
+                # operators' marks are not all computed five times a second
+                self._persist(app, None if lost else app.take_touched())
                 if lost:
                     self._changed.notify_all()
             losses += lost

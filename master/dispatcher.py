@@ -250,9 +250,9 @@ class Dispatcher:
             apps = [a for a in self._apps.values() if a.final is None and not a.failure]
         for app in apps:
             if app.running():
-                info = self._info(app)
+                info = self._info(app, brief=True)
                 if info.state in _ENDED and not info.containers_active:
-                    self._finish(app, info)
+                    self._finish(app, self._info(app))  # kept whole: its figures too
                 continue
             self._restart(app)
 
@@ -265,13 +265,16 @@ class Dispatcher:
             raise NotFound(f"unknown {named}; `weir apps` lists the applications")
         return app
 
-    def _info(self, app: AppMaster) -> client_pb2.ApplicationInfo:
+    def _info(self, app: AppMaster, *, brief: bool = False) -> client_pb2.ApplicationInfo:
+        """Its application's information from its master; ``brief`` for the watch (no
+        per-operator figures: the watch only needs its state)."""
         if app.final is not None:
             return app.final
         try:
             info = self._call(app, "GetApplicationInfo", client_pb2.GetApplicationInfoRequest(
-                application_id=app.app_id), timeout_s=2.0)
-            app.last_info = info
+                application_id=app.app_id, brief=brief), timeout_s=2.0)
+            if not brief or app.last_info is None:
+                app.last_info = info
             return info
         except (Unavailable, WeirClientError, NotFound) as exc:
             shown_info = client_pb2.ApplicationInfo(id=app.app_id, state="UNKNOWN")

@@ -227,6 +227,7 @@ def _without_operators(app: Application) -> Application:
     light.dag = None  # type: ignore[assignment]
     light.__dict__.pop("_described", None)  # an index of the DAG: made again on use
     light.__dict__.pop("_touched", None)  # what the next write looks at, not state
+    light.__dict__.pop("_progress_facts", None)  # derived from the plan: made again on use
     light.plan = copy.copy(app.plan)
     light.plan.operators = {}
     light.plan.retired = {}

@@ -32,6 +32,12 @@ own watch fired) is not said twice."""
 
 
 def stall_after_ms(app: Application) -> int:
+    """How long the committed window may stand still while the sources emit before the
+    application is stalled (``_stall_after_ms``, derived once per plan)."""
+    return _plan_facts(app)[0]
+
+
+def _stall_after_ms(app: Application) -> int:
     """How long the committed window may stand still while the sources emit:
     ``STALL_TIMEOUT_MILLIS`` if set, else an operator's window timeout (the longest) plus
     a checkpoint interval, at least ``STALL_FLOOR_MS``."""
@@ -76,9 +82,20 @@ def check_progress(app: Application, now_ms: int) -> str | None:
 
 
 def _emitted_by_sources(app: Application) -> int:
-    return sum(app.operator_stats[op.id].total_tuples_emitted
-               for op in app.plan.operators.values()
-               if op.type == plan_pb2.OPERATOR_TYPE_INPUT)
+    stats = app.operator_stats
+    return sum(stats[op_id].total_tuples_emitted for op_id in _plan_facts(app)[1])
+
+
+def _plan_facts(app: Application) -> tuple[int, list[int]]:
+    """The stall bound and the input operators' ids, derived once per plan (a repartition
+    makes a new one): the master loop looks at every application five times a second."""
+    cached = app.__dict__.get("_progress_facts")
+    if cached is None or cached[0] != app.repartitions:
+        inputs = [op.id for op in app.plan.operators.values()
+                  if op.type == plan_pb2.OPERATOR_TYPE_INPUT]
+        cached = (app.repartitions, (_stall_after_ms(app), inputs))
+        app.__dict__["_progress_facts"] = cached
+    return cached[1]
 
 
 def _furthest_behind(app: Application, now_ms: int) -> str:

@@ -68,18 +68,22 @@ def _logical_name(op: PTOperator) -> str:
     return str(getattr(op, "logical_name", "") or op.name)
 
 
-def application_info(app: Application, dashboard_url: str = "", now_ms: int | None = None
-                     ) -> client_pb2.ApplicationInfo:
+def application_info(app: Application, dashboard_url: str = "", now_ms: int | None = None,
+                     *, brief: bool = False) -> client_pb2.ApplicationInfo:
     """Summary of one application: state, sizes, windows, failures, totals, rates, latency;
-    ``now_ms`` is the time event-time lags are measured at (the wall clock if None)."""
+    ``now_ms`` is the time event-time lags are measured at (the wall clock if None).
+    ``brief``: without the figures derived per operator (rates, latency, logical
+    operators, recent failures): what a watch polling every second needs, at a fraction
+    of the cost (profiled: 21 % of an application master's CPU went to the dispatcher's
+    watch asking for all of them every second)."""
     ops = list(app.plan.operators.values())
     stats = app.operator_stats
-    figures = {op.id: _figures(app, op, _now_ms(now_ms)) for op in ops}
+    figures = {} if brief else {op.id: _figures(app, op, _now_ms(now_ms)) for op in ops}
     active_windows = [stats[op.id].current_window_id for op in ops
                       if op.state == OperatorState.ACTIVE and stats[op.id].current_window_id >= 0]
     all_windows = [stats[op.id].current_window_id for op in ops]
     current = min(active_windows) if active_windows else max(all_windows, default=-1)
-    path_latency, path = _critical_path(app, figures)
+    path_latency, path = (0.0, []) if brief else _critical_path(app, figures)
     info = client_pb2.ApplicationInfo(
         id=app.id, name=app.name, state=app.state.value, diagnostics=app.diagnostics,
         submitted_ms=app.submitted_ms, finished_ms=app.finished_ms,
@@ -114,8 +118,9 @@ def application_info(app: Application, dashboard_url: str = "", now_ms: int | No
         stalled_since_ms=app.stalled_since_ms,
         containers_spare=sum(c.spare for c in app.plan.live_containers()),
     )
-    _add_logical_operators(app, figures, info, _now_ms(now_ms))
-    info.recent_failures.extend(_recent_failures(app))
+    if not brief:
+        _add_logical_operators(app, figures, info, _now_ms(now_ms))
+        info.recent_failures.extend(_recent_failures(app))
     return info
 
 

@@ -174,3 +174,16 @@ def test_operators_that_do_not_run_windows_are_counted_in_every_view():
     shown = {f.name: f.samples[0].value for f in families}
     assert shown["weir_application_operators_not_running"] == 2
     assert shown["weir_application_operators_failed"] == 0
+
+
+def test_a_brief_application_info_leaves_out_only_the_per_operator_figures():
+    core, app_id = monitored_core()
+    full = core.application_info(app_id)
+    brief = core.application_info(app_id, brief=True)
+    assert full.tuples_processed_per_second > 0 and full.logical_operators
+    assert (brief.state, brief.operators, brief.committed_window_id,
+            brief.total_tuples_processed, brief.containers_active) == (
+        full.state, full.operators, full.committed_window_id, full.total_tuples_processed,
+        full.containers_active)
+    assert brief.tuples_processed_per_second == 0 and not brief.logical_operators
+    assert not brief.critical_path and not brief.recent_failures
