@@ -94,6 +94,78 @@ def test_a_heartbeat_writes_what_it_changed_in_other_containers_too(tmp_path):
     assert restored.committed_window_id == app.committed_window_id
 
 
+def fields_of(op) -> dict:
+    """Every field of an operator but the clocks a restore starts again (``resume``)."""
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(op).items()
+            if k not in ("ready_ms", "deployed_ms")}
+
+
+def test_an_operator_record_holds_its_changing_fields_and_the_plan_record_the_rest(tmp_path):
+    """Every field of every operator comes back, though an operator's own record holds
+    only what changes (its state, windows, failures); what only planning sets is in the
+    plan record, written once."""
+    import pickle
+
+    from weir.master import persistence
+
+    clock = ManualClock()
+    core = started_core(tmp_path, clock)
+    app_id = core.submit(chain_descriptor(3, CONTAINERS=2, STATE_DIR=str(tmp_path / "s")), {})
+    app = core.application(app_id)
+    for cid in app.plan.containers:
+        core.heartbeat(container_heartbeat(cid))
+    op = next(iter(app.plan.operators.values()))
+    record = pickle.loads(persistence._operator_record(app, op))
+    assert "attributes" not in record[0] and "inputs" not in record[0]
+    assert "state" in record[0] and "recovery_window_id" in record[0]
+    live = {op.id: fields_of(op) for op in app.plan.operators.values()}
+    core.journal.close()
+    again = started_core(tmp_path, clock)
+    again.restore()
+    restored = again.application(app_id)
+    assert {op.id: fields_of(op) for op in restored.plan.operators.values()} == live
+
+
+def test_a_journal_whose_operator_records_are_whole_loads_and_is_rewritten(tmp_path):
+    """A journal written before the plan record kept the operators' static fields: its
+    whole-operator records load, and the next save writes the plan record again, so the
+    slim records written from then on can be read back."""
+    import dataclasses
+    import pickle
+
+    clock = ManualClock()
+    core = started_core(tmp_path, clock)
+    app_id = core.submit(chain_descriptor(2, CONTAINERS=1, STATE_DIR=str(tmp_path / "s")), {})
+    app = core.application(app_id)
+    (cid,) = app.plan.containers
+    core.heartbeat(container_heartbeat(cid))
+    journal = core.journal.journal
+    payloads = {op_id: op.payload for op_id, op in app.plan.operators.items()}
+    journal.put_many([(f"{app_id}/plan", pickle.dumps((app.dag, payloads, set()))), *[
+        (f"{app_id}/op/{op.id}", pickle.dumps((dataclasses.replace(op, payload=b""),
+                                                app.checkpoints.get(op.id),
+                                                app.operator_stats[op.id])))
+        for op in app.plan.operators.values()]])
+    live = {op.id: fields_of(op) for op in app.plan.operators.values()}
+    core.journal.close()
+    older = started_core(tmp_path, clock)
+    older.restore()
+    restored = older.application(app_id)
+    assert {op.id: fields_of(op) for op in restored.plan.operators.values()} == live
+    base = restored.start_window_millis // 1000
+    w = make_window_id(base, 3)
+    older.heartbeat(container_heartbeat(cid, operators=[
+        operator_report(op_id, windows=[window(w, checkpoint=w)])
+        for op_id in restored.plan.operators]))
+    assert restored.committed_window_id == w
+    older.journal.close()
+    newest = started_core(tmp_path, clock)
+    newest.restore()
+    assert newest.application(app_id).committed_window_id == w
+
+
 def test_an_unchanged_application_is_not_written_again(tmp_path):
     core = started_core(tmp_path, ManualClock())
     app_id = core.submit(chain_descriptor(2, CONTAINERS=1), {})
