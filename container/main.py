@@ -37,6 +37,7 @@ from weir.container.umbilical_client import MasterUnreachable, UmbilicalClient
 from weir.operators.attributes import ATTRIBUTES, resolve
 from weir.proto.contract import MASTER_FILE_ENV, SECRET_ENV, TLS_CA_ENV
 from weir.runtime.spark.bridge import SparkSessionBridge
+from weir.storage.mounted_secrets import is_secret_volume_key, read_secret_volume_key
 from weir.storage.private_files import read_private_file
 
 __all__ = ["main"]
@@ -79,11 +80,16 @@ def _read(path: str) -> bytes:
 def _read_secret_file(path: str) -> dict[str, object]:
     """A master's secret file (JSON with ``secret`` and ``tls_ca_pem``) or a file holding
     just the secret, as fields. Only a regular file of this user that nobody else can read
-    or write counts: it names the certificate the master is proven by."""
+    or write counts (it names the certificate the master is proven by), or a key of a
+    Kubernetes Secret volume that passes ``storage.mounted_secrets``' checks."""
     try:
-        text = read_private_file(path, "the secret file", secret=True,
-                                 advice="chmod 600 it if it is yours, or copy the master's "
-                                 "secret file to a file of your own").decode().strip()
+        if is_secret_volume_key(path):  # a Kubernetes Secret volume: the kubelet's links
+            text = read_secret_volume_key(path, "the secret file").decode().strip()
+        else:
+            text = read_private_file(path, "the secret file", secret=True,
+                                     advice="chmod 600 it if it is yours, or copy the "
+                                     "master's secret file to a file of your own"
+                                     ).decode().strip()
     except OSError as exc:
         raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
     fields: dict[str, object] = {"secret": text}

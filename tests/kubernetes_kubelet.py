@@ -14,9 +14,12 @@ import copy
 import itertools
 import os
 import re
+import shutil
 import signal
+import stat
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = ["FIELD_PATHS", "NODE_NAME", "Kubelet", "ObjectStore", "invalid", "now",
-           "parse_quantity", "pod_errors"]
+           "parse_quantity", "pod_errors", "write_secret_volume"]
 
 NODE_NAME = "weir-test-node"
 POD_IP = "127.0.0.1"
@@ -189,6 +192,43 @@ class _Container:
     deleting: bool = False  # its pod is removed once the process is gone
 
 
+def write_secret_volume(folder: Path, files: dict[str, tuple[bytes, int]],
+                        fs_group: int | None = None) -> None:
+    """Writes a Secret volume the way the kubelet does (its AtomicWriter): the files, at
+    their modes, in a timestamped folder ``..<time>``, a link ``..data`` to it and a link
+    ``<key> -> ..data/<key>`` per key, in a folder of mode 1777; with ``fs_group`` (the
+    pod's ``securityContext.fsGroup``) every file's group is that group and its mode gains
+    group read (0400 -> 0440), folders are set-group-id (the kubelet's
+    ``SetVolumeOwnership`` for a read-only volume)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("..%Y_%m_%d_%H_%M_%S.") + f"{time.time_ns() % 10**9:09d}"
+    data_dir = folder / stamp
+    data_dir.mkdir(mode=0o755)
+    os.chmod(data_dir, 0o755)
+    for key, (value, mode) in files.items():
+        target = data_dir / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                       "wb") as out:
+            out.write(value)
+            if fs_group is not None:
+                os.fchown(out.fileno(), -1, fs_group)
+                mode |= 0o440
+            os.fchmod(out.fileno(), mode)
+    for path, mode in ((data_dir, 0o755), (folder, 0o1777)):
+        if fs_group is not None:
+            os.chown(path, -1, fs_group)
+            mode |= stat.S_ISGID
+        os.chmod(path, mode)
+    data_link = folder / "..data"
+    (folder / "..data_tmp").symlink_to(stamp)
+    os.replace(folder / "..data_tmp", data_link)  # the kubelet's atomic swap
+    for key in files:
+        top = key.split("/", 1)[0]
+        if not (folder / top).is_symlink():
+            (folder / top).symlink_to(f"..data/{top}")
+
+
 def requests_of(pod: dict[str, Any]) -> tuple[int, int]:
     """(bytes, millicores) the pod asks for: requests, else limits, as the scheduler counts."""
     resources = pod["spec"]["containers"][0].get("resources") or {}
@@ -319,23 +359,22 @@ class Kubelet:
         paths: dict[str, Path] = {}
         for volume in pod["spec"].get("volumes") or []:
             path = paths[volume["name"]] = folder / "volumes" / volume["name"]
-            path.mkdir(parents=True, exist_ok=True)
             source = volume.get("secret")
-            data = source and self._secret(pod["metadata"]["namespace"], source,
-                                           "ContainerCreating")
-            for item in (source or {}).get("items") or [{"key": k, "path": k} for k in data or {}]:
+            if source is None:
+                path.mkdir(parents=True, exist_ok=True)  # an emptyDir
+                continue
+            if path.exists():  # a retry after a later volume was missing
+                shutil.rmtree(path)
+            data = self._secret(pod["metadata"]["namespace"], source, "ContainerCreating")
+            files = {}
+            for item in source.get("items") or [{"key": k, "path": k} for k in data or {}]:
                 value = self._secret(pod["metadata"]["namespace"], source, "ContainerCreating",
                                      item["key"])
-                if value is None:
-                    continue
-                target = path / item["path"]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.unlink(missing_ok=True)  # a retry after a later volume was missing
-                mode = item.get("mode", source.get("defaultMode", 0o644))
-                with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                               "wb") as out:
-                    out.write(value)
-                    os.fchmod(out.fileno(), mode)
+                if value is not None:
+                    files[item["path"]] = (value, item.get("mode",
+                                                           source.get("defaultMode", 0o644)))
+            fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+            write_secret_volume(path, files, fs_group)
         mounts = {m["mountPath"].rstrip("/"): str(paths[m["name"]] / m.get("subPath", ""))
                   for m in pod["spec"]["containers"][0].get("volumeMounts") or []}
         if not mounts:

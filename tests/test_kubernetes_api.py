@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import textwrap
 import urllib.error
@@ -38,11 +39,13 @@ def core(kube_api: KubernetesTestApi) -> Iterator[kubernetes.client.CoreV1Api]: 
 
 
 def pod_body(name: str, code: str, *, labels: dict[str, str] | None = None,
-             memory: str | None = None, **container: Any) -> dict[str, Any]:
+             memory: str | None = None, fs_group: int | None = None,
+             **container: Any) -> dict[str, Any]:
     volumes = container.pop("volumes", [])
     resources = {"requests": {"memory": memory}} if memory else {}
+    security = {"securityContext": {"fsGroup": fs_group}} if fs_group is not None else {}
     return {"metadata": {"name": name, "labels": labels or {}},
-            "spec": {"restartPolicy": "Never", "volumes": volumes, "containers": [
+            "spec": {"restartPolicy": "Never", "volumes": volumes, **security, "containers": [
                 {"name": "main", "image": "weir:test", "command": [sys.executable, "-c", code],
                  "resources": resources, **container}]}}
 
@@ -130,6 +133,8 @@ def test_a_pod_reads_its_secret_volume_and_env_and_succeeds(
         import os, stat
         path = "/var/run/weir/secret.json"
         print("file", open(path).read(), oct(stat.S_IMODE(os.stat(path).st_mode)))
+        print("link", os.readlink(path), os.readlink(os.path.join(os.path.dirname(path),
+                                                                  "..data"))[:4])
         print("env", os.environ["WEIR_TOKEN"], os.environ["POD_NAME"], os.environ["POD_IP"])
         print("dir", os.path.isfile(os.path.join(os.environ["WEIR_DIR"], "secret.json")))
         """)
@@ -150,9 +155,26 @@ def test_a_pod_reads_its_secret_volume_and_env_and_succeeds(
     assert pod.spec.node_name == "weir-test-node" and pod.status.pod_ip == "127.0.0.1"
     log = core.read_namespaced_pod_log("reader", NS)
     assert log == kube_api.pod_log(NS, "reader")
-    assert 'file {"port": 7077} 0o400\nenv s3cr3t reader 127.0.0.1\ndir True\n' == log
+    assert ('file {"port": 7077} 0o400\nlink ..data/secret.json ..20\n'
+            'env s3cr3t reader 127.0.0.1\ndir True\n') == log
     assert core.read_namespaced_pod_log("reader", NS, tail_lines=1) == "dir True\n"
     assert kube_api.pod_pid(NS, "reader") is None
+
+
+def test_a_secret_volume_with_the_pods_fs_group_is_group_readable_in_that_group(
+        kube_api: KubernetesTestApi, core: kubernetes.client.CoreV1Api) -> None:  # noqa: F811
+    """As the kubelet's SetVolumeOwnership does for a read-only volume: 0400 shows as 0440,
+    its group the pod's fsGroup."""
+    core.create_namespaced_secret(NS, {"metadata": {"name": "grouped"},
+                                       "stringData": {"key": "v"}})
+    script = ("import os, stat; s = os.stat('/var/run/weir/key'); "
+              "print(oct(stat.S_IMODE(s.st_mode)), s.st_gid)")
+    core.create_namespaced_pod(NS, pod_body(
+        "grouped", script, fs_group=os.getgid(),
+        volumes=[{"name": "g", "secret": {"secretName": "grouped", "defaultMode": 0o400}}],
+        volumeMounts=[{"name": "g", "mountPath": "/var/run/weir", "readOnly": True}]))
+    phase(core, "grouped", "Succeeded")
+    assert core.read_namespaced_pod_log("grouped", NS) == f"0o440 {os.getgid()}\n"
 
 
 def test_a_watch_sees_a_pod_run_and_fail_and_resumes_from_a_version(

@@ -24,8 +24,10 @@ def other_user_available() -> bool:
     return os.getuid() == 0
 
 
-def as_other_user(action: Callable[[], object], timeout_s: float = 30.0) -> None:
-    """Runs ``action`` in a child process as user ``nobody``; raises if it failed."""
+def as_other_user(action: Callable[[], object], timeout_s: float = 30.0,
+                  groups: tuple[int, ...] = ()) -> None:
+    """Runs ``action`` in a child process as user ``nobody`` (in the supplementary
+    ``groups``, as a pod's process is in its ``fsGroup``); raises if it failed."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: drop to nobody, act, report, exit without cleanup
@@ -33,7 +35,7 @@ def as_other_user(action: Callable[[], object], timeout_s: float = 30.0) -> None
         status = 0
         try:
             uid = other_uid()
-            os.setgroups([])
+            os.setgroups(list(groups))
             os.setgid(pwd.getpwuid(uid).pw_gid)
             os.setuid(uid)
             os.umask(0o022)
