@@ -20,9 +20,11 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 
@@ -51,7 +53,8 @@ class _Credentials:
     """The master's secret and the certificates it must prove, read once at start."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        fields = _read_secret_file(args.secret_file) if args.secret_file else {}
+        fields = (_read_secret_file(args.secret_file) if args.secret_file
+                  else _read_secret_pipe(sys.stdin.buffer) if args.secret_stdin else {})
         self.secret = str(fields.get("secret") or os.environ.get(SECRET_ENV, "")).strip()
         if not self.secret:
             raise ValueError(f"no secret for master {args.master}: set {SECRET_ENV} or pass "
@@ -103,6 +106,25 @@ def _read_secret_file(path: str) -> dict[str, object]:
     return fields
 
 
+def _read_secret_pipe(stream: BinaryIO) -> dict[str, object]:
+    """The master's credentials from a pipe (``--secret-stdin``: how the Ray actor hands
+    them over, so that they are never in the container's environment): the secret file's
+    JSON, read to its end."""
+    if not stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode):
+        raise ValueError("--secret-stdin: standard input is not a pipe; pipe the master's "
+                         "credentials in (JSON with \"secret\" and \"tls_ca_pem\"), or use "
+                         "--secret-file")
+    text = stream.read(1 << 20).decode().strip()
+    try:
+        fields = dict(json.loads(text)) if text.startswith("{") else {"secret": text}
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--secret-stdin: the credentials piped in are not JSON: {exc}"
+                         ) from None
+    if not str(fields.get("secret") or "").strip():
+        raise ValueError("--secret-stdin: the credentials piped in hold no secret")
+    return fields
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="weir container",
                                      description="Run a Weir worker container.")
@@ -119,6 +141,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "address when --host is a wildcard such as 0.0.0.0)")
     parser.add_argument("--secret-file", metavar="FILE",
                         help=f"the master's secret (default: ${SECRET_ENV})")
+    parser.add_argument("--secret-stdin", action="store_true",
+                        help="read the master's credentials (the secret file's JSON) from "
+                             "a pipe on standard input: they never enter the environment")
     parser.add_argument("--tls-ca", default=os.environ.get(TLS_CA_ENV), metavar="PEM",
                         help="the certificates the master and other buffer servers must "
                              f"prove (default: ${TLS_CA_ENV}, else the secret file's)")

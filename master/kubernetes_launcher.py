@@ -34,9 +34,9 @@ from weir.master.launcher import (
     NO_REQUEST,
     Launcher,
     Resources,
+    credentials_document,
     master_tag,
 )
-from weir.proto.contract import SECRET_ENV, TLS_CA_ENV
 
 __all__ = ["KubernetesLauncher"]
 
@@ -140,13 +140,9 @@ class KubernetesLauncher(Launcher):
             if self._secret_made:
                 return
             self._secret_made = True
-        env = self.credential_env
-        fields = {"secret": env.get(SECRET_ENV, "")}
-        if env.get(TLS_CA_ENV):
-            fields["tls_ca_pem"] = Path(env[TLS_CA_ENV]).read_text()
         self._call("create the credentials Secret", self.api.create_namespaced_secret,
                    self.namespace, secret_manifest(self.secret_name, self.tag,
-                                                   json.dumps(fields)),
+                                                   credentials_document(self.credential_env)),
                    exists_ok=True)  # an earlier master's, with the same secret
 
     def _call(self, what: str, method: Any, *args: Any, exists_ok: bool = False) -> Any:

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import hmac
 import importlib
+import json
 import logging
 import math
 import re
@@ -22,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from weir.master.tls import TLS_CERT_ENV, TLS_KEY_ENV
@@ -40,8 +42,10 @@ __all__ = [
     "launcher_factory",
     "launcher_names",
     "check_memory_fits",
+    "credentials_document",
     "master_tag",
     "register_launcher",
+    "without_credentials",
 ]
 
 _LOGGER = logging.getLogger(__name__)
@@ -49,6 +53,22 @@ _LOGGER = logging.getLogger(__name__)
 CREDENTIAL_ENV = (SECRET_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TLS_CA_ENV)
 """The variables that carry the master's secret and TLS files to a container: set from
 the master's credentials, never inherited from the master's own environment."""
+
+
+def credentials_document(env: Mapping[str, str]) -> str:
+    """The master's credentials as the container reads them from a file or a pipe
+    (``--secret-file``, ``--secret-stdin``): JSON with the secret and the certificate the
+    master is proven by, read from the master's own file (a container on another node
+    cannot read that path)."""
+    fields = {"secret": env.get(SECRET_ENV, "")}
+    if env.get(TLS_CA_ENV):
+        fields["tls_ca_pem"] = Path(env[TLS_CA_ENV]).read_text()
+    return json.dumps(fields)
+
+
+def without_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without the variables that carry credentials (``CREDENTIAL_ENV``)."""
+    return {name: value for name, value in env.items() if name not in CREDENTIAL_ENV}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,9 +5,10 @@ Ray never restarts an actor here (``max_restarts=0``): Weir's master decides rec
 node lost, or an actor killed, ends the actor's ``wait`` call with an error, which is a
 container that ended, told to the master at once. An actor no node has room for yet is
 reported by ``waiting``; a request no node of the cluster could ever meet is refused at
-submit. The master's secret and certificate reach the container as the actor's
-arguments, through Ray's own channels: run Ray with TLS (``RAY_USE_TLS``) on a network
-others share.
+submit. The master's secret and certificate reach the actor as its arguments, through
+Ray's own channels (run Ray with TLS, ``RAY_USE_TLS``, on a network others share), and the
+container through a pipe (``--secret-stdin``): never in its environment, where
+``/proc/<pid>/environ`` would show them to any task of the same user on that node.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from weir.master.launcher import (
     Launcher,
     Resources,
     UnplaceableRequest,
+    credentials_document,
     master_tag,
+    without_credentials,
 )
 
 __all__ = ["RayLauncher"]
@@ -128,8 +131,8 @@ class RayLauncher(Launcher):
         if resources.memory_mb:
             options["memory"] = resources.memory_mb * 2**20
         actor = self._ray.remote(ContainerProcess).options(**options).remote(
-            self.master_address, container_id, dict(self.credential_env), self.command,
-            f"weir-ray-{self.tag}")
+            self.master_address, container_id, without_credentials(self.credential_env),
+            self.command, f"weir-ray-{self.tag}", credentials_document(self.credential_env))
         with self._lock:
             self._held[container_id] = _Held(actor, resources)
         _LOGGER.info("container=%s asked of Ray (%s)", container_id, options)

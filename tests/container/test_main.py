@@ -1,6 +1,9 @@
-"""The container's entry point: how long it waits for a master that went away."""
+"""The container's entry point: how long it waits for a master that went away, and how
+it takes the master's credentials."""
 
 from __future__ import annotations
+
+import pytest
 
 from weir.container.main import master_retry_window_s
 
@@ -47,8 +50,6 @@ def test_a_spare_whose_spark_cannot_start_stops_its_loop_with_the_reason():
 def test_a_secret_file_others_may_read_or_another_user_made_is_refused(tmp_path, shared_dir):
     import json
 
-    import pytest
-
     from tests.users import as_other_user, other_user_available
     from weir.container.main import _read_secret_file
 
@@ -64,3 +65,28 @@ def test_a_secret_file_others_may_read_or_another_user_made_is_refused(tmp_path,
         as_other_user(lambda: (planted.write_text('{"secret": "theirs"}'), planted.chmod(0o600)))
         with pytest.raises(ValueError, match="belongs to user"):
             _read_secret_file(str(planted))
+
+
+def test_credentials_come_through_a_pipe_and_nothing_else():
+    """``--secret-stdin`` (the Ray actor's way): JSON from a pipe; a file or a terminal
+    on standard input, or a pipe without a secret, is refused naming what to do."""
+    import json
+    import os
+    import tempfile
+
+    import pytest
+
+    from weir.container.main import _read_secret_pipe
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, json.dumps({"secret": "s3cr3t", "tls_ca_pem": "PEM"}).encode())
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as stream:
+        assert _read_secret_pipe(stream) == {"secret": "s3cr3t", "tls_ca_pem": "PEM"}
+    read_end, write_end = os.pipe()
+    os.write(write_end, b'{"tls_ca_pem": "PEM"}')
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as stream, pytest.raises(ValueError, match="no secret"):
+        _read_secret_pipe(stream)
+    with tempfile.TemporaryFile() as file, pytest.raises(ValueError, match="not a pipe"):
+        _read_secret_pipe(file)
