@@ -9,7 +9,14 @@ with its Python, its environment inherited under the container's ``env``, in thi
 working directory), restart policies other than Never, init containers, volumes other than
 secret and emptyDir, ``$(VAR)`` expansion, authorization beyond one bearer token, updates
 (PUT and PATCH answer 405), subresources but ``log``, deleting collections; other fields
-(probes, nodeSelector, securityContext...) are kept and ignored. Its one liberty: each
+(probes, nodeSelector, a container's securityContext...) are kept and ignored. What it
+does model of what breaks launchers: Secret volumes laid out as the kubelet's
+AtomicWriter does (``..data`` links; the pod's ``fsGroup`` as the files' group, 0400
+shown as 0440), eviction, a pod garbage-collected (``vanish``), and a lost node
+(``lose_node``: the process freezes and the API hears nothing more, no DELETED; a
+graceful delete then leaves the pod Terminating, a force delete removes the object while
+the process stays, and ``restore_node`` lets it go on until the returning kubelet kills
+it). Its one liberty: each
 ``volumeMounts`` entry's ``mountPath`` is rewritten, in the container's command, args and env
 values, to the volume's private folder under the workdir (pods on one machine cannot share a
 real path such as /var/run/weir).
@@ -376,6 +383,17 @@ class KubernetesTestApi:
         """As a lost node's pod, garbage-collected: SIGKILLs the group, the object goes (a
         DELETED event). Returns once the process is reaped. KeyError if there is no such pod."""
         self._kubelet.end(namespace, name, None)
+
+    def lose_node(self, namespace: str, name: str) -> None:
+        """As when the pod's node is lost: its process freezes and the API hears nothing
+        more of it (no DELETED); a force delete then removes the object while the process
+        stays. KeyError if the pod has no process."""
+        self._kubelet.lose_node(namespace, name)
+
+    def restore_node(self, namespace: str, name: str) -> None:
+        """The lost node is back: the pod's process goes on; if its pod was deleted
+        meanwhile, the kubelet kills it a moment later."""
+        self._kubelet.restore_node(namespace, name)
 
     def _create(self, kind: str, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.setdefault("metadata", {})

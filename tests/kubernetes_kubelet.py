@@ -190,6 +190,7 @@ class _Container:
     exited: threading.Event = field(default_factory=threading.Event)
     settled: bool = False  # its pod's status is final already (evicted, vanished, stopped)
     deleting: bool = False  # its pod is removed once the process is gone
+    node_lost: bool = False  # its node is unreachable: frozen, and nothing it does is seen
 
 
 def write_secret_volume(folder: Path, files: dict[str, tuple[bytes, int]],
@@ -439,6 +440,14 @@ class Kubelet:
         its deletionTimestamp."""
         with self.store.cond:
             meta, running = pod["metadata"], self.containers.get(pod["metadata"]["uid"])
+            if running is not None and running.node_lost:
+                # nobody can reach the kubelet: a graceful delete leaves the pod Terminating
+                # for as long as the node is lost; a force delete (grace 0) removes the
+                # object at once while its process runs on there
+                meta["deletionTimestamp"] = now()
+                meta["deletionGracePeriodSeconds"] = grace
+                self.store.record("pods", pod, "DELETED" if grace == 0 else "MODIFIED")
+                return copy.deepcopy(pod)
             if running is None or not running.deleting:
                 meta["deletionTimestamp"] = now()
                 meta["deletionGracePeriodSeconds"] = grace if running else 0
@@ -451,6 +460,37 @@ class Kubelet:
                 threading.Thread(target=lambda: running.exited.wait(grace) or kill_group(
                     running.proc.pid, signal.SIGKILL), daemon=True).start()
             return copy.deepcopy(pod)
+
+    def lose_node(self, namespace: str, name: str) -> None:
+        """The pod's node becomes unreachable: its processes stop (SIGSTOP: no heartbeat, no
+        write), and nothing more is heard from it: no status change, no DELETED (a real
+        node is marked NotReady after about 40 s and its pods evicted after 300 s)."""
+        with self.store.cond:
+            running = self._running(namespace, name)
+            running.node_lost = True
+            kill_group(running.proc.pid, signal.SIGSTOP)
+
+    def restore_node(self, namespace: str, name: str, kill_after_s: float = 2.0) -> None:
+        """The node comes back: the pod's processes go on (SIGCONT) from where they
+        stopped; a pod deleted meanwhile has its processes killed by the returning kubelet
+        ``kill_after_s`` later (its sync loop), time enough for late writes."""
+        with self.store.cond:
+            running = self._running(namespace, name)
+            running.node_lost = False
+            pod = self.store.get("pods", namespace, name)
+            gone = pod is None or pod["metadata"]["uid"] != running.uid
+            kill_group(running.proc.pid, signal.SIGCONT)
+            if gone or "deletionTimestamp" in pod["metadata"]:
+                running.settled = running.deleting = not gone
+                threading.Timer(kill_after_s, kill_group,
+                                (running.proc.pid, signal.SIGKILL)).start()
+
+    def _running(self, namespace: str, name: str) -> _Container:
+        """The process of the pod ``namespace/name``, whether its object is there or not."""
+        for running in self.containers.values():
+            if (running.namespace, running.name) == (namespace, name):
+                return running
+        raise KeyError(f"no process of pod {namespace}/{name}")
 
     def end(self, namespace: str, name: str, evicted: str | None) -> None:
         """SIGKILLs the pod's process group; the pod stays as Failed, reason Evicted, with

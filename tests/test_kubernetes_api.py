@@ -284,6 +284,30 @@ def test_a_vanished_pod_is_deleted(
         kube_api.evict(NS, "lost")
 
 
+def test_a_lost_nodes_pod_sends_nothing_and_a_force_delete_leaves_its_process_running(
+        kube_api: KubernetesTestApi, core: kubernetes.client.CoreV1Api) -> None:  # noqa: F811
+    """A lost node: the process freezes, the pod stays Running and no event comes; a
+    graceful delete leaves it Terminating; a force delete removes the object while the
+    process stays; back, the process goes on until the kubelet kills it."""
+    core.create_namespaced_pod(NS, pod_body("far", SLEEP))
+    pid = started(kube_api, "far")
+    version = core.read_namespaced_pod("far", NS).metadata.resource_version
+    kube_api.lose_node(NS, "far")
+    poll_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 10,
+             "the lost node's process to freeze")
+    assert first_events(core.list_namespaced_pod, NS, resource_version=version, count=1) == []
+    core.delete_namespaced_pod("far", NS, grace_period_seconds=30)
+    pod = core.read_namespaced_pod("far", NS)
+    assert pod.metadata.deletion_timestamp and pod.status.phase == "Running"
+    core.delete_namespaced_pod("far", NS, grace_period_seconds=0)  # a force delete
+    with pytest.raises(ApiException) as missing:
+        core.read_namespaced_pod("far", NS)
+    assert missing.value.status == 404
+    assert psutil.Process(pid).is_running()  # its node never heard of the delete
+    kube_api.restore_node(NS, "far")
+    poll_for(lambda: gone(pid), 10, "the returning kubelet to kill the pod's process")
+
+
 def test_a_pod_that_does_not_fit_waits_for_room(tmp_path: Path) -> None:
     with KubernetesTestApi(tmp_path / "kube", node_memory_mb=1024, node_cores=1) as api, \
             kubernetes.client.ApiClient(api.configuration()) as client:
