@@ -411,6 +411,8 @@ def recovery(spec: JobSpec, timeout_s: float = 300.0, spares: int = 0,
     dag = build_dag(spec, work / "out", app_window_count=2)
     dag.set_attributes(CHECKPOINT_WINDOW_COUNT=10, HEARTBEAT_TIMEOUT_MILLIS=5000,
                        SPARE_CONTAINERS=spares, CONTAINER_CORES=1 if on_ray else 0)
+    if on_ray:  # the bench's Ray nodes share this machine's disk
+        dag.set_attributes(STATE_DIR=str(work / "state"), STATE_DIR_SHARED=True)
     cluster = None
     if on_ray:
         from bench.ray_cluster import LocalRayCluster

@@ -69,6 +69,8 @@ class KubernetesLauncher(Launcher):
         api_client: a ready ``kubernetes.client.ApiClient`` instead of a kubeconfig.
     """
 
+    spans_hosts = True
+
     def __init__(self, master_address: str, *, image: str, namespace: str | None = None,
                  kubeconfig: str | None = None, service_account: str = "",
                  pod_template: str | None = None, command: Sequence[str] | None = None,

@@ -176,6 +176,11 @@ class Launcher(abc.ABC):
         a container asking for ``resources`` (the master asks at submit)."""
         return None
 
+    spans_hosts: bool = False
+    """Its containers may run on other machines than the master and each other (a
+    cluster manager's nodes): their state must be where every node reaches it
+    (``master.state_location``)."""
+
     def check_spark(self) -> None:
         """Raises UnplaceableRequest if this launcher's containers could not start Spark
         (no Java where they run), asked at submit for a DAG with Spark operators. Only a

@@ -12,9 +12,10 @@ from typing import Any
 
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, LauncherAction, LaunchKind
-from weir.master.launcher import Launcher, Resources, check_memory_fits
+from weir.master.launcher import Launcher, Resources, UnplaceableRequest, check_memory_fits
 from weir.master.physical_plan import ContainerState, PTContainer
 from weir.master.spares import uses_spark
+from weir.master.state_location import unshared_state_problem
 from weir.proto import plan_pb2
 
 __all__ = ["Launches", "Observed"]
@@ -59,8 +60,14 @@ class Launches:
     def check_request(self, attributes: dict[str, Any], dag: plan_pb2.DagDescriptor) -> None:
         """Raises UnplaceableRequest for an application whose containers could never run:
         no node of the launcher's manager meets the request, its memory cannot hold
-        Spark's driver or the buffer server, or (containers here) there is no Java."""
+        Spark's driver or the buffer server, (containers here) there is no Java, or (on
+        several nodes) its state would be on one node only."""
         self.launcher.check_request(Resources.of(attributes))
+        if self.launcher.spans_hosts:
+            problem = unshared_state_problem(
+                attributes, type(self.launcher).__name__.removesuffix("Launcher"))
+            if problem is not None:
+                raise UnplaceableRequest(problem)
         spark = uses_spark(dag)
         check_memory_fits(attributes, spark)
         if spark:

@@ -65,6 +65,8 @@ class RayLauncher(Launcher):
             Python with ``-m weir.container`` (Weir must be installed on every node).
     """
 
+    spans_hosts = True
+
     def __init__(self, master_address: str, *, address: str | None = None,
                  command: Sequence[str] | None = None) -> None:
         import ray  # noqa: PLC0415 - an extra: loaded when it is named

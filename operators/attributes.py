@@ -227,6 +227,10 @@ _ALL = [
               "loopback spark:// master, createDataFrame (slower) for other clusters."),
     Attribute("STATE_DIR", _text, "", Scope.DAG,
               "Where checkpoints live (a path or pyarrow.fs URI); empty = a temporary folder."),
+    Attribute("STATE_DIR_SHARED", _bool, False, Scope.DAG,
+              "STATE_DIR is a folder every node mounts at the same path (NFS, a shared "
+              "volume): a launcher that runs containers on several nodes (Kubernetes, Ray) "
+              "refuses a local STATE_DIR without it, and any without a STATE_DIR."),
     Attribute("PROCESSING_MODE", _mode, "AT_LEAST_ONCE", Scope.BOTH,
               "AT_LEAST_ONCE, AT_MOST_ONCE or EXACTLY_ONCE."),
     Attribute("TIMEOUT_WINDOW_COUNT", _within(0, _MANY), 0, Scope.BOTH,

@@ -51,6 +51,13 @@ def kubernetes_master(api: KubernetesTestApi, tmp_path: Path) -> Iterator[Master
         server.stop()
 
 
+def shared_state(tmp_path: Path) -> str:
+    """The ``Dag(...)`` arguments of a state folder every pod reaches: the test's pods all
+    run on this machine, so a folder of it is one every "node" mounts (a real cluster
+    needs a shared store: ``master.state_location``)."""
+    return f", STATE_DIR={str(tmp_path / 'state')!r}, STATE_DIR_SHARED=True"
+
+
 def pod_logs(api: KubernetesTestApi) -> str:
     return "\n".join(f"--- pod {p['metadata']['name']} ({p['status'].get('phase')})\n"
                      f"{api.pod_log(NS, p['metadata']['name'])[-3000:]}"
@@ -70,7 +77,8 @@ def test_the_word_count_runs_in_pods_exactly_also_when_one_is_lost(kube_api, tmp
     # a long heartbeat timeout: only the pod watch can notice the loss quickly
     app, lines = write_wordcount_app(
         tmp_path, "k8s", 3_000, WORDCOUNT_DAG + ", HEARTBEAT_TIMEOUT_MILLIS=120000, "
-        "CHECKPOINT_WINDOW_COUNT=2, CONTAINER_MEMORY_MB=1536, SPARE_CONTAINERS=1",
+        "CHECKPOINT_WINDOW_COUNT=2, CONTAINER_MEMORY_MB=1536, SPARE_CONTAINERS=1"
+        + shared_state(tmp_path),
         lines_per_window=100)
     with kubernetes_master(kube_api, tmp_path) as master, \
             WeirClient(master.address) as client:
@@ -105,3 +113,46 @@ def test_the_word_count_runs_in_pods_exactly_also_when_one_is_lost(kube_api, tmp
     counted, _ = published_counts(tmp_path / "out")
     assert counted == collections.Counter(words_of(lines))
     assert kube_api.pods(NS) == [] and kube_api.secrets(NS) == []  # all released
+
+
+def test_a_lost_node_is_found_by_the_heartbeat_timeout_and_its_late_writes_are_fenced(
+        kube_api, tmp_path):  # noqa: F811
+    """A node lost as a real one is: its pod sends nothing more and no DELETED comes, so
+    the master finds the loss by the heartbeat timeout; its force delete removes the pod
+    while the process stays frozen there. The replacement takes over; then the node comes
+    back and the old process goes on (its writes refused by the fence) until its kubelet
+    kills it. The count is exact."""
+    import psutil
+
+    app, lines = write_wordcount_app(
+        tmp_path, "k8s-lost-node", 3_000, WORDCOUNT_DAG + ", HEARTBEAT_TIMEOUT_MILLIS=5000, "
+        "CHECKPOINT_WINDOW_COUNT=2" + shared_state(tmp_path), lines_per_window=100)
+    with kubernetes_master(kube_api, tmp_path) as master, \
+            WeirClient(master.address) as client:
+        app_id = client.submit(load_app(app).to_descriptor())
+        poll_for(lambda: client.application(app_id).committed_window_id >= 0, 120,
+                 f"a first committed window\n{pod_logs(kube_api)}")
+        victim = f"{app_id}-c0"  # source, tokenizer and counter
+        [pod] = [p for p in kube_api.pods(NS)
+                 if p["metadata"]["labels"][LABEL_CONTAINER] == victim]
+        name = pod["metadata"]["name"]
+        pid = kube_api.pod_pid(NS, name)
+        assert pid is not None
+        kube_api.lose_node(NS, name)
+        lost = poll_for(lambda: next((c for c in client.containers(app_id)
+                                      if c.id == victim and c.state == "KILLED"), None),
+                        60, f"{victim} to be found lost\n{pod_logs(kube_api)}")
+        assert "heartbeat" in lost.diagnostics, lost.diagnostics  # no watch event came
+        poll_for(lambda: name not in {p["metadata"]["name"] for p in kube_api.pods(NS)}, 30,
+                 "the lost pod's force delete")
+        assert psutil.Process(pid).is_running()  # its process is still there, frozen
+        moved = client.application(app_id).committed_window_id
+        poll_for(lambda: client.application(app_id).committed_window_id > moved, 120,
+                 f"the replacement to commit windows\n{pod_logs(kube_api)}")
+        kube_api.restore_node(NS, name)  # the old deployment wakes up and tries to go on
+        poll_for(lambda: not psutil.pid_exists(pid)
+                 or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 30,
+                 "the returning kubelet to kill the old process")
+        finished(client, app_id, kube_api)
+    counted, _ = published_counts(tmp_path / "out")
+    assert counted == collections.Counter(words_of(lines))

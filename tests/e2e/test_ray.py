@@ -43,7 +43,9 @@ def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path
     app, lines = write_wordcount_app(
         tmp_path, "ray", 3_000, WORDCOUNT_DAG.replace("CONTAINERS=2", "CONTAINERS=1")
         + f", SPARE_CONTAINERS=1, CONTAINER_CORES={WORKER_CPUS}, "
-        "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2", lines_per_window=100,
+        "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2, "
+        # the test's Ray nodes share this machine's disk: a folder of it is shared by all
+        f"STATE_DIR={str(tmp_path / 'state')!r}, STATE_DIR_SHARED=True", lines_per_window=100,
         pinned=False)
     master = WeirProcess(["master", "--port", "0", "--json", "--launcher", "ray",
                           "--ray-address", ray_cluster.address], dict(os.environ),
