@@ -372,6 +372,12 @@ class Dispatcher:
             app.failure = (f"its application master exited {app.restarts} times in a row; "
                            f"not started again: {_tail(app.folder / 'app-master.log')}")
             _LOGGER.error("app=%s %s", app.app_id, app.failure)
+            failed = client_pb2.ApplicationInfo(id=app.app_id, name=app.app_id)
+            if app.last_info is not None:
+                failed.CopyFrom(app.last_info)  # what was last known of it, its figures
+            failed.state, failed.diagnostics = "FAILED", app.failure
+            failed.finished_ms = int(time.time() * 1000)
+            self._finish(app, failed)  # journaled: FAILED after a restart too
             return
         app.restarts += 1
         _LOGGER.warning("app=%s its application master is not running; starting it again "
