@@ -308,6 +308,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         token = urllib.parse.parse_qs(url.query).get("token", [None])[0]
         header = self.headers.get("Authorization")
         path = url.path.rstrip("/") or "/"
+        if path == "/healthz":  # for probes (Kubernetes): says nothing but whether it serves
+            halted = self.api.core.halted
+            self._send(503 if halted else 200, b"halted\n" if halted else b"ok\n",
+                       "text/plain; charset=utf-8")
+            return
         if path in ("/", "/index.html"):
             if not self.api.allowed("api", header, token):
                 self._send(401, _UNAUTHORIZED_PAGE.encode(), "text/html; charset=utf-8")

@@ -4,6 +4,7 @@ needs it (still waiting to be placed, and why; ended, with which exit code)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -27,6 +28,14 @@ LABEL_NAME = "app.kubernetes.io/name"
 LABEL_MASTER = "weir.dev/master"
 LABEL_APPLICATION = "weir.dev/application"
 LABEL_CONTAINER = "weir.dev/container"
+WEIR_UID = 10001
+"""The image's user (``deploy/Dockerfile``) and the pods' fsGroup: the Secret volume's key
+is the container's to read (0440, group 10001), no one else's."""
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": WEIR_UID, "runAsGroup": WEIR_UID,
+                "fsGroup": WEIR_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+"""A pod's securityContext unless its template sets one (Pod Security ``restricted``)."""
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+"""Weir's container's securityContext, under what its template sets."""
 CREDENTIALS_MOUNT = "/var/run/weir"
 CREDENTIALS_FILE = "credentials.json"
 _VOLUME = "weir-credentials"
@@ -63,10 +72,12 @@ def pod_manifest(template: dict[str, Any] | None, *, name: str, container_id: st
                  ) -> dict[str, Any]:
     """The pod of one container: the template's (if any) with Weir's container filled in.
 
-    The credentials are a read-only Secret volume (mode 0400) the container reads with
-    ``--secret-file``; requests are the application's CONTAINER_MEMORY_MB (also the
-    limit: a container over it is killed, not the node) and CONTAINER_CORES (no limit:
-    a CPU limit throttles a container's Spark without need).
+    The credentials are a read-only Secret volume (mode 0400; 0440 with the pod's
+    fsGroup) the container reads with ``--secret-file``; the pod runs as the image's
+    non-root user (``POD_SECURITY``, unless the template sets a securityContext), without
+    privilege escalation or capabilities; requests are the application's
+    CONTAINER_MEMORY_MB (also the limit: a container over it is killed, not the node) and
+    CONTAINER_CORES (no limit: a CPU limit throttles a container's Spark without need).
     """
     pod = template or {"spec": {"containers": [{}]}}
     pod["apiVersion"], pod["kind"] = "v1", "Pod"
@@ -78,12 +89,14 @@ def pod_manifest(template: dict[str, Any] | None, *, name: str, container_id: st
         LABEL_APPLICATION: container_id.rsplit("-", 1)[0], LABEL_CONTAINER: container_id})
     spec = pod["spec"]
     spec["restartPolicy"] = "Never"  # the master decides recovery, never the kubelet
+    spec.setdefault("securityContext", copy.deepcopy(POD_SECURITY))
     if service_account:
         spec["serviceAccountName"] = service_account
     containers = spec["containers"]
     main = next((c for c in containers if c.get("name") == "weir"), containers[0])
     main.update(name=main.get("name") or "weir", image=image, command=command,
                 args=[*args, "--secret-file", f"{CREDENTIALS_MOUNT}/{CREDENTIALS_FILE}"])
+    main["securityContext"] = {**CONTAINER_SECURITY, **(main.get("securityContext") or {})}
     env = [e for e in main.get("env") or [] if e.get("name") != CONTAINER_ID_ENV]
     main["env"] = [*env, {"name": CONTAINER_ID_ENV, "value": container_id},
                    {"name": "PYTHONUNBUFFERED", "value": "1"}]

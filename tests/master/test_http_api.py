@@ -108,6 +108,15 @@ def test_everything_needs_the_secret_by_default(api, path):
         assert headers["WWW-Authenticate"].startswith("Bearer")
 
 
+def test_the_health_check_needs_no_secret_and_tells_only_whether_it_serves(api, monkeypatch):
+    """For a Kubernetes probe: 200 while the master serves, 503 once its journal failed
+    (it halted); nothing about its applications."""
+    http, core, _ = api
+    assert fetch(http.url + "healthz", secret=None)[::2] == (200, b"ok\n")
+    monkeypatch.setattr(type(core), "halted", property(lambda _: "the journal failed"))
+    assert fetch(http.url + "healthz", secret=None)[::2] == (503, b"halted\n")
+
+
 def test_open_flags():
     core, _ = monitored_core()
     http = HttpApi(core, SECRET, open_metrics=True)

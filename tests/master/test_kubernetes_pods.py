@@ -54,6 +54,26 @@ def test_a_pod_carries_the_container_the_credentials_and_the_request():
                                      "readOnly": True}]
 
 
+def test_a_pod_runs_as_a_non_root_user_without_privileges_unless_its_template_says():
+    """Pod Security ``restricted``: a non-root user whose group (fsGroup) reads the
+    credentials, the runtime's seccomp profile, no privilege escalation, no capability."""
+    spec = _pod()["spec"]
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    [main] = spec["containers"]
+    assert main["securityContext"] == {"allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"]}}
+    template = {"spec": {"securityContext": {"runAsUser": 2000, "fsGroup": 2000},
+                         "containers": [{"name": "weir", "securityContext": {
+                             "readOnlyRootFilesystem": True}}]}}
+    spec = _pod(template)["spec"]
+    assert spec["securityContext"] == {"runAsUser": 2000, "fsGroup": 2000}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True}
+
+
 def test_no_request_leaves_the_resources_alone():
     [main] = _pod()["spec"]["containers"]
     assert "resources" not in main
