@@ -36,6 +36,11 @@ POD_SECURITY = {"runAsNonRoot": True, "runAsUser": WEIR_UID, "runAsGroup": WEIR_
 """A pod's securityContext unless its template sets one (Pod Security ``restricted``)."""
 CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 """Weir's container's securityContext, under what its template sets."""
+SCRATCH_MOUNT = "/var/tmp/weir"
+"""An emptyDir every pod gets as its temporary folder (``TMPDIR``): Spark's scratch and the
+windows handed to it, which a pod's 64 MiB ``/dev/shm`` cannot hold, on the node's disk
+and counted against the pod's ephemeral storage, not its root filesystem."""
+_SCRATCH = "weir-scratch"
 CREDENTIALS_MOUNT = "/var/run/weir"
 CREDENTIALS_FILE = "credentials.json"
 _VOLUME = "weir-credentials"
@@ -99,18 +104,23 @@ def pod_manifest(template: dict[str, Any] | None, *, name: str, container_id: st
     main["securityContext"] = {**CONTAINER_SECURITY, **(main.get("securityContext") or {})}
     env = [e for e in main.get("env") or [] if e.get("name") != CONTAINER_ID_ENV]
     main["env"] = [*env, {"name": CONTAINER_ID_ENV, "value": container_id},
-                   {"name": "PYTHONUNBUFFERED", "value": "1"}]
+                   {"name": "PYTHONUNBUFFERED", "value": "1"},
+                   *([] if any(e.get("name") == "TMPDIR" for e in env)
+                     else [{"name": "TMPDIR", "value": SCRATCH_MOUNT}])]
     requests, limits = _resources(resources)
     if requests:
         wanted = main.setdefault("resources", {})
         wanted.setdefault("requests", {}).update(requests)
         wanted.setdefault("limits", {}).update(limits)
     main["volumeMounts"] = [*(m for m in main.get("volumeMounts") or []
-                              if m.get("name") != _VOLUME),
-                            {"name": _VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True}]
-    spec["volumes"] = [*(v for v in spec.get("volumes") or [] if v.get("name") != _VOLUME),
+                              if m.get("name") not in (_VOLUME, _SCRATCH)),
+                            {"name": _VOLUME, "mountPath": CREDENTIALS_MOUNT, "readOnly": True},
+                            {"name": _SCRATCH, "mountPath": SCRATCH_MOUNT}]
+    spec["volumes"] = [*(v for v in spec.get("volumes") or []
+                         if v.get("name") not in (_VOLUME, _SCRATCH)),
                        {"name": _VOLUME, "secret": {"secretName": secret_name,
-                                                    "defaultMode": 0o400}}]
+                                                    "defaultMode": 0o400}},
+                       {"name": _SCRATCH, "emptyDir": {}}]
     return pod
 
 

@@ -79,9 +79,21 @@ def arrow_dataframe(spark: SparkSession, table: pa.Table) -> DataFrame:
     return spark.createDataFrame(table, schema=schema)
 
 
+SHM_MIN_FREE_BYTES = 1 << 30
+"""``/dev/shm`` is used for windows only with this much free: a pod's is 64 MiB by
+default, where one large window would fail; then the temporary folder (a pod's emptyDir)."""
+
+
 def default_scratch_parent() -> Path:
+    """``/dev/shm`` if it is writable and roomy enough (``SHM_MIN_FREE_BYTES``), else the
+    temporary folder."""
     if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK):
-        return Path(_SHM)
+        try:
+            usage = os.statvfs(_SHM)
+        except OSError:
+            usage = None
+        if usage is not None and usage.f_bavail * usage.f_frsize >= SHM_MIN_FREE_BYTES:
+            return Path(_SHM)
     return Path(tempfile.gettempdir())
 
 

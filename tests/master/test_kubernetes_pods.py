@@ -48,10 +48,14 @@ def test_a_pod_carries_the_container_the_credentials_and_the_request():
     # the secret is a file from a read-only Secret volume: not in an argument or the env
     text = json.dumps(pod)
     assert "WEIR_SECRET" not in text and "tls_ca_pem" not in text
-    [volume] = spec["volumes"]
+    volume, scratch = spec["volumes"]
     assert volume["secret"] == {"secretName": "weir-ab12-credentials", "defaultMode": 0o400}
-    assert main["volumeMounts"] == [{"name": volume["name"], "mountPath": CREDENTIALS_MOUNT,
-                                     "readOnly": True}]
+    # its temporary folder is an emptyDir: Spark's scratch, not a pod's 64 MiB /dev/shm
+    assert scratch == {"name": "weir-scratch", "emptyDir": {}}
+    assert main["volumeMounts"] == [
+        {"name": volume["name"], "mountPath": CREDENTIALS_MOUNT, "readOnly": True},
+        {"name": "weir-scratch", "mountPath": "/var/tmp/weir"}]
+    assert {"name": "TMPDIR", "value": "/var/tmp/weir"} in main["env"]
 
 
 def test_a_pod_runs_as_a_non_root_user_without_privileges_unless_its_template_says():
@@ -105,8 +109,10 @@ spec:
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert main["image"] == "weir:dev"
     assert {"name": "TZ", "value": "UTC"} in main["env"]
-    assert [m["mountPath"] for m in main["volumeMounts"]] == ["/scratch", CREDENTIALS_MOUNT]
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["scratch", "weir-credentials"]
+    assert [m["mountPath"] for m in main["volumeMounts"]] == [
+        "/scratch", CREDENTIALS_MOUNT, "/var/tmp/weir"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == [
+        "scratch", "weir-credentials", "weir-scratch"]
 
 
 @pytest.mark.parametrize(("text", "error"), [
