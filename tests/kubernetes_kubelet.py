@@ -324,6 +324,7 @@ class Kubelet:
             with open(folder / "log", "ab") as log:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, env=env,
+                                        extra_groups=self._fs_groups(pod),
                                         cwd=mounts(workdir) if workdir else None,
                                         start_new_session=True)
         except OSError as exc:
@@ -484,6 +485,15 @@ class Kubelet:
                 running.settled = running.deleting = not gone
                 threading.Timer(kill_after_s, kill_group,
                                 (running.proc.pid, signal.SIGKILL)).start()
+
+    @staticmethod
+    def _fs_groups(pod: dict[str, Any]) -> list[int] | None:
+        """The pod's fsGroup as a supplementary group of its process, as the kubelet adds
+        it (where this process may: as root); None = its own groups."""
+        fs_group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        if fs_group is None or (os.getuid() != 0 and fs_group not in os.getgroups()):
+            return None
+        return sorted({*os.getgroups(), int(fs_group)})
 
     def _running(self, namespace: str, name: str) -> _Container:
         """The process of the pod ``namespace/name``, whether its object is there or not."""
