@@ -142,16 +142,28 @@ class OperatorStatsTracker:
             maxlen=RECENT_WINDOWS)
 
     def __getstate__(self) -> dict[str, object]:
-        """Without the recent-window rings: the master's journal keeps totals, not history."""
+        """Totals, not history: without the recent-window rings (its own and its ports'),
+        each port's totals as a plain tuple (the master's journal pickles this at every
+        checkpoint of every operator: profiled, the rings were most of it)."""
         state = dict(self.__dict__)
-        state["window_ring"] = collections.deque(maxlen=RECENT_WINDOWS)
+        state["window_ring"] = None
+        state["ports"] = [(kind, name, t.total_tuples, t.buffer_server_bytes, t.queue_size,
+                           t.transport) for (kind, name), t in self.ports.items()]
         return state
 
-    def __setstate__(self, state: dict[str, object]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         state.pop("_end_window_ms", None)  # a journal written when it was kept apart
         state.pop("recent", None)  # a journal written when the ring held objects
-        state.setdefault("window_ring", collections.deque(maxlen=RECENT_WINDOWS))
+        state["window_ring"] = collections.deque(maxlen=RECENT_WINDOWS)
         state.setdefault("watermark_ms", NO_WATERMARK)  # a journal from before watermarks
+        ports = state.get("ports") or {}
+        if isinstance(ports, list):  # (kind, name, tuples, bytes, queue, transport) each
+            ports = {(kind, name): PortTotals(name, kind, tuples, sent, queue, how)
+                     for kind, name, tuples, sent, queue, how in ports}
+        else:  # a journal that kept whole PortTotals: their rings start over
+            for totals in ports.values():
+                totals.recent = collections.deque(maxlen=RECENT_WINDOWS)
+        state["ports"] = ports
         self.__dict__.update(state)
 
     def record(self, windows: Sequence[ReportedWindow], now_ms: int) -> int:

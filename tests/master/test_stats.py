@@ -85,3 +85,27 @@ def test_container_figures_are_the_last_heartbeat():
     assert (tracker.memory_rss_mb, tracker.memory_mb_free, tracker.gc_collection_count) == (
         123, 2048, 3)
     assert tracker.cpu_percent == 12.5 and tracker.last_sent_tms == T + 5
+
+
+def test_a_journaled_tracker_keeps_its_totals_and_ports_not_its_rings():
+    """The journal's copy of a tracker: totals and each port's totals, as plain tuples;
+    no recent-window ring (its own or a port's): rates start over after a restart."""
+    import pickle
+
+    from weir.master.stats import OperatorStatsTracker
+
+    tracker = OperatorStatsTracker()
+    for kind, name in (("input", "in"), ("output", "out")):
+        totals = tracker._port(kind, name)  # noqa: SLF001
+        totals.total_tuples, totals.buffer_server_bytes, totals.transport = 7, 70, "flight"
+        totals.recent.extend([(1, 2, 3)] * 50)
+    tracker.total_tuples_processed = 7
+    tracker.window_ring.extend([(1,)] * 50)
+    back = pickle.loads(pickle.dumps(tracker))
+    assert back.total_tuples_processed == 7 and not back.window_ring
+    assert {key: (t.total_tuples, t.buffer_server_bytes, t.transport, len(t.recent))
+            for key, t in back.ports.items()} == {
+        ("input", "in"): (7, 70, "flight", 0), ("output", "out"): (7, 70, "flight", 0)}
+    assert len(pickle.dumps(tracker)) < 600  # no ring of 50 windows in it
+    empty = pickle.loads(pickle.dumps(OperatorStatsTracker()))
+    assert empty.ports == {}
