@@ -12,7 +12,7 @@ BENCH_ARGS ?=
 FLINK_VENV ?= .venv-flink
 FLINK_STAMP := $(FLINK_VENV)/.installed-stamp
 
-.PHONY: install proto run test lint docs bench clean
+.PHONY: install proto run test test-fast lint docs bench clean
 
 install: $(STAMP) proto
 
@@ -33,6 +33,12 @@ run: install
 
 test: install
 	@$(PY) -m pytest -q
+
+# The unit and rule tests only, for work in progress: no real master, container, cluster or
+# Spark-heavy test (markers `processes` and `slow`, tests/conftest.py); `make test` is the
+# whole suite, what CI and the README run.
+test-fast: install
+	@$(PY) -m pytest -q -m "not processes and not slow"
 
 # The peers (Bytewax, Quix Streams), the chart (matplotlib) and the Kafka row's private
 # broker (noida-db) go into the bench environment only. Quix Streams pins confluent-kafka

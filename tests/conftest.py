@@ -47,7 +47,28 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "timed(group[, label]): print the test's duration "
                             "(setup, call and teardown) beside the others of its group at the "
                             "end of the run; without a label, a run_dag test's driver names it")
+    config.addinivalue_line("markers", "processes: runs real masters, containers or "
+                            "clusters (left out by `make test-fast`)")
+    config.addinivalue_line("markers", "slow: takes seconds on its own (a broker's timeout, "
+                            "a JVM, the docs' samples; left out by `make test-fast`)")
     _SPARK_JVMS.start()
+
+
+def pytest_collection_modifyitems(config, items):
+    """``processes``: the tests that run real masters and containers (``tests/e2e``, a
+    ``run_dag`` test's containers driver, the Ray and Kubernetes launchers' own);
+    ``make test-fast`` leaves them out, ``make test`` runs everything."""
+    processes = pytest.mark.processes
+    for item in items:
+        path = item.path.as_posix()
+        driver = getattr(item, "callspec", None) and item.callspec.params.get("run_dag")
+        if "/tests/e2e/" in path or driver == "containers" or any(
+                name in path for name in _PROCESS_MODULES):
+            item.add_marker(processes)
+
+
+_PROCESS_MODULES = ("test_ray_launcher", "test_kubernetes_api", "test_kubernetes_launcher",
+                    "/tests/bench/")
 
 
 def pytest_unconfigure(config):

@@ -55,6 +55,7 @@ def blocks(page: Path) -> list[Block]:
     return found
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
@@ -96,6 +97,7 @@ def _run(command: list[str], cwd: Path, what: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_sample_runs(page, tmp_path, monkeypatch):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")  # samples may name the example

@@ -43,6 +43,7 @@ def test_nothing_starts_before_first_use(tmp_path: Path) -> None:
         _ = spark.session
 
 
+@pytest.mark.slow
 def test_round_trip_settings_and_file_lifetime(bridge: SparkSessionBridge) -> None:
     schema = pa.schema([("word", pa.string()), ("n", pa.int64()), ("nothing", pa.null())])
     batches = [pa.record_batch([pa.array(["a", "b", "a"]), pa.array([1, 2, 3]),

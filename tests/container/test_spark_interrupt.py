@@ -81,6 +81,7 @@ def interrupt_at(marker: str) -> tuple[int, str]:
             child.wait(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("marker", ["JVM", "JOB"])
 def test_ctrl_c_during_the_warm_up_prints_no_traceback(marker):
     code, err = interrupt_at(marker)

@@ -143,6 +143,7 @@ def _sleeper(tmp_path, allocate_mb: int = 0):
     return [sys.executable, str(script)]
 
 
+@pytest.mark.slow
 def test_the_local_launcher_kills_a_container_over_its_memory_and_says_why(tmp_path):
     launcher = LocalProcessLauncher("127.0.0.1:1", command=_sleeper(tmp_path, 60))
     told: queue.Queue[str] = queue.Queue()

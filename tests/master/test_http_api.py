@@ -210,6 +210,7 @@ def test_a_request_line_that_is_no_http_gets_400_without_a_traceback(api, capfd)
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_idle_connections_cannot_pile_up_threads(api):
     http, _, _ = api
     url = urllib.parse.urlsplit(http.url)

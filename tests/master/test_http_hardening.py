@@ -57,6 +57,7 @@ def drip(conn: socket.socket, stop: threading.Event) -> None:
         pass  # cut off by the server
 
 
+@pytest.mark.slow
 def test_clients_dripping_their_head_cannot_hold_every_slot():
     """(The head deadline is longer than the default here, so a loaded machine still sees
     every slot taken before it runs out.)"""

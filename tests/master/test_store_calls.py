@@ -130,6 +130,7 @@ def test_a_savepoint_into_a_store_that_never_answers_holds_up_no_heartbeat(
     assert client.application(first).savepoint_path == ""  # nothing was started
 
 
+@pytest.mark.slow
 def test_a_submit_from_a_savepoint_in_a_store_that_never_answers_holds_up_no_heartbeat(
         client, umbilical, black_hole):
     endpoint, called = black_hole
@@ -145,6 +146,7 @@ def test_a_submit_from_a_savepoint_in_a_store_that_never_answers_holds_up_no_hea
     assert len(client.applications()) == 2  # nothing was submitted
 
 
+@pytest.mark.slow
 def test_a_state_dir_in_a_store_that_never_answers_refuses_the_submit_alone(
         client, umbilical, black_hole):
     endpoint, called = black_hole

@@ -184,6 +184,7 @@ def test_sliding_windows_match_the_reference(bridge: SparkSessionBridge,
     assert sorted(late_rows(emitted)) == sorted(late)
 
 
+@pytest.mark.slow
 def test_partials_per_pane_give_what_the_rows_give(bridge: SparkSessionBridge) -> None:
     """count, sum, min, max and avg of row expressions, over sliding windows whose slide
     does not divide their size (panes of gcd(1000, 300) = 100 ms), with late updates:
@@ -412,6 +413,7 @@ def test_a_firing_session_window_runs_its_jobs(bridge: SparkSessionBridge,
     assert op.open_rows == 0  # every session closed by t0 + 5_000
 
 
+@pytest.mark.slow
 def test_partials_per_session_give_what_the_rows_give(bridge: SparkSessionBridge) -> None:
     """Sessions of out-of-order rows with late updates and late rows, as partials per
     session and as kept rows: the same windows out, the same late rows."""

@@ -173,6 +173,7 @@ def test_at_least_once_mode_publishes_plain_records(kafka_bootstrap, tmp_path):
         reader.close()
 
 
+@pytest.mark.slow
 def test_an_unknown_topic_an_unreachable_broker_and_a_missing_column_are_clear_errors(
         kafka_bootstrap, tmp_path):
     with pytest.raises(KafkaSetupError, match="topic 'nowhere-topic' does not exist"):

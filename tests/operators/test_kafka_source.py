@@ -303,6 +303,7 @@ def test_with_dead_letters_a_record_that_does_not_decode_is_set_aside_as_it_came
         src.teardown()
 
 
+@pytest.mark.slow
 def test_an_unknown_topic_and_an_unreachable_broker_are_clear_errors(kafka_bootstrap, tmp_path):
     missing = KafkaSource("no-such-topic-here", kafka_bootstrap)
     with pytest.raises(KafkaSetupError, match="topic 'no-such-topic-here' does not exist on "

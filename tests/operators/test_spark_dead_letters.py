@@ -31,6 +31,7 @@ def rows(first: int, count: int) -> pa.RecordBatch:
     return pa.record_batch({"id": ids, "k": [i % 3 for i in ids]})
 
 
+@pytest.mark.slow
 def test_a_failing_job_sets_its_bad_rows_aside_and_aggregates_the_rest(bridge):
     op = SparkSql(QUERY)
     emitted = start(op, bridge)

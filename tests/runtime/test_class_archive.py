@@ -56,6 +56,7 @@ def test_one_maker_at_a_time_and_a_dead_makers_lock_is_taken_over(archive, monke
     assert trained == [archive]  # there already: not made again
 
 
+@pytest.mark.slow
 def test_a_bridge_starts_its_jvm_from_the_archive() -> None:
     """A real JVM of a bridge of its own (in a process of its own: one JVM per process),
     once the archive exists (made here, or by the suite's maker meanwhile)."""
