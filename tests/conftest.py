@@ -184,6 +184,14 @@ def postgres_dsn():
 
 
 @pytest.fixture(scope="session")
+def s3_server():
+    """An S3-protocol server for the session (``tests/s3_server.py``: moto's server mode)."""
+    from tests.s3_server import s3_server_for_session
+
+    yield from s3_server_for_session()
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap():
     """A real Kafka-protocol broker's bootstrap address for the session
     (``tests/kafka_broker.py``)."""

@@ -116,17 +116,19 @@ def test_the_word_count_runs_in_pods_exactly_also_when_one_is_lost(kube_api, tmp
 
 
 def test_a_lost_node_is_found_by_the_heartbeat_timeout_and_its_late_writes_are_fenced(
-        kube_api, tmp_path):  # noqa: F811
+        kube_api, tmp_path, s3_server):  # noqa: F811
     """A node lost as a real one is: its pod sends nothing more and no DELETED comes, so
     the master finds the loss by the heartbeat timeout; its force delete removes the pod
     while the process stays frozen there. The replacement takes over; then the node comes
     back and the old process goes on (its writes refused by the fence) until its kubelet
-    kills it. The count is exact."""
+    kills it. The count is exact. Each pod has a temporary folder of its own, and the
+    state is on an S3-protocol server (``tests/s3_server.py``), as on a real cluster."""
     import psutil
 
+    state = s3_server.uri("weir-state", "k8s-lost-node")
     app, lines = write_wordcount_app(
         tmp_path, "k8s-lost-node", 3_000, WORDCOUNT_DAG + ", HEARTBEAT_TIMEOUT_MILLIS=5000, "
-        "CHECKPOINT_WINDOW_COUNT=2" + shared_state(tmp_path), lines_per_window=100)
+        f"CHECKPOINT_WINDOW_COUNT=2, STATE_DIR={state!r}", lines_per_window=100)
     with kubernetes_master(kube_api, tmp_path) as master, \
             WeirClient(master.address) as client:
         app_id = client.submit(load_app(app).to_descriptor())
@@ -156,3 +158,9 @@ def test_a_lost_node_is_found_by_the_heartbeat_timeout_and_its_late_writes_are_f
         finished(client, app_id, kube_api)
     counted, _ = published_counts(tmp_path / "out")
     assert counted == collections.Counter(words_of(lines))
+    import pyarrow.fs
+
+    store, root = pyarrow.fs.FileSystem.from_uri(state)
+    kept = [info.path for info in store.get_file_info(pyarrow.fs.FileSelector(
+        root, recursive=True, allow_not_found=True))]
+    assert any("/" in p.removeprefix(root) for p in kept), kept  # its checkpoints were there
