@@ -20,9 +20,14 @@ class LocalRayCluster:
         workers: how many worker nodes.
         worker_cpus: the CPUs each worker offers (the head offers none, so every
             container lands on a worker).
+        private_tmp: a folder under which each worker node gets a temporary folder of
+            its own (its processes' ``TMPDIR``), as separate machines have: nothing a
+            container leaves in its temporary folder (default state, logs) is seen from
+            another node. None = the machine's, shared.
     """
 
-    def __init__(self, workers: int = 2, worker_cpus: int = 2) -> None:
+    def __init__(self, workers: int = 2, worker_cpus: int = 2,
+                 private_tmp: str | os.PathLike[str] | None = None) -> None:
         from ray.cluster_utils import Cluster
 
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no report sent anywhere
@@ -30,13 +35,21 @@ class LocalRayCluster:
         self.cluster = Cluster(initialize_head=True, connect=False,
                                head_node_args={"num_cpus": 0, "include_dashboard": False})
         try:
-            self.workers: list[Any] = [self.cluster.add_node(num_cpus=worker_cpus)
-                                       for _ in range(workers)]
+            self.workers: list[Any] = [self.cluster.add_node(
+                num_cpus=worker_cpus, **self._node_env(private_tmp, i)) for i in range(workers)]
             self.cluster.wait_for_nodes()
         except BaseException:
             self.shutdown()
             raise
         self.address: str = self.cluster.address
+
+    @staticmethod
+    def _node_env(private_tmp: str | os.PathLike[str] | None, index: int) -> dict[str, Any]:
+        if private_tmp is None:
+            return {}
+        folder = os.path.join(os.fspath(private_tmp), f"node-{index}")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        return {"env_vars": {"TMPDIR": folder}}
 
     def node_of(self, pid: int) -> Any:
         """The worker node whose raylet ``pid`` descends from (a container's actor)."""

@@ -18,12 +18,14 @@ WORKER_CPUS = 2
 
 
 @pytest.fixture
-def ray_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalRayCluster]:
-    """A started three-node Ray cluster; shut down, with every process it started, after."""
+def ray_cluster(monkeypatch: pytest.MonkeyPatch, tmp_path) -> Iterator[LocalRayCluster]:
+    """A started three-node Ray cluster, each worker node with a temporary folder of its
+    own (as separate machines have); shut down, with every process it started, after."""
     env, tag = tagged_env()
     for name in (TAG_ENV, "PYSPARK_PYTHON"):
         monkeypatch.setenv(name, env[name])  # the raylets, their workers, the containers
-    cluster = LocalRayCluster(workers=2, worker_cpus=WORKER_CPUS)
+    cluster = LocalRayCluster(workers=2, worker_cpus=WORKER_CPUS,
+                              private_tmp=tmp_path / "nodes")
     try:
         yield cluster
     finally:

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.wordcount import WORDCOUNT_DAG, published_counts, words_of, write_wordcount_app
 from tests.harness import WeirProcess, poll_for
 from tests.ray_cluster import WORKER_CPUS, ray_cluster  # noqa: F401 - the fixture
-from weir.master.client import WeirClient
+from weir.master.client import WeirClient, WeirClientError
 from weir.operators.app import load_app
 
 pytestmark = pytest.mark.timeout(400)
@@ -34,25 +34,29 @@ def _address(process: WeirProcess) -> str | None:
     return None
 
 
-def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path,  # noqa: F811
-                                                     monkeypatch):
+def test_word_count_on_ray_exact_when_a_node_is_lost(s3_server, ray_cluster,  # noqa: F811
+                                                     tmp_path: Path, monkeypatch):
     """The application (one container) and its warm spare ask for a whole worker each:
     Ray places them on the two workers; the container's node is killed; its operators go
-    to the spare on the other node; the new spare finds no room and says so."""
+    to the spare on the other node; the new spare finds no room and says so. Each node
+    has a temporary folder of its own, so the state is on an S3-protocol server
+    (``tests/s3_server.py``); without a shared STATE_DIR the run is refused at submit."""
     monkeypatch.setenv("WEIR_HOME", str(tmp_path / "home"))  # the master's secret file
+    dag = (WORDCOUNT_DAG.replace("CONTAINERS=2", "CONTAINERS=1")
+           + f", SPARE_CONTAINERS=1, CONTAINER_CORES={WORKER_CPUS}, "
+           "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2")
+    unshared, _ = write_wordcount_app(tmp_path, "ray-unshared", 3_000, dag, pinned=False)
     app, lines = write_wordcount_app(
-        tmp_path, "ray", 3_000, WORDCOUNT_DAG.replace("CONTAINERS=2", "CONTAINERS=1")
-        + f", SPARE_CONTAINERS=1, CONTAINER_CORES={WORKER_CPUS}, "
-        "HEARTBEAT_TIMEOUT_MILLIS=120000, CHECKPOINT_WINDOW_COUNT=2, "
-        # the test's Ray nodes share this machine's disk: a folder of it is shared by all
-        f"STATE_DIR={str(tmp_path / 'state')!r}, STATE_DIR_SHARED=True", lines_per_window=100,
-        pinned=False)
+        tmp_path, "ray", 3_000, dag + f", STATE_DIR={s3_server.uri('weir-state', 'ray')!r}",
+        lines_per_window=100, pinned=False)
     master = WeirProcess(["master", "--port", "0", "--json", "--launcher", "ray",
                           "--ray-address", ray_cluster.address], dict(os.environ),
                          tmp_path, tmp_path / "master.log")
     try:
         address = poll_for(lambda: _address(master), 60, "the master to start")
         with WeirClient(address) as client:
+            with pytest.raises(WeirClientError, match="STATE_DIR is not set .* Ray launcher"):
+                client.submit(load_app(unshared).to_descriptor())
             app_id = client.submit(load_app(app).to_descriptor())
             poll_for(lambda: client.application(app_id).committed_window_id >= 0, 180,
                      f"a first committed window\n{master.output()}")
@@ -101,3 +105,9 @@ def test_word_count_on_ray_exact_when_a_node_is_lost(ray_cluster, tmp_path: Path
         master.stop()
     counted, _ = published_counts(tmp_path / "out")
     assert counted == collections.Counter(words_of(lines))
+    import pyarrow.fs
+
+    store, root = pyarrow.fs.FileSystem.from_uri(s3_server.uri("weir-state", "ray"))
+    kept = store.get_file_info(pyarrow.fs.FileSelector(root, recursive=True,
+                                                       allow_not_found=True))
+    assert kept, "no checkpoint was written to the S3-protocol server"

@@ -19,12 +19,15 @@ from weir.proto.contract import SECRET_ENV
 
 pytestmark = pytest.mark.timeout(240)
 
-# Stands in for `python -m weir.container`: says what it was given, waits (or exits 3).
+# Stands in for `python -m weir.container`: says what it was given (the secret through its
+# standard input, none in its environment), waits (or exits 3).
 FAKE_CONTAINER = """
-import os, sys, time
+import json, os, sys, time
 from weir.container.parent_death import die_with_parent
-print("SECRET", os.environ.get("WEIR_SECRET"), "ID", os.environ.get("WEIR_CONTAINER_ID"),
-      "PARENT", os.environ.get("WEIR_PARENT_PID"), flush=True)
+piped = json.loads(sys.stdin.read()) if "--secret-stdin" in sys.argv else {}
+print("SECRET", piped.get("secret"), "IN ENV", os.environ.get("WEIR_SECRET"),
+      "ID", os.environ.get("WEIR_CONTAINER_ID"), "PARENT", os.environ.get("WEIR_PARENT_PID"),
+      flush=True)
 assert die_with_parent()  # as the container does
 if sys.argv[sys.argv.index("--id") + 1].endswith("x3"):
     sys.exit(3)
@@ -75,7 +78,8 @@ def test_containers_in_actors_placed_by_their_requests(launcher, ray_cluster):  
     for cid in ("c0", "c1"):  # a whole worker each
         launcher.launch(cid, Resources(cores=WORKER_CPUS))
     for cid in ("c0", "c1"):
-        poll_for(lambda c=cid: "SECRET s3cret" in _log(launcher, c), 60, f"{cid} to start")
+        poll_for(lambda c=cid: "SECRET s3cret IN ENV None" in _log(launcher, c), 60,
+                 f"{cid} to start")
     assert "ID c0" in _log(launcher, "c0") and launcher.waiting("c0") == ""
     launcher.launch("c2", Resources(cores=1))  # no room left
     assert "pending" in launcher.waiting("c2")
