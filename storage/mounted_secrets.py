@@ -26,12 +26,11 @@ import errno
 import os
 import stat
 
-from weir.storage.private_files import UntrustedPath
+from weir.storage.private_files import UntrustedPath, read_checked_file
 
 __all__ = ["is_secret_volume_key", "read_secret_volume_key"]
 
 _DATA = "..data"
-_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _MAX_READ = 1 << 20
 _ADVICE = ("mount the Secret with defaultMode 0400 (the kubelet shows 0440 with the pod's "
            "fsGroup) and run the container as the user that owns it or in its fsGroup")
@@ -119,22 +118,13 @@ def read_secret_volume_key(path: str, what: str = "the secret file") -> bytes:
         raise _refuse(path, what, "is not a link <key> -> ..data/<key> beside a link ..data")
     for attempt in range(3):
         data_dir = _check_links(folder, path, what)
+        target = os.path.join(data_dir, name)
         try:
-            fd = os.open(os.path.join(data_dir, name), os.O_RDONLY | _NO_FOLLOW | os.O_NONBLOCK)
+            return read_checked_file(target, _file_problem,
+                                     lambda problem, t=target: _refuse(t, what, problem),
+                                     _MAX_READ)
         except FileNotFoundError:
             if attempt == 2:
                 raise
-            continue  # the kubelet swapped ..data meanwhile: look again
-        try:
-            problem = _file_problem(os.fstat(fd))
-            if problem is not None:
-                raise _refuse(os.path.join(data_dir, name), what, problem)
-            os.set_blocking(fd, True)
-            with os.fdopen(os.dup(fd), "rb") as file:
-                data = file.read(_MAX_READ + 1)
-        finally:
-            os.close(fd)
-        if len(data) > _MAX_READ:
-            raise _refuse(path, what, f"is larger than {_MAX_READ >> 20} MB")
-        return data
+            # the kubelet swapped ..data meanwhile: look again
     raise FileNotFoundError(errno.ENOENT, "no file", path)  # pragma: no cover - loop returns

@@ -28,11 +28,12 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 
 from weir.storage.records import sync_folder
 
 __all__ = ["UntrustedPath", "check_private_dir", "check_private_file", "check_private_tree",
-           "make_private_dir", "read_private_file", "write_private_file"]
+           "make_private_dir", "read_checked_file", "read_private_file", "write_private_file"]
 
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _MAX_READ = 64 << 20  # nothing Weir reads this way is larger; a bigger file is not ours
@@ -114,18 +115,29 @@ def read_private_file(path: str, what: str = "the file", *, secret: bool = False
     """The content of ``path``, checked on the open descriptor (no race with a swap): a
     link is not followed, a FIFO or device does not block the caller, and a file another
     user owns or can write is refused (``UntrustedPath``)."""
+    return read_checked_file(path, lambda info: _problem(info, "file", secret),
+                             lambda problem: _refuse(path, what, problem, advice))
+
+
+def read_checked_file(path: str, problem_of: Callable[[os.stat_result], str | None],
+                      refusal: Callable[[str], Exception], max_bytes: int = _MAX_READ
+                      ) -> bytes:
+    """The content of ``path``, opened without following a link or blocking on a FIFO,
+    once ``problem_of`` finds nothing wrong with the open descriptor's status (no race
+    with a swap); else ``refusal(problem)`` is raised, as it is for a file over
+    ``max_bytes``."""
     fd = os.open(path, os.O_RDONLY | _NO_FOLLOW | os.O_NONBLOCK)  # ELOOP on a link
     try:
-        problem = _problem(os.fstat(fd), "file", secret)
+        problem = problem_of(os.fstat(fd))
         if problem is not None:
-            raise _refuse(path, what, problem, advice)
+            raise refusal(problem)
         os.set_blocking(fd, True)
         with os.fdopen(os.dup(fd), "rb") as file:
-            data = file.read(_MAX_READ + 1)
+            data = file.read(max_bytes + 1)
     finally:
         os.close(fd)
-    if len(data) > _MAX_READ:
-        raise _refuse(path, what, f"is larger than {_MAX_READ >> 20} MB", advice)
+    if len(data) > max_bytes:
+        raise refusal(f"is larger than {max_bytes >> 20} MB")
     return data
 
 
