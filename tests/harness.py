@@ -19,6 +19,7 @@ import psutil
 from weir.master.auth import client_credentials
 from weir.master.tls import open_channel
 from weir.proto.contract import bearer_metadata
+from weir.runtime.machine_load import load_stretch
 
 __all__ = ["TAG_ENV", "WeirProcess", "master_channel", "poll_for", "tagged_env",
            "tagged_processes"]
@@ -30,14 +31,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def poll_for(condition: Callable[[], _T], timeout_s: float, what: str,
              interval_s: float = 0.1) -> _T:
-    """Waits until ``condition()`` is truthy; fails naming ``what`` was expected."""
-    deadline = time.monotonic() + timeout_s
+    """Waits until ``condition()`` is truthy; fails naming ``what`` was expected.
+
+    ``timeout_s`` is for an idle machine: it is stretched by the machine's load per core
+    (``runtime.machine_load``, up to 4x) as the wait starts, so a suite that shares its
+    cores with other work waits longer instead of failing; a wait that succeeds returns
+    as soon as it does, so an idle machine loses nothing.
+    """
+    stretch = load_stretch()
+    deadline = time.monotonic() + timeout_s * stretch
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            stretched = f" ({timeout_s * stretch:.0f} s on this busy machine)" \
+                if stretch > 1 else ""
+            raise AssertionError(f"timed out after {timeout_s} s{stretched} waiting for "
+                                 f"{what}")
         time.sleep(interval_s)
 
 
