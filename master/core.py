@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from weir.master import heartbeat as rules
-from weir.master import liveness, progress, recovery, savepoints, views
+from weir.master import liveness, persistence, progress, recovery, savepoints, views
 from weir.master.app_registry import AppRegistry
 from weir.master.application import Application, ApplicationState
 from weir.master.errors import FailedPrecondition
@@ -23,7 +23,7 @@ from weir.master.launches import Launches
 from weir.master.listener_pass import ListenerPass
 from weir.master.manifest_writer import ManifestWriter
 from weir.master.master_loop import MasterLoop
-from weir.master.persistence import ApplicationJournal, HaltingJournal, heartbeat_changes
+from weir.master.persistence import ApplicationJournal, HaltingJournal
 from weir.master.physical_plan import ContainerState
 from weir.master.repartition import Repartition, repartition
 from weir.master.report_filter import bounded_text
@@ -166,8 +166,7 @@ class MasterCore:
             return [views.application_info(app, self.dashboard_url, now_ms)
                     for app in self._apps.all()]
 
-    def application_info(self, app_id: str, *, brief: bool = False
-                         ) -> client_pb2.ApplicationInfo:
+    def application_info(self, app_id: str, *, brief: bool = False) -> client_pb2.ApplicationInfo:
         with self._lock:
             return views.application_info(self._app(app_id), self.dashboard_url,
                                           self.clock(), brief=brief)
@@ -304,7 +303,7 @@ class MasterCore:
             container = app.plan.container(heartbeat.container_id) if app is not None else None
             if app is not None:  # before the container hears of what changed: what the
                 # heartbeat could change (its container's operators, those it touched)
-                self._persist(app, heartbeat_changes(app, container))
+                self._persist(app, persistence.heartbeat_changes(app, container))
             self._changed.notify_all()
         if container is not None and container.loss_request is not None:
             self._loop.wake()  # the loss the heartbeat recorded: the loop carries it out now
@@ -367,10 +366,7 @@ class MasterCore:
                     seen.exit_reasons, trouble=seen.trouble)
                 progress.check_progress(app, self.clock())
                 actions = self._launches.take(app)
-                # a loss may change any operator downstream; otherwise the pass changed
-                # the application's own record at most (containers launched): its
-                # operators' marks are not all computed five times a second
-                self._persist(app, None if lost else app.take_touched())
+                self._persist(app, persistence.loop_changes(app, bool(lost)))
                 if lost:
                     self._changed.notify_all()
             losses += lost

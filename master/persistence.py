@@ -29,7 +29,8 @@ from weir.master.state_owner import StateClaim
 from weir.storage import moved
 from weir.storage.private_files import check_private_tree, make_private_dir
 
-__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError", "Prepared", "heartbeat_changes"]
+__all__ = ["ApplicationJournal", "HaltingJournal", "JournalError", "Prepared", "heartbeat_changes",
+           "loop_changes"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -106,6 +107,14 @@ def heartbeat_changes(app: Application, container: PTContainer | None) -> set[in
         return None
     return touched | set(container.operator_ids) | {
         op.id for op in app.plan.retired_in(container)}
+
+
+def loop_changes(app: Application, lost: bool) -> set[int] | None:
+    """The operators a pass of the master loop may have changed, for its journal write:
+    every one after a loss (it redeploys everything downstream), else only those
+    ``Application.touched`` (a pass changes the application's own record at most:
+    containers launched), so no operator's marks are computed five times a second."""
+    return None if lost else app.take_touched()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -329,3 +329,16 @@ def test_ended_applications_are_forgotten_after_their_time_or_past_the_count(tmp
     assert [app.id for app, _ in reopened.load()] == [running]
     with pytest.raises(Exception, match="unknown application"):
         core.application_info(ended[0])
+
+
+def test_a_loop_pass_journals_every_operator_after_a_loss_and_only_touched_ones_else():
+    from tests.master.cluster import chain
+    from weir.master.persistence import loop_changes
+
+    app = chain().app
+    app.take_touched()
+    app.touched(2)
+    assert loop_changes(app, lost=False) == {2}
+    assert loop_changes(app, lost=False) == set()  # taken: the next pass looks at none
+    app.touched(3)
+    assert loop_changes(app, lost=True) is None  # a loss: every operator is looked at
